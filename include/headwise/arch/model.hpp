@@ -1,0 +1,129 @@
+#pragma once
+// A decoder model that runs one layer at a time. This per-layer API is the heart of
+// headwise: SeqCalib walks layers in execution order, streaming each layer's weights from the
+// memory-mapped checkpoint, and intercepts global attention through an `AttentionCore`.
+#include <ATen/ATen.h>
+
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "headwise/arch/model_spec.hpp"
+#include "headwise/arch/registry.hpp"
+
+namespace headwise::io {
+class Checkpoint;
+}
+
+namespace headwise::arch {
+
+// Everything an attention layer hands to its attention core. The core computes softmax
+// attention; the layer applies `output_gate` and `o_proj` afterwards. Carrying the gate and
+// o_proj here lets a measuring core compute the block-output distortion of truncating a head.
+struct AttentionInputs {
+  int64_t layer_id = 0;
+  at::Tensor q;  // [B, num_heads, T, head_dim], after q-norm and RoPE
+  at::Tensor k;  // [B, num_kv_heads, T, head_dim], after k-norm and RoPE (what a cache stores)
+  at::Tensor v;  // [B, num_kv_heads, T, head_dim]
+  double scaling = 1.0;
+  double logit_softcap = 0.0;  // 0 = none; else scores = c * tanh(scores / c)
+  at::Tensor sink_logits;      // [num_heads] learned sink logits (gpt-oss), or undefined
+  int64_t sliding_window = 0;  // 0 for global layers
+  int64_t position_offset = 0;  // position of q[..., 0, :] (and of k[..., 0, :])
+  at::Tensor output_gate;    // [B, T, num_heads, head_dim] multiplied into the output, or undefined
+  at::Tensor o_proj_weight;  // [hidden, num_heads * head_dim]
+};
+
+class AttentionCore {
+ public:
+  virtual ~AttentionCore() = default;
+  // Returns the attention output [B, T, num_heads, head_dim] in q's dtype.
+  virtual at::Tensor attend(const AttentionInputs& inputs) = 0;
+};
+
+// Exact causal attention (sliding where the layer is sliding), query-chunked.
+class ExactAttentionCore final : public AttentionCore {
+ public:
+  explicit ExactAttentionCore(int64_t chunk = 512) : chunk_(chunk) {}
+  at::Tensor attend(const AttentionInputs& inputs) override;
+
+ private:
+  int64_t chunk_;
+};
+
+// Named decode-state tensors of one layer (names as in LayerSpec::states), batch first.
+using LayerState = std::map<std::string, at::Tensor>;
+
+struct LayerRun {
+  AttentionCore* attention = nullptr;  // null: ExactAttentionCore
+  LayerState* state = nullptr;         // null: fresh sequence, final state not kept
+  int64_t position_offset = 0;
+};
+
+struct WeightRequirement {
+  std::string name;
+  std::vector<int64_t> shape;
+  int64_t layer = -1;       // -1: embeddings / final norm / head
+  bool keep_fp32 = false;   // architectures that keep some tensors in fp32 (gpt-oss norms)
+  bool optional = false;
+};
+
+class DecoderModel {
+ public:
+  DecoderModel(ModelSpec spec, std::shared_ptr<const io::Checkpoint> checkpoint, const ModelOptions& options);
+  virtual ~DecoderModel();
+  DecoderModel(const DecoderModel&) = delete;
+  DecoderModel& operator=(const DecoderModel&) = delete;
+
+  const ModelSpec& spec() const { return spec_; }
+  const io::Checkpoint& checkpoint() const { return *checkpoint_; }
+  at::Device device() const { return device_; }
+  at::ScalarType dtype() const { return dtype_; }
+  int64_t attention_chunk() const { return options_.attention_chunk; }
+
+  // input_ids [B, T] int64 → hidden [B, T, H]
+  virtual at::Tensor embed(const at::Tensor& input_ids) = 0;
+  // hidden [B, T, H] → hidden [B, T, H], running layer `layer` (0-based, execution order)
+  virtual at::Tensor run_layer(int64_t layer, const at::Tensor& hidden, const LayerRun& run) = 0;
+  // hidden [B, T, H] → logits [B, T, V] float32 (final norm, head, soft-capping)
+  virtual at::Tensor logits(const at::Tensor& hidden) = 0;
+
+  // Plain prefill with exact attention: [B, T] → [B, T, V] float32.
+  at::Tensor forward(const at::Tensor& input_ids);
+
+  // Every tensor the model reads, with its shape; checked against the checkpoint at load.
+  virtual std::vector<WeightRequirement> required_weights() const = 0;
+  // Throws InputError naming the tensor and file on a missing tensor or a wrong shape.
+  void validate_weights() const;
+
+  // Drops the device copies of a layer's weights (layer streaming).
+  void release_layer(int64_t layer);
+  void release_all();
+  int64_t resident_weight_bytes() const;
+
+ protected:
+  // The tensor on the model's device at the compute dtype (fp32 when keep_fp32), cached under
+  // `layer` until released. Index-free names are the checkpoint's.
+  const at::Tensor& weight(int64_t layer, const std::string& name, bool keep_fp32 = false);
+  bool has_weight(const std::string& name) const;
+
+ private:
+  ModelSpec spec_;
+  std::shared_ptr<const io::Checkpoint> checkpoint_;
+  ModelOptions options_;
+  at::Device device_;
+  at::ScalarType dtype_;
+  std::map<int64_t, std::map<std::string, at::Tensor>> resident_;
+};
+
+// "[2, 16, 64]" for messages.
+std::string shape_string(at::IntArrayRef shape);
+
+at::ScalarType to_scalar_type(DType dtype);
+DType from_scalar_type(at::ScalarType type);
+
+// Zero-copy CPU view of a checkpoint tensor (keeps the mapping alive).
+at::Tensor checkpoint_tensor(const std::shared_ptr<const io::Checkpoint>& checkpoint, const std::string& name);
+
+}  // namespace headwise::arch

@@ -1,0 +1,45 @@
+#pragma once
+// Each subcommand lives in one file under src/cli/ and registers itself; main.cpp only
+// builds the CLI11 app from the registered commands and maps errors to exit codes.
+#include <CLI/CLI.hpp>
+
+#include <functional>
+#include <string>
+#include <vector>
+
+namespace headwise::cli {
+
+// Adds the command's subcommand (or, for the main job, the root options) to `root`.
+using CommandSetup = std::function<void(CLI::App& root)>;
+
+struct CommandEntry {
+  std::string name;
+  CommandSetup setup;
+};
+
+std::vector<CommandEntry>& registered_commands();
+
+struct RegisterCommand {
+  RegisterCommand(std::string name, CommandSetup setup) {
+    registered_commands().push_back({std::move(name), std::move(setup)});
+  }
+};
+
+struct CommonFlags {
+  bool quiet = false;
+  bool verbose = false;
+  bool json = false;
+};
+
+// --quiet / --verbose (and --json when asked) on a (sub)command.
+void add_common_flags(CLI::App* app, CommonFlags& flags, bool with_json);
+// Sets spdlog's level from the flags; logs go to stderr so stdout stays machine-readable.
+void apply_logging(const CommonFlags& flags);
+
+// Exit codes.
+inline constexpr int kExitInputError = 1;
+inline constexpr int kExitInfeasible = 3;
+inline constexpr int kExitNumeric = 4;
+inline constexpr int kExitInternal = 5;
+
+}  // namespace headwise::cli

@@ -1,0 +1,87 @@
+#include "headwise/arch/attention.hpp"
+
+#include <algorithm>
+#include <vector>
+
+#include "headwise/core/error.hpp"
+
+namespace headwise::arch {
+
+at::Tensor window_mask(int64_t q_begin, int64_t q_len, int64_t k_begin, int64_t k_len,
+                       std::span<const int64_t> kv_windows, int64_t sink_tokens, const at::Device& device) {
+  const auto long_opts = at::TensorOptions().dtype(at::kLong).device(device);
+  const at::Tensor q_pos = at::arange(q_begin, q_begin + q_len, long_opts).view({q_len, 1});
+  const at::Tensor k_pos = at::arange(k_begin, k_begin + k_len, long_opts).view({1, k_len});
+  const at::Tensor distance = q_pos - k_pos;  // [Tq, Tk]
+  const at::Tensor causal = distance >= 0;
+  const at::Tensor is_sink = (k_pos < sink_tokens).expand({q_len, k_len});
+  std::vector<at::Tensor> masks;
+  masks.reserve(kv_windows.size());
+  for (int64_t w : kv_windows) {
+    HEADWISE_CHECK(w >= 0, "negative window {}", w);
+    if (w == 0) {
+      masks.push_back(causal);
+    } else {
+      masks.push_back(causal & ((distance < w) | is_sink));
+    }
+  }
+  return at::stack(masks);  // [nkv, Tq, Tk]
+}
+
+at::Tensor windowed_attention(const AttentionInputs& in, std::span<const int64_t> kv_windows, int64_t sink_tokens,
+                              int64_t chunk) {
+  const int64_t batch = in.q.size(0), num_heads = in.q.size(1), steps = in.q.size(2), head_dim = in.q.size(3);
+  const int64_t num_kv = in.k.size(1);
+  HEADWISE_CHECK(static_cast<int64_t>(kv_windows.size()) == num_kv, "{} windows for {} KV heads", kv_windows.size(), num_kv);
+  HEADWISE_CHECK(num_heads % num_kv == 0 && in.k.size(2) == steps, "attention shapes q {} k {}", shape_string(in.q.sizes()), shape_string(in.k.sizes()));
+  HEADWISE_CHECK(chunk > 0, "chunk must be positive");
+  const int64_t group = num_heads / num_kv;
+  const bool all_bounded = std::all_of(kv_windows.begin(), kv_windows.end(), [](int64_t w) { return w > 0; });
+  const int64_t widest = all_bounded ? *std::max_element(kv_windows.begin(), kv_windows.end()) : 0;
+
+  // [B, nkv, g, T, hd]: each KV head multiplies its query group without repeat_kv copies.
+  const at::Tensor q = in.q.view({batch, num_kv, group, steps, head_dim});
+  const at::Tensor k = in.k.unsqueeze(2);
+  const at::Tensor v = in.v.unsqueeze(2);
+  at::Tensor out = at::empty({batch, steps, num_heads, head_dim}, in.q.options());
+  for (int64_t t0 = 0; t0 < steps; t0 += chunk) {
+    const int64_t t1 = std::min(steps, t0 + chunk);
+    // Keys older than the widest window are masked for every head; skip them unless sinks
+    // need the first positions (then the band is still bounded by t1).
+    const int64_t k_begin = (all_bounded && sink_tokens == 0) ? std::max<int64_t>(0, t0 - widest + 1) : 0;
+    const at::Tensor qc = q.slice(3, t0, t1);
+    const at::Tensor kc = k.slice(3, k_begin, t1);
+    const at::Tensor vc = v.slice(3, k_begin, t1);
+    at::Tensor scores = at::matmul(qc, kc.transpose(-1, -2)) * in.scaling;  // [B, nkv, g, tc, kc]
+    if (in.logit_softcap > 0) scores = at::tanh(scores / in.logit_softcap) * in.logit_softcap;
+    const at::Tensor allowed = window_mask(in.position_offset + t0, t1 - t0, in.position_offset + k_begin, t1 - k_begin,
+                                           kv_windows, sink_tokens, scores.device())
+                                   .unsqueeze(1);  // [nkv, 1, tc, kc]
+    at::Tensor logits = scores.to(at::kFloat).masked_fill(allowed.logical_not(), -std::numeric_limits<float>::infinity());
+    at::Tensor probs;
+    if (in.sink_logits.defined()) {
+      // gpt-oss: a learned per-head logit joins the softmax and is dropped afterwards.
+      const at::Tensor sink = in.sink_logits.to(at::kFloat).view({1, num_kv, group, 1, 1}).expand(
+          {batch, num_kv, group, t1 - t0, 1});
+      at::Tensor combined = at::cat({logits, sink}, -1);
+      combined = combined - std::get<0>(combined.max(-1, /*keepdim=*/true));
+      probs = at::softmax(combined, -1).slice(-1, 0, t1 - k_begin);
+    } else {
+      probs = at::softmax(logits, -1);
+    }
+    const at::Tensor chunk_out = at::matmul(probs.to(in.v.scalar_type()), vc);  // [B, nkv, g, tc, hd]
+    out.slice(1, t0, t1).copy_(chunk_out.reshape({batch, num_heads, t1 - t0, head_dim}).transpose(1, 2));
+  }
+  return out;
+}
+
+at::Tensor windowed_attention(const AttentionInputs& inputs, int64_t window, int64_t sink_tokens, int64_t chunk) {
+  const std::vector<int64_t> windows(static_cast<size_t>(inputs.k.size(1)), window);
+  return windowed_attention(inputs, windows, sink_tokens, chunk);
+}
+
+at::Tensor ExactAttentionCore::attend(const AttentionInputs& inputs) {
+  return windowed_attention(inputs, inputs.sliding_window, /*sink_tokens=*/0, chunk_);
+}
+
+}  // namespace headwise::arch

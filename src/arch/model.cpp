@@ -1,0 +1,139 @@
+#include "headwise/arch/model.hpp"
+
+#include <c10/core/InferenceMode.h>
+
+#include "headwise/core/error.hpp"
+#include "headwise/io/checkpoint.hpp"
+
+namespace headwise::arch {
+
+std::string shape_string(at::IntArrayRef shape) { return fmt::format("[{}]", fmt::join(shape, ", ")); }
+
+at::ScalarType to_scalar_type(DType dtype) {
+  switch (dtype) {
+    case DType::kFloat32: return at::kFloat;
+    case DType::kBFloat16: return at::kBFloat16;
+    case DType::kFloat16: return at::kHalf;
+    case DType::kFloat8E4M3: return at::kFloat8_e4m3fn;
+    case DType::kFloat8E5M2: return at::kFloat8_e5m2;
+    case DType::kFloat64: return at::kDouble;
+    case DType::kInt64: return at::kLong;
+    case DType::kInt32: return at::kInt;
+    case DType::kInt16: return at::kShort;
+    case DType::kInt8: return at::kChar;
+    case DType::kUInt8: return at::kByte;
+    case DType::kBool: return at::kBool;
+  }
+  HEADWISE_CHECK(false, "unmapped dtype");
+}
+
+DType from_scalar_type(at::ScalarType type) {
+  switch (type) {
+    case at::kFloat: return DType::kFloat32;
+    case at::kBFloat16: return DType::kBFloat16;
+    case at::kHalf: return DType::kFloat16;
+    case at::kDouble: return DType::kFloat64;
+    case at::kLong: return DType::kInt64;
+    case at::kInt: return DType::kInt32;
+    default: HEADWISE_CHECK(false, "unmapped scalar type {}", c10::toString(type));
+  }
+}
+
+at::Tensor checkpoint_tensor(const std::shared_ptr<const io::Checkpoint>& checkpoint, const std::string& name) {
+  const auto& info = checkpoint->info(name);
+  auto bytes = checkpoint->bytes(name);
+  // The deleter holds the checkpoint, so the mapping outlives every view of it.
+  auto keep_alive = checkpoint;
+  return at::from_blob(bytes.data(), info.shape, [keep_alive](void*) {},
+                       at::TensorOptions().dtype(to_scalar_type(info.dtype)).device(at::kCPU));
+}
+
+namespace {
+
+at::ScalarType compute_dtype_for(const ModelSpec& spec, const ModelOptions& options, const at::Device& device) {
+  if (options.compute_dtype) return to_scalar_type(*options.compute_dtype);
+  // fp32 on CPU: bf16 matmuls there are slow and the numerics of references are fp32.
+  return device.is_cpu() ? at::kFloat : to_scalar_type(spec.dtype);
+}
+
+at::Device parse_device(const std::string& text) {
+  try {
+    at::Device device(text);
+    if (device.is_cuda() && !at::hasCUDA()) throw_input_error("--device {}: no CUDA device available here", text);
+    return device;
+  } catch (const c10::Error&) {
+    throw_input_error("--device: cannot parse '{}' (use cpu, cuda or cuda:N)", text);
+  }
+}
+
+}  // namespace
+
+DecoderModel::DecoderModel(ModelSpec spec, std::shared_ptr<const io::Checkpoint> checkpoint, const ModelOptions& options)
+    : spec_(std::move(spec)),
+      checkpoint_(std::move(checkpoint)),
+      options_(options),
+      device_(parse_device(options.device)),
+      dtype_(compute_dtype_for(spec_, options, device_)) {
+  if (options_.attention_chunk <= 0) throw_input_error("--attention-chunk must be positive");
+}
+
+DecoderModel::~DecoderModel() = default;
+
+at::Tensor DecoderModel::forward(const at::Tensor& input_ids) {
+  c10::InferenceMode inference;
+  at::Tensor hidden = embed(input_ids);
+  ExactAttentionCore exact(options_.attention_chunk);
+  LayerRun run;
+  run.attention = &exact;
+  for (int64_t i = 0; i < spec_.num_layers(); ++i) hidden = run_layer(i, hidden, run);
+  return logits(hidden);
+}
+
+void DecoderModel::validate_weights() const {
+  for (const auto& req : required_weights()) {
+    if (!checkpoint_->contains(req.name)) {
+      if (req.optional) continue;
+      throw_input_error("{}: tensor '{}' is missing (needed by {} layer {})", checkpoint_->dir().string(), req.name,
+                        spec_.model_type, req.layer);
+    }
+    const auto& info = checkpoint_->info(req.name);
+    if (info.shape != req.shape) {
+      throw_input_error("{}: tensor '{}' has shape [{}], expected [{}]", checkpoint_->file_of(req.name).path().string(),
+                        req.name, fmt::join(info.shape, ", "), fmt::join(req.shape, ", "));
+    }
+    switch (info.dtype) {
+      case DType::kFloat32:
+      case DType::kBFloat16:
+      case DType::kFloat16: break;
+      default:
+        throw_input_error("{}: tensor '{}' has dtype {}; headwise reads float32, bfloat16 and float16 weights",
+                          checkpoint_->file_of(req.name).path().string(), req.name, dtype_name(info.dtype));
+    }
+  }
+}
+
+bool DecoderModel::has_weight(const std::string& name) const { return checkpoint_->contains(name); }
+
+const at::Tensor& DecoderModel::weight(int64_t layer, const std::string& name, bool keep_fp32) {
+  auto& slot = resident_[layer];
+  if (auto it = slot.find(name); it != slot.end()) return it->second;
+  const at::ScalarType target = keep_fp32 ? at::kFloat : dtype_;
+  at::Tensor view = checkpoint_tensor(checkpoint_, name);
+  // Always copy: the mapping is shared and private COW pages would otherwise be dirtied by any
+  // in-place op; device/dtype conversion copies anyway.
+  at::Tensor loaded = view.to(device_, target, /*non_blocking=*/false, /*copy=*/true);
+  return slot.emplace(name, std::move(loaded)).first->second;
+}
+
+void DecoderModel::release_layer(int64_t layer) { resident_.erase(layer); }
+void DecoderModel::release_all() { resident_.clear(); }
+
+int64_t DecoderModel::resident_weight_bytes() const {
+  int64_t total = 0;
+  for (const auto& [layer, tensors] : resident_) {
+    for (const auto& [name, t] : tensors) total += static_cast<int64_t>(t.nbytes());
+  }
+  return total;
+}
+
+}  // namespace headwise::arch
