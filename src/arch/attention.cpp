@@ -18,8 +18,8 @@ at::Tensor window_mask(int64_t q_begin, int64_t q_len, int64_t k_begin, int64_t 
   std::vector<at::Tensor> masks;
   masks.reserve(kv_windows.size());
   for (int64_t w : kv_windows) {
-    HEADWISE_CHECK(w >= 0, "negative window {}", w);
-    if (w == 0) {
+    HEADWISE_CHECK(w > 0, "window {} must be positive", w);
+    if (w == kFullWindow) {
       masks.push_back(causal);
     } else {
       masks.push_back(causal & ((distance < w) | is_sink));
@@ -36,7 +36,7 @@ at::Tensor windowed_attention(const AttentionInputs& in, std::span<const int64_t
   HEADWISE_CHECK(num_heads % num_kv == 0 && in.k.size(2) == steps, "attention shapes q {} k {}", shape_string(in.q.sizes()), shape_string(in.k.sizes()));
   HEADWISE_CHECK(chunk > 0, "chunk must be positive");
   const int64_t group = num_heads / num_kv;
-  const bool all_bounded = std::all_of(kv_windows.begin(), kv_windows.end(), [](int64_t w) { return w > 0; });
+  const bool all_bounded = std::all_of(kv_windows.begin(), kv_windows.end(), [](int64_t w) { return w != kFullWindow; });
   const int64_t widest = all_bounded ? *std::max_element(kv_windows.begin(), kv_windows.end()) : 0;
 
   // [B, nkv, g, T, hd]: each KV head multiplies its query group without repeat_kv copies.
@@ -81,7 +81,8 @@ at::Tensor windowed_attention(const AttentionInputs& inputs, int64_t window, int
 }
 
 at::Tensor ExactAttentionCore::attend(const AttentionInputs& inputs) {
-  return windowed_attention(inputs, inputs.sliding_window, /*sink_tokens=*/0, chunk_);
+  const int64_t window = inputs.sliding_window > 0 ? inputs.sliding_window : kFullWindow;
+  return windowed_attention(inputs, window, /*sink_tokens=*/0, chunk_);
 }
 
 }  // namespace headwise::arch

@@ -6,11 +6,12 @@
 #include <span>
 
 #include "headwise/arch/model.hpp"
+#include "headwise/core/window.hpp"
 
 namespace headwise::arch {
 
 // Window semantics (design.md): a query at position t sees keys at positions
-// [t - w + 1, t], plus the first `sink_tokens` positions. w == 0 means unbounded.
+// [t - w + 1, t], plus the first `sink_tokens` positions. kFullWindow means unbounded.
 // `kv_windows` has one entry per KV head; all query heads of a GQA group share it.
 // Numerics follow HF eager attention: scores in the activation dtype, softmax in fp32,
 // probabilities cast back before multiplying V.

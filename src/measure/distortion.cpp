@@ -1,0 +1,84 @@
+#include "headwise/measure/distortion.hpp"
+
+#include <cmath>
+
+#include "headwise/core/error.hpp"
+
+namespace headwise::measure {
+
+void CompensatedSum::add(double value) {
+  const double t = sum_ + value;
+  // Neumaier: whichever operand is larger keeps its low-order bits in the compensation.
+  if (std::fabs(sum_) >= std::fabs(value)) {
+    compensation_ += (sum_ - t) + value;
+  } else {
+    compensation_ += (value - t) + sum_;
+  }
+  sum_ = t;
+}
+
+void CompensatedSum::merge(const CompensatedSum& other) {
+  add(other.sum_);
+  add(other.compensation_);
+}
+
+DistortionAccumulator::DistortionAccumulator(int64_t num_kv_heads, int64_t num_levels)
+    : num_kv_heads_(num_kv_heads),
+      num_levels_(num_levels),
+      errors_(static_cast<size_t>(num_kv_heads * num_levels)) {
+  HEADWISE_CHECK(num_kv_heads > 0 && num_levels > 0, "accumulator of {}x{}", num_kv_heads, num_levels);
+}
+
+CompensatedSum& DistortionAccumulator::error(int64_t head, int64_t level) {
+  HEADWISE_CHECK(head >= 0 && head < num_kv_heads_ && level >= 0 && level < num_levels_, "index ({}, {})", head, level);
+  return errors_[static_cast<size_t>(head * num_levels_ + level)];
+}
+
+const CompensatedSum& DistortionAccumulator::error(int64_t head, int64_t level) const {
+  return const_cast<DistortionAccumulator*>(this)->error(head, level);
+}
+
+void DistortionAccumulator::add_error(int64_t head, int64_t level, double squared_error) {
+  error(head, level).add(squared_error);
+}
+
+void DistortionAccumulator::add_reference(double squared_norm, int64_t tokens) {
+  reference_.add(squared_norm);
+  tokens_ += tokens;
+}
+
+void DistortionAccumulator::merge(const DistortionAccumulator& other) {
+  HEADWISE_CHECK(other.num_kv_heads_ == num_kv_heads_ && other.num_levels_ == num_levels_, "merging mismatched accumulators");
+  for (size_t i = 0; i < errors_.size(); ++i) errors_[i].merge(other.errors_[i]);
+  reference_.merge(other.reference_);
+  tokens_ += other.tokens_;
+}
+
+double DistortionAccumulator::distortion(int64_t head, int64_t level) const {
+  const double reference = reference_.value();
+  const double err = error(head, level).value();
+  // A layer whose block output is exactly zero cannot be hurt by truncation.
+  if (reference <= 0.0) return err > 0.0 ? std::numeric_limits<double>::infinity() : 0.0;
+  return err / reference;
+}
+
+std::vector<double> DistortionAccumulator::curve(int64_t head) const {
+  std::vector<double> values;
+  for (int64_t l = 0; l < num_levels_; ++l) values.push_back(distortion(head, l));
+  return values;
+}
+
+void DistortionAccumulator::check_finite(int64_t layer_id) const {
+  if (!std::isfinite(reference_.value())) {
+    throw NumericError(fmt::format("layer {}: the attention block output is not finite (NaN/Inf in activations)", layer_id));
+  }
+  for (int64_t h = 0; h < num_kv_heads_; ++h) {
+    for (int64_t l = 0; l < num_levels_; ++l) {
+      if (!std::isfinite(error(h, l).value())) {
+        throw NumericError(fmt::format("layer {} KV head {} level {}: distortion is NaN/Inf", layer_id, h, l));
+      }
+    }
+  }
+}
+
+}  // namespace headwise::measure
