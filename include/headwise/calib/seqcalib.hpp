@@ -1,0 +1,93 @@
+#pragma once
+// SeqCalib: walk the layers in execution order over the calibration batch; at each global
+// layer measure every KV head's distortion at every window level *on the stream produced by
+// the layers below running under their chosen windows*, choose the layer's windows with a
+// Lagrangian controller that keeps (bytes spent + bytes planned for the layers ahead) within
+// the budget, then run the layer under those windows for the next one. An exact knapsack
+// completion spends what is left. See docs/design.md.
+#include <ATen/ATen.h>
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "headwise/arch/model.hpp"
+#include "headwise/measure/distortion.hpp"
+#include "headwise/measure/window_ladder.hpp"
+
+namespace headwise::calib {
+
+// Exact cache bytes of one KV head of `layer` at `window` (the memory model's rule).
+using HeadBytesFn = std::function<int64_t(const arch::LayerSpec& layer, int64_t window)>;
+
+enum class ActivationPlacement { kAuto, kDevice, kHost };
+
+struct SeqCalibOptions {
+  measure::WindowLadder ladder;
+  int64_t global_budget_bytes = 0;  // budget left for global KV (total budget - fixed bytes)
+  int64_t sink_tokens = 0;
+  HeadBytesFn head_bytes;
+  int64_t micro_batch = 1;      // sequences per layer call
+  int64_t probe_samples = 0;    // sequences for the unconditioned probe pass; 0 = all
+  bool conditioned = true;      // false: decide from probe curves only (the ablation baseline)
+  ActivationPlacement activations = ActivationPlacement::kAuto;
+  // Called after each global layer is decided (progress, checkpoints, the kill hook of tests).
+  std::function<void(int64_t layer_id)> after_global_layer;
+};
+
+struct HeadCurve {
+  int64_t layer_id = 0;
+  int64_t kv_head = 0;
+  std::vector<int64_t> windows;      // one per ladder level
+  std::vector<int64_t> bytes;        // exact bytes per level
+  std::vector<double> distortion;    // measured per level
+};
+
+struct LayerReport {
+  int64_t layer_id = 0;
+  std::string kind;
+  double seconds = 0.0;
+  double lambda = 0.0;           // only for global layers
+  int64_t bytes_spent = 0;       // global KV bytes decided for this layer before completion
+  int64_t planned_ahead = 0;     // bytes the plan keeps for the layers above
+};
+
+struct SeqCalibResult {
+  std::map<int64_t, std::vector<int64_t>> windows;  // global layer → window per KV head
+  std::map<int64_t, std::vector<double>> expected_distortion;  // at the chosen windows
+  std::vector<HeadCurve> curves;        // conditioned (what decided the policy)
+  std::vector<HeadCurve> probe_curves;  // measured with full KV below
+  double probe_lambda = 0.0;
+  std::vector<LayerReport> layers;
+  int64_t global_bytes = 0;             // after completion
+  int64_t global_bytes_before_completion = 0;
+  double total_distortion = 0.0;
+  bool completion_proven_optimal = true;
+  int64_t peak_device_bytes = 0;        // CUDA allocator peak, 0 on CPU
+  int64_t peak_rss_bytes = 0;
+  double probe_seconds = 0.0;
+  double total_seconds = 0.0;
+  std::string activations;              // "device" or "host"
+};
+
+// `sequences`: calibration token ids, all of the same length.
+SeqCalibResult run_seqcalib(arch::DecoderModel& model, const std::vector<std::vector<int64_t>>& sequences,
+                            const SeqCalibOptions& options);
+
+// The attention core used for deployment-like runs: global layers get their policy windows
+// (physically as masks over the calibration stream), other layers run natively.
+class PolicyAttentionCore final : public arch::AttentionCore {
+ public:
+  PolicyAttentionCore(const std::map<int64_t, std::vector<int64_t>>& windows, int64_t sink_tokens, int64_t chunk)
+      : windows_(windows), sink_tokens_(sink_tokens), chunk_(chunk) {}
+  at::Tensor attend(const arch::AttentionInputs& inputs) override;
+
+ private:
+  const std::map<int64_t, std::vector<int64_t>>& windows_;
+  int64_t sink_tokens_;
+  int64_t chunk_;
+};
+
+}  // namespace headwise::calib

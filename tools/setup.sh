@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# Installs what headwise needs to build and test, at the versions pinned in versions.env.
+# Idempotent: does nothing (and needs no network) when everything is already there.
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+# shellcheck source=../versions.env
+source "$root/versions.env"
+
+as_root() { if [[ $(id -u) -eq 0 ]]; then "$@"; else sudo "$@"; fi; }
+
+missing=()
+for pkg in $DEBIAN_PACKAGES; do
+  name=${pkg%%=*}
+  dpkg-query -W -f='${Status}' "$name" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")
+done
+if ((${#missing[@]})); then
+  echo "setup: installing Debian packages: ${missing[*]}"
+  as_root apt-get update -qq
+  # Pinned versions first; fall back to the distribution's current ones if a pin is gone.
+  DEBIAN_FRONTEND=noninteractive as_root apt-get install -y -qq "${missing[@]}" >/dev/null ||
+    DEBIAN_FRONTEND=noninteractive as_root apt-get install -y -qq "${missing[@]%%=*}" >/dev/null
+fi
+
+python_has() {  # python_has MODULE VERSION
+  python3 - "$1" "$2" <<'PY' 2>/dev/null
+import importlib, sys
+m = importlib.import_module(sys.argv[1])
+sys.exit(0 if m.__version__.split("+")[0] == sys.argv[2] else 1)
+PY
+}
+pip_wants=()
+python_has torch "$TORCH_VERSION" || pip_wants+=("torch==$TORCH_VERSION")
+python_has transformers "$TRANSFORMERS_VERSION" || pip_wants+=("transformers==$TRANSFORMERS_VERSION")
+python_has safetensors "$SAFETENSORS_VERSION" || pip_wants+=("safetensors==$SAFETENSORS_VERSION")
+python_has tokenizers "$TOKENIZERS_VERSION" || pip_wants+=("tokenizers==$TOKENIZERS_VERSION")
+if ((${#pip_wants[@]})); then
+  echo "setup: installing Python packages: ${pip_wants[*]} (torch is a CUDA build of several GB)"
+  python3 -m pip install -q "${pip_wants[@]}"
+fi
+echo "setup: ok (torch $TORCH_VERSION, transformers $TRANSFORMERS_VERSION)"
