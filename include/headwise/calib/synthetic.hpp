@@ -1,0 +1,26 @@
+#pragma once
+// The built-in calibration set used when no --calib file is given: retrieval-style token
+// sequences over the model's own vocabulary, generated from a seed. Each sequence is filler
+// with local structure (repeated short phrases, which local heads can model) with key→value
+// needles planted at spread-out depths, and ends by querying every key, so answering needs
+// attention reaching back to the needle wherever it was planted.
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace headwise::calib {
+
+struct SyntheticOptions {
+  int64_t vocab_size = 0;
+  int64_t samples = 8;
+  int64_t seq_len = 2048;
+  uint64_t seed = 0;
+  int64_t needles = 4;  // key→value pairs per sequence
+};
+
+std::vector<std::vector<int64_t>> synthetic_retrieval_set(const SyntheticOptions& options);
+
+// Identifies the generator and its parameters in a policy's provenance.
+std::string synthetic_set_description(const SyntheticOptions& options);
+
+}  // namespace headwise::calib

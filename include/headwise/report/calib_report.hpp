@@ -1,0 +1,36 @@
+#pragma once
+// What a calibration run leaves besides the policy: a JSON report (per-layer conditioned
+// curves, the probe's rate–distortion curve, lambdas, timings, peak memory) that `solve` can
+// re-solve from, and an SVG heat map of layers x KV heads → window.
+#include <nlohmann/json.hpp>
+
+#include <string>
+
+#include "headwise/arch/model_spec.hpp"
+#include "headwise/calib/seqcalib.hpp"
+#include "headwise/measure/window_ladder.hpp"
+
+namespace headwise::report {
+
+struct ReportContext {
+  std::string model_name;
+  int64_t context = 0;
+  int64_t budget_bytes = 0;
+  int64_t fixed_bytes = 0;
+  int64_t total_bytes = 0;
+  int64_t full_kv_total_bytes = 0;
+  measure::WindowLadder ladder;
+  nlohmann::json provenance;
+};
+
+// `heads` in the curves-file layout of `headwise-calc solve` (windows as ints or "full").
+nlohmann::json curves_json(const std::vector<calib::HeadCurve>& curves);
+// The probe's rate–distortion curve: total distortion vs global KV bytes over lambda.
+nlohmann::json rate_distortion_curve(const std::vector<calib::HeadCurve>& probe_curves, int points);
+nlohmann::json calibration_report(const calib::SeqCalibResult& result, const ReportContext& context);
+
+// Layers (rows, global layers only) x KV heads (columns), coloured by ladder level.
+std::string window_heatmap_svg(const arch::ModelSpec& spec, const std::map<int64_t, std::vector<int64_t>>& windows,
+                               const measure::WindowLadder& ladder, const std::string& title);
+
+}  // namespace headwise::report

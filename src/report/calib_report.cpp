@@ -1,0 +1,144 @@
+#include "headwise/report/calib_report.hpp"
+
+#include <algorithm>
+#include <cmath>
+
+#include "headwise/core/units.hpp"
+#include "headwise/core/window.hpp"
+#include "headwise/solve/mckp.hpp"
+
+namespace headwise::report {
+namespace {
+
+nlohmann::json window_json(int64_t window) {
+  return window == kFullWindow ? nlohmann::json("full") : nlohmann::json(window);
+}
+
+std::vector<solve::Group> to_groups(const std::vector<calib::HeadCurve>& curves) {
+  std::vector<solve::Group> groups;
+  for (const auto& c : curves) {
+    solve::Group g{c.layer_id, c.kv_head, {}};
+    for (size_t l = 0; l < c.windows.size(); ++l) g.options.push_back({c.windows[l], c.bytes[l], c.distortion[l]});
+    groups.push_back(std::move(g));
+  }
+  return groups;
+}
+
+}  // namespace
+
+nlohmann::json curves_json(const std::vector<calib::HeadCurve>& curves) {
+  nlohmann::json heads = nlohmann::json::array();
+  for (const auto& c : curves) {
+    nlohmann::json options = nlohmann::json::array();
+    for (size_t l = 0; l < c.windows.size(); ++l) {
+      options.push_back({{"window", window_json(c.windows[l])}, {"bytes", c.bytes[l]}, {"distortion", c.distortion[l]}});
+    }
+    heads.push_back({{"layer_id", c.layer_id}, {"kv_head", c.kv_head}, {"options", options}});
+  }
+  return heads;
+}
+
+nlohmann::json rate_distortion_curve(const std::vector<calib::HeadCurve>& probe_curves, int points) {
+  const auto groups = to_groups(probe_curves);
+  nlohmann::json curve = nlohmann::json::array();
+  if (groups.empty()) return curve;
+  const int64_t lo = solve::min_total_bytes(groups), hi = solve::max_window_total_bytes(groups);
+  for (int i = 0; i <= points; ++i) {
+    const int64_t budget = lo + static_cast<int64_t>(static_cast<double>(hi - lo) * i / points);
+    const auto s = solve::solve_exact(groups, budget);
+    curve.push_back({{"budget_bytes", budget}, {"bytes", s.total_bytes}, {"distortion", s.total_distortion},
+                     {"lambda", solve::min_fitting_lambda(groups, budget)}});
+  }
+  return curve;
+}
+
+nlohmann::json calibration_report(const calib::SeqCalibResult& r, const ReportContext& c) {
+  nlohmann::json layers = nlohmann::json::array();
+  for (const auto& l : r.layers) {
+    nlohmann::json entry{{"layer_id", l.layer_id}, {"kind", l.kind}, {"seconds", l.seconds}};
+    if (r.windows.contains(l.layer_id)) {
+      nlohmann::json windows = nlohmann::json::array();
+      for (int64_t w : r.windows.at(l.layer_id)) windows.push_back(window_json(w));
+      entry["kv_head_windows"] = windows;
+      entry["expected_distortion"] = r.expected_distortion.at(l.layer_id);
+      entry["lambda"] = l.lambda;
+      entry["bytes_decided"] = l.bytes_spent;
+      entry["bytes_planned_ahead"] = l.planned_ahead;
+    }
+    layers.push_back(entry);
+  }
+  nlohmann::json ladder = nlohmann::json::array();
+  for (int64_t w : c.ladder.levels) ladder.push_back(window_json(w));
+  return {
+      {"schema", "headwise/calibration-report/v1"},
+      {"model_name", c.model_name},
+      {"context", c.context},
+      {"window_levels", ladder},
+      {"budget_bytes", c.budget_bytes},
+      {"fixed_bytes", c.fixed_bytes},
+      {"global_budget_bytes", c.budget_bytes - c.fixed_bytes},
+      {"global_bytes", r.global_bytes},
+      {"global_bytes_before_completion", r.global_bytes_before_completion},
+      {"total_bytes", c.total_bytes},
+      {"full_kv_total_bytes", c.full_kv_total_bytes},
+      {"total_distortion", r.total_distortion},
+      {"completion_proven_optimal", r.completion_proven_optimal},
+      {"probe_lambda", r.probe_lambda},
+      {"provenance", c.provenance},
+      {"layers", layers},
+      {"heads", curves_json(r.curves)},
+      {"probe_heads", curves_json(r.probe_curves)},
+      {"probe_rate_distortion", rate_distortion_curve(r.probe_curves, 16)},
+      {"timing", {{"probe_seconds", r.probe_seconds}, {"total_seconds", r.total_seconds}}},
+      {"memory", {{"peak_rss_bytes", r.peak_rss_bytes}, {"peak_device_bytes", r.peak_device_bytes},
+                  {"activations", r.activations}}},
+  };
+}
+
+std::string window_heatmap_svg(const arch::ModelSpec& spec, const std::map<int64_t, std::vector<int64_t>>& windows,
+                               const measure::WindowLadder& ladder, const std::string& title) {
+  // Short windows dark red, full pale: memory-hungry heads stand out as light cells.
+  static const char* kPalette[] = {"#7f0000", "#c0392b", "#e67e22", "#f1c40f", "#a9dfbf", "#d6eaf8", "#ecf0f1"};
+  const int cell = 22, left = 90, top = 50, legend_w = 150;
+  int64_t max_heads = 1;
+  for (const auto& [id, w] : windows) max_heads = std::max<int64_t>(max_heads, static_cast<int64_t>(w.size()));
+  const auto rows = static_cast<int>(windows.size());
+  const int width = left + static_cast<int>(max_heads) * cell + legend_w;
+  const int height = top + std::max(rows, static_cast<int>(ladder.size())) * cell + 40;
+  std::string svg = fmt::format(
+      "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{}\" height=\"{}\" font-family=\"sans-serif\" font-size=\"11\">\n"
+      "<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n<text x=\"8\" y=\"18\" font-size=\"14\">{}</text>\n"
+      "<text x=\"{}\" y=\"{}\">KV head →</text>\n",
+      width, height, title, left, top - 8);
+  const auto level_of = [&](int64_t w) {
+    const auto it = std::find(ladder.levels.begin(), ladder.levels.end(), w);
+    return static_cast<size_t>(it - ladder.levels.begin());
+  };
+  const size_t palette_offset = 7 - std::min<size_t>(7, ladder.size());
+  int row = 0;
+  for (const auto& [layer_id, heads] : windows) {
+    const int y = top + row * cell;
+    svg += fmt::format("<text x=\"8\" y=\"{}\">layer {}</text>\n", y + 15, layer_id);
+    for (size_t h = 0; h < heads.size(); ++h) {
+      const size_t level = level_of(heads[h]);
+      svg += fmt::format("<rect x=\"{}\" y=\"{}\" width=\"{}\" height=\"{}\" fill=\"{}\" stroke=\"white\"><title>layer {} "
+                         "head {}: {}</title></rect>\n",
+                         left + static_cast<int>(h) * cell, y, cell, cell, kPalette[std::min<size_t>(6, palette_offset + level)],
+                         layer_id, h, window_label(heads[h]));
+    }
+    ++row;
+  }
+  const int lx = left + static_cast<int>(max_heads) * cell + 20;
+  for (size_t l = 0; l < ladder.size(); ++l) {
+    const int y = top + static_cast<int>(l) * cell;
+    svg += fmt::format("<rect x=\"{}\" y=\"{}\" width=\"{}\" height=\"{}\" fill=\"{}\"/><text x=\"{}\" y=\"{}\">{}</text>\n", lx,
+                       y, cell - 4, cell - 4, kPalette[std::min<size_t>(6, palette_offset + l)], lx + cell + 2, y + 13,
+                       ladder.levels[l] == kFullWindow ? std::string("full") : format_tokens(ladder.levels[l]));
+  }
+  svg += fmt::format("<text x=\"8\" y=\"{}\" fill=\"#555\">{} global of {} layers; other layers keep their native cache</text>\n",
+                     height - 12, windows.size(), spec.num_layers());
+  svg += "</svg>\n";
+  return svg;
+}
+
+}  // namespace headwise::report
