@@ -10,7 +10,9 @@ namespace headwise::arch {
 namespace {
 
 // [B, T, h, d] (or [B, T, h]) → [B, h, T, ...] float32, contiguous: the layout both HF rules use.
-at::Tensor heads_first_fp32(const at::Tensor& x) { return x.transpose(1, 2).to(at::kFloat).contiguous(); }
+at::Tensor heads_first_fp32(const at::Tensor& x) {
+  return x.transpose(1, 2).to(at::kFloat).contiguous();
+}
 
 // Writes a final state into the caller's map: into the existing tensor when it has the same
 // shape (the runtime's buffer keeps its address and dtype), else as a new entry.
@@ -37,11 +39,15 @@ at::Tensor find_state(const LayerState* state, const char* name) {
 
 }  // namespace
 
-at::Tensor l2norm(const at::Tensor& x, double eps) { return x * at::rsqrt((x * x).sum(-1, /*keepdim=*/true) + eps); }
+at::Tensor l2norm(const at::Tensor& x, double eps) {
+  return x * at::rsqrt((x * x).sum(-1, /*keepdim=*/true) + eps);
+}
 
-at::Tensor causal_conv1d_silu(const at::Tensor& x, const at::Tensor& weight, at::Tensor* conv_state) {
+at::Tensor causal_conv1d_silu(const at::Tensor& x, const at::Tensor& weight,
+                              at::Tensor* conv_state) {
   const int64_t channels = x.size(1), steps = x.size(2), kernel = weight.size(-1);
-  HEADWISE_CHECK(weight.size(0) == channels, "conv weight {} for {} channels", shape_string(weight.sizes()), channels);
+  HEADWISE_CHECK(weight.size(0) == channels, "conv weight {} for {} channels",
+                 shape_string(weight.sizes()), channels);
   at::Tensor out;
   at::Tensor window;  // the inputs the conv sees, for the state update
   if (conv_state != nullptr && conv_state->defined()) {
@@ -57,9 +63,10 @@ at::Tensor causal_conv1d_silu(const at::Tensor& x, const at::Tensor& weight, at:
   return at::silu(out).to(x.scalar_type());
 }
 
-DeltaRuleOutput chunk_gated_delta_rule(const at::Tensor& q_in, const at::Tensor& k_in, const at::Tensor& v_in,
-                                       const at::Tensor& g_in, const at::Tensor& beta_in,
-                                       const at::Tensor& initial_state, int64_t chunk) {
+DeltaRuleOutput chunk_gated_delta_rule(const at::Tensor& q_in, const at::Tensor& k_in,
+                                       const at::Tensor& v_in, const at::Tensor& g_in,
+                                       const at::Tensor& beta_in, const at::Tensor& initial_state,
+                                       int64_t chunk) {
   const at::ScalarType out_dtype = q_in.scalar_type();
   const int64_t batch = k_in.size(0), steps = k_in.size(1), k_dim = k_in.size(3);
   const int64_t heads = v_in.size(2), v_dim = v_in.size(3);
@@ -79,41 +86,51 @@ DeltaRuleOutput chunk_gated_delta_rule(const at::Tensor& q_in, const at::Tensor&
   decay = at::constant_pad_nd(decay, {0, pad});
   const int64_t chunks = (steps + pad) / chunk;
 
-  const at::Tensor v_beta = (value * beta.unsqueeze(-1)).reshape({batch, heads, chunks, chunk, v_dim});
-  const at::Tensor k_beta = (key * beta.unsqueeze(-1)).reshape({batch, heads, chunks, chunk, k_dim});
+  const at::Tensor v_beta =
+      (value * beta.unsqueeze(-1)).reshape({batch, heads, chunks, chunk, v_dim});
+  const at::Tensor k_beta =
+      (key * beta.unsqueeze(-1)).reshape({batch, heads, chunks, chunk, k_dim});
   query = query.reshape({batch, heads, chunks, chunk, k_dim});
   key = key.reshape({batch, heads, chunks, chunk, k_dim});
   const at::Tensor cum = decay.reshape({batch, heads, chunks, chunk}).cumsum(3);
 
   // Intra-chunk pairwise decay exp(cum_i - cum_j) for j <= i, zero above the diagonal.
-  const at::Tensor upper = at::ones({chunk, chunk}, at::TensorOptions().dtype(at::kBool).device(q_in.device())).triu(1);
-  const at::Tensor pairwise =
-      (cum.unsqueeze(4) - cum.unsqueeze(3)).masked_fill(upper, -std::numeric_limits<float>::infinity()).exp();
+  const at::Tensor upper =
+      at::ones({chunk, chunk}, at::TensorOptions().dtype(at::kBool).device(q_in.device())).triu(1);
+  const at::Tensor pairwise = (cum.unsqueeze(4) - cum.unsqueeze(3))
+                                  .masked_fill(upper, -std::numeric_limits<float>::infinity())
+                                  .exp();
   const at::Tensor ut_system = at::matmul(k_beta, key.transpose(-1, -2)) * pairwise;
   const at::Tensor intra = at::matmul(query, key.transpose(-1, -2)) * pairwise;
   const at::Tensor decayed_k_beta = k_beta * cum.exp().unsqueeze(-1);
   // UT transform: (I + strictly-lower(ut)) X = rhs, as HF's solve_triangular(unitriangular).
-  const at::Tensor new_values = at::linalg_solve_triangular(ut_system, v_beta, /*upper=*/false, /*left=*/true, true);
-  const at::Tensor k_cumdecay = at::linalg_solve_triangular(ut_system, decayed_k_beta, false, true, true);
+  const at::Tensor new_values =
+      at::linalg_solve_triangular(ut_system, v_beta, /*upper=*/false, /*left=*/true, true);
+  const at::Tensor k_cumdecay =
+      at::linalg_solve_triangular(ut_system, decayed_k_beta, false, true, true);
 
-  at::Tensor state = initial_state.defined() ? initial_state.to(new_values.options())
-                                             : at::zeros({batch, heads, k_dim, v_dim}, new_values.options());
+  at::Tensor state = initial_state.defined()
+                         ? initial_state.to(new_values.options())
+                         : at::zeros({batch, heads, k_dim, v_dim}, new_values.options());
   at::Tensor out = at::zeros_like(new_values);
   query = query * cum.exp().unsqueeze(-1);
   key = key * (cum.slice(-1, chunk - 1) - cum).exp().unsqueeze(-1);
-  const at::Tensor chunk_decay = cum.select(-1, chunk - 1).exp().unsqueeze(-1).unsqueeze(-1);  // [B, h, N, 1, 1]
+  const at::Tensor chunk_decay =
+      cum.select(-1, chunk - 1).exp().unsqueeze(-1).unsqueeze(-1);  // [B, h, N, 1, 1]
   for (int64_t i = 0; i < chunks; ++i) {
     const at::Tensor v_new = new_values.select(2, i) - at::matmul(k_cumdecay.select(2, i), state);
     const at::Tensor inter = at::matmul(query.select(2, i), state);
     out.select(2, i).copy_(inter + at::matmul(intra.select(2, i), v_new));
-    state = state * chunk_decay.select(2, i) + at::matmul(key.select(2, i).transpose(-1, -2), v_new);
+    state =
+        state * chunk_decay.select(2, i) + at::matmul(key.select(2, i).transpose(-1, -2), v_new);
   }
   out = out.reshape({batch, heads, -1, v_dim}).slice(2, 0, steps);
   return {out.transpose(1, 2).to(out_dtype).contiguous(), state};
 }
 
-DeltaRuleOutput recurrent_gated_delta_rule(const at::Tensor& q_in, const at::Tensor& k_in, const at::Tensor& v_in,
-                                           const at::Tensor& g_in, const at::Tensor& beta_in,
+DeltaRuleOutput recurrent_gated_delta_rule(const at::Tensor& q_in, const at::Tensor& k_in,
+                                           const at::Tensor& v_in, const at::Tensor& g_in,
+                                           const at::Tensor& beta_in,
                                            const at::Tensor& initial_state) {
   const at::ScalarType out_dtype = q_in.scalar_type();
   const int64_t batch = k_in.size(0), steps = k_in.size(1), k_dim = k_in.size(3);
@@ -125,8 +142,9 @@ DeltaRuleOutput recurrent_gated_delta_rule(const at::Tensor& q_in, const at::Ten
   const at::Tensor decay = heads_first_fp32(g_in);
   query = query / std::pow(static_cast<double>(k_dim), 0.5);
 
-  at::Tensor state = initial_state.defined() ? initial_state.to(value.options())
-                                             : at::zeros({batch, heads, k_dim, v_dim}, value.options());
+  at::Tensor state = initial_state.defined()
+                         ? initial_state.to(value.options())
+                         : at::zeros({batch, heads, k_dim, v_dim}, value.options());
   at::Tensor out = at::zeros_like(value);
   for (int64_t t = 0; t < steps; ++t) {
     const at::Tensor q_t = query.select(2, t), k_t = key.select(2, t), v_t = value.select(2, t);
@@ -139,7 +157,8 @@ DeltaRuleOutput recurrent_gated_delta_rule(const at::Tensor& q_in, const at::Ten
   return {out.transpose(1, 2).contiguous().to(out_dtype), state};
 }
 
-at::Tensor gated_rms_norm(const at::Tensor& x, const at::Tensor& gate, const at::Tensor& weight, double eps) {
+at::Tensor gated_rms_norm(const at::Tensor& x, const at::Tensor& gate, const at::Tensor& weight,
+                          double eps) {
   const at::ScalarType dtype = x.scalar_type();
   at::Tensor h = x.to(at::kFloat);
   h = h * at::rsqrt(h.pow(2).mean(-1, /*keepdim=*/true) + eps);
@@ -148,32 +167,35 @@ at::Tensor gated_rms_norm(const at::Tensor& x, const at::Tensor& gate, const at:
   return h.to(dtype);
 }
 
-at::Tensor gated_delta_mixer(const GatedDeltaShape& shape, const GatedDeltaInputs& in, const GatedDeltaWeights& w,
-                             LayerState* state) {
+at::Tensor gated_delta_mixer(const GatedDeltaShape& shape, const GatedDeltaInputs& in,
+                             const GatedDeltaWeights& w, LayerState* state) {
   const int64_t batch = in.mixed_qkv.size(0), steps = in.mixed_qkv.size(1);
   at::Tensor conv_state = find_state(state, "conv_state");
   at::Tensor recurrent_state = find_state(state, "recurrent_state");
 
-  const at::Tensor conv_out =
-      causal_conv1d_silu(in.mixed_qkv.transpose(1, 2), w.conv1d, state != nullptr ? &conv_state : nullptr)
-          .transpose(1, 2);
+  const at::Tensor conv_out = causal_conv1d_silu(in.mixed_qkv.transpose(1, 2), w.conv1d,
+                                                 state != nullptr ? &conv_state : nullptr)
+                                  .transpose(1, 2);
   const int64_t kd = shape.key_dim();
   at::Tensor query = conv_out.slice(-1, 0, kd).reshape({batch, steps, -1, shape.k_head_dim});
   at::Tensor key = conv_out.slice(-1, kd, 2 * kd).reshape({batch, steps, -1, shape.k_head_dim});
   const at::Tensor value = conv_out.slice(-1, 2 * kd).reshape({batch, steps, -1, shape.v_head_dim});
 
   const at::Tensor beta = in.b.sigmoid();
-  // Log-decay in fp32 (HF: "if the model is loaded in fp16, without the .float() here, A might be -inf").
-  const at::Tensor g = -w.A_log.to(at::kFloat).exp() * at::softplus(in.a.to(at::kFloat) + w.dt_bias);
+  // Log-decay in fp32 (HF: "if the model is loaded in fp16, without the .float() here, A might be
+  // -inf").
+  const at::Tensor g =
+      -w.A_log.to(at::kFloat).exp() * at::softplus(in.a.to(at::kFloat) + w.dt_bias);
   const int64_t r = shape.value_heads_per_key_head();
   if (r > 1) {
     query = query.repeat_interleave(r, 2);
     key = key.repeat_interleave(r, 2);
   }
   // HF takes the token-by-token rule only for single-token steps that continue a cached state.
-  const DeltaRuleOutput rule = (recurrent_state.defined() && steps == 1)
-                                   ? recurrent_gated_delta_rule(query, key, value, g, beta, recurrent_state)
-                                   : chunk_gated_delta_rule(query, key, value, g, beta, recurrent_state);
+  const DeltaRuleOutput rule =
+      (recurrent_state.defined() && steps == 1)
+          ? recurrent_gated_delta_rule(query, key, value, g, beta, recurrent_state)
+          : chunk_gated_delta_rule(query, key, value, g, beta, recurrent_state);
   if (state != nullptr) {
     store_state(*state, "conv_state", conv_state);
     store_state(*state, "recurrent_state", rule.final_state);

@@ -20,7 +20,8 @@ at::Tensor expert_forward(const at::Tensor& x, const ExpertWeights& e) {
 
 }  // namespace
 
-MoeRouting route_top_k(const at::Tensor& x, const at::Tensor& router, int64_t top_k, bool norm_topk_prob) {
+MoeRouting route_top_k(const at::Tensor& x, const at::Tensor& router, int64_t top_k,
+                       bool norm_topk_prob) {
   const at::Tensor logits = arch::linear(x, router);
   const at::Tensor probs = at::softmax(logits, -1, at::kFloat);
   auto [values, indices] = at::topk(probs, top_k, -1);
@@ -28,7 +29,8 @@ MoeRouting route_top_k(const at::Tensor& x, const at::Tensor& router, int64_t to
   return {values.to(logits.scalar_type()), indices};
 }
 
-at::Tensor sparse_moe_block(const at::Tensor& x, const SparseMoeWeights& w, int64_t top_k, bool norm_topk_prob) {
+at::Tensor sparse_moe_block(const at::Tensor& x, const SparseMoeWeights& w, int64_t top_k,
+                            bool norm_topk_prob) {
   const int64_t hidden = x.size(-1);
   const at::Tensor flat = x.reshape({-1, hidden});
   const at::Tensor shared = gated_mlp(flat, w.shared_gate, w.shared_up, w.shared_down);
@@ -36,7 +38,8 @@ at::Tensor sparse_moe_block(const at::Tensor& x, const SparseMoeWeights& w, int6
 
   // Experts in ascending order, each adding its tokens' weighted outputs (HF Qwen3NextExperts).
   at::Tensor routed = at::zeros_like(flat);
-  const at::Tensor hit = std::get<0>(at::_unique(routing.experts.flatten(), /*sorted=*/true)).to(at::kCPU);
+  const at::Tensor hit =
+      std::get<0>(at::_unique(routing.experts.flatten(), /*sorted=*/true)).to(at::kCPU);
   const auto* ids = hit.data_ptr<int64_t>();
   for (int64_t n = 0; n < hit.numel(); ++n) {
     const int64_t e = ids[n];

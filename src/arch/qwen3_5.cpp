@@ -44,10 +44,12 @@ class Qwen35TextModel final : public QwenHybridModel {
 const RegisterArchitecture kRegisterQwen35{Architecture{
     .name = "qwen3_5",
     .model_types = {"qwen3_5_text"},
-    .build_spec = [](const ConfigReader& reader) { return qwen_hybrid_spec(read_qwen_hybrid_config(reader, false)); },
-    .create_model =
-        [](const ModelSpec& spec, std::shared_ptr<const io::Checkpoint> checkpoint, const ModelOptions& options)
-        -> std::unique_ptr<DecoderModel> {
+    .build_spec =
+        [](const ConfigReader& reader) {
+          return qwen_hybrid_spec(read_qwen_hybrid_config(reader, false));
+        },
+    .create_model = [](const ModelSpec& spec, std::shared_ptr<const io::Checkpoint> checkpoint,
+                       const ModelOptions& options) -> std::unique_ptr<DecoderModel> {
       const ConfigReader reader(spec.text_config, (checkpoint->dir() / "config.json").string());
       return std::make_unique<Qwen35TextModel>(spec, std::move(checkpoint), options,
                                                read_qwen_hybrid_config(reader, false));

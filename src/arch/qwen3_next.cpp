@@ -21,16 +21,19 @@ class Qwen3NextModel final : public QwenHybridModel {
   GatedDeltaInputs linear_projections(int64_t layer, const at::Tensor& x) override {
     const GatedDeltaShape& s = config().linear;
     const int64_t batch = x.size(0), steps = x.size(1), r = s.value_heads_per_key_head();
-    const at::Tensor qkvz = arch::linear(x, layer_weight(layer, "linear_attn.in_proj_qkvz.weight"))
-                                .view({batch, steps, s.num_k_heads, 2 * s.k_head_dim + 2 * r * s.v_head_dim});
-    const auto parts = qkvz.split_with_sizes({s.k_head_dim, s.k_head_dim, r * s.v_head_dim, r * s.v_head_dim}, 3);
+    const at::Tensor qkvz =
+        arch::linear(x, layer_weight(layer, "linear_attn.in_proj_qkvz.weight"))
+            .view({batch, steps, s.num_k_heads, 2 * s.k_head_dim + 2 * r * s.v_head_dim});
+    const auto parts =
+        qkvz.split_with_sizes({s.k_head_dim, s.k_head_dim, r * s.v_head_dim, r * s.v_head_dim}, 3);
     const at::Tensor ba = arch::linear(x, layer_weight(layer, "linear_attn.in_proj_ba.weight"))
                               .view({batch, steps, s.num_k_heads, 2 * r});
     const auto b_and_a = ba.split_with_sizes({r, r}, 3);
     GatedDeltaInputs in;
-    in.mixed_qkv = at::cat({parts[0].reshape({batch, steps, -1}), parts[1].reshape({batch, steps, -1}),
-                            parts[2].reshape({batch, steps, -1})},
-                           -1);
+    in.mixed_qkv =
+        at::cat({parts[0].reshape({batch, steps, -1}), parts[1].reshape({batch, steps, -1}),
+                 parts[2].reshape({batch, steps, -1})},
+                -1);
     in.z = parts[3].reshape({batch, steps, s.num_v_heads, s.v_head_dim});
     in.b = b_and_a[0].reshape({batch, steps, s.num_v_heads});
     in.a = b_and_a[1].reshape({batch, steps, s.num_v_heads});
@@ -40,7 +43,8 @@ class Qwen3NextModel final : public QwenHybridModel {
   std::vector<WeightRequirement> linear_projection_weights(int64_t layer) const override {
     const GatedDeltaShape& s = config().linear;
     const int64_t h = config().hidden_size;
-    return {requirement(layer, "linear_attn.in_proj_qkvz.weight", {2 * s.key_dim() + 2 * s.value_dim(), h}),
+    return {requirement(layer, "linear_attn.in_proj_qkvz.weight",
+                        {2 * s.key_dim() + 2 * s.value_dim(), h}),
             requirement(layer, "linear_attn.in_proj_ba.weight", {2 * s.num_v_heads, h})};
   }
 
@@ -73,7 +77,8 @@ class Qwen3NextModel final : public QwenHybridModel {
     if (!config().is_moe_layer(layer)) return QwenHybridModel::feed_forward_weights(layer);
     const QwenHybridConfig& c = config();
     const int64_t h = c.hidden_size, e = c.num_experts, i = c.moe_intermediate_size;
-    std::vector<WeightRequirement> all = dense_mlp_weights(layer, "mlp.shared_expert", c.shared_expert_intermediate_size);
+    std::vector<WeightRequirement> all =
+        dense_mlp_weights(layer, "mlp.shared_expert", c.shared_expert_intermediate_size);
     all.push_back(requirement(layer, "mlp.gate.weight", {e, h}));
     all.push_back(requirement(layer, "mlp.shared_expert_gate.weight", {1, h}));
     if (has_fused_experts(layer)) {
@@ -98,10 +103,12 @@ class Qwen3NextModel final : public QwenHybridModel {
 const RegisterArchitecture kRegisterQwen3Next{Architecture{
     .name = "qwen3_next",
     .model_types = {"qwen3_next"},
-    .build_spec = [](const ConfigReader& reader) { return qwen_hybrid_spec(read_qwen_hybrid_config(reader, true)); },
-    .create_model =
-        [](const ModelSpec& spec, std::shared_ptr<const io::Checkpoint> checkpoint, const ModelOptions& options)
-        -> std::unique_ptr<DecoderModel> {
+    .build_spec =
+        [](const ConfigReader& reader) {
+          return qwen_hybrid_spec(read_qwen_hybrid_config(reader, true));
+        },
+    .create_model = [](const ModelSpec& spec, std::shared_ptr<const io::Checkpoint> checkpoint,
+                       const ModelOptions& options) -> std::unique_ptr<DecoderModel> {
       const ConfigReader reader(spec.text_config, (checkpoint->dir() / "config.json").string());
       return std::make_unique<Qwen3NextModel>(spec, std::move(checkpoint), options,
                                               read_qwen_hybrid_config(reader, true));

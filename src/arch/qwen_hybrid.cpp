@@ -10,17 +10,21 @@
 
 namespace headwise::arch {
 
-QwenHybridModel::QwenHybridModel(const ModelSpec& spec, std::shared_ptr<const io::Checkpoint> checkpoint,
+QwenHybridModel::QwenHybridModel(const ModelSpec& spec,
+                                 std::shared_ptr<const io::Checkpoint> checkpoint,
                                  const ModelOptions& options, QwenHybridConfig config)
     : DecoderModel(spec, std::move(checkpoint), options), config_(std::move(config)) {
   // Qwen3.5 wrapper checkpoints (Qwen3_5ForConditionalGeneration) keep the text model under
   // model.language_model.; text-only saves use model. Probe which this checkpoint has.
-  prefix_ = this->checkpoint().contains("model.language_model.embed_tokens.weight") ? "model.language_model."
-                                                                                      : "model.";
+  prefix_ = this->checkpoint().contains("model.language_model.embed_tokens.weight")
+                ? "model.language_model."
+                : "model.";
   inv_freq_ = default_inv_freq(config_.rope_theta, config_.rotary_dim(), device());
 }
 
-std::string QwenHybridModel::layer_prefix(int64_t layer) const { return fmt::format("{}layers.{}.", prefix_, layer); }
+std::string QwenHybridModel::layer_prefix(int64_t layer) const {
+  return fmt::format("{}layers.{}.", prefix_, layer);
+}
 
 std::string QwenHybridModel::lm_head_name() const {
   return config_.tie_word_embeddings ? prefix_ + "embed_tokens.weight" : "lm_head.weight";
@@ -32,11 +36,13 @@ at::Tensor QwenHybridModel::norm(const at::Tensor& x, const at::Tensor& weight) 
 
 at::Tensor QwenHybridModel::embed(const at::Tensor& input_ids) {
   c10::InferenceMode inference;
-  if (input_ids.dim() != 2) throw_input_error("input_ids must be [batch, tokens], got {}", shape_string(input_ids.sizes()));
+  if (input_ids.dim() != 2)
+    throw_input_error("input_ids must be [batch, tokens], got {}", shape_string(input_ids.sizes()));
   if (input_ids.numel() > 0) {
     const int64_t lo = input_ids.min().item<int64_t>(), hi = input_ids.max().item<int64_t>();
     if (lo < 0 || hi >= config_.vocab_size) {
-      throw_input_error("token id {} is outside the vocabulary [0, {})", lo < 0 ? lo : hi, config_.vocab_size);
+      throw_input_error("token id {} is outside the vocabulary [0, {})", lo < 0 ? lo : hi,
+                        config_.vocab_size);
     }
   }
   const at::Tensor& table = weight(-1, prefix_ + "embed_tokens.weight");
@@ -49,29 +55,39 @@ at::Tensor QwenHybridModel::logits(const at::Tensor& hidden) {
   return arch::linear(normed, weight(-1, lm_head_name())).to(at::kFloat);
 }
 
-at::Tensor QwenHybridModel::run_layer(int64_t layer, const at::Tensor& hidden, const LayerRun& run) {
+at::Tensor QwenHybridModel::run_layer(int64_t layer, const at::Tensor& hidden,
+                                      const LayerRun& run) {
   c10::InferenceMode inference;
-  HEADWISE_CHECK(layer >= 0 && layer < config_.num_layers, "layer {} of {}", layer, config_.num_layers);
+  HEADWISE_CHECK(layer >= 0 && layer < config_.num_layers, "layer {} of {}", layer,
+                 config_.num_layers);
   const at::Tensor mixer_in = norm(hidden, layer_weight(layer, "input_layernorm.weight"));
-  const at::Tensor mixed = config_.layer_kinds[static_cast<size_t>(layer)] == LayerKind::kFullAttention
-                               ? full_attention(layer, mixer_in, run)
-                               : linear_attention(layer, mixer_in, run.state);
+  const at::Tensor mixed =
+      config_.layer_kinds[static_cast<size_t>(layer)] == LayerKind::kFullAttention
+          ? full_attention(layer, mixer_in, run)
+          : linear_attention(layer, mixer_in, run.state);
   const at::Tensor h = hidden + mixed;
   return h + feed_forward(layer, norm(h, layer_weight(layer, "post_attention_layernorm.weight")));
 }
 
-at::Tensor QwenHybridModel::full_attention(int64_t layer, const at::Tensor& x, const LayerRun& run) {
+at::Tensor QwenHybridModel::full_attention(int64_t layer, const at::Tensor& x,
+                                           const LayerRun& run) {
   const int64_t batch = x.size(0), steps = x.size(1), hd = config_.head_dim;
   // q_proj rows are per head [q (hd) | gate (hd)], not [all q | all gates].
-  const auto q_and_gate =
-      arch::linear(x, layer_weight(layer, "self_attn.q_proj.weight")).view({batch, steps, -1, 2 * hd}).chunk(2, -1);
-  at::Tensor q = norm(q_and_gate[0], layer_weight(layer, "self_attn.q_norm.weight")).transpose(1, 2);
-  const at::Tensor k_raw = arch::linear(x, layer_weight(layer, "self_attn.k_proj.weight")).view({batch, steps, -1, hd});
+  const auto q_and_gate = arch::linear(x, layer_weight(layer, "self_attn.q_proj.weight"))
+                              .view({batch, steps, -1, 2 * hd})
+                              .chunk(2, -1);
+  at::Tensor q =
+      norm(q_and_gate[0], layer_weight(layer, "self_attn.q_norm.weight")).transpose(1, 2);
+  const at::Tensor k_raw =
+      arch::linear(x, layer_weight(layer, "self_attn.k_proj.weight")).view({batch, steps, -1, hd});
   at::Tensor k = norm(k_raw, layer_weight(layer, "self_attn.k_norm.weight")).transpose(1, 2);
-  const at::Tensor v =
-      arch::linear(x, layer_weight(layer, "self_attn.v_proj.weight")).view({batch, steps, -1, hd}).transpose(1, 2);
-  if (run.position_offset < 0) throw_input_error("position offset {} is negative", run.position_offset);
-  const RotaryTable table = rotary_table(inv_freq_, run.position_offset, steps, 1.0, x.scalar_type());
+  const at::Tensor v = arch::linear(x, layer_weight(layer, "self_attn.v_proj.weight"))
+                           .view({batch, steps, -1, hd})
+                           .transpose(1, 2);
+  if (run.position_offset < 0)
+    throw_input_error("position offset {} is negative", run.position_offset);
+  const RotaryTable table =
+      rotary_table(inv_freq_, run.position_offset, steps, 1.0, x.scalar_type());
   q = apply_rotary(q, table);
   k = apply_rotary(k, table);
 
@@ -90,7 +106,8 @@ at::Tensor QwenHybridModel::full_attention(int64_t layer, const at::Tensor& x, c
   return arch::linear((attended * in.output_gate).reshape({batch, steps, -1}), in.o_proj_weight);
 }
 
-at::Tensor QwenHybridModel::linear_attention(int64_t layer, const at::Tensor& x, LayerState* state) {
+at::Tensor QwenHybridModel::linear_attention(int64_t layer, const at::Tensor& x,
+                                             LayerState* state) {
   const GatedDeltaInputs inputs = linear_projections(layer, x);
   GatedDeltaWeights w;
   w.conv1d = layer_weight(layer, "linear_attn.conv1d.weight");
@@ -102,7 +119,8 @@ at::Tensor QwenHybridModel::linear_attention(int64_t layer, const at::Tensor& x,
 }
 
 at::Tensor QwenHybridModel::feed_forward(int64_t layer, const at::Tensor& x) {
-  return gated_mlp(x, layer_weight(layer, "mlp.gate_proj.weight"), layer_weight(layer, "mlp.up_proj.weight"),
+  return gated_mlp(x, layer_weight(layer, "mlp.gate_proj.weight"),
+                   layer_weight(layer, "mlp.up_proj.weight"),
                    layer_weight(layer, "mlp.down_proj.weight"));
 }
 
@@ -115,7 +133,8 @@ WeightRequirement QwenHybridModel::requirement(int64_t layer, const std::string&
   return r;
 }
 
-std::vector<WeightRequirement> QwenHybridModel::dense_mlp_weights(int64_t layer, const std::string& module,
+std::vector<WeightRequirement> QwenHybridModel::dense_mlp_weights(int64_t layer,
+                                                                  const std::string& module,
                                                                   int64_t intermediate) const {
   const int64_t h = config_.hidden_size;
   return {requirement(layer, module + ".gate_proj.weight", {intermediate, h}),
@@ -149,9 +168,11 @@ std::vector<WeightRequirement> QwenHybridModel::linear_tail_weights(int64_t laye
 
 std::vector<WeightRequirement> QwenHybridModel::required_weights() const {
   const int64_t h = config_.hidden_size;
-  std::vector<WeightRequirement> all{requirement(-1, "embed_tokens.weight", {config_.vocab_size, h})};
+  std::vector<WeightRequirement> all{
+      requirement(-1, "embed_tokens.weight", {config_.vocab_size, h})};
   auto append = [&all](std::vector<WeightRequirement> more) {
-    all.insert(all.end(), std::make_move_iterator(more.begin()), std::make_move_iterator(more.end()));
+    all.insert(all.end(), std::make_move_iterator(more.begin()),
+               std::make_move_iterator(more.end()));
   };
   for (int64_t i = 0; i < config_.num_layers; ++i) {
     all.push_back(requirement(i, "input_layernorm.weight", {h}));

@@ -14,7 +14,8 @@ std::vector<LayerKind> read_layer_kinds(const ConfigReader& reader, int64_t num_
   if (reader.has("layer_types")) {
     const auto names = reader.get_string_list("layer_types");
     if (static_cast<int64_t>(names.size()) != num_layers) {
-      reader.fail("layer_types", fmt::format("has {} entries but num_hidden_layers is {}", names.size(), num_layers));
+      reader.fail("layer_types", fmt::format("has {} entries but num_hidden_layers is {}",
+                                             names.size(), num_layers));
     }
     for (const auto& name : names) {
       if (name == "full_attention" || name == "attention") {
@@ -22,14 +23,16 @@ std::vector<LayerKind> read_layer_kinds(const ConfigReader& reader, int64_t num_
       } else if (name == "linear_attention" || name == "mamba") {
         kinds.push_back(LayerKind::kLinearAttention);
       } else {
-        reader.fail("layer_types", fmt::format("has '{}'; expected linear_attention or full_attention", name));
+        reader.fail("layer_types",
+                    fmt::format("has '{}'; expected linear_attention or full_attention", name));
       }
     }
     return kinds;
   }
   const int64_t interval = reader.get_positive_int("full_attention_interval", 4);
   for (int64_t i = 0; i < num_layers; ++i) {
-    kinds.push_back((i + 1) % interval == 0 ? LayerKind::kFullAttention : LayerKind::kLinearAttention);
+    kinds.push_back((i + 1) % interval == 0 ? LayerKind::kFullAttention
+                                            : LayerKind::kLinearAttention);
   }
   return kinds;
 }
@@ -44,13 +47,16 @@ void read_rope(const ConfigReader& reader, QwenHybridConfig& config) {
     const auto& params = reader.get(key);
     if (!params.is_object()) reader.fail(key, "must be an object");
     const ConfigReader sub(params, fmt::format("{}: field '{}'", reader.where(), key));
-    const std::string type = sub.has("rope_type") ? sub.get_string("rope_type") : sub.get_string("type", "default");
+    const std::string type =
+        sub.has("rope_type") ? sub.get_string("rope_type") : sub.get_string("type", "default");
     if (type != "default") {
-      throw_unsupported("{}: field '{}' has rope_type '{}'; qwen hybrid models support only 'default'", reader.where(),
-                        key, type);
+      throw_unsupported(
+          "{}: field '{}' has rope_type '{}'; qwen hybrid models support only 'default'",
+          reader.where(), key, type);
     }
     config.rope_theta = sub.get_double("rope_theta", config.rope_theta);
-    config.partial_rotary_factor = sub.get_double("partial_rotary_factor", config.partial_rotary_factor);
+    config.partial_rotary_factor =
+        sub.get_double("partial_rotary_factor", config.partial_rotary_factor);
   }
   if (config.rope_theta <= 0) reader.fail("rope_theta", "must be positive");
   if (config.partial_rotary_factor <= 0 || config.partial_rotary_factor > 1) {
@@ -58,8 +64,9 @@ void read_rope(const ConfigReader& reader, QwenHybridConfig& config) {
   }
   const int64_t rd = config.rotary_dim();
   if (rd < 2 || rd % 2 != 0) {
-    reader.fail("partial_rotary_factor", fmt::format("gives rotary dim {} for head_dim {}; need an even number >= 2", rd,
-                                                     config.head_dim));
+    reader.fail("partial_rotary_factor",
+                fmt::format("gives rotary dim {} for head_dim {}; need an even number >= 2", rd,
+                            config.head_dim));
   }
 }
 
@@ -73,7 +80,8 @@ GatedDeltaShape read_linear_shape(const ConfigReader& reader, double eps) {
   s.eps = eps;
   if (s.num_v_heads % s.num_k_heads != 0) {
     reader.fail("linear_num_value_heads",
-                fmt::format("({}) must be a multiple of linear_num_key_heads ({})", s.num_v_heads, s.num_k_heads));
+                fmt::format("({}) must be a multiple of linear_num_key_heads ({})", s.num_v_heads,
+                            s.num_k_heads));
   }
   return s;
 }
@@ -86,11 +94,12 @@ void read_feed_forward(const ConfigReader& reader, bool with_moe, QwenHybridConf
   if (config.num_experts == 0) return;
   config.num_experts_per_tok = reader.get_positive_int("num_experts_per_tok", 10);
   if (config.num_experts_per_tok > config.num_experts) {
-    reader.fail("num_experts_per_tok", fmt::format("({}) exceeds num_experts ({})", config.num_experts_per_tok,
-                                                   config.num_experts));
+    reader.fail("num_experts_per_tok", fmt::format("({}) exceeds num_experts ({})",
+                                                   config.num_experts_per_tok, config.num_experts));
   }
   config.moe_intermediate_size = reader.get_positive_int("moe_intermediate_size", 512);
-  config.shared_expert_intermediate_size = reader.get_positive_int("shared_expert_intermediate_size", 512);
+  config.shared_expert_intermediate_size =
+      reader.get_positive_int("shared_expert_intermediate_size", 512);
   config.norm_topk_prob = reader.get_bool("norm_topk_prob", true);
   config.decoder_sparse_step = reader.get_positive_int("decoder_sparse_step", 1);
   if (reader.has("mlp_only_layers")) {
@@ -101,7 +110,8 @@ void read_feed_forward(const ConfigReader& reader, bool with_moe, QwenHybridConf
 DType read_dtype(const ConfigReader& reader) {
   for (const char* key : {"dtype", "torch_dtype"}) {
     if (reader.has(key) && reader.get(key).is_string() && reader.get_string(key) != "auto") {
-      return parse_dtype(reader.get_string(key), fmt::format("{}: field '{}'", reader.where(), key));
+      return parse_dtype(reader.get_string(key),
+                         fmt::format("{}: field '{}'", reader.where(), key));
     }
   }
   return DType::kBFloat16;
@@ -110,7 +120,8 @@ DType read_dtype(const ConfigReader& reader) {
 }  // namespace
 
 bool QwenHybridConfig::is_moe_layer(int64_t layer) const {
-  return num_experts > 0 && !mlp_only_layers.contains(layer) && (layer + 1) % decoder_sparse_step == 0;
+  return num_experts > 0 && !mlp_only_layers.contains(layer) &&
+         (layer + 1) % decoder_sparse_step == 0;
 }
 
 QwenHybridConfig read_qwen_hybrid_config(const ConfigReader& reader, bool with_moe) {
@@ -126,16 +137,18 @@ QwenHybridConfig read_qwen_hybrid_config(const ConfigReader& reader, bool with_m
   c.num_kv_heads = reader.get_positive_int("num_key_value_heads", c.num_heads);
   c.head_dim = reader.get_positive_int("head_dim", c.hidden_size / c.num_heads);
   if (c.num_heads % c.num_kv_heads != 0) {
-    reader.fail("num_key_value_heads",
-                fmt::format("({}) must divide num_attention_heads ({})", c.num_kv_heads, c.num_heads));
+    reader.fail("num_key_value_heads", fmt::format("({}) must divide num_attention_heads ({})",
+                                                   c.num_kv_heads, c.num_heads));
   }
   read_rope(reader, c);
   c.linear = read_linear_shape(reader, c.rms_norm_eps);
   read_feed_forward(reader, with_moe, c);
   const std::string act = reader.get_string("hidden_act", "silu");
-  if (act != "silu") reader.fail("hidden_act", fmt::format("is '{}'; qwen hybrid models use silu", act));
+  if (act != "silu")
+    reader.fail("hidden_act", fmt::format("is '{}'; qwen hybrid models use silu", act));
   if (reader.get_bool("attention_bias", false)) {
-    throw_unsupported("{}: field 'attention_bias' is true; qwen hybrid attention without bias only", reader.where());
+    throw_unsupported("{}: field 'attention_bias' is true; qwen hybrid attention without bias only",
+                      reader.where());
   }
   return c;
 }
@@ -151,10 +164,16 @@ ModelSpec qwen_hybrid_spec(const QwenHybridConfig& config) {
     layer.id = i;
     layer.kind = config.layer_kinds[static_cast<size_t>(i)];
     if (layer.kind == LayerKind::kFullAttention) {
-      layer.attention = AttentionShape{config.num_heads, config.num_kv_heads, config.head_dim, 0, 0};
+      layer.attention =
+          AttentionShape{config.num_heads, config.num_kv_heads, config.head_dim, 0, 0};
     } else {
-      layer.states.push_back({"conv_state", {lin.conv_dim(), lin.conv_kernel}, config.dtype, StateClass::kLinearState});
-      layer.states.push_back({"recurrent_state", {lin.num_v_heads, lin.k_head_dim, lin.v_head_dim}, DType::kFloat32,
+      layer.states.push_back({"conv_state",
+                              {lin.conv_dim(), lin.conv_kernel},
+                              config.dtype,
+                              StateClass::kLinearState});
+      layer.states.push_back({"recurrent_state",
+                              {lin.num_v_heads, lin.k_head_dim, lin.v_head_dim},
+                              DType::kFloat32,
                               StateClass::kLinearState});
     }
     spec.layers.push_back(std::move(layer));

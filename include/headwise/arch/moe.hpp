@@ -31,9 +31,11 @@ struct MoeRouting {
 };
 
 // HF Qwen3NextTopKRouter: softmax(x W^T) in fp32, top-k, renormalise if asked, cast back.
-MoeRouting route_top_k(const at::Tensor& x, const at::Tensor& router, int64_t top_k, bool norm_topk_prob);
+MoeRouting route_top_k(const at::Tensor& x, const at::Tensor& router, int64_t top_k,
+                       bool norm_topk_prob);
 
 // x [B, T, H] → [B, T, H].
-at::Tensor sparse_moe_block(const at::Tensor& x, const SparseMoeWeights& w, int64_t top_k, bool norm_topk_prob);
+at::Tensor sparse_moe_block(const at::Tensor& x, const SparseMoeWeights& w, int64_t top_k,
+                            bool norm_topk_prob);
 
 }  // namespace headwise::arch

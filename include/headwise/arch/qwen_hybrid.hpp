@@ -36,9 +36,13 @@ class QwenHybridModel : public DecoderModel {
 
   // "<prefix>layers.<i>."
   std::string layer_prefix(int64_t layer) const;
-  const at::Tensor& layer_weight(int64_t layer, const std::string& suffix) { return weight(layer, layer_prefix(layer) + suffix); }
-  WeightRequirement requirement(int64_t layer, const std::string& suffix, std::vector<int64_t> shape) const;
-  std::vector<WeightRequirement> dense_mlp_weights(int64_t layer, const std::string& module, int64_t intermediate) const;
+  const at::Tensor& layer_weight(int64_t layer, const std::string& suffix) {
+    return weight(layer, layer_prefix(layer) + suffix);
+  }
+  WeightRequirement requirement(int64_t layer, const std::string& suffix,
+                                std::vector<int64_t> shape) const;
+  std::vector<WeightRequirement> dense_mlp_weights(int64_t layer, const std::string& module,
+                                                   int64_t intermediate) const;
 
  private:
   at::Tensor full_attention(int64_t layer, const at::Tensor& x, const LayerRun& run);

@@ -44,7 +44,9 @@ struct QwenHybridConfig {
   int64_t head_dim = 0;
   double rope_theta = 10000.0;
   double partial_rotary_factor = 0.25;
-  int64_t rotary_dim() const { return static_cast<int64_t>(static_cast<double>(head_dim) * partial_rotary_factor); }
+  int64_t rotary_dim() const {
+    return static_cast<int64_t>(static_cast<double>(head_dim) * partial_rotary_factor);
+  }
 
   GatedDeltaShape linear;
 
