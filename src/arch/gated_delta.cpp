@@ -31,10 +31,16 @@ at::Tensor depthwise_conv(const at::Tensor& x, const at::Tensor& weight, int64_t
   return at::conv1d(x, weight, at::Tensor(), stride, pad, dilation, x.size(1));
 }
 
-at::Tensor find_state(const LayerState* state, const char* name) {
+// The caller's initial state, checked against the shape the spec declares (batch first).
+at::Tensor find_state(const LayerState* state, const char* name, std::vector<int64_t> expected) {
   if (state == nullptr) return {};
   const auto it = state->find(name);
-  return it == state->end() ? at::Tensor() : it->second;
+  if (it == state->end() || !it->second.defined()) return {};
+  if (it->second.sizes() != at::IntArrayRef(expected)) {
+    throw_input_error("linear-attention layer state '{}' has shape {}, expected {}", name,
+                      shape_string(it->second.sizes()), shape_string(expected));
+  }
+  return it->second;
 }
 
 }  // namespace
@@ -170,8 +176,10 @@ at::Tensor gated_rms_norm(const at::Tensor& x, const at::Tensor& gate, const at:
 at::Tensor gated_delta_mixer(const GatedDeltaShape& shape, const GatedDeltaInputs& in,
                              const GatedDeltaWeights& w, LayerState* state) {
   const int64_t batch = in.mixed_qkv.size(0), steps = in.mixed_qkv.size(1);
-  at::Tensor conv_state = find_state(state, "conv_state");
-  at::Tensor recurrent_state = find_state(state, "recurrent_state");
+  at::Tensor conv_state =
+      find_state(state, "conv_state", {batch, shape.conv_dim(), shape.conv_kernel});
+  at::Tensor recurrent_state = find_state(
+      state, "recurrent_state", {batch, shape.num_v_heads, shape.k_head_dim, shape.v_head_dim});
 
   const at::Tensor conv_out = causal_conv1d_silu(in.mixed_qkv.transpose(1, 2), w.conv1d,
                                                  state != nullptr ? &conv_state : nullptr)

@@ -256,6 +256,16 @@ TEST_CASE("qwen hybrid writes final states into preallocated buffers", "[arch]")
   }
 }
 
+TEST_CASE("qwen hybrid rejects a layer state of the wrong shape", "[arch]") {
+  auto model = arch::load_model(fixture("qwen3_next_tiny"), {});
+  const at::Tensor ids = reference("qwen3_next_tiny", "input_ids").slice(1, 0, 8);
+  arch::LayerState state{{"recurrent_state", at::zeros({2, 4, 16, 9})}};
+  arch::LayerRun run;
+  run.state = &state;
+  REQUIRE_THROWS_WITH(model->run_layer(0, model->embed(ids), run),
+                      Catch::Contains("recurrent_state") && Catch::Contains("[2, 4, 16, 8]"));
+}
+
 TEST_CASE("qwen3_5 wrapper checkpoint gives the text model's logits", "[arch]") {
   const std::string name = "qwen3_5_text_tiny_b";
   TempDir dir("wrapper");
