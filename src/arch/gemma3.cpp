@@ -53,7 +53,8 @@ std::vector<LayerKind> read_layer_kinds(const ConfigReader& r, int64_t num_layer
     return kinds;
   }
   // Legacy: every `sliding_window_pattern`-th layer is global (5 local : 1 global by default).
-  const int64_t pattern = r.get_positive_int("sliding_window_pattern", r.get_positive_int("_sliding_window_pattern", 6));
+  // v5 also saves `_sliding_window_pattern`, but HF's __post_init__ reads only this key.
+  const int64_t pattern = r.get_positive_int("sliding_window_pattern", 6);
   for (int64_t i = 0; i < num_layers; ++i) {
     kinds.push_back((i + 1) % pattern != 0 ? LayerKind::kSlidingAttention : LayerKind::kFullAttention);
   }
