@@ -1,0 +1,39 @@
+#pragma once
+// RoPE parameters as transformers reads them from config.json (v5 `rope_parameters`, legacy
+// `rope_theta` + `rope_scaling`), and the inverse frequencies each rope type produces.
+// Supported types: "default", "linear" (positions divided by `factor`, i.e. inv_freq / factor)
+// and "llama3" (per-band scaling). Others (yarn, dynamic, longrope) fail with the field named.
+#include <ATen/ATen.h>
+#include <nlohmann/json.hpp>
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+#include "headwise/arch/model_spec.hpp"
+
+namespace headwise::arch {
+
+struct RopeParameters {
+  std::string rope_type = "default";
+  double theta = 10000.0;
+  double factor = 1.0;            // linear, llama3
+  double low_freq_factor = 1.0;   // llama3
+  double high_freq_factor = 4.0;  // llama3
+  int64_t original_max_position_embeddings = 0;  // llama3
+};
+
+// Reads one rope-parameter object on top of `base` (whose theta is the fallback when the
+// object has no `rope_theta`). `field` is the object's path in the config, for messages.
+RopeParameters read_rope_object(const ConfigReader& reader, const nlohmann::json& object, RopeParameters base,
+                                std::string_view field);
+
+// One table for every layer (llama, qwen3). As HF's convert_rope_params_to_dict: a legacy
+// `rope_scaling` replaces `rope_parameters`; theta comes from the object, else top-level
+// `rope_theta`, else `default_theta`.
+RopeParameters read_single_rope_parameters(const ConfigReader& reader, double default_theta);
+
+// inv_freq (fp32, [head_dim / 2]) computed with HF's op order for the rope type.
+at::Tensor rope_inv_freq(const RopeParameters& params, int64_t head_dim, const at::Device& device);
+
+}  // namespace headwise::arch

@@ -1,0 +1,275 @@
+// Gemma 3 text (`gemma3_text`, Gemma3ForCausalLM) and its multimodal wrapper (`gemma3`,
+// text part under `text_config`). Mirrors transformers 5.17 models/gemma3/modeling_gemma3.py:
+// interleaved sliding/global attention with two RoPE tables, zero-centred (1 + w) RMSNorms
+// around both sub-blocks, q/k norms before RoPE, scaling query_pre_attn_scalar^-1/2,
+// optional final logit soft-capping, GELU-tanh MLP, tied head.
+// `attn_logit_softcapping` is read by Gemma3Attention but never passed to the attention
+// function (unlike Gemma 2), so transformers ignores it; so do we (released Gemma 3 sets null).
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "headwise/arch/model.hpp"
+#include "headwise/arch/ops.hpp"
+#include "headwise/arch/registry.hpp"
+#include "headwise/arch/rope_params.hpp"
+#include "headwise/core/error.hpp"
+#include "headwise/io/checkpoint.hpp"
+
+namespace headwise::arch {
+namespace {
+
+// The text config with Gemma3TextConfig's defaults filled in: released configs rely on them
+// (gemma-3-27b's text_config names neither vocab_size nor rope_theta nor the layer pattern).
+struct Gemma3Config {
+  int64_t vocab_size = 0, hidden_size = 0, intermediate_size = 0, num_layers = 0;
+  int64_t num_heads = 0, num_kv_heads = 0, head_dim = 0, sliding_window = 0;
+  double rms_norm_eps = 1e-6, query_pre_attn_scalar = 256;
+  double final_logit_softcap = 0;  // 0 = off
+  bool tie_word_embeddings = true;
+  std::vector<LayerKind> kinds;
+  RopeParameters global_rope, local_rope;
+};
+
+double optional_softcap(const ConfigReader& r, std::string_view key) {
+  const double c = r.get_double(key, 0.0);
+  if (c < 0) r.fail(key, "must be positive or null");
+  return c;
+}
+
+std::vector<LayerKind> read_layer_kinds(const ConfigReader& r, int64_t num_layers) {
+  std::vector<LayerKind> kinds;
+  if (r.has("layer_types")) {
+    for (const auto& name : r.get_string_list("layer_types")) {
+      const LayerKind kind = parse_layer_kind(name, fmt::format("{}: field 'layer_types'", r.where()));
+      if (kind != LayerKind::kFullAttention && kind != LayerKind::kSlidingAttention) {
+        r.fail("layer_types", fmt::format("has '{}'; Gemma 3 layers are full_attention or sliding_attention", name));
+      }
+      kinds.push_back(kind);
+    }
+    if (static_cast<int64_t>(kinds.size()) != num_layers) {
+      r.fail("layer_types", fmt::format("has {} entries for num_hidden_layers = {}", kinds.size(), num_layers));
+    }
+    return kinds;
+  }
+  // Legacy: every `sliding_window_pattern`-th layer is global (5 local : 1 global by default).
+  // v5 also saves `_sliding_window_pattern`, but HF's __post_init__ reads only this key.
+  const int64_t pattern = r.get_positive_int("sliding_window_pattern", 6);
+  for (int64_t i = 0; i < num_layers; ++i) {
+    kinds.push_back((i + 1) % pattern != 0 ? LayerKind::kSlidingAttention : LayerKind::kFullAttention);
+  }
+  return kinds;
+}
+
+// HF's Gemma3TextConfig.convert_rope_params_to_dict: per-layer-type `rope_parameters`, with a
+// legacy `rope_scaling` merged into the global (full_attention) entry only; thetas default to
+// `rope_theta` / `rope_local_base_freq`, else 1e6 / 1e4.
+void read_gemma3_rope(const ConfigReader& r, Gemma3Config& c) {
+  RopeParameters global_base, local_base;
+  global_base.theta = r.get_double("rope_theta", 1e6);
+  local_base.theta = r.get_double("rope_local_base_freq", 1e4);
+  nlohmann::json global = nlohmann::json::object(), local = nlohmann::json::object();
+  if (r.has("rope_parameters")) {
+    const auto& params = r.get("rope_parameters");
+    if (!params.is_object()) r.fail("rope_parameters", "must be an object");
+    if (params.contains("full_attention") && !params["full_attention"].is_null()) global = params["full_attention"];
+    if (params.contains("sliding_attention") && !params["sliding_attention"].is_null()) local = params["sliding_attention"];
+  }
+  if (r.has("rope_scaling")) {
+    const auto& scaling = r.get("rope_scaling");
+    if (!scaling.is_object()) r.fail("rope_scaling", "must be an object");
+    global.update(scaling);
+  }
+  c.global_rope = read_rope_object(r, global, global_base, "rope_parameters.full_attention");
+  c.local_rope = read_rope_object(r, local, local_base, "rope_parameters.sliding_attention");
+}
+
+Gemma3Config read_gemma3_config(const ConfigReader& r) {
+  Gemma3Config c;
+  c.vocab_size = r.get_positive_int("vocab_size", 262208);
+  c.hidden_size = r.get_positive_int("hidden_size", 2304);
+  c.intermediate_size = r.get_positive_int("intermediate_size", 9216);
+  c.num_layers = r.get_positive_int("num_hidden_layers", 26);
+  c.num_heads = r.get_positive_int("num_attention_heads", 8);
+  c.num_kv_heads = r.get_positive_int("num_key_value_heads", 4);
+  c.head_dim = r.get_positive_int("head_dim", 256);
+  c.rms_norm_eps = r.get_double("rms_norm_eps", 1e-6);
+  c.query_pre_attn_scalar = r.get_double("query_pre_attn_scalar", 256);
+  if (!(c.query_pre_attn_scalar > 0)) r.fail("query_pre_attn_scalar", "must be positive");
+  c.sliding_window = r.get_positive_int("sliding_window", 4096);
+  c.final_logit_softcap = optional_softcap(r, "final_logit_softcapping");
+  c.tie_word_embeddings = r.get_bool("tie_word_embeddings", true);
+  if (r.get_string("hidden_activation", "gelu_pytorch_tanh") != "gelu_pytorch_tanh") {
+    r.fail("hidden_activation", "must be gelu_pytorch_tanh (the only activation Gemma 3 uses)");
+  }
+  // Both change the forward (biases; a bidirectional window of W/2 + 1); no released Gemma 3
+  // text model sets them, so refuse rather than compute something else.
+  if (r.get_bool("attention_bias", false)) throw_unsupported("{}: field 'attention_bias' = true is not supported", r.where());
+  if (r.get_bool("use_bidirectional_attention", false)) {
+    throw_unsupported("{}: field 'use_bidirectional_attention' = true is not supported", r.where());
+  }
+  c.kinds = read_layer_kinds(r, c.num_layers);
+  read_gemma3_rope(r, c);
+  return c;
+}
+
+ModelSpec build_gemma3_spec(const ConfigReader& r) {
+  const Gemma3Config c = read_gemma3_config(r);
+  ModelSpec spec;
+  spec.hidden_size = c.hidden_size;
+  spec.vocab_size = c.vocab_size;
+  for (int64_t i = 0; i < c.num_layers; ++i) {
+    LayerSpec layer;
+    layer.id = i;
+    layer.kind = c.kinds[static_cast<size_t>(i)];
+    AttentionShape shape{c.num_heads, c.num_kv_heads, c.head_dim, 0, 0};
+    if (layer.kind == LayerKind::kSlidingAttention) {
+      shape.sliding_window = c.sliding_window;
+      // DynamicSlidingWindowLayer keeps the last W - 1 keys between steps (cache_utils.py).
+      shape.sliding_cache_tokens = c.sliding_window - 1;
+    }
+    layer.attention = shape;
+    spec.layers.push_back(std::move(layer));
+  }
+  return spec;
+}
+
+class Gemma3Model final : public DecoderModel {
+ public:
+  Gemma3Model(ModelSpec spec, std::shared_ptr<const io::Checkpoint> checkpoint, const ModelOptions& options)
+      : DecoderModel(std::move(spec), std::move(checkpoint), options),
+        config_(read_gemma3_config(ConfigReader(this->spec().text_config, (this->checkpoint().dir() / "config.json").string()))),
+        prefix_(find_prefix()),
+        global_inv_freq_(rope_inv_freq(config_.global_rope, config_.head_dim, device())),
+        local_inv_freq_(rope_inv_freq(config_.local_rope, config_.head_dim, device())) {}
+
+  at::Tensor embed(const at::Tensor& input_ids) override {
+    const at::Tensor& table = weight(-1, prefix_ + "embed_tokens.weight");
+    // HF multiplies by sqrt(H) cast to the weight dtype: bf16 rounds it (sqrt(3072) -> 55.5).
+    const at::Tensor scale = at::scalar_tensor(std::sqrt(static_cast<double>(config_.hidden_size)),
+                                               at::TensorOptions().dtype(at::kFloat).device(device()))
+                                 .to(table.scalar_type());
+    return at::embedding(table, input_ids.to(device(), at::kLong)) * scale;
+  }
+
+  at::Tensor run_layer(int64_t layer, const at::Tensor& hidden, const LayerRun& run) override {
+    const double eps = config_.rms_norm_eps;
+    at::Tensor attn = attention(layer, rms_norm(hidden, w(layer, "input_layernorm.weight"), eps, NormStyle::kOnePlusWeight), run);
+    // Gemma 3 normalises each sub-block's output before the residual add.
+    at::Tensor h = hidden + rms_norm(attn, w(layer, "post_attention_layernorm.weight"), eps, NormStyle::kOnePlusWeight);
+    const at::Tensor x = rms_norm(h, w(layer, "pre_feedforward_layernorm.weight"), eps, NormStyle::kOnePlusWeight);
+    const at::Tensor m = gated_mlp(x, w(layer, "mlp.gate_proj.weight"), w(layer, "mlp.up_proj.weight"),
+                                   w(layer, "mlp.down_proj.weight"), /*gelu=*/true);
+    return h + rms_norm(m, w(layer, "post_feedforward_layernorm.weight"), eps, NormStyle::kOnePlusWeight);
+  }
+
+  at::Tensor logits(const at::Tensor& hidden) override {
+    const int64_t top = spec().num_layers();
+    const at::Tensor h = rms_norm(hidden, weight(top, prefix_ + "norm.weight"), config_.rms_norm_eps, NormStyle::kOnePlusWeight);
+    at::Tensor out = arch::linear(h, head_weight());
+    // Soft-capping runs in the activation dtype, as HF does before the caller's .float().
+    const double c = config_.final_logit_softcap;
+    if (c > 0) out = at::tanh(out / c) * c;
+    return out.to(at::kFloat);
+  }
+
+  std::vector<WeightRequirement> required_weights() const override {
+    const int64_t h = config_.hidden_size, hd = config_.head_dim, inter = config_.intermediate_size;
+    const int64_t q_out = config_.num_heads * hd, kv_out = config_.num_kv_heads * hd;
+    std::vector<WeightRequirement> reqs{{prefix_ + "embed_tokens.weight", {config_.vocab_size, h}, -1},
+                                        {prefix_ + "norm.weight", {h}, spec().num_layers()}};
+    if (!config_.tie_word_embeddings) reqs.push_back({head_name(), {config_.vocab_size, h}, spec().num_layers()});
+    for (int64_t i = 0; i < config_.num_layers; ++i) {
+      const std::vector<std::pair<const char*, std::vector<int64_t>>> per_layer{
+          {"self_attn.q_proj.weight", {q_out, h}},  {"self_attn.k_proj.weight", {kv_out, h}},
+          {"self_attn.v_proj.weight", {kv_out, h}}, {"self_attn.o_proj.weight", {h, q_out}},
+          {"self_attn.q_norm.weight", {hd}},        {"self_attn.k_norm.weight", {hd}},
+          {"mlp.gate_proj.weight", {inter, h}},     {"mlp.up_proj.weight", {inter, h}},
+          {"mlp.down_proj.weight", {h, inter}},     {"input_layernorm.weight", {h}},
+          {"post_attention_layernorm.weight", {h}}, {"pre_feedforward_layernorm.weight", {h}},
+          {"post_feedforward_layernorm.weight", {h}}};
+      for (const auto& [name, shape] : per_layer) reqs.push_back({layer_name(i, name), shape, i});
+    }
+    return reqs;
+  }
+
+ private:
+  // Text weights sit under `model.` (Gemma3ForCausalLM), `model.language_model.` (wrapper,
+  // transformers >= 4.52) or `language_model.model.` (older wrapper uploads).
+  std::string find_prefix() const {
+    for (const char* prefix : {"model.", "model.language_model.", "language_model.model."}) {
+      if (has_weight(std::string(prefix) + "embed_tokens.weight")) return prefix;
+    }
+    return "model.";  // validate_weights names the missing tensor
+  }
+
+  std::string head_name() const {
+    return prefix_ == "language_model.model." ? "language_model.lm_head.weight" : "lm_head.weight";
+  }
+
+  const at::Tensor& head_weight() {
+    // Tied: the embedding table doubles as the head (HF ignores any stored lm_head).
+    if (config_.tie_word_embeddings) return weight(-1, prefix_ + "embed_tokens.weight");
+    return weight(spec().num_layers(), head_name());
+  }
+
+  std::string layer_name(int64_t layer, std::string_view name) const {
+    return fmt::format("{}layers.{}.{}", prefix_, layer, name);
+  }
+  const at::Tensor& w(int64_t layer, std::string_view name) { return weight(layer, layer_name(layer, name)); }
+
+  at::Tensor attention(int64_t layer, const at::Tensor& x, const LayerRun& run) {
+    const int64_t batch = x.size(0), steps = x.size(1), hd = config_.head_dim;
+    const bool sliding = config_.kinds[static_cast<size_t>(layer)] == LayerKind::kSlidingAttention;
+    const double eps = config_.rms_norm_eps;
+    auto heads = [&](const char* proj, int64_t n) {
+      return arch::linear(x, w(layer, proj)).view({batch, steps, n, hd}).transpose(1, 2);
+    };
+    // Cores get contiguous [B, heads, T, hd] tensors (they may view heads as KV groups).
+    at::Tensor q = rms_norm(heads("self_attn.q_proj.weight", config_.num_heads), w(layer, "self_attn.q_norm.weight"), eps,
+                            NormStyle::kOnePlusWeight);
+    at::Tensor k = rms_norm(heads("self_attn.k_proj.weight", config_.num_kv_heads), w(layer, "self_attn.k_norm.weight"),
+                            eps, NormStyle::kOnePlusWeight);
+    // Sliding layers use the local base frequency without scaling; global ones rope_theta
+    // with rope_scaling.
+    const RotaryTable table =
+        rotary_table(sliding ? local_inv_freq_ : global_inv_freq_, run.position_offset, steps, 1.0, q.scalar_type());
+
+    AttentionInputs in;
+    in.layer_id = layer;
+    in.q = apply_rotary(q, table).contiguous();
+    in.k = apply_rotary(k, table).contiguous();
+    in.v = heads("self_attn.v_proj.weight", config_.num_kv_heads).contiguous();
+    in.scaling = std::pow(config_.query_pre_attn_scalar, -0.5);  // HF: query_pre_attn_scalar**-0.5
+    in.logit_softcap = 0;  // see the file comment: transformers ignores attn_logit_softcapping
+    in.sliding_window = sliding ? config_.sliding_window : 0;
+    in.position_offset = run.position_offset;
+    in.o_proj_weight = w(layer, "self_attn.o_proj.weight");
+    at::Tensor out;
+    if (run.attention != nullptr) {
+      out = run.attention->attend(in);
+    } else {
+      ExactAttentionCore exact(attention_chunk());
+      out = exact.attend(in);
+    }
+    return arch::linear(out.reshape({batch, steps, config_.num_heads * hd}), in.o_proj_weight);
+  }
+
+  Gemma3Config config_;
+  std::string prefix_;
+  at::Tensor global_inv_freq_, local_inv_freq_;
+};
+
+std::unique_ptr<DecoderModel> create_gemma3(const ModelSpec& spec, std::shared_ptr<const io::Checkpoint> checkpoint,
+                                            const ModelOptions& options) {
+  return std::make_unique<Gemma3Model>(spec, std::move(checkpoint), options);
+}
+
+}  // namespace
+
+// "gemma3" is listed too: text_config_of names a wrapper's text part "gemma3_text", but a
+// wrapper config whose text part says nothing else still resolves here.
+static RegisterArchitecture gemma3_registration{
+    Architecture{"gemma3", {"gemma3_text", "gemma3"}, build_gemma3_spec, create_gemma3}};
+
+}  // namespace headwise::arch

@@ -1,0 +1,216 @@
+// Dense Llama (`llama`) and Qwen3 (`qwen3`): the all-global baselines. Mirrors transformers
+// 5.17 models/llama/modeling_llama.py and models/qwen3/modeling_qwen3.py. They differ only in
+// Qwen3's q/k RMSNorms over head_dim (before RoPE), its optional sliding window on layers
+// >= max_window_layers, Llama's optional MLP biases, and their config defaults.
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "headwise/arch/model.hpp"
+#include "headwise/arch/ops.hpp"
+#include "headwise/arch/registry.hpp"
+#include "headwise/arch/rope_params.hpp"
+#include "headwise/core/error.hpp"
+#include "headwise/io/checkpoint.hpp"
+
+namespace headwise::arch {
+namespace {
+
+// Config with the HF class defaults filled in (LlamaConfig / Qwen3Config).
+struct DenseConfig {
+  bool qwen3 = false;  // q/k norms, optional sliding window
+  int64_t vocab_size = 0, hidden_size = 0, intermediate_size = 0, num_layers = 0;
+  int64_t num_heads = 0, num_kv_heads = 0, head_dim = 0, sliding_window = 0;
+  double rms_norm_eps = 1e-6;
+  bool tie_word_embeddings = false, attention_bias = false, mlp_bias = false;
+  std::vector<LayerKind> kinds;
+  RopeParameters rope;
+};
+
+// Qwen3Config.__post_init__: the window exists only with use_sliding_window, and without
+// layer_types it covers layers i >= max_window_layers. A layer typed sliding while the window
+// is off runs full attention there (Qwen3Attention sets sliding_window = None).
+std::vector<LayerKind> read_qwen3_kinds(const ConfigReader& r, int64_t num_layers, int64_t window) {
+  std::vector<LayerKind> kinds;
+  if (r.has("layer_types")) {
+    for (const auto& name : r.get_string_list("layer_types")) {
+      const LayerKind kind = parse_layer_kind(name, fmt::format("{}: field 'layer_types'", r.where()));
+      if (kind != LayerKind::kFullAttention && kind != LayerKind::kSlidingAttention) {
+        r.fail("layer_types", fmt::format("has '{}'; Qwen3 layers are full_attention or sliding_attention", name));
+      }
+      kinds.push_back(window > 0 ? kind : LayerKind::kFullAttention);
+    }
+    if (static_cast<int64_t>(kinds.size()) != num_layers) {
+      r.fail("layer_types", fmt::format("has {} entries for num_hidden_layers = {}", kinds.size(), num_layers));
+    }
+    return kinds;
+  }
+  const int64_t max_window_layers = r.get_int("max_window_layers", 28);
+  for (int64_t i = 0; i < num_layers; ++i) {
+    kinds.push_back(window > 0 && i >= max_window_layers ? LayerKind::kSlidingAttention : LayerKind::kFullAttention);
+  }
+  return kinds;
+}
+
+DenseConfig read_dense_config(const ConfigReader& r) {
+  DenseConfig c;
+  c.qwen3 = r.get_string("model_type") == "qwen3";
+  c.vocab_size = r.get_positive_int("vocab_size", c.qwen3 ? 151936 : 32000);
+  c.hidden_size = r.get_positive_int("hidden_size", 4096);
+  c.intermediate_size = r.get_positive_int("intermediate_size", c.qwen3 ? 22016 : 11008);
+  c.num_layers = r.get_positive_int("num_hidden_layers", 32);
+  c.num_heads = r.get_positive_int("num_attention_heads", 32);
+  c.num_kv_heads = r.get_positive_int("num_key_value_heads", c.num_heads);
+  c.head_dim = r.get_positive_int("head_dim", c.qwen3 ? 128 : c.hidden_size / c.num_heads);
+  c.rms_norm_eps = r.get_double("rms_norm_eps", 1e-6);
+  c.tie_word_embeddings = r.get_bool("tie_word_embeddings", false);
+  c.attention_bias = r.get_bool("attention_bias", false);
+  c.mlp_bias = !c.qwen3 && r.get_bool("mlp_bias", false);  // Qwen3MLP has no biases
+  if (r.get_string("hidden_act", "silu") != "silu") r.fail("hidden_act", "must be silu");
+  if (r.get_int("pretraining_tp", 1) != 1) throw_unsupported("{}: field 'pretraining_tp' != 1 is not supported", r.where());
+  if (c.qwen3 && r.get_bool("use_sliding_window", false)) c.sliding_window = r.get_positive_int("sliding_window", 4096);
+  c.kinds = c.qwen3 ? read_qwen3_kinds(r, c.num_layers, c.sliding_window)
+                    : std::vector<LayerKind>(static_cast<size_t>(c.num_layers), LayerKind::kFullAttention);
+  c.rope = read_single_rope_parameters(r, 10000.0);
+  return c;
+}
+
+ModelSpec build_dense_spec(const ConfigReader& r) {
+  const DenseConfig c = read_dense_config(r);
+  ModelSpec spec;
+  spec.hidden_size = c.hidden_size;
+  spec.vocab_size = c.vocab_size;
+  for (int64_t i = 0; i < c.num_layers; ++i) {
+    LayerSpec layer;
+    layer.id = i;
+    layer.kind = c.kinds[static_cast<size_t>(i)];
+    AttentionShape shape{c.num_heads, c.num_kv_heads, c.head_dim, 0, 0};
+    if (layer.kind == LayerKind::kSlidingAttention) {
+      shape.sliding_window = c.sliding_window;
+      shape.sliding_cache_tokens = c.sliding_window - 1;  // DynamicSlidingWindowLayer keeps W - 1
+    }
+    layer.attention = shape;
+    spec.layers.push_back(std::move(layer));
+  }
+  return spec;
+}
+
+class DenseModel final : public DecoderModel {
+ public:
+  DenseModel(ModelSpec spec, std::shared_ptr<const io::Checkpoint> checkpoint, const ModelOptions& options)
+      : DecoderModel(std::move(spec), std::move(checkpoint), options),
+        config_(read_dense_config(ConfigReader(this->spec().text_config, (this->checkpoint().dir() / "config.json").string()))),
+        inv_freq_(rope_inv_freq(config_.rope, config_.head_dim, device())) {}
+
+  at::Tensor embed(const at::Tensor& input_ids) override {
+    return at::embedding(weight(-1, "model.embed_tokens.weight"), input_ids.to(device(), at::kLong));
+  }
+
+  at::Tensor run_layer(int64_t layer, const at::Tensor& hidden, const LayerRun& run) override {
+    const double eps = config_.rms_norm_eps;
+    const at::Tensor h =
+        hidden + attention(layer, rms_norm(hidden, w(layer, "input_layernorm.weight"), eps, NormStyle::kScaleAfterCast), run);
+    const at::Tensor x = rms_norm(h, w(layer, "post_attention_layernorm.weight"), eps, NormStyle::kScaleAfterCast);
+    const at::Tensor gate = proj(layer, "mlp.gate_proj", x, config_.mlp_bias);
+    const at::Tensor up = proj(layer, "mlp.up_proj", x, config_.mlp_bias);
+    return h + proj(layer, "mlp.down_proj", arch::silu(gate) * up, config_.mlp_bias);
+  }
+
+  at::Tensor logits(const at::Tensor& hidden) override {
+    const int64_t top = spec().num_layers();
+    const at::Tensor h = rms_norm(hidden, weight(top, "model.norm.weight"), config_.rms_norm_eps, NormStyle::kScaleAfterCast);
+    const at::Tensor& head =
+        config_.tie_word_embeddings ? weight(-1, "model.embed_tokens.weight") : weight(top, "lm_head.weight");
+    return arch::linear(h, head).to(at::kFloat);
+  }
+
+  std::vector<WeightRequirement> required_weights() const override {
+    const int64_t h = config_.hidden_size, hd = config_.head_dim, inter = config_.intermediate_size;
+    const int64_t q_out = config_.num_heads * hd, kv_out = config_.num_kv_heads * hd, top = spec().num_layers();
+    std::vector<WeightRequirement> reqs{{"model.embed_tokens.weight", {config_.vocab_size, h}, -1},
+                                        {"model.norm.weight", {h}, top}};
+    if (!config_.tie_word_embeddings) reqs.push_back({"lm_head.weight", {config_.vocab_size, h}, top});
+    for (int64_t i = 0; i < config_.num_layers; ++i) {
+      auto add = [&](const std::string& name, std::vector<int64_t> shape) {
+        reqs.push_back({fmt::format("model.layers.{}.{}", i, name), std::move(shape), i});
+      };
+      auto add_proj = [&](const char* name, int64_t out, int64_t in, bool bias) {
+        add(std::string(name) + ".weight", {out, in});
+        if (bias) add(std::string(name) + ".bias", {out});
+      };
+      add_proj("self_attn.q_proj", q_out, h, config_.attention_bias);
+      add_proj("self_attn.k_proj", kv_out, h, config_.attention_bias);
+      add_proj("self_attn.v_proj", kv_out, h, config_.attention_bias);
+      add_proj("self_attn.o_proj", h, q_out, config_.attention_bias);
+      add_proj("mlp.gate_proj", inter, h, config_.mlp_bias);
+      add_proj("mlp.up_proj", inter, h, config_.mlp_bias);
+      add_proj("mlp.down_proj", h, inter, config_.mlp_bias);
+      add("input_layernorm.weight", {h});
+      add("post_attention_layernorm.weight", {h});
+      if (config_.qwen3) {
+        add("self_attn.q_norm.weight", {hd});
+        add("self_attn.k_norm.weight", {hd});
+      }
+    }
+    return reqs;
+  }
+
+ private:
+  const at::Tensor& w(int64_t layer, std::string_view name) {
+    return weight(layer, fmt::format("model.layers.{}.{}", layer, name));
+  }
+
+  // nn.Linear `<name>.weight` (+ `<name>.bias`).
+  at::Tensor proj(int64_t layer, std::string_view name, const at::Tensor& x, bool bias) {
+    const at::Tensor& weight_t = w(layer, fmt::format("{}.weight", name));
+    return bias ? arch::linear(x, weight_t, w(layer, fmt::format("{}.bias", name))) : arch::linear(x, weight_t);
+  }
+
+  at::Tensor attention(int64_t layer, const at::Tensor& x, const LayerRun& run) {
+    const int64_t batch = x.size(0), steps = x.size(1), hd = config_.head_dim;
+    const bool bias = config_.attention_bias;
+    auto heads = [&](const char* name, int64_t n) { return proj(layer, name, x, bias).view({batch, steps, n, hd}); };
+    at::Tensor q = heads("self_attn.q_proj", config_.num_heads);
+    at::Tensor k = heads("self_attn.k_proj", config_.num_kv_heads);
+    if (config_.qwen3) {
+      q = rms_norm(q, w(layer, "self_attn.q_norm.weight"), config_.rms_norm_eps, NormStyle::kScaleAfterCast);
+      k = rms_norm(k, w(layer, "self_attn.k_norm.weight"), config_.rms_norm_eps, NormStyle::kScaleAfterCast);
+    }
+    const RotaryTable table = rotary_table(inv_freq_, run.position_offset, steps, 1.0, q.scalar_type());
+    const bool sliding = config_.kinds[static_cast<size_t>(layer)] == LayerKind::kSlidingAttention;
+
+    AttentionInputs in;
+    in.layer_id = layer;
+    // Cores get contiguous [B, heads, T, hd] tensors (they may view heads as KV groups).
+    in.q = apply_rotary(q.transpose(1, 2), table).contiguous();
+    in.k = apply_rotary(k.transpose(1, 2), table).contiguous();
+    in.v = heads("self_attn.v_proj", config_.num_kv_heads).transpose(1, 2).contiguous();
+    in.scaling = std::pow(static_cast<double>(hd), -0.5);  // HF: head_dim**-0.5
+    in.sliding_window = sliding ? config_.sliding_window : 0;
+    in.position_offset = run.position_offset;
+    in.o_proj_weight = w(layer, "self_attn.o_proj.weight");
+    at::Tensor out;
+    if (run.attention != nullptr) {
+      out = run.attention->attend(in);
+    } else {
+      ExactAttentionCore exact(attention_chunk());
+      out = exact.attend(in);
+    }
+    return proj(layer, "self_attn.o_proj", out.reshape({batch, steps, config_.num_heads * hd}), bias);
+  }
+
+  DenseConfig config_;
+  at::Tensor inv_freq_;
+};
+
+std::unique_ptr<DecoderModel> create_dense(const ModelSpec& spec, std::shared_ptr<const io::Checkpoint> checkpoint,
+                                           const ModelOptions& options) {
+  return std::make_unique<DenseModel>(spec, std::move(checkpoint), options);
+}
+
+}  // namespace
+
+static RegisterArchitecture llama_registration{Architecture{"llama", {"llama"}, build_dense_spec, create_dense}};
+static RegisterArchitecture qwen3_registration{Architecture{"qwen3", {"qwen3"}, build_dense_spec, create_dense}};
+
+}  // namespace headwise::arch

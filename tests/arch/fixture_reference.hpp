@@ -1,0 +1,126 @@
+#pragma once
+// Helpers for the parity tests: read a fixture's reference tensors, run the C++ forward on
+// its input, and build modified copies of a fixture (config rewrites, renamed or reshaped
+// tensors) in a temporary directory.
+#include <ATen/ATen.h>
+#include <catch2/catch.hpp>
+#include <nlohmann/json.hpp>
+#include <unistd.h>
+
+#include <atomic>
+#include <filesystem>
+#include <functional>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "headwise/arch/model.hpp"
+#include "headwise/core/error.hpp"
+#include "headwise/core/files.hpp"
+#include "headwise/io/safetensors.hpp"
+
+#ifndef HEADWISE_SOURCE_DIR
+#define HEADWISE_SOURCE_DIR HEADWISE_FIXTURES_DIR "/../.."
+#endif
+
+namespace headwise::testing {
+
+inline std::filesystem::path fixture_dir(const std::string& name) {
+  return std::filesystem::path(HEADWISE_FIXTURES_DIR) / name;
+}
+
+// A tensor of <dir>/reference.safetensors, copied out of the mapping.
+inline at::Tensor read_reference(const std::filesystem::path& dir, const std::string& name) {
+  const auto file = io::SafetensorsFile::open(dir / "reference.safetensors");
+  const auto& info = file->tensors().at(name);
+  const auto bytes = file->bytes(info);
+  return at::from_blob(bytes.data(), info.shape, at::TensorOptions().dtype(arch::to_scalar_type(info.dtype))).clone();
+}
+
+inline double max_abs(const at::Tensor& t) { return t.abs().max().item<double>(); }
+inline double max_abs_diff(const at::Tensor& a, const at::Tensor& b) {
+  return (a.to(at::kDouble) - b.to(at::kDouble)).abs().max().item<double>();
+}
+
+// The fixture's logits from the C++ model loaded from `model_dir` (default: the fixture).
+inline at::Tensor run_fixture(const std::filesystem::path& fixture, const arch::ModelOptions& options,
+                              const std::optional<std::filesystem::path>& model_dir = std::nullopt) {
+  auto model = arch::load_model(model_dir.value_or(fixture), options);
+  return model->forward(read_reference(fixture, "input_ids"));
+}
+
+struct ParityError {
+  double error = 0;  // max |ours - reference|
+  double scale = 0;  // max(1, max |reference|): the fp32 bound is 1e-4 x scale
+};
+
+inline ParityError compare(const at::Tensor& ours, const at::Tensor& reference) {
+  REQUIRE(ours.sizes() == reference.sizes());
+  REQUIRE(ours.scalar_type() == at::kFloat);
+  return {max_abs_diff(ours, reference), std::max(1.0, max_abs(reference))};
+}
+
+// A scratch directory removed when the object goes away.
+class TempDir {
+ public:
+  TempDir() {
+    static std::atomic<int> counter{0};
+    path_ = std::filesystem::temp_directory_path() /
+            ("headwise-test-" + std::to_string(::getpid()) + "-" + std::to_string(counter++));
+    std::filesystem::create_directories(path_);
+  }
+  // Not std::filesystem::remove_all: libtorch.so exports its own copy of that symbol, which
+  // the dynamic linker binds first and which crashes (null call). Our directories are flat.
+  ~TempDir() {
+    std::error_code ec;
+    for (const auto& entry : std::filesystem::directory_iterator(path_, ec)) std::filesystem::remove(entry.path(), ec);
+    std::filesystem::remove(path_, ec);
+  }
+  TempDir(const TempDir&) = delete;
+  TempDir& operator=(const TempDir&) = delete;
+  const std::filesystem::path& path() const { return path_; }
+
+ private:
+  std::filesystem::path path_;
+};
+
+// One tensor as it will be written: name, shape and bytes may all be changed.
+struct EditableTensor {
+  std::string name;
+  DType dtype;
+  std::vector<int64_t> shape;
+  std::vector<std::byte> data;
+};
+
+// Copies a fixture's checkpoint into `out` with its config passed through `edit_config` and
+// every tensor through `edit_tensor` (return false to drop a tensor).
+inline void copy_fixture(const std::filesystem::path& fixture, const std::filesystem::path& out,
+                         const std::function<nlohmann::json(nlohmann::json)>& edit_config,
+                         const std::function<bool(EditableTensor&)>& edit_tensor = {}) {
+  const nlohmann::json config = edit_config(read_json_file(fixture / "config.json"));
+  write_file_atomically(out / "config.json", config.dump(2));
+  const auto file = io::SafetensorsFile::open(fixture / "model.safetensors");
+  std::vector<EditableTensor> tensors;
+  for (const auto& [name, info] : file->tensors()) {
+    const auto bytes = file->bytes(info);
+    EditableTensor t{name, info.dtype, info.shape, std::vector<std::byte>(bytes.begin(), bytes.end())};
+    if (!edit_tensor || edit_tensor(t)) tensors.push_back(std::move(t));
+  }
+  std::vector<io::TensorToWrite> to_write;
+  for (const auto& t : tensors) to_write.push_back({t.name, t.dtype, t.shape, t.data});
+  io::write_safetensors(out / "model.safetensors", to_write);
+}
+
+// Loading `dir` must fail with an InputError whose message contains every `needle`.
+inline void require_load_error(const std::filesystem::path& dir, const std::vector<std::string>& needles) {
+  try {
+    arch::load_model(dir, arch::ModelOptions{});
+    FAIL("loading " << dir << " succeeded");
+  } catch (const InputError& e) {
+    const std::string message = e.what();
+    INFO(message);
+    for (const auto& needle : needles) CHECK(message.find(needle) != std::string::npos);
+  }
+}
+
+}  // namespace headwise::testing
