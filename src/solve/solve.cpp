@@ -17,21 +17,6 @@ size_t largest_window(const Group& group) {
   return best;
 }
 
-// "Full KV fits": every group at its largest window.
-SolveResult largest_everywhere(const std::vector<Group>& groups) {
-  SolveResult result;
-  result.proven_optimal = true;
-  for (const auto& group : groups) {
-    const size_t pick = largest_window(group);
-    result.choice.push_back(pick);
-    for (const auto& option : group.options) {
-      if (option.distortion < group.options[pick].distortion) result.proven_optimal = false;
-    }
-  }
-  detail::finish_totals(groups, result);
-  return result;
-}
-
 // Free upgrades: options with more bytes and no more distortion, one step (the next larger
 // such option) per group per pass, groups in input order, until a pass changes nothing.
 void spend_leftover(const std::vector<Group>& groups, int64_t budget, SolveResult& result) {
@@ -64,6 +49,38 @@ void spend_leftover(const std::vector<Group>& groups, int64_t budget, SolveResul
   detail::finish_totals(groups, result);
 }
 
+// The exact path: hulls, LP bound and incumbent, exact search, then free upgrades.
+SolveResult solve_core(const std::vector<Group>& groups, int64_t budget, const SolveOptions& options) {
+  const auto frontiers = detail::build_frontiers(groups);
+  const auto bound = detail::lp_bound(groups, frontiers, budget);
+  SolveResult result = detail::exact_search(groups, frontiers, budget, bound, options.max_states);
+  if (options.spend_leftover) spend_leftover(groups, budget, result);
+  return result;
+}
+
+// "Full KV fits": every group at its largest window. It is also optimal when each group's
+// largest window has its least distortion; otherwise the exact optimum is computed to say so.
+SolveResult largest_everywhere(const std::vector<Group>& groups, int64_t budget, const SolveOptions& options) {
+  SolveResult result;
+  bool each_least = true;
+  for (const auto& group : groups) {
+    const size_t pick = largest_window(group);
+    result.choice.push_back(pick);
+    for (const auto& option : group.options) {
+      if (option.distortion < group.options[pick].distortion) each_least = false;
+    }
+  }
+  detail::finish_totals(groups, result);
+  result.proven_optimal = each_least;
+  if (!each_least) {
+    SolveOptions exact = options;
+    exact.spend_leftover = false;
+    const SolveResult best = solve_core(groups, budget, exact);
+    result.proven_optimal = best.proven_optimal && result.total_distortion <= best.total_distortion;
+  }
+  return result;
+}
+
 // Solves the groups listed in `members` (with their allowed option indices) and writes the
 // choices into `result.choice` at the members' positions.
 SolveResult solve_subproblem(const std::vector<Group>& groups, const std::vector<size_t>& members,
@@ -92,11 +109,8 @@ SolveResult solve_exact(const std::vector<Group>& groups, int64_t budget, const 
   validate_groups(groups);
   const int64_t minimum = min_total_bytes(groups);
   if (minimum > budget) detail::throw_infeasible(budget, minimum);
-  if (budget >= max_window_total_bytes(groups)) return largest_everywhere(groups);
-  const auto frontiers = detail::build_frontiers(groups);
-  const auto bound = detail::lp_bound(groups, frontiers, budget);
-  SolveResult result = detail::exact_search(groups, frontiers, budget, bound, options.max_states);
-  if (options.spend_leftover) spend_leftover(groups, budget, result);
+  if (budget >= max_window_total_bytes(groups)) return largest_everywhere(groups, budget, options);
+  SolveResult result = solve_core(groups, budget, options);
   HEADWISE_CHECK(result.total_bytes <= budget, "solver exceeded the budget: {} > {}", result.total_bytes, budget);
   return result;
 }
