@@ -1,0 +1,99 @@
+#pragma once
+// Per-KV-head window allocation under a byte budget: a multiple-choice knapsack (MCKP).
+// Each group (one KV head of one global layer) picks exactly one option (a window with exact
+// bytes and a measured distortion); the solver minimises total distortion with total bytes
+// never above the budget.
+//
+// Tie rules (deterministic; the same input always gives byte-identical results):
+//  * Options with equal bytes and equal distortion in one group: the larger window wins.
+//  * Lagrangian relaxation (relax_at): per group argmin d + lambda*bytes; on equal value the
+//    option with fewer bytes wins, so `min_fitting_lambda` has a smallest fitting lambda.
+//  * Exact solver: minimise total distortion (ties: the fewest bytes); then, when
+//    `spend_leftover` is set, leftover budget goes to free upgrades (an option with more bytes
+//    and no more distortion), one step per group per pass, groups in input order, repeated
+//    until nothing more fits. This hedges against curves that read 0 for every window longer
+//    than the calibration sequences.
+//  * Budget >= sum of each group's largest-window bytes: the largest window everywhere ("full
+//    KV fits, nothing is compressed"), even where a noisy curve prefers a smaller window;
+//    `proven_optimal` then says whether that is also the distortion minimum.
+#include <cstddef>
+#include <cstdint>
+#include <limits>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace headwise::solve {
+
+// The window value that stands for "no truncation" (JSON "full"); it orders above every
+// finite window so "prefer the larger window" needs no special case.
+inline constexpr int64_t kFullWindow = std::numeric_limits<int64_t>::max();
+
+struct Option {
+  int64_t window = 0;  // tokens, or kFullWindow
+  int64_t bytes = 0;   // exact cache bytes of this head at this window
+  double distortion = 0.0;
+};
+
+struct Group {
+  int64_t layer_id = 0;
+  int64_t kv_head = 0;
+  std::vector<Option> options;
+};
+
+struct SolveResult {
+  std::vector<size_t> choice;  // index into groups[g].options, one per group
+  int64_t total_bytes = 0;
+  double total_distortion = 0.0;  // summed in group order
+  bool proven_optimal = false;    // false only when the state limit cut the exact search
+};
+
+struct SolveOptions {
+  bool spend_leftover = true;
+  // One exact search pass keeps at most this many DP states; beyond it the best solution found
+  // so far is returned with proven_optimal = false. Realistic 512-head instances need < 10^5.
+  size_t max_states = size_t{1} << 22;
+};
+
+// "full" or the number, for messages and JSON.
+std::string window_label(int64_t window);
+
+// Throws InputError naming layer/head: no options, negative bytes, NaN/inf/negative
+// distortion, duplicate windows, or byte totals that overflow int64.
+void validate_groups(const std::vector<Group>& groups);
+
+// Smallest feasible budget: the fewest bytes of every group, summed.
+int64_t min_total_bytes(const std::vector<Group>& groups);
+// Bytes of every group's largest window, summed ("full everywhere").
+int64_t max_window_total_bytes(const std::vector<Group>& groups);
+
+// Exact MCKP. InfeasibleError (stating the minimum budget) when min_total_bytes > budget.
+SolveResult solve_exact(const std::vector<Group>& groups, int64_t budget, const SolveOptions& options = {});
+
+// Exact completion: groups with `fixed[g]` set keep that option; the others are solved exactly
+// with what the fixed ones leave of `budget`. `fixed` has one entry per group.
+SolveResult solve_completion(const std::vector<Group>& groups, const std::vector<std::optional<size_t>>& fixed,
+                             int64_t budget, const SolveOptions& options = {});
+
+// Exact upgrade: every group keeps `current[g]` or moves to an option with at least as many
+// bytes; minimises total distortion within `budget`.
+SolveResult solve_upgrade(const std::vector<Group>& groups, const std::vector<size_t>& current, int64_t budget,
+                          const SolveOptions& options = {});
+
+// Lagrangian relaxation at multiplier lambda >= 0: each group independently takes
+// argmin d + lambda * bytes (ties: fewer bytes, then larger window). Not budget-aware.
+SolveResult relax_at(const std::vector<Group>& groups, double lambda);
+
+// Smallest lambda >= 0 whose relaxed solution fits `budget` (an exact breakpoint of the
+// groups' convex hulls, or 0). InfeasibleError when even the fewest bytes do not fit.
+double min_fitting_lambda(const std::vector<Group>& groups, int64_t budget);
+
+// Benchmark: a realistic random instance (context 160k, block 16, head_dim 128/256, bf16,
+// `sink_tokens` sinks) of layers x heads groups with `levels` windows; returns the slowest
+// solve_exact time in milliseconds over budgets from 10% to 90% of full KV.
+double benchmark_solver_ms(int layers, int heads, int levels, uint64_t seed, int64_t sink_tokens = 4);
+
+// The instance the benchmark solves, for tests and tools.
+std::vector<Group> make_benchmark_groups(int layers, int heads, int levels, uint64_t seed, int64_t sink_tokens);
+
+}  // namespace headwise::solve
