@@ -1,0 +1,108 @@
+#pragma once
+// policy.yaml, schema `headwise/policy/v1`: the per-KV-head window policy plus everything that
+// makes it auditable (serving shape, model fingerprint, ladder, provenance, exact memory).
+//
+//   schema: headwise/policy/v1
+//   model_name: Qwen3-Next-80B-A3B-Instruct
+//   model_path: /models/qwen3-next          # where config.json lives (mem-estimate --config)
+//   model_fingerprint: {config_sha256: <hex>, weights_headers_sha256: <hex> | null}
+//   budget_gb: 48                            # cache budget in GiB (2^30 bytes)
+//   context: 131072
+//   batch: 1
+//   dtype: bfloat16                          # KV dtype
+//   block_size: 16
+//   sink_tokens: 0
+//   window_levels: [1024, 4096, 16384, full] # the ladder; `full` = untruncated
+//   calibration: {dataset_sha256: ..., samples: 64, ...}   # free-form provenance map
+//   memory: {total_bytes, global_kv_bytes, local_kv_bytes, linear_state_bytes,
+//            ssm_state_bytes, other_state_bytes, full_kv_total_bytes}
+//   non_global_layers: [{layer_id: 0, kind: linear_attention, bytes: N}, ...]
+//   per_layer_policies:
+//     - {layer_id: 3, kv_head_windows: [4096, full], expected_distortion: [0.012, 0.0]}
+//
+// The writer is deterministic (same Policy → same bytes) and atomic; the reader is strict
+// (unknown keys, windows outside the ladder, wrong head counts, non-global layer ids → InputError
+// naming the file, key and layer).
+#include <nlohmann/json.hpp>
+
+#include <cstdint>
+#include <filesystem>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "headwise/arch/model_spec.hpp"
+#include "headwise/core/dtype.hpp"
+#include "headwise/memory/memory_model.hpp"
+
+namespace headwise::policy {
+
+inline constexpr std::string_view kSchema = "headwise/policy/v1";
+// A window of kFull means untruncated; files spell it `full`.
+inline constexpr int64_t kFull = memory::kFullWindow;
+
+struct LayerPolicy {
+  int64_t layer_id = 0;
+  std::vector<int64_t> kv_head_windows;  // one per KV head, each a ladder level (kFull = full)
+  std::vector<double> expected_distortion;  // empty, or one per KV head
+};
+
+struct NonGlobalLayer {
+  int64_t layer_id = 0;
+  std::string kind;  // arch::layer_kind_name
+  int64_t bytes = 0;
+};
+
+struct PolicyMemory {
+  memory::Components components;
+  int64_t total_bytes = 0;
+  int64_t full_kv_total_bytes = 0;
+};
+
+struct ModelFingerprint {
+  std::string config_sha256;                         // sha256 of config.json's bytes
+  std::optional<std::string> weights_headers_sha256;  // Checkpoint::headers_sha256, null without weights
+};
+
+struct Policy {
+  std::string model_name;
+  std::string model_path;
+  ModelFingerprint fingerprint;
+  double budget_gb = 0;  // GiB
+  int64_t context = 0;
+  int64_t batch = 1;
+  DType dtype = DType::kBFloat16;
+  int64_t block_size = 16;
+  int64_t sink_tokens = 0;
+  std::vector<int64_t> window_levels;  // ascending, kFull last if present
+  nlohmann::json calibration = nlohmann::json::object();  // provenance, free-form
+  PolicyMemory memory;
+  std::vector<NonGlobalLayer> non_global_layers;
+  std::vector<LayerPolicy> per_layer_policies;  // ascending layer_id
+
+  memory::MemoryOptions memory_options() const;  // context, batch, dtype, block size, sinks
+  memory::HeadWindows head_windows() const;
+};
+
+// sha256 of config.json and of the safetensors headers (null when the directory has none).
+ModelFingerprint fingerprint_model(const std::filesystem::path& model_dir);
+
+// Fills memory, non_global_layers and every layer's bytes from the memory model; the caller
+// sets windows, serving shape and provenance first. Validates the windows against the spec.
+void fill_memory(Policy& policy, const arch::ModelSpec& spec);
+
+// Checks a policy against a model: every global layer exactly once, head counts, windows in
+// the ladder, the memory block equal to what the memory model computes. `where` names the file.
+void validate_against_model(const Policy& policy, const arch::ModelSpec& spec, std::string_view where);
+
+std::string to_yaml(const Policy& policy);
+// `where` names the source in errors (a path, or "<string>").
+Policy from_yaml(std::string_view text, std::string_view where);
+
+void write_policy(const std::filesystem::path& path, const Policy& policy);  // atomic
+Policy read_policy(const std::filesystem::path& path);
+
+// "full" or the integer.
+std::string window_name(int64_t window);
+
+}  // namespace headwise::policy

@@ -1,0 +1,158 @@
+// headwise-calc mem-estimate: the exact cache bytes of a policy (or full KV / a uniform window)
+// for a model, from config.json alone; with --gpu-memory, the largest context and batch that fit.
+#include <iostream>
+
+#include "headwise/arch/registry.hpp"
+#include "headwise/cli/command.hpp"
+#include "headwise/core/error.hpp"
+#include "headwise/core/units.hpp"
+#include "headwise/io/checkpoint.hpp"
+#include "headwise/memory/report.hpp"
+#include "headwise/policy/policy.hpp"
+
+namespace headwise::cli {
+namespace {
+namespace fs = std::filesystem;
+
+struct MemEstimateArgs {
+  CommonFlags common;
+  std::string config;  // policy.yaml
+  std::string model;
+  bool full_kv = false;
+  std::string uniform_window;
+  std::string context, batch, block_size, kv_dtype, sink_tokens, state_dtype;
+  std::string gpu_memory, reserve, weights_bytes;
+  bool per_layer = false;
+};
+
+// The model folder: --model wins; else the policy's model_path (relative to the policy file).
+fs::path model_dir_of(const MemEstimateArgs& a, const policy::Policy* p) {
+  if (!a.model.empty()) return io::resolve_model_dir(a.model);
+  if (p == nullptr || p->model_path.empty()) {
+    throw_input_error("{}: model_path is empty; pass --model DIR", a.config);
+  }
+  fs::path path(p->model_path);
+  if (path.is_relative()) path = fs::path(a.config).parent_path() / path;
+  std::error_code ec;
+  if (!fs::is_directory(path, ec)) throw_input_error("{}: model_path {} is not a folder; pass --model DIR", a.config, path.string());
+  return path;
+}
+
+void check_fingerprint(const policy::Policy& p, const fs::path& dir, std::string_view where) {
+  if (p.fingerprint.config_sha256.empty()) return;
+  const policy::ModelFingerprint actual = policy::fingerprint_model(dir);
+  if (actual.config_sha256 != p.fingerprint.config_sha256) {
+    throw_input_error("{}: model_fingerprint.config_sha256 does not match {}/config.json (policy compiled for "
+                      "another model?)", where, dir.string());
+  }
+  if (p.fingerprint.weights_headers_sha256 && actual.weights_headers_sha256 &&
+      *p.fingerprint.weights_headers_sha256 != *actual.weights_headers_sha256) {
+    throw_input_error("{}: model_fingerprint.weights_headers_sha256 does not match the safetensors in {}", where,
+                      dir.string());
+  }
+}
+
+// Applies --context ... over `o` (the policy's values or defaults).
+void apply_overrides(const MemEstimateArgs& a, memory::MemoryOptions& o) {
+  if (!a.context.empty()) o.context = parse_token_count(a.context, "--context");
+  if (!a.batch.empty()) o.batch = parse_token_count(a.batch, "--batch");
+  if (!a.block_size.empty()) o.block_size = parse_token_count(a.block_size, "--block-size");
+  if (!a.sink_tokens.empty()) {
+    o.sink_tokens = a.sink_tokens == "0" ? 0 : parse_token_count(a.sink_tokens, "--sink-tokens");
+  }
+  if (!a.kv_dtype.empty()) o.kv_dtype = parse_dtype(a.kv_dtype, "--kv-dtype");
+  if (!a.state_dtype.empty()) o.state_dtype = parse_dtype(a.state_dtype, "--state-dtype");
+  if (o.context <= 0) throw_input_error("--context: required with --model (e.g. --context 128k)");
+  memory::validate_options(o);
+}
+
+memory::GpuFit gpu_fit(const MemEstimateArgs& a, const arch::ModelSpec& spec, const memory::HeadWindows& windows,
+                       const memory::MemoryOptions& o, std::optional<int64_t> weights) {
+  memory::GpuFit g;
+  g.gpu_memory_bytes = parse_byte_size(a.gpu_memory, "--gpu-memory");
+  g.reserve_bytes = a.reserve.empty() ? 0 : parse_byte_size(a.reserve, "--reserve");
+  if (!a.weights_bytes.empty()) weights = parse_byte_size(a.weights_bytes, "--weights-bytes");
+  if (!weights) {
+    throw_input_error("--gpu-memory: the model folder has no safetensors, so the weight bytes are unknown; pass "
+                      "--weights-bytes SIZE");
+  }
+  g.weights_bytes = *weights;
+  g.cache_budget_bytes = g.gpu_memory_bytes - g.weights_bytes - g.reserve_bytes;
+  g.full_kv = memory::capacity(spec, memory::full_kv_windows(spec), o, g.cache_budget_bytes);
+  g.policy = memory::capacity(spec, windows, o, g.cache_budget_bytes);
+  return g;
+}
+
+void run(const MemEstimateArgs& a) {
+  apply_logging(a.common);
+  const int modes = (!a.config.empty()) + a.full_kv + (!a.uniform_window.empty());
+  if (modes != 1) throw_input_error("mem-estimate: give exactly one of --config POLICY, --full-kv, --uniform-window W");
+  if (a.config.empty() && a.model.empty()) throw_input_error("--model: required with --full-kv / --uniform-window");
+
+  std::optional<policy::Policy> pol;
+  if (!a.config.empty()) pol = policy::read_policy(a.config);
+  const fs::path dir = model_dir_of(a, pol ? &*pol : nullptr);
+  const arch::ModelSpec spec = arch::load_model_spec(dir);
+
+  memory::Report report;
+  report.model = pol && !pol->model_name.empty() ? pol->model_name : dir.filename().string();
+  memory::MemoryOptions o;
+  memory::HeadWindows windows;
+  if (pol) {
+    check_fingerprint(*pol, dir, a.config);
+    policy::validate_against_model(*pol, spec, a.config);
+    o = pol->memory_options();
+    windows = pol->head_windows();
+    report.policy_label = "policy " + fs::path(a.config).filename().string();
+  } else {
+    o.kv_dtype = (spec.dtype == DType::kFloat16 || spec.dtype == DType::kFloat32) ? spec.dtype : DType::kBFloat16;
+    if (a.full_kv) {
+      windows = memory::full_kv_windows(spec);
+      report.policy_label = "full KV";
+    } else {
+      const int64_t w = parse_token_count(a.uniform_window, "--uniform-window");
+      windows = memory::uniform_windows(spec, w);
+      report.policy_label = "uniform window " + std::to_string(w);
+    }
+  }
+  apply_overrides(a, o);
+  report.estimate = memory::estimate(spec, windows, o);
+  report.full_kv_total_bytes = memory::full_kv_bytes(spec, o);
+  const auto checkpoint = io::Checkpoint::open(dir, /*allow_missing_weights=*/true);
+  if (checkpoint->has_weights()) report.weights_bytes = checkpoint->weight_bytes();
+  if (!a.gpu_memory.empty()) report.gpu = gpu_fit(a, spec, windows, o, report.weights_bytes);
+  else if (!a.reserve.empty() || !a.weights_bytes.empty()) throw_input_error("--reserve/--weights-bytes: only with --gpu-memory");
+  // Everything is computed: only now print, so an error never leaves half a report.
+  if (a.common.json) std::cout << memory::report_json(report).dump(1) << "\n";
+  else std::cout << memory::report_table(report, a.per_layer);
+}
+
+void setup(CLI::App& root) {
+  auto args = std::make_shared<MemEstimateArgs>();
+  CLI::App* app = root.add_subcommand(
+      "mem-estimate",
+      "Exact cache bytes of a policy (or full KV / a uniform window) for a model, from config.json alone.\n"
+      "Sizes take k/m/g/t suffixes in powers of 1024: 128k tokens = 131072, 80g = 80 GiB = 85899345920 bytes.");
+  app->add_option("--config", args->config, "policy.yaml (schema headwise/policy/v1); its model_path names the model");
+  app->add_option("--model", args->model, "Model folder (config.json; safetensors optional) or cached HF repo id");
+  app->add_flag("--full-kv", args->full_kv, "Every global KV head keeps the full context");
+  app->add_option("--uniform-window", args->uniform_window, "Every global KV head keeps this many tokens");
+  app->add_option("--context", args->context, "Context length in tokens (e.g. 128k = 131072)");
+  app->add_option("--batch", args->batch, "Concurrent sequences (default 1 or the policy's)");
+  app->add_option("--block-size", args->block_size, "Paged-cache block in tokens; 1 = unpaged (default 16)");
+  app->add_option("--kv-dtype", args->kv_dtype, "KV element type: bf16, fp16, fp32, fp8 (default: model dtype)");
+  app->add_option("--sink-tokens", args->sink_tokens, "Sink tokens every windowed head keeps (default 0)");
+  app->add_option("--state-dtype", args->state_dtype,
+                  "Override the dtype of every recurrent/conv state (default: as the architecture keeps them)");
+  app->add_option("--gpu-memory", args->gpu_memory, "GPU memory (e.g. 80g = 80 GiB): report the largest context and batch that fit");
+  app->add_option("--reserve", args->reserve, "Bytes kept free for activations/runtime with --gpu-memory (e.g. 2g)");
+  app->add_option("--weights-bytes", args->weights_bytes, "Weight bytes when the folder has no safetensors (e.g. 54g)");
+  app->add_flag("--per-layer", args->per_layer, "List every layer in the table");
+  add_common_flags(app, args->common, /*with_json=*/true);
+  app->callback([args] { run(*args); });
+}
+
+const RegisterCommand kRegister("mem-estimate", setup);
+
+}  // namespace
+}  // namespace headwise::cli

@@ -1,0 +1,264 @@
+// Strict policy.yaml reader: every key is known, every value typed and range-checked, every
+// error names the file and the key path (and the layer) at fault.
+#include <yaml-cpp/yaml.h>
+
+#include <algorithm>
+#include <charconv>
+#include <cmath>
+#include <set>
+
+#include "headwise/core/error.hpp"
+#include "headwise/policy/policy.hpp"
+
+namespace headwise::policy {
+namespace {
+
+class Reader {
+ public:
+  explicit Reader(std::string_view where) : where_(where) {}
+
+  [[noreturn]] void fail(const YAML::Node& node, std::string_view key, std::string_view message) const {
+    const YAML::Mark mark = node.Mark();
+    if (mark.is_null()) throw_input_error("{}: {}: {}", where_, key, message);
+    throw_input_error("{}:{}:{}: {}: {}", where_, mark.line + 1, mark.column + 1, key, message);
+  }
+
+  void check_keys(const YAML::Node& map, std::string_view context, const std::set<std::string>& allowed,
+                  const std::set<std::string>& required) const {
+    if (!map.IsMap()) fail(map, context, "must be a mapping");
+    for (const auto& item : map) {
+      const std::string key = item.first.as<std::string>();
+      if (!allowed.contains(key)) {
+        fail(item.first, context.empty() ? key : fmt::format("{}.{}", context, key),
+             fmt::format("unknown key (allowed: {})", fmt::join(allowed, ", ")));
+      }
+    }
+    for (const auto& key : required) {
+      if (!map[key]) fail(map, context.empty() ? key : fmt::format("{}.{}", context, key), "is missing");
+    }
+  }
+
+  std::string scalar(const YAML::Node& node, std::string_view key) const {
+    if (!node || !node.IsScalar()) fail(node, key, "must be a single value");
+    return node.Scalar();
+  }
+
+  int64_t integer(const YAML::Node& node, std::string_view key) const {
+    const std::string s = scalar(node, key);
+    int64_t value = 0;
+    const auto [end, ec] = std::from_chars(s.data(), s.data() + s.size(), value);
+    if (ec != std::errc() || end != s.data() + s.size()) fail(node, key, fmt::format("'{}' is not an integer", s));
+    return value;
+  }
+
+  int64_t positive(const YAML::Node& node, std::string_view key) const {
+    const int64_t v = integer(node, key);
+    if (v <= 0) fail(node, key, fmt::format("must be positive, got {}", v));
+    return v;
+  }
+
+  int64_t non_negative(const YAML::Node& node, std::string_view key) const {
+    const int64_t v = integer(node, key);
+    if (v < 0) fail(node, key, fmt::format("must not be negative, got {}", v));
+    return v;
+  }
+
+  double number(const YAML::Node& node, std::string_view key) const {
+    const std::string s = scalar(node, key);
+    double value = 0;
+    const auto [end, ec] = std::from_chars(s.data(), s.data() + s.size(), value);
+    if (ec != std::errc() || end != s.data() + s.size() || !std::isfinite(value)) {
+      fail(node, key, fmt::format("'{}' is not a finite number", s));
+    }
+    return value;
+  }
+
+  // A window: `full` or a positive integer.
+  int64_t window(const YAML::Node& node, std::string_view key) const {
+    if (node.IsScalar() && node.Scalar() == "full") return kFull;
+    return positive(node, key);
+  }
+
+  nlohmann::json to_json(const YAML::Node& node, std::string_view key) const {
+    if (node.IsMap()) {
+      nlohmann::json out = nlohmann::json::object();
+      for (const auto& item : node) {
+        const std::string k = item.first.as<std::string>();
+        out[k] = to_json(item.second, fmt::format("{}.{}", key, k));
+      }
+      return out;
+    }
+    if (node.IsSequence()) {
+      nlohmann::json out = nlohmann::json::array();
+      for (size_t i = 0; i < node.size(); ++i) out.push_back(to_json(node[i], fmt::format("{}[{}]", key, i)));
+      return out;
+    }
+    if (node.IsNull()) return nullptr;
+    const std::string& s = node.Scalar();
+    if (node.Tag() == "!") return s;  // quoted: a string whatever it looks like
+    if (s == "true" || s == "false") return s == "true";
+    int64_t i = 0;
+    if (auto [end, ec] = std::from_chars(s.data(), s.data() + s.size(), i); ec == std::errc() && end == s.data() + s.size()) {
+      return i;
+    }
+    double d = 0;
+    if (auto [end, ec] = std::from_chars(s.data(), s.data() + s.size(), d); ec == std::errc() && end == s.data() + s.size()) {
+      return d;
+    }
+    return s;
+  }
+
+  std::string_view where() const { return where_; }
+
+ private:
+  std::string where_;
+};
+
+std::vector<int64_t> read_ladder(const Reader& r, const YAML::Node& node) {
+  if (!node.IsSequence() || node.size() == 0) r.fail(node, "window_levels", "must be a non-empty list");
+  std::vector<int64_t> levels;
+  for (size_t i = 0; i < node.size(); ++i) {
+    const std::string key = fmt::format("window_levels[{}]", i);
+    const int64_t w = r.window(node[i], key);
+    if (!levels.empty() && (levels.back() == kFull || (w != kFull && w <= levels.back()))) {
+      r.fail(node[i], key, "levels must be strictly ascending with `full` last");
+    }
+    levels.push_back(w);
+  }
+  return levels;
+}
+
+std::vector<LayerPolicy> read_layer_policies(const Reader& r, const YAML::Node& node,
+                                             const std::vector<int64_t>& ladder) {
+  if (!node.IsSequence()) r.fail(node, "per_layer_policies", "must be a list");
+  std::vector<LayerPolicy> out;
+  for (size_t i = 0; i < node.size(); ++i) {
+    const YAML::Node& item = node[i];
+    const std::string ctx = fmt::format("per_layer_policies[{}]", i);
+    r.check_keys(item, ctx, {"layer_id", "kv_head_windows", "expected_distortion"}, {"layer_id", "kv_head_windows"});
+    LayerPolicy lp;
+    lp.layer_id = r.non_negative(item["layer_id"], ctx + ".layer_id");
+    const std::string lctx = fmt::format("per_layer_policies (layer {})", lp.layer_id);
+    if (!out.empty() && lp.layer_id <= out.back().layer_id) {
+      r.fail(item["layer_id"], lctx, "layer ids must be strictly ascending");
+    }
+    const YAML::Node& windows = item["kv_head_windows"];
+    if (!windows.IsSequence() || windows.size() == 0) r.fail(windows, lctx + ".kv_head_windows", "must be a non-empty list");
+    for (size_t h = 0; h < windows.size(); ++h) {
+      const std::string key = fmt::format("{}.kv_head_windows[{}]", lctx, h);
+      const int64_t w = r.window(windows[h], key);
+      if (std::find(ladder.begin(), ladder.end(), w) == ladder.end()) {
+        r.fail(windows[h], key, fmt::format("window {} is not one of window_levels", window_name(w)));
+      }
+      lp.kv_head_windows.push_back(w);
+    }
+    if (const YAML::Node& d = item["expected_distortion"]) {
+      if (!d.IsSequence() || d.size() != windows.size()) {
+        r.fail(d, lctx + ".expected_distortion", "must list one value per KV head");
+      }
+      for (size_t h = 0; h < d.size(); ++h) {
+        const double v = r.number(d[h], fmt::format("{}.expected_distortion[{}]", lctx, h));
+        if (v < 0) r.fail(d[h], lctx + ".expected_distortion", "distortion must not be negative");
+        lp.expected_distortion.push_back(v);
+      }
+    }
+    out.push_back(std::move(lp));
+  }
+  return out;
+}
+
+PolicyMemory read_memory(const Reader& r, const YAML::Node& node) {
+  const std::set<std::string> keys{"total_bytes", "global_kv_bytes", "local_kv_bytes", "linear_state_bytes",
+                                   "ssm_state_bytes", "other_state_bytes", "full_kv_total_bytes"};
+  r.check_keys(node, "memory", keys, keys);
+  PolicyMemory m;
+  m.total_bytes = r.non_negative(node["total_bytes"], "memory.total_bytes");
+  m.components.global_kv_bytes = r.non_negative(node["global_kv_bytes"], "memory.global_kv_bytes");
+  m.components.local_kv_bytes = r.non_negative(node["local_kv_bytes"], "memory.local_kv_bytes");
+  m.components.linear_state_bytes = r.non_negative(node["linear_state_bytes"], "memory.linear_state_bytes");
+  m.components.ssm_state_bytes = r.non_negative(node["ssm_state_bytes"], "memory.ssm_state_bytes");
+  m.components.other_state_bytes = r.non_negative(node["other_state_bytes"], "memory.other_state_bytes");
+  m.full_kv_total_bytes = r.non_negative(node["full_kv_total_bytes"], "memory.full_kv_total_bytes");
+  if (m.total_bytes != m.components.total()) {
+    r.fail(node["total_bytes"], "memory.total_bytes", fmt::format("{} is not the sum of the components ({})",
+                                                                  m.total_bytes, m.components.total()));
+  }
+  return m;
+}
+
+std::vector<NonGlobalLayer> read_non_global(const Reader& r, const YAML::Node& node) {
+  if (!node.IsSequence()) r.fail(node, "non_global_layers", "must be a list");
+  std::vector<NonGlobalLayer> out;
+  for (size_t i = 0; i < node.size(); ++i) {
+    const std::string ctx = fmt::format("non_global_layers[{}]", i);
+    r.check_keys(node[i], ctx, {"layer_id", "kind", "bytes"}, {"layer_id", "kind", "bytes"});
+    NonGlobalLayer l;
+    l.layer_id = r.non_negative(node[i]["layer_id"], ctx + ".layer_id");
+    l.kind = r.scalar(node[i]["kind"], ctx + ".kind");
+    arch::parse_layer_kind(l.kind, fmt::format("{}: {}.kind", r.where(), ctx));
+    l.bytes = r.non_negative(node[i]["bytes"], ctx + ".bytes");
+    out.push_back(std::move(l));
+  }
+  return out;
+}
+
+ModelFingerprint read_fingerprint(const Reader& r, const YAML::Node& node) {
+  r.check_keys(node, "model_fingerprint", {"config_sha256", "weights_headers_sha256"}, {"config_sha256"});
+  ModelFingerprint f;
+  f.config_sha256 = r.scalar(node["config_sha256"], "model_fingerprint.config_sha256");
+  const YAML::Node& w = node["weights_headers_sha256"];
+  if (w && !w.IsNull()) f.weights_headers_sha256 = r.scalar(w, "model_fingerprint.weights_headers_sha256");
+  return f;
+}
+
+Policy read_document(const Reader& r, const YAML::Node& root) {
+  r.check_keys(root, "",
+               {"schema", "model_name", "model_path", "model_fingerprint", "budget_gb", "context", "batch", "dtype",
+                "block_size", "sink_tokens", "window_levels", "calibration", "memory", "non_global_layers",
+                "per_layer_policies"},
+               {"schema", "model_name", "budget_gb", "context", "batch", "dtype", "block_size", "sink_tokens",
+                "window_levels", "per_layer_policies"});
+  if (r.scalar(root["schema"], "schema") != kSchema) {
+    r.fail(root["schema"], "schema", fmt::format("'{}' is not supported (expected {})", root["schema"].Scalar(), kSchema));
+  }
+  Policy p;
+  p.model_name = r.scalar(root["model_name"], "model_name");
+  if (root["model_path"]) p.model_path = r.scalar(root["model_path"], "model_path");
+  if (root["model_fingerprint"]) p.fingerprint = read_fingerprint(r, root["model_fingerprint"]);
+  p.budget_gb = r.number(root["budget_gb"], "budget_gb");
+  if (p.budget_gb < 0) r.fail(root["budget_gb"], "budget_gb", "must not be negative");
+  p.context = r.positive(root["context"], "context");
+  p.batch = r.positive(root["batch"], "batch");
+  p.dtype = parse_dtype(r.scalar(root["dtype"], "dtype"), fmt::format("{}: dtype", r.where()));
+  p.block_size = r.positive(root["block_size"], "block_size");
+  p.sink_tokens = r.non_negative(root["sink_tokens"], "sink_tokens");
+  p.window_levels = read_ladder(r, root["window_levels"]);
+  if (root["calibration"]) {
+    if (!root["calibration"].IsMap() && !root["calibration"].IsNull()) r.fail(root["calibration"], "calibration", "must be a mapping");
+    p.calibration = root["calibration"].IsNull() ? nlohmann::json::object() : r.to_json(root["calibration"], "calibration");
+  }
+  if (root["memory"]) p.memory = read_memory(r, root["memory"]);
+  if (root["non_global_layers"]) p.non_global_layers = read_non_global(r, root["non_global_layers"]);
+  p.per_layer_policies = read_layer_policies(r, root["per_layer_policies"], p.window_levels);
+  return p;
+}
+
+}  // namespace
+
+Policy from_yaml(std::string_view text, std::string_view where) {
+  const Reader reader(where);
+  YAML::Node root;
+  try {
+    root = YAML::Load(std::string(text));
+  } catch (const YAML::Exception& e) {
+    throw_input_error("{}:{}:{}: broken YAML: {}", where, e.mark.line + 1, e.mark.column + 1, e.msg);
+  }
+  if (!root.IsMap()) throw_input_error("{}: a policy file must be a YAML mapping (schema: {})", where, kSchema);
+  try {
+    return read_document(reader, root);
+  } catch (const YAML::Exception& e) {  // e.g. a non-scalar map key
+    throw_input_error("{}:{}:{}: {}", where, e.mark.line + 1, e.mark.column + 1, e.msg);
+  }
+}
+
+}  // namespace headwise::policy

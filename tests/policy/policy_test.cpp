@@ -1,0 +1,120 @@
+// policy.yaml: round trips, byte-identical writes, and the strict reader's errors.
+#include <catch2/catch.hpp>
+
+#include <regex>
+
+#include "../test_configs.hpp"
+#include "headwise/core/error.hpp"
+#include "headwise/policy/policy.hpp"
+
+using namespace headwise;
+using headwise::testing::spec_from_config;
+
+namespace {
+
+// A policy for bamba tiny (global layers 1 and 3, two KV heads each).
+policy::Policy sample_policy() {
+  const auto spec = spec_from_config("bamba_tiny.json");
+  policy::Policy p;
+  p.model_name = "bamba-tiny: test";
+  p.model_path = "../configs";
+  p.fingerprint.config_sha256 = "ab12";
+  p.budget_gb = 0.5;
+  p.context = 4096;
+  p.batch = 2;
+  p.dtype = DType::kBFloat16;
+  p.block_size = 16;
+  p.sink_tokens = 4;
+  p.window_levels = {256, 1024, policy::kFull};
+  p.calibration = {{"dataset_sha256", "00ff"}, {"samples", 64}, {"seq_len", 4096}, {"seed", 7},
+                   {"tool_version", "0.1.0"}, {"distortion", "block_output_mse"}, {"numeric_string", "123"},
+                   {"nested", {{"a", {1, 2}}, {"b", nullptr}, {"c", true}, {"d", 0.25}}}};
+  p.per_layer_policies = {{1, {256, policy::kFull}, {0.125, 0.0}}, {3, {1024, 1024}, {}}};
+  policy::fill_memory(p, spec);
+  return p;
+}
+
+std::string replace(std::string text, const std::string& from, const std::string& to) {
+  const auto pos = text.find(from);
+  REQUIRE(pos != std::string::npos);
+  return text.replace(pos, from.size(), to);
+}
+
+}  // namespace
+
+TEST_CASE("policy round-trips and writes byte-identically", "[policy]") {
+  const policy::Policy p = sample_policy();
+  const std::string yaml = policy::to_yaml(p);
+  CHECK(yaml.find("schema: headwise/policy/v1") != std::string::npos);
+  CHECK(yaml.find("kv_head_windows: [256, full]") != std::string::npos);
+  CHECK(yaml.find("window_levels: [256, 1024, full]") != std::string::npos);
+  const policy::Policy q = policy::from_yaml(yaml, "p.yaml");
+  CHECK(policy::to_yaml(q) == yaml);
+  CHECK(q.model_name == p.model_name);
+  CHECK(q.calibration == p.calibration);
+  CHECK(q.calibration["numeric_string"].is_string());
+  CHECK(q.per_layer_policies[0].kv_head_windows == std::vector<int64_t>{256, policy::kFull});
+  CHECK(q.per_layer_policies[0].expected_distortion == std::vector<double>{0.125, 0.0});
+  CHECK(q.memory.total_bytes == p.memory.total_bytes);
+  CHECK(q.non_global_layers.size() == 2);
+  CHECK(q.non_global_layers[0].kind == "mamba");
+  CHECK(!q.fingerprint.weights_headers_sha256);
+  policy::validate_against_model(q, spec_from_config("bamba_tiny.json"), "p.yaml");
+
+  const auto dir = std::filesystem::temp_directory_path() / "headwise_policy_test";
+  std::filesystem::create_directories(dir);
+  policy::write_policy(dir / "a.yaml", p);
+  policy::write_policy(dir / "b.yaml", policy::read_policy(dir / "a.yaml"));
+  CHECK(read_text_file(dir / "a.yaml") == read_text_file(dir / "b.yaml"));
+  std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("memory block equals the memory model", "[policy]") {
+  const policy::Policy p = sample_policy();
+  // layer 1: window 256 + 4 sinks → 272 slots; full → 4096; layer 3: 1024 + 4 → 1040 (block 16)
+  // each slot: 16 * 2 * 2 B = 64; batch 2
+  CHECK(p.memory.components.global_kv_bytes == 2 * 64 * (272 + 4096 + 1040 + 1040));
+  // two mamba layers, 9728 B each per sequence
+  CHECK(p.memory.components.ssm_state_bytes == 2 * 2 * 9728);
+  CHECK(p.memory.total_bytes == p.memory.components.total());
+  CHECK(p.non_global_layers[1].layer_id == 2);
+  CHECK(p.non_global_layers[1].bytes == 2 * 9728);
+}
+
+TEST_CASE("strict reader: unknown keys, ladder, heads, layers, broken YAML", "[policy]") {
+  const auto spec = spec_from_config("bamba_tiny.json");
+  const std::string yaml = policy::to_yaml(sample_policy());
+  const auto read = [](const std::string& text) { return policy::from_yaml(text, "pol.yaml"); };
+
+  CHECK_THROWS_WITH(read(replace(yaml, "batch: 2", "batch: 2\nbacth: 3")),
+                    Catch::Contains("pol.yaml") && Catch::Contains("bacth") && Catch::Contains("unknown key"));
+  CHECK_THROWS_WITH(read(replace(yaml, "kv_head_windows: [1024, 1024]", "kv_head_windows: [1024, 1024]\n    extra: 1")),
+                    Catch::Contains("per_layer_policies[1].extra"));
+  CHECK_THROWS_WITH(read(replace(yaml, "kv_head_windows: [1024, 1024]", "kv_head_windows: [1024, 512]")),
+                    Catch::Contains("layer 3") && Catch::Contains("512 is not one of window_levels"));
+  CHECK_THROWS_WITH(read(replace(yaml, "window_levels: [256, 1024, full]", "window_levels: [1024, 256, full]")),
+                    Catch::Contains("window_levels[1]"));
+  CHECK_THROWS_WITH(read(replace(yaml, "schema: headwise/policy/v1", "schema: headwise/policy/v9")),
+                    Catch::Contains("schema"));
+  CHECK_THROWS_WITH(read(replace(yaml, "context: 4096", "context: -5")), Catch::Contains("context"));
+  CHECK_THROWS_WITH(read(replace(yaml, "context: 4096", "context: 4k")), Catch::Contains("not an integer"));
+  CHECK_THROWS_WITH(read(replace(yaml, "context: 4096\n", "")), Catch::Contains("context") && Catch::Contains("missing"));
+  CHECK_THROWS_WITH(read(replace(yaml, "dtype: bfloat16", "dtype: bfloat17")), Catch::Contains("dtype"));
+  CHECK_THROWS_WITH(read("schema: [unclosed\n"), Catch::Contains("pol.yaml:") && Catch::Contains("broken YAML"));
+  CHECK_THROWS_WITH(read(std::regex_replace(yaml, std::regex("total_bytes: [0-9]+\n  global"), "total_bytes: 1\n  global")),
+                    Catch::Contains("memory.total_bytes"));
+
+  // against the model: wrong head count, non-global layer, missing layer, stale memory block
+  const auto check = [&](const std::string& text) { policy::validate_against_model(read(text), spec, "pol.yaml"); };
+  CHECK_THROWS_WITH(check(replace(yaml, "kv_head_windows: [1024, 1024]", "kv_head_windows: [1024, 1024, 1024]")),
+                    Catch::Contains("layer_id 3") && Catch::Contains("2 KV heads"));
+  CHECK_THROWS_WITH(check(replace(yaml, "layer_id: 3\n    kv", "layer_id: 2\n    kv")),
+                    Catch::Contains("layer_id 2") && Catch::Contains("not a global attention layer"));
+  CHECK_THROWS_WITH(check(replace(yaml, "batch: 2", "batch: 3")), Catch::Contains("memory.total_bytes") && Catch::Contains("stale"));
+  auto p = sample_policy();
+  p.per_layer_policies.pop_back();
+  p.memory = {};
+  p.non_global_layers.clear();
+  CHECK_THROWS_WITH(policy::validate_against_model(p, spec, "pol.yaml"), Catch::Contains("global layer 3 is missing"));
+  CHECK_THROWS_AS(policy::read_policy("/nonexistent/policy.yaml"), InputError);
+}
