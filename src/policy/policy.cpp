@@ -9,7 +9,7 @@
 
 namespace headwise::policy {
 
-std::string window_name(int64_t window) { return window == kFull ? "full" : std::to_string(window); }
+std::string window_name(int64_t window) { return window_label(window); }
 
 memory::MemoryOptions Policy::memory_options() const {
   memory::MemoryOptions o;

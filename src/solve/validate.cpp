@@ -7,10 +7,6 @@
 
 namespace headwise::solve {
 
-std::string window_label(int64_t window) {
-  return window == kFullWindow ? std::string("full") : std::to_string(window);
-}
-
 void validate_groups(const std::vector<Group>& groups) {
   int64_t max_total = 0;
   for (const auto& group : groups) {

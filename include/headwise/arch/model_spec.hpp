@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <optional>
+#include <ostream>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -25,6 +26,8 @@ enum class LayerKind {
 
 std::string_view layer_kind_name(LayerKind kind);  // "full_attention", "sliding_attention", ...
 LayerKind parse_layer_kind(std::string_view name, std::string_view what);
+// For test and log output.
+inline std::ostream& operator<<(std::ostream& os, LayerKind kind) { return os << layer_kind_name(kind); }
 
 struct AttentionShape {
   int64_t num_heads = 0;

@@ -15,11 +15,12 @@
 
 #include "headwise/arch/model_spec.hpp"
 #include "headwise/core/dtype.hpp"
+#include "headwise/core/window.hpp"
 
 namespace headwise::memory {
 
-// A window value meaning "no truncation" (the `full` level).
-inline constexpr int64_t kFullWindow = 0;
+// A window value meaning "no truncation" (the `full` level); one constant project-wide.
+using headwise::kFullWindow;
 
 struct MemoryOptions {
   int64_t context = 0;                 // C, tokens

@@ -23,11 +23,14 @@
 #include <string>
 #include <vector>
 
+#include "headwise/core/window.hpp"
+
 namespace headwise::solve {
 
-// The window value that stands for "no truncation" (JSON "full"); it orders above every
-// finite window so "prefer the larger window" needs no special case.
-inline constexpr int64_t kFullWindow = std::numeric_limits<int64_t>::max();
+// "No truncation" (JSON "full"): the project-wide constant, larger than every finite window,
+// so "prefer the larger window" needs no special case.
+using headwise::kFullWindow;
+using headwise::window_label;
 
 struct Option {
   int64_t window = 0;  // tokens, or kFullWindow
@@ -55,8 +58,6 @@ struct SolveOptions {
   size_t max_states = size_t{1} << 22;
 };
 
-// "full" or the number, for messages and JSON.
-std::string window_label(int64_t window);
 
 // Throws InputError naming layer/head: no options, negative bytes, NaN/inf/negative
 // distortion, duplicate windows, or byte totals that overflow int64.
