@@ -1,0 +1,60 @@
+#pragma once
+// The shared body of the Qwen hybrid decoders (qwen3_next, qwen3_5_text): embeddings, the
+// (1+w) RMSNorms, the gated full-attention layer, the gated-DeltaNet tail and the dense MLP.
+// Subclasses supply the DeltaNet input projections (their weight layouts differ) and the
+// feed-forward when it is MoE.
+#include <string>
+#include <vector>
+
+#include "headwise/arch/gated_delta.hpp"
+#include "headwise/arch/model.hpp"
+#include "headwise/arch/qwen_hybrid_config.hpp"
+
+namespace headwise::arch {
+
+class QwenHybridModel : public DecoderModel {
+ public:
+  QwenHybridModel(const ModelSpec& spec, std::shared_ptr<const io::Checkpoint> checkpoint,
+                  const ModelOptions& options, QwenHybridConfig config);
+
+  at::Tensor embed(const at::Tensor& input_ids) override;
+  at::Tensor run_layer(int64_t layer, const at::Tensor& hidden, const LayerRun& run) override;
+  at::Tensor logits(const at::Tensor& hidden) override;
+  std::vector<WeightRequirement> required_weights() const override;
+
+  const QwenHybridConfig& config() const { return config_; }
+  // "model." or, for qwen3_5 wrapper checkpoints, "model.language_model." (probed at load).
+  const std::string& weight_prefix() const { return prefix_; }
+
+ protected:
+  // x = input_layernorm(h), [B, T, H] → the DeltaNet inputs (projections, architecture-specific).
+  virtual GatedDeltaInputs linear_projections(int64_t layer, const at::Tensor& x) = 0;
+  virtual std::vector<WeightRequirement> linear_projection_weights(int64_t layer) const = 0;
+  // Feed-forward on post_attention_layernorm(h). Default: dense SwiGLU `mlp.{gate,up,down}_proj`.
+  virtual at::Tensor feed_forward(int64_t layer, const at::Tensor& x);
+  virtual std::vector<WeightRequirement> feed_forward_weights(int64_t layer) const;
+
+  // "<prefix>layers.<i>."
+  std::string layer_prefix(int64_t layer) const;
+  const at::Tensor& layer_weight(int64_t layer, const std::string& suffix) {
+    return weight(layer, layer_prefix(layer) + suffix);
+  }
+  WeightRequirement requirement(int64_t layer, const std::string& suffix,
+                                std::vector<int64_t> shape) const;
+  std::vector<WeightRequirement> dense_mlp_weights(int64_t layer, const std::string& module,
+                                                   int64_t intermediate) const;
+
+ private:
+  at::Tensor full_attention(int64_t layer, const at::Tensor& x, const LayerRun& run);
+  at::Tensor linear_attention(int64_t layer, const at::Tensor& x, LayerState* state);
+  std::vector<WeightRequirement> attention_weights(int64_t layer) const;
+  std::vector<WeightRequirement> linear_tail_weights(int64_t layer) const;
+  at::Tensor norm(const at::Tensor& x, const at::Tensor& weight) const;
+  std::string lm_head_name() const;
+
+  QwenHybridConfig config_;
+  std::string prefix_;
+  at::Tensor inv_freq_;
+};
+
+}  // namespace headwise::arch

@@ -1,0 +1,60 @@
+// Qwen3.5 text (`qwen3_5_text`, Qwen3_5ForCausalLM; also the text part of the `qwen3_5`
+// multimodal wrapper, whose config nests it under text_config and whose checkpoint keeps it
+// under model.language_model.). Same layers as Qwen3-Next but un-grouped DeltaNet projections
+// and a dense MLP. Its interleaved MRoPE reduces exactly to partial RoPE for text-only
+// positions (all three position rows equal), which is what is computed here.
+#include <memory>
+
+#include "headwise/arch/ops.hpp"
+#include "headwise/arch/qwen_hybrid.hpp"
+#include "headwise/arch/registry.hpp"
+#include "headwise/io/checkpoint.hpp"
+
+namespace headwise::arch {
+namespace {
+
+class Qwen35TextModel final : public QwenHybridModel {
+ public:
+  using QwenHybridModel::QwenHybridModel;
+
+ protected:
+  // in_proj_qkv is plain [q (nk*dk) | k (nk*dk) | v (nv*dv)]; z, b, a have their own projections.
+  GatedDeltaInputs linear_projections(int64_t layer, const at::Tensor& x) override {
+    const GatedDeltaShape& s = config().linear;
+    const int64_t batch = x.size(0), steps = x.size(1);
+    GatedDeltaInputs in;
+    in.mixed_qkv = arch::linear(x, layer_weight(layer, "linear_attn.in_proj_qkv.weight"));
+    in.z = arch::linear(x, layer_weight(layer, "linear_attn.in_proj_z.weight"))
+               .reshape({batch, steps, s.num_v_heads, s.v_head_dim});
+    in.b = arch::linear(x, layer_weight(layer, "linear_attn.in_proj_b.weight"));
+    in.a = arch::linear(x, layer_weight(layer, "linear_attn.in_proj_a.weight"));
+    return in;
+  }
+
+  std::vector<WeightRequirement> linear_projection_weights(int64_t layer) const override {
+    const GatedDeltaShape& s = config().linear;
+    const int64_t h = config().hidden_size;
+    return {requirement(layer, "linear_attn.in_proj_qkv.weight", {s.conv_dim(), h}),
+            requirement(layer, "linear_attn.in_proj_z.weight", {s.value_dim(), h}),
+            requirement(layer, "linear_attn.in_proj_b.weight", {s.num_v_heads, h}),
+            requirement(layer, "linear_attn.in_proj_a.weight", {s.num_v_heads, h})};
+  }
+};
+
+const RegisterArchitecture kRegisterQwen35{Architecture{
+    .name = "qwen3_5",
+    .model_types = {"qwen3_5_text"},
+    .build_spec =
+        [](const ConfigReader& reader) {
+          return qwen_hybrid_spec(read_qwen_hybrid_config(reader, false));
+        },
+    .create_model = [](const ModelSpec& spec, std::shared_ptr<const io::Checkpoint> checkpoint,
+                       const ModelOptions& options) -> std::unique_ptr<DecoderModel> {
+      const ConfigReader reader(spec.text_config, (checkpoint->dir() / "config.json").string());
+      return std::make_unique<Qwen35TextModel>(spec, std::move(checkpoint), options,
+                                               read_qwen_hybrid_config(reader, false));
+    },
+}};
+
+}  // namespace
+}  // namespace headwise::arch

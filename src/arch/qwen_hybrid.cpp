@@ -1,0 +1,198 @@
+#include "headwise/arch/qwen_hybrid.hpp"
+
+#include <c10/core/InferenceMode.h>
+
+#include <cmath>
+
+#include "headwise/arch/ops.hpp"
+#include "headwise/core/error.hpp"
+#include "headwise/io/checkpoint.hpp"
+
+namespace headwise::arch {
+
+QwenHybridModel::QwenHybridModel(const ModelSpec& spec,
+                                 std::shared_ptr<const io::Checkpoint> checkpoint,
+                                 const ModelOptions& options, QwenHybridConfig config)
+    : DecoderModel(spec, std::move(checkpoint), options), config_(std::move(config)) {
+  // Qwen3.5 wrapper checkpoints (Qwen3_5ForConditionalGeneration) keep the text model under
+  // model.language_model.; text-only saves use model. Probe which this checkpoint has.
+  prefix_ = this->checkpoint().contains("model.language_model.embed_tokens.weight")
+                ? "model.language_model."
+                : "model.";
+  inv_freq_ = default_inv_freq(config_.rope_theta, config_.rotary_dim(), device());
+}
+
+std::string QwenHybridModel::layer_prefix(int64_t layer) const {
+  return fmt::format("{}layers.{}.", prefix_, layer);
+}
+
+std::string QwenHybridModel::lm_head_name() const {
+  return config_.tie_word_embeddings ? prefix_ + "embed_tokens.weight" : "lm_head.weight";
+}
+
+at::Tensor QwenHybridModel::norm(const at::Tensor& x, const at::Tensor& weight) const {
+  return rms_norm(x, weight, config_.rms_norm_eps, NormStyle::kOnePlusWeight);
+}
+
+at::Tensor QwenHybridModel::embed(const at::Tensor& input_ids) {
+  c10::InferenceMode inference;
+  if (input_ids.dim() != 2)
+    throw_input_error("input_ids must be [batch, tokens], got {}", shape_string(input_ids.sizes()));
+  if (input_ids.numel() > 0) {
+    const int64_t lo = input_ids.min().item<int64_t>(), hi = input_ids.max().item<int64_t>();
+    if (lo < 0 || hi >= config_.vocab_size) {
+      throw_input_error("token id {} is outside the vocabulary [0, {})", lo < 0 ? lo : hi,
+                        config_.vocab_size);
+    }
+  }
+  const at::Tensor& table = weight(-1, prefix_ + "embed_tokens.weight");
+  return at::embedding(table, input_ids.to(device(), at::kLong));
+}
+
+at::Tensor QwenHybridModel::logits(const at::Tensor& hidden) {
+  c10::InferenceMode inference;
+  const at::Tensor normed = norm(hidden, weight(-1, prefix_ + "norm.weight"));
+  return arch::linear(normed, weight(-1, lm_head_name())).to(at::kFloat);
+}
+
+at::Tensor QwenHybridModel::run_layer(int64_t layer, const at::Tensor& hidden,
+                                      const LayerRun& run) {
+  c10::InferenceMode inference;
+  HEADWISE_CHECK(layer >= 0 && layer < config_.num_layers, "layer {} of {}", layer,
+                 config_.num_layers);
+  const at::Tensor mixer_in = norm(hidden, layer_weight(layer, "input_layernorm.weight"));
+  const at::Tensor mixed =
+      config_.layer_kinds[static_cast<size_t>(layer)] == LayerKind::kFullAttention
+          ? full_attention(layer, mixer_in, run)
+          : linear_attention(layer, mixer_in, run.state);
+  const at::Tensor h = hidden + mixed;
+  return h + feed_forward(layer, norm(h, layer_weight(layer, "post_attention_layernorm.weight")));
+}
+
+at::Tensor QwenHybridModel::full_attention(int64_t layer, const at::Tensor& x,
+                                           const LayerRun& run) {
+  const int64_t batch = x.size(0), steps = x.size(1), hd = config_.head_dim;
+  // q_proj rows are per head [q (hd) | gate (hd)], not [all q | all gates].
+  const auto q_and_gate = arch::linear(x, layer_weight(layer, "self_attn.q_proj.weight"))
+                              .view({batch, steps, -1, 2 * hd})
+                              .chunk(2, -1);
+  at::Tensor q =
+      norm(q_and_gate[0], layer_weight(layer, "self_attn.q_norm.weight")).transpose(1, 2);
+  const at::Tensor k_raw =
+      arch::linear(x, layer_weight(layer, "self_attn.k_proj.weight")).view({batch, steps, -1, hd});
+  at::Tensor k = norm(k_raw, layer_weight(layer, "self_attn.k_norm.weight")).transpose(1, 2);
+  const at::Tensor v = arch::linear(x, layer_weight(layer, "self_attn.v_proj.weight"))
+                           .view({batch, steps, -1, hd})
+                           .transpose(1, 2);
+  if (run.position_offset < 0)
+    throw_input_error("position offset {} is negative", run.position_offset);
+  const RotaryTable table =
+      rotary_table(inv_freq_, run.position_offset, steps, 1.0, x.scalar_type());
+  q = apply_rotary(q, table);
+  k = apply_rotary(k, table);
+
+  AttentionInputs in;
+  in.layer_id = layer;
+  in.q = q;
+  in.k = k;
+  in.v = v;
+  in.scaling = std::pow(static_cast<double>(hd), -0.5);
+  in.position_offset = run.position_offset;
+  in.output_gate = at::sigmoid(q_and_gate[1]);  // [B, T, nh, hd]
+  in.o_proj_weight = layer_weight(layer, "self_attn.o_proj.weight");
+  ExactAttentionCore exact(attention_chunk());
+  AttentionCore& core = run.attention != nullptr ? *run.attention : exact;
+  const at::Tensor attended = core.attend(in);  // [B, T, nh, hd]
+  return arch::linear((attended * in.output_gate).reshape({batch, steps, -1}), in.o_proj_weight);
+}
+
+at::Tensor QwenHybridModel::linear_attention(int64_t layer, const at::Tensor& x,
+                                             LayerState* state) {
+  const GatedDeltaInputs inputs = linear_projections(layer, x);
+  GatedDeltaWeights w;
+  w.conv1d = layer_weight(layer, "linear_attn.conv1d.weight");
+  w.A_log = layer_weight(layer, "linear_attn.A_log");
+  w.dt_bias = layer_weight(layer, "linear_attn.dt_bias");
+  w.norm = layer_weight(layer, "linear_attn.norm.weight");
+  w.out_proj = layer_weight(layer, "linear_attn.out_proj.weight");
+  return gated_delta_mixer(config_.linear, inputs, w, state);
+}
+
+at::Tensor QwenHybridModel::feed_forward(int64_t layer, const at::Tensor& x) {
+  return gated_mlp(x, layer_weight(layer, "mlp.gate_proj.weight"),
+                   layer_weight(layer, "mlp.up_proj.weight"),
+                   layer_weight(layer, "mlp.down_proj.weight"));
+}
+
+WeightRequirement QwenHybridModel::requirement(int64_t layer, const std::string& suffix,
+                                               std::vector<int64_t> shape) const {
+  WeightRequirement r;
+  r.name = layer < 0 ? prefix_ + suffix : layer_prefix(layer) + suffix;
+  r.shape = std::move(shape);
+  r.layer = layer;
+  return r;
+}
+
+std::vector<WeightRequirement> QwenHybridModel::dense_mlp_weights(int64_t layer,
+                                                                  const std::string& module,
+                                                                  int64_t intermediate) const {
+  const int64_t h = config_.hidden_size;
+  return {requirement(layer, module + ".gate_proj.weight", {intermediate, h}),
+          requirement(layer, module + ".up_proj.weight", {intermediate, h}),
+          requirement(layer, module + ".down_proj.weight", {h, intermediate})};
+}
+
+std::vector<WeightRequirement> QwenHybridModel::feed_forward_weights(int64_t layer) const {
+  return dense_mlp_weights(layer, "mlp", config_.intermediate_size);
+}
+
+std::vector<WeightRequirement> QwenHybridModel::attention_weights(int64_t layer) const {
+  const int64_t h = config_.hidden_size, hd = config_.head_dim;
+  const int64_t nh = config_.num_heads, nkv = config_.num_kv_heads;
+  return {requirement(layer, "self_attn.q_proj.weight", {2 * nh * hd, h}),
+          requirement(layer, "self_attn.k_proj.weight", {nkv * hd, h}),
+          requirement(layer, "self_attn.v_proj.weight", {nkv * hd, h}),
+          requirement(layer, "self_attn.o_proj.weight", {h, nh * hd}),
+          requirement(layer, "self_attn.q_norm.weight", {hd}),
+          requirement(layer, "self_attn.k_norm.weight", {hd})};
+}
+
+std::vector<WeightRequirement> QwenHybridModel::linear_tail_weights(int64_t layer) const {
+  const GatedDeltaShape& s = config_.linear;
+  return {requirement(layer, "linear_attn.conv1d.weight", {s.conv_dim(), 1, s.conv_kernel}),
+          requirement(layer, "linear_attn.A_log", {s.num_v_heads}),
+          requirement(layer, "linear_attn.dt_bias", {s.num_v_heads}),
+          requirement(layer, "linear_attn.norm.weight", {s.v_head_dim}),
+          requirement(layer, "linear_attn.out_proj.weight", {config_.hidden_size, s.value_dim()})};
+}
+
+std::vector<WeightRequirement> QwenHybridModel::required_weights() const {
+  const int64_t h = config_.hidden_size;
+  std::vector<WeightRequirement> all{
+      requirement(-1, "embed_tokens.weight", {config_.vocab_size, h})};
+  auto append = [&all](std::vector<WeightRequirement> more) {
+    all.insert(all.end(), std::make_move_iterator(more.begin()),
+               std::make_move_iterator(more.end()));
+  };
+  for (int64_t i = 0; i < config_.num_layers; ++i) {
+    all.push_back(requirement(i, "input_layernorm.weight", {h}));
+    all.push_back(requirement(i, "post_attention_layernorm.weight", {h}));
+    if (config_.layer_kinds[static_cast<size_t>(i)] == LayerKind::kFullAttention) {
+      append(attention_weights(i));
+    } else {
+      append(linear_projection_weights(i));
+      append(linear_tail_weights(i));
+    }
+    append(feed_forward_weights(i));
+  }
+  all.push_back(requirement(-1, "norm.weight", {h}));
+  if (!config_.tie_word_embeddings) {
+    WeightRequirement head;
+    head.name = "lm_head.weight";
+    head.shape = {config_.vocab_size, h};
+    all.push_back(std::move(head));
+  }
+  return all;
+}
+
+}  // namespace headwise::arch
