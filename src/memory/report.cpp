@@ -34,8 +34,9 @@ std::string pct(int64_t part, int64_t whole) {
 }
 
 std::string context_cell(const Capacity& c) {
-  if (!c.max_context) return fmt::format("unbounded (>= {})", format_tokens(kContextSearchLimit));
-  return fmt::format("{} ({})", *c.max_context, format_tokens(*c.max_context));
+  if (!c.max_context) return "unbounded";  // every window finite: the cache stops growing
+  const std::string short_form = format_tokens(*c.max_context);
+  return short_form == std::to_string(*c.max_context) ? short_form : fmt::format("{} ({})", *c.max_context, short_form);
 }
 
 std::string gpu_table(const Report& r) {

@@ -8,7 +8,6 @@
 #include "headwise/core/error.hpp"
 
 using namespace headwise;
-using arch::LayerKind;
 using headwise::testing::spec_from_config;
 
 namespace {
@@ -22,9 +21,10 @@ void require_state(const arch::LayerSpec& layer, size_t index, const std::string
   CHECK(layer.states[index].dtype == dtype);
 }
 
-std::vector<LayerKind> kinds(const arch::ModelSpec& spec) {
-  std::vector<LayerKind> out;
-  for (const auto& l : spec.layers) out.push_back(l.kind);
+// Kind names (torch's operator<< for vectors cannot print an enum vector).
+std::vector<std::string> kinds(const arch::ModelSpec& spec) {
+  std::vector<std::string> out;
+  for (const auto& l : spec.layers) out.push_back(std::string(arch::layer_kind_name(l.kind)));
   return out;
 }
 
@@ -32,7 +32,7 @@ std::vector<LayerKind> kinds(const arch::ModelSpec& spec) {
 
 TEST_CASE("bamba: mamba2 conv (I+2GN, K) bf16 and ssm (nh, P, N) fp32; attention at attn_layer_indices", "[arch]") {
   const auto spec = spec_from_config("bamba_tiny.json");
-  CHECK(kinds(spec) == std::vector{LayerKind::kMamba, LayerKind::kFullAttention, LayerKind::kMamba, LayerKind::kFullAttention});
+  CHECK(kinds(spec) == std::vector<std::string>{"mamba", "full_attention", "mamba", "full_attention"});
   // check_state_shapes.py: conv_states [2, 192, 4] bfloat16, recurrent_states [2, 8, 16, 16] float32
   require_state(spec.layer(0), 0, "conv_state", {192, 4}, DType::kBFloat16);
   require_state(spec.layer(0), 1, "ssm_state", {8, 16, 16}, DType::kFloat32);
@@ -44,15 +44,15 @@ TEST_CASE("bamba: mamba2 conv (I+2GN, K) bf16 and ssm (nh, P, N) fp32; attention
 
 TEST_CASE("granitemoehybrid: layer_types mamba/attention, conv (160, 4)", "[arch]") {
   const auto spec = spec_from_config("granitemoehybrid_tiny.json");
-  CHECK(kinds(spec) == std::vector{LayerKind::kMamba, LayerKind::kFullAttention, LayerKind::kMamba, LayerKind::kMamba});
+  CHECK(kinds(spec) == std::vector<std::string>{"mamba", "full_attention", "mamba", "mamba"});
   require_state(spec.layer(3), 0, "conv_state", {160, 4}, DType::kBFloat16);
   require_state(spec.layer(3), 1, "ssm_state", {8, 16, 16}, DType::kFloat32);
 }
 
 TEST_CASE("nemotron_h: pattern M-M*E, MLP/MoE blocks keep nothing, ssm in mamba_ssm_cache_dtype", "[arch]") {
   const auto spec = spec_from_config("nemotron_h_tiny.json");
-  CHECK(kinds(spec) == std::vector{LayerKind::kMamba, LayerKind::kMlpOnly, LayerKind::kMamba, LayerKind::kFullAttention,
-                                   LayerKind::kMlpOnly});
+  CHECK(kinds(spec) == std::vector<std::string>{"mamba", "mlp", "mamba", "full_attention",
+                                   "mlp"});
   require_state(spec.layer(0), 0, "conv_state", {128, 4}, DType::kBFloat16);
   require_state(spec.layer(2), 1, "ssm_state", {8, 8, 16}, DType::kFloat32);
   CHECK(spec.layer(1).states.empty());
@@ -69,7 +69,7 @@ TEST_CASE("nemotron_h: pattern M-M*E, MLP/MoE blocks keep nothing, ssm in mamba_
 
 TEST_CASE("gpt_oss: even layers sliding, window == cache slots", "[arch]") {
   const auto spec = spec_from_config("gpt_oss_tiny.json");
-  CHECK(kinds(spec) == std::vector{LayerKind::kSlidingAttention, LayerKind::kFullAttention});
+  CHECK(kinds(spec) == std::vector<std::string>{"sliding_attention", "full_attention"});
   CHECK(spec.layer(0).attention->sliding_window == 4);
   CHECK(spec.layer(0).attention->sliding_cache_tokens == 4);
   CHECK(spec.layer(0).is_sliding());
@@ -78,7 +78,7 @@ TEST_CASE("gpt_oss: even layers sliding, window == cache slots", "[arch]") {
 
 TEST_CASE("lfm2: conv layers keep (hidden, L) in the model dtype", "[arch]") {
   const auto spec = spec_from_config("lfm2_tiny.json");
-  CHECK(kinds(spec) == std::vector{LayerKind::kShortConv, LayerKind::kShortConv, LayerKind::kFullAttention, LayerKind::kShortConv});
+  CHECK(kinds(spec) == std::vector<std::string>{"conv", "conv", "full_attention", "conv"});
   require_state(spec.layer(0), 0, "conv_state", {64, 3}, DType::kBFloat16);
   CHECK(spec.layer(0).states.size() == 1);
   CHECK(spec.layer(0).states[0].state_class == arch::StateClass::kOtherState);
@@ -86,7 +86,7 @@ TEST_CASE("lfm2: conv layers keep (hidden, L) in the model dtype", "[arch]") {
 
 TEST_CASE("jamba: mamba1 conv (I, K) and ssm (I, N) fp32; attention at offset of period", "[arch]") {
   const auto spec = spec_from_config("jamba_tiny.json");
-  CHECK(kinds(spec) == std::vector{LayerKind::kMamba, LayerKind::kMamba, LayerKind::kFullAttention, LayerKind::kMamba});
+  CHECK(kinds(spec) == std::vector<std::string>{"mamba", "mamba", "full_attention", "mamba"});
   require_state(spec.layer(0), 0, "conv_state", {128, 4}, DType::kBFloat16);
   require_state(spec.layer(0), 1, "ssm_state", {128, 8}, DType::kFloat32);
 }
