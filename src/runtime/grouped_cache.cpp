@@ -17,15 +17,13 @@ at::TensorOptions tensor_options(DType dtype, at::Device device) {
 
 // Groups a layer's KV heads by window: ascending windows, full last, heads ascending within.
 std::vector<HeadGroup> group_heads(const std::vector<int64_t>& windows) {
-  std::map<int64_t, std::vector<int64_t>> by_window;  // key: window, full mapped past every finite one
-  for (size_t h = 0; h < windows.size(); ++h) {
-    const int64_t key = windows[h] == memory::kFullWindow ? std::numeric_limits<int64_t>::max() : windows[h];
-    by_window[key].push_back(static_cast<int64_t>(h));
-  }
+  // kFullWindow orders past every finite window, so the map's order is the layout's.
+  std::map<int64_t, std::vector<int64_t>> by_window;
+  for (size_t h = 0; h < windows.size(); ++h) by_window[windows[h]].push_back(static_cast<int64_t>(h));
   std::vector<HeadGroup> groups;
-  for (auto& [key, heads] : by_window) {
+  for (auto& [window, heads] : by_window) {
     HeadGroup g;
-    g.window = key == std::numeric_limits<int64_t>::max() ? memory::kFullWindow : key;
+    g.window = window;
     g.kv_heads = std::move(heads);
     groups.push_back(std::move(g));
   }

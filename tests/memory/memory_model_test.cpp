@@ -39,7 +39,7 @@ TEST_CASE("global full KV + mamba2 states, by hand (bamba tiny)", "[memory]") {
   CHECK(e.layers[0].bytes == 3 * 9728);
   CHECK(!e.layers[0].kv_head_windows);
   CHECK(e.layers[1].bytes == 3 * 2 * 7168);
-  CHECK(e.layers[1].kv_head_windows == std::vector<int64_t>{0, 0});
+  CHECK(e.layers[1].kv_head_windows == std::vector<int64_t>{memory::kFullWindow, memory::kFullWindow});
   CHECK(memory::full_kv_bytes(spec, opts(100, 3)) == 144384);
   CHECK(memory::fixed_bytes(spec, opts(100, 3)) == 3 * 2 * 9728);
 }
@@ -57,7 +57,7 @@ TEST_CASE("windows with sinks, block rounding, unpaged, dtype", "[memory]") {
   CHECK(memory::estimate(spec, w10, opts(100, 1, 1, 4, DType::kFloat32)).components.global_kv_bytes == 4 * 1792);
   CHECK(memory::estimate(spec, w10, opts(100, 1, 1, 4, DType::kFloat8E4M3)).components.global_kv_bytes == 4 * 448);
   // mixed per-head windows: layer 1 {full, 10}, layer 3 {10, 10}; block 16, sinks 0, C 100
-  memory::HeadWindows mixed{{1, {0, 10}}, {3, {10, 10}}};
+  memory::HeadWindows mixed{{1, {memory::kFullWindow, 10}}, {3, {10, 10}}};
   // full: 112 slots * 64 = 7168; window 10: 16 slots * 64 = 1024
   CHECK(memory::estimate(spec, mixed, opts(100)).components.global_kv_bytes == 7168 + 3 * 1024);
   CHECK(memory::head_bytes(*spec.layer(1).attention, 10, opts(100, 2)) == 2 * 1024);
@@ -107,7 +107,7 @@ TEST_CASE("short conv, mamba1, falcon-h1 and mlp-only layers", "[memory]") {
 
 TEST_CASE("capacity: binary search equals brute force", "[memory]") {
   const auto spec = spec_from_config("bamba_tiny.json");
-  const memory::HeadWindows windows{{1, {0, 8}}, {3, {16, 0}}};
+  const memory::HeadWindows windows{{1, {memory::kFullWindow, 8}}, {3, {16, memory::kFullWindow}}};
   for (int64_t block : {1, 16}) {
     for (int64_t budget : {20000, 40000, 60000, 123456}) {
       auto o = opts(64, 1, block, 2);
@@ -139,9 +139,9 @@ TEST_CASE("bad options and windows name the flag or layer", "[memory]") {
   CHECK_THROWS_WITH(memory::estimate(spec, full, opts(10, 1, 0)), Catch::Contains("--block-size"));
   CHECK_THROWS_WITH(memory::estimate(spec, full, opts(10, 1, 16, -2)), Catch::Contains("--sink-tokens"));
   CHECK_THROWS_WITH(memory::estimate(spec, full, opts(10, 1, 16, 0, DType::kInt8)), Catch::Contains("--kv-dtype"));
-  CHECK_THROWS_WITH(memory::estimate(spec, memory::HeadWindows{{1, {0, 0}}, {2, {0, 0}}, {3, {0, 0}}}, opts(10)),
+  CHECK_THROWS_WITH(memory::estimate(spec, memory::HeadWindows{{1, {memory::kFullWindow, memory::kFullWindow}}, {2, {memory::kFullWindow, memory::kFullWindow}}, {3, {memory::kFullWindow, memory::kFullWindow}}}, opts(10)),
                     Catch::Contains("layer 2"));
-  CHECK_THROWS_WITH(memory::estimate(spec, memory::HeadWindows{{1, {0, 0, 0}}, {3, {0, 0}}}, opts(10)),
+  CHECK_THROWS_WITH(memory::estimate(spec, memory::HeadWindows{{1, {memory::kFullWindow, memory::kFullWindow, memory::kFullWindow}}, {3, {memory::kFullWindow, memory::kFullWindow}}}, opts(10)),
                     Catch::Contains("layer 1") && Catch::Contains("3 KV head windows"));
   CHECK_THROWS_WITH(memory::estimate(spec, memory::HeadWindows{{1, {0, 0}}}, opts(10)), Catch::Contains("layer 3"));
   CHECK_THROWS_AS(memory::estimate(spec, full, opts(int64_t{1} << 62, 1 << 20)), InputError);

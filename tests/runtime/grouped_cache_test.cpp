@@ -62,7 +62,7 @@ TEST_CASE("grouped cache layout: groups, shapes, states match the spec", "[runti
   o.block_size = 16;
   o.sink_tokens = 2;
   // layer 0: heads {full, 8}; layer 1: both 8 → one group of two heads
-  auto cache = GroupedCache::allocate(spec, {{0, {0, 8}}, {1, {8, 8}}}, o);
+  auto cache = GroupedCache::allocate(spec, {{0, {memory::kFullWindow, 8}}, {1, {8, 8}}}, o);
   const auto& l0 = cache.layer(0);
   REQUIRE(l0.groups.size() == 2);
   CHECK(l0.groups[0].window == 8);
