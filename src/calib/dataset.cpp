@@ -15,7 +15,9 @@ struct Record {
   bool is_text = false;
 };
 
-Record parse_record(std::string_view line, const std::string& where, const tokenize::Tokenizer* tokenizer) {
+// Every line is parsed and checked for shape, even after enough sequences are collected,
+// so a broken file is reported whatever --samples is.
+nlohmann::json parse_line(std::string_view line, const std::string& where) {
   nlohmann::json json;
   try {
     json = nlohmann::json::parse(line);
@@ -23,8 +25,14 @@ Record parse_record(std::string_view line, const std::string& where, const token
     throw_input_error("{}: malformed JSON ({})", where, e.what());
   }
   if (!json.is_object()) throw_input_error("{}: expected a JSON object with \"text\" or \"input_ids\"", where);
-  const bool has_text = json.contains("text"), has_ids = json.contains("input_ids");
-  if (has_text == has_ids) throw_input_error("{}: a record needs exactly one of \"text\" and \"input_ids\"", where);
+  if (json.contains("text") == json.contains("input_ids")) {
+    throw_input_error("{}: a record needs exactly one of \"text\" and \"input_ids\"", where);
+  }
+  return json;
+}
+
+Record parse_record(const nlohmann::json& json, const std::string& where, const tokenize::Tokenizer* tokenizer) {
+  const bool has_text = json.contains("text");
   Record record;
   if (has_text) {
     if (!json["text"].is_string()) throw_input_error("{}: field \"text\" must be a string", where);
@@ -117,9 +125,10 @@ CalibrationSet load_calibration_set(const std::filesystem::path& path, const tok
     ++line_number;
     if (line.find_first_not_of(" \t\r") == std::string_view::npos) continue;
     ++set.records_in_file;
-    if (packer.full()) continue;  // still count records, but stop tokenizing
     const std::string where = fmt::format("{}:{}", file, line_number);
-    const Record record = parse_record(line, where, tokenizer);
+    const nlohmann::json json = parse_line(line, where);
+    if (packer.full()) continue;  // still validated, but no longer tokenized
+    const Record record = parse_record(json, where, tokenizer);
     check_vocabulary(record, vocab_size, where);
     (record.is_text ? any_text : any_ids) = true;
     packer.add(record.ids);

@@ -176,6 +176,12 @@ std::string join(const std::vector<std::string>& parts, const std::string& separ
   return out;
 }
 
+std::string spaced(const std::string& text, const std::string& suffix) {
+  std::string out(" ");
+  out.append(text).append(suffix);
+  return out;
+}
+
 int64_t fit_units(const TokenCounter& counter, int64_t length, int64_t max_units,
                   const std::function<std::string(int64_t)>& build, const std::string& task) {
   const auto fits = [&](int64_t n) { return counter.count(build(n)) <= length; };

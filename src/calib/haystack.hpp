@@ -39,6 +39,9 @@ std::vector<std::string> insert_at_depths(std::vector<std::string> sentences,
                                           const std::vector<std::pair<double, std::string>>& items);
 
 std::string join(const std::vector<std::string>& parts, const std::string& separator);
+// " " + text + suffix, written without `const char* + std::string&&`, for which GCC 12
+// emits a false -Wstringop-overflow warning.
+std::string spaced(const std::string& text, const std::string& suffix = "");
 
 // Largest n in [1, max_units] with counter.count(build(n)) <= length; throws InputError
 // naming the task when even n = 1 is too long.
