@@ -42,9 +42,12 @@ import json, pathlib, sys
 out, commands = pathlib.Path(sys.argv[1]), sys.argv[2]
 records = []
 for path in sorted((out / "haystack").glob("*.txt")):
-    for essay in path.read_text(encoding="utf-8").split("\n\n\n"):
-        if essay.strip():
-            records.append({"text": essay.strip() + "\n", "source": f"haystack/{path.name}"})
+    # An essay starts at a title line (no final full stop) and runs to the next title.
+    for line in path.read_text(encoding="utf-8").splitlines():
+        if line.strip() and not line.rstrip().endswith("."):
+            records.append({"text": line.strip() + "\n", "source": f"haystack/{path.name}"})
+        elif line.strip():
+            records[-1]["text"] += "\n" + line.strip() + "\n"
 (out / "plain_essays.jsonl").write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records))
 with open(commands, "a") as f:
     f.write("plain_essays\ttools/make_calib_data.sh (haystack essays, one record each)\n")

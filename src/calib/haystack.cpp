@@ -129,9 +129,12 @@ std::vector<std::string> word_pool(const Haystack& haystack, Rng& rng, size_t co
   // Made-up words from syllables extend the pool when a long list needs more words.
   static const std::vector<std::string> syllables = {"ba", "ke", "lo", "mi", "nu", "ra", "so", "ti", "ve", "zu",
                                                      "dor", "fen", "gal", "hob", "pim", "tur"};
+  // Word n spells n + 256 in base 16 with one syllable per digit: distinct by construction
+  // (at least three syllables), and never running out however long the list.
   std::set<std::string> seen(pool.begin(), pool.end());
-  while (pool.size() < count) {
-    std::string word = rng.pick(syllables) + rng.pick(syllables) + rng.pick(syllables);
+  for (size_t n = 256; pool.size() < count; ++n) {
+    std::string word;
+    for (size_t v = n; v > 0; v /= syllables.size()) word = syllables[v % syllables.size()] + word;
     if (seen.insert(word).second) pool.push_back(word);
   }
   rng.shuffle(pool);
@@ -202,8 +205,9 @@ int64_t fit_units(const TokenCounter& counter, int64_t length, int64_t max_units
 nlohmann::json make_record(const std::string& task, const std::string& prompt, const std::string& answer_text,
                            const std::vector<std::string>& answers, nlohmann::json params,
                            const TokenCounter& counter) {
+  // The prompt is not stored twice: it is text minus the answer_text suffix.
   const std::string text = prompt + answer_text;
-  return {{"task", task},       {"text", text},       {"prompt", prompt},
+  return {{"task", task},       {"text", text},       {"answer_text", answer_text},
           {"answers", answers}, {"params", std::move(params)},
           {"tokens", counter.count(text)}, {"token_counter", counter.name()}};
 }

@@ -11,7 +11,8 @@ nlohmann::json make_common_words(const TaskContext& ctx) {
   constexpr int kCommon = 10;
   const bool short_context = ctx.request.length < 4096;
   const int kCommonFreq = short_context ? 4 : 30, kRareFreq = short_context ? 1 : 3;
-  const int64_t max_rare = std::max<int64_t>(1, ctx.request.length / 2);
+  // Each entry "123. word " is at least ~3 tokens, so length / 3 words is always enough.
+  const int64_t max_rare = std::max<int64_t>(1, ctx.request.length / 3);
   const auto pool = word_pool(ctx.haystack, ctx.rng, static_cast<size_t>(kCommon + max_rare));
   const std::vector<std::string> common(pool.begin(), pool.begin() + kCommon);
   // One fixed permutation of all occurrences, so a shorter list is a sub-list of a longer one.

@@ -83,3 +83,16 @@ TEST_CASE("bad calibration files name file and line", "[calib]") {
   CHECK(error_of(fs::temp_directory_path() / "headwise-dataset-test" / "missing.jsonl", nullptr, 1, 1)
             .find("no such file") != std::string::npos);
 }
+
+TEST_CASE("the shipped calibration sets load with the tokenizer they were sized with", "[calib]") {
+  const fs::path root = fs::path(HEADWISE_SOURCE_DIR) / "calib-data";
+  const auto manifest = read_json_file(root / "manifest.json");
+  const auto tok = tokenize::Tokenizer::from_file(fs::path(HEADWISE_FIXTURES_DIR) / "tokenizers" / "bytelevel_qwen");
+  REQUIRE(manifest["sets"].size() >= 3);
+  for (const auto& entry : manifest["sets"]) {
+    INFO(entry["name"]);
+    const auto set = calib::load_calibration_set(root / entry["file"].get<std::string>(), &tok, 1024, 2, tok.vocab_size());
+    CHECK(set.sequences.size() == 2);
+    CHECK(set.sha256 == entry["sha256"].get<std::string>());  // the manifest is current
+  }
+}

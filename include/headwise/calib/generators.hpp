@@ -3,7 +3,8 @@
 // haystack: single / multi-key / multi-value / multi-query, variable tracking, common-words
 // extraction, QA with distractors) plus LoCoMo-style multi-session dialogue recall.
 // Every record is a JSON object with "text" (prompt followed by the expected answer, what
-// calibration reads), "prompt", "answers", "task", "params", "tokens" and "token_counter".
+// calibration reads), "answer_text" (that final suffix: the prompt is text without it),
+// "answers", "task", "params", "tokens" and "token_counter".
 #include <nlohmann/json.hpp>
 
 #include <cstdint>
