@@ -9,6 +9,10 @@ BPE tokenizers whose pipelines copy real model families:
   sentencepiece_llama2  Prepend + Replace normalizers, byte fallback, fused unk, Strip decoder
   sentencepiece_gemma   Metaspace pre-tokenizer (prepend "first"), byte fallback
 
+The SentencePiece-style trainings are not reproducible run to run (the trainer breaks
+count ties in hash-map order), so rerunning changes those two fixtures; each tokenizer.json
+is always written together with its own references, so parity is unaffected.
+
 It then encodes every line of tests/tokenize/corpus.txt (and the whole file as one text)
 and writes tests/fixtures/tokenizers/<name>/{tokenizer.json,reference.jsonl}. Never edit a
 reference by hand: rerun this script.
