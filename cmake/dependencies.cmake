@@ -45,6 +45,8 @@ find_package(CLI11 REQUIRED)
 find_package(OpenSSL REQUIRED)
 find_package(PkgConfig REQUIRED)
 pkg_check_modules(PCRE2 REQUIRED IMPORTED_TARGET libpcre2-8)
+# ICU: Unicode normalization (NFC/NFKC...) for tokenizer.json normalizers.
+pkg_check_modules(ICU REQUIRED IMPORTED_TARGET icu-uc)
 
 # torch's wheel ships fmt 12 headers in its include folder, which would shadow Debian's fmt 9
 # that spdlog was built against. A -I shim pointing at Debian's fmt is searched before
