@@ -1,8 +1,12 @@
 #include "headwise/calib/calibration_data.hpp"
 
+#include <optional>
+
+#include "headwise/calib/dataset.hpp"
 #include "headwise/calib/synthetic.hpp"
 #include "headwise/core/error.hpp"
 #include "headwise/core/files.hpp"
+#include "headwise/tokenize/tokenizer.hpp"
 
 namespace headwise::calib {
 
@@ -24,7 +28,16 @@ CalibrationData load_calibration_data(const std::string& calib_path, const std::
     data.sha256 = token_ids_sha256(data.sequences);
     return data;
   }
-  throw_unsupported("--calib {}: file input arrives with the dataset reader", calib_path);
+  // Text records need the model's own tokenizer; pre-tokenized files do not.
+  std::optional<tokenize::Tokenizer> tokenizer;
+  const auto tokenizer_path = model_dir / "tokenizer.json";
+  std::error_code ec;
+  if (std::filesystem::exists(tokenizer_path, ec)) tokenizer.emplace(tokenize::Tokenizer::from_file(tokenizer_path));
+  CalibrationSet set = load_calibration_set(calib_path, tokenizer ? &*tokenizer : nullptr, seq_len, samples, vocab_size);
+  data.sequences = std::move(set.sequences);
+  data.description = fmt::format("{} ({} records, format {})", calib_path, set.records_used, set.format);
+  data.sha256 = set.sha256;
+  return data;
 }
 
 }  // namespace headwise::calib

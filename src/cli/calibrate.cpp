@@ -15,6 +15,7 @@
 #include "headwise/core/error.hpp"
 #include "headwise/core/files.hpp"
 #include "headwise/core/units.hpp"
+#include "headwise/core/window.hpp"
 #include "headwise/io/checkpoint.hpp"
 #include "headwise/memory/memory_model.hpp"
 #include "headwise/policy/policy.hpp"
@@ -62,6 +63,13 @@ std::string model_name_of(const fs::path& dir, const arch::ModelSpec& spec) {
   return clean.filename().string().empty() ? spec.model_type : clean.filename().string();
 }
 
+// model_path is read relative to the policy's own folder (mem-estimate, regen), so policies
+// committed next to a model keep working from any checkout.
+std::string model_path_for(const fs::path& model_dir, const std::string& policy_path) {
+  const fs::path policy_dir = fs::absolute(fs::path(policy_path)).parent_path();
+  return fs::absolute(model_dir).lexically_normal().lexically_relative(policy_dir.lexically_normal()).string();
+}
+
 void check_outputs_writable(const CalibrateArgs& args) {
   for (const auto& path : {args.output, args.report, args.plot}) {
     if (path.empty()) continue;
@@ -76,6 +84,20 @@ void refuse_if_it_cannot_fit(const calib::MemoryPlan& plan) {
     throw InfeasibleError(fmt::format("calibration needs about {} but only {} is available; lower --samples, --seq-len or "
                                       "--micro-batch, or use --activations host",
                                       format_bytes(plan.device_peak_bytes()), format_bytes(*plan.available_bytes)));
+  }
+}
+
+// A window at least as long as the calibration sequences truncates nothing there, so its
+// measured distortion is 0 whatever it does at the deployed context. Say so plainly.
+void warn_about_unmeasurable_levels(const measure::WindowLadder& ladder, int64_t seq_len, int64_t context) {
+  std::vector<std::string> blind;
+  for (int64_t w : ladder.levels) {
+    if (w != kFullWindow && w >= seq_len && w < context) blind.push_back(format_tokens(w));
+  }
+  if (!blind.empty()) {
+    spdlog::warn("window levels {} are >= --seq-len {}: calibration cannot tell them from full KV (their measured "
+                 "distortion is 0); calibrate with longer sequences to rank them",
+                 fmt::format("{}", fmt::join(blind, ",")), seq_len);
   }
 }
 
@@ -130,6 +152,8 @@ void run_calibrate(const CalibrateArgs& args) {
                dir.string(), spec.num_layers(), spec.global_layer_ids().size(), data.sequences.size(), seq_len,
                ladder.to_string(), format_bytes(budget), format_bytes(fixed));
 
+  warn_about_unmeasurable_levels(ladder, seq_len, mem.context);
+
   calib::SeqCalibOptions options;
   options.ladder = ladder;
   options.global_budget_bytes = budget - fixed;
@@ -145,7 +169,7 @@ void run_calibrate(const CalibrateArgs& args) {
 
   policy::Policy policy;
   policy.model_name = model_name_of(dir, spec);
-  policy.model_path = dir.string();
+  policy.model_path = model_path_for(dir, args.output);
   policy.fingerprint = policy::fingerprint_model(dir);
   policy.budget_gb = static_cast<double>(budget) / static_cast<double>(int64_t{1} << 30);
   policy.context = mem.context;
