@@ -101,6 +101,8 @@ void LayerPrefetcher::start(int64_t layer, std::vector<PrefetchTensor> tensors) 
   job_ = std::move(job);
 }
 
+bool LayerPrefetcher::pending(int64_t layer) const { return job_ && job_->layer == layer; }
+
 std::map<std::string, at::Tensor> LayerPrefetcher::take(int64_t layer) {
   if (!pending(layer)) return {};
   std::map<std::string, at::Tensor> loaded = job_->result.get();  // rethrows the thread's errors

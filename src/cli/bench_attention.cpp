@@ -10,6 +10,7 @@
 #include "bench.hpp"
 #include "headwise/arch/attention.hpp"
 #include "headwise/measure/multiwindow.hpp"
+#include "headwise/measure/multiwindow_cuda.hpp"
 
 namespace headwise::cli::bench {
 
@@ -60,7 +61,25 @@ nlohmann::json bench_multiwindow(const AttentionBenchShape& s, const at::Device&
   const double full_ms = best_ms(device, s.repeats, [&] {
     (void)arch::windowed_attention(in, kFullWindow, 0, s.chunk);
   });
-  return {{"multiwindow_speedup", masked / onepass},
+  nlohmann::json aten;
+#ifdef HEADWISE_WITH_CUDA
+  if (device.is_cuda()) {
+    // The same calls through the ATen path (cuBLAS products, masked softmax), for comparison.
+    measure::set_cuda_kernels_enabled(false);
+    aten["aten_multiwindow_masked_ms"] = best_ms(device, s.repeats, [&] {
+      for (int64_t w : ladder.levels) (void)arch::windowed_attention(in, w, 0, s.chunk);
+    });
+    aten["aten_multiwindow_onepass_ms"] = best_ms(device, s.repeats, [&] {
+      measure::for_each_chunk_levels(in, ladder, 0, s.chunk, [](int64_t, int64_t, const auto&, const auto&) {});
+    });
+    aten["aten_full_attention_ms"] = best_ms(device, s.repeats, [&] {
+      (void)arch::windowed_attention(in, kFullWindow, 0, s.chunk);
+    });
+    measure::set_cuda_kernels_enabled(true);
+  }
+#endif
+  nlohmann::json result = {{"multiwindow_speedup", masked / onepass},
+          {"multiwindow_over_full_attention", onepass / full_ms},
           {"multiwindow_measure_speedup", masked / measure_ms},
           {"multiwindow_levels", ladder.to_string()},
           {"multiwindow_masked_ms", masked},
@@ -70,6 +89,8 @@ nlohmann::json bench_multiwindow(const AttentionBenchShape& s, const at::Device&
           {"multiwindow_shape",
            {{"batch", s.batch}, {"heads", s.heads}, {"kv_heads", s.kv_heads}, {"steps", s.steps},
             {"head_dim", s.head_dim}, {"chunk", s.chunk}, {"dtype", c10::toString(dtype)}}}};
+  if (!aten.is_null()) result.update(aten);
+  return result;
 }
 
 }  // namespace headwise::cli::bench

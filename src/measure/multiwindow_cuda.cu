@@ -22,8 +22,13 @@
 #include <cuda_fp16.h>
 
 #include <algorithm>
+#include <atomic>
+#include <cstdlib>
+#include <string_view>
 
-#include "headwise/core/error.hpp"
+// Checks use TORCH_CHECK, not HEADWISE_CHECK: fmt's consteval format strings do not compile
+// under nvcc.
+
 #include "headwise/core/window.hpp"
 #include "headwise/measure/multiwindow_cuda.hpp"
 
@@ -148,7 +153,7 @@ template <typename T>
 void launch_typed(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, at::Tensor& out, const Params& p) {
   const int64_t rows = p.batch * p.heads * (p.t1 - p.t0);
   const int64_t blocks = (rows + kWarpsPerBlock - 1) / kWarpsPerBlock;
-  HEADWISE_CHECK(blocks < (int64_t{1} << 31), "multi-window kernel: {} rows is too many for one launch", rows);
+  TORCH_CHECK(blocks < (int64_t{1} << 31), "multi-window kernel: ", rows, " rows is too many for one launch");
   const dim3 grid(static_cast<unsigned>(blocks)), block(32 * kWarpsPerBlock);
   auto stream = at::cuda::getCurrentCUDAStream();
   const T* qp = reinterpret_cast<const T*>(q.data_ptr());
@@ -164,7 +169,7 @@ void launch_typed(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
     case 6: multiwindow_kernel<T, 6><<<grid, block, 0, stream>>>(qp, kp, vp, op, p); break;
     case 7: multiwindow_kernel<T, 7><<<grid, block, 0, stream>>>(qp, kp, vp, op, p); break;
     case 8: multiwindow_kernel<T, 8><<<grid, block, 0, stream>>>(qp, kp, vp, op, p); break;
-    default: HEADWISE_CHECK(false, "multi-window kernel: head_dim {} unsupported", p.head_dim);
+    default: TORCH_CHECK(false, "multi-window kernel: head_dim ", p.head_dim, " unsupported");
   }
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
@@ -197,14 +202,28 @@ at::Tensor run(const arch::AttentionInputs& in, const Params& p, int64_t levels)
     case at::kFloat: launch_typed<float>(q, k, v, out, p); break;
     case at::kBFloat16: launch_typed<__nv_bfloat16>(q, k, v, out, p); break;
     case at::kHalf: launch_typed<__half>(q, k, v, out, p); break;
-    default: HEADWISE_CHECK(false, "multi-window kernel: dtype {} unsupported", c10::toString(type));
+    default: TORCH_CHECK(false, "multi-window kernel: dtype ", c10::toString(type), " unsupported");
   }
   return out;
 }
 
 }  // namespace
 
+namespace {
+std::atomic<bool>& kernels_switch() {
+  static std::atomic<bool> enabled{[] {
+    const char* env = std::getenv("HEADWISE_CUDA_KERNELS");
+    return env == nullptr || std::string_view(env) != "0";
+  }()};
+  return enabled;
+}
+}  // namespace
+
+void set_cuda_kernels_enabled(bool enabled) { kernels_switch() = enabled; }
+bool cuda_kernels_enabled() { return kernels_switch(); }
+
 bool cuda_multiwindow_supported(const arch::AttentionInputs& in, size_t finite_edges) {
+  if (!cuda_kernels_enabled()) return false;
   const auto type = in.q.scalar_type();
   const int64_t hd = in.q.size(3);
   return in.q.is_cuda() && in.k.device() == in.q.device() && in.v.device() == in.q.device() &&
@@ -215,7 +234,7 @@ bool cuda_multiwindow_supported(const arch::AttentionInputs& in, size_t finite_e
 
 at::Tensor cuda_multiwindow_levels(const arch::AttentionInputs& in, const std::vector<int64_t>& edges,
                                    int64_t sink_tokens, int64_t t0, int64_t t1) {
-  HEADWISE_CHECK(cuda_multiwindow_supported(in, edges.size()), "multi-window kernel: unsupported inputs");
+  TORCH_CHECK(cuda_multiwindow_supported(in, edges.size()), "multi-window kernel: unsupported inputs");
   Params p = make_params(in, sink_tokens, t0, t1);
   p.num_edges = static_cast<int>(edges.size());
   std::copy(edges.begin(), edges.end(), p.edges);
@@ -225,8 +244,8 @@ at::Tensor cuda_multiwindow_levels(const arch::AttentionInputs& in, const std::v
 
 at::Tensor cuda_windowed_attention(const arch::AttentionInputs& in, std::span<const int64_t> kv_windows,
                                    int64_t sink_tokens) {
-  HEADWISE_CHECK(cuda_multiwindow_supported(in, 0), "windowed attention kernel: unsupported inputs");
-  HEADWISE_CHECK(static_cast<int64_t>(kv_windows.size()) == in.k.size(1), "one window per KV head");
+  TORCH_CHECK(cuda_multiwindow_supported(in, 0), "windowed attention kernel: unsupported inputs");
+  TORCH_CHECK(static_cast<int64_t>(kv_windows.size()) == in.k.size(1), "one window per KV head");
   Params p = make_params(in, sink_tokens, 0, in.q.size(2));
   const at::Tensor windows =
       at::tensor(std::vector<int64_t>(kv_windows.begin(), kv_windows.end()), at::kLong).to(in.q.device());

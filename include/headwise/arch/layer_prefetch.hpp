@@ -38,7 +38,7 @@ class LayerPrefetcher {
 
   // Starts loading `tensors` of `layer`; a job in flight for another layer is finished first.
   void start(int64_t layer, std::vector<PrefetchTensor> tensors);
-  bool pending(int64_t layer) const { return job_ && job_->layer == layer; }
+  bool pending(int64_t layer) const;
   // Waits for the job of `layer` (if any) and returns its tensors, ready on the current
   // stream. On CPU the map is empty: pages are resident, conversion is up to the caller.
   std::map<std::string, at::Tensor> take(int64_t layer);

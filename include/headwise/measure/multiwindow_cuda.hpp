@@ -15,8 +15,15 @@ namespace headwise::measure {
 
 // The fused kernel covers: q/k/v on one CUDA device, fp32/bf16/fp16, head_dim a multiple of
 // 32 up to 256, at most kCudaMaxEdges finite windows, no learned sink logits.
+// False when the kernels are switched off.
 inline constexpr int kCudaMaxEdges = 16;
 bool cuda_multiwindow_supported(const arch::AttentionInputs& in, size_t finite_edges);
+
+// Process-wide switch, on by default; the environment variable HEADWISE_CUDA_KERNELS=0 starts
+// it off. Off, every CUDA input takes the ATen path: an escape hatch, and the baseline the
+// benchmark compares the kernel with.
+void set_cuda_kernels_enabled(bool enabled);
+bool cuda_kernels_enabled();
 
 // Per-level outputs for query rows [t0, t1): [edges.size() + 1, B, heads, t1 - t0, hd] fp32;
 // index e < edges.size() is the window edges[e] (plus sinks), the last one the full output.
