@@ -13,6 +13,7 @@
 #include "headwise/calib/activations.hpp"
 #include "headwise/core/error.hpp"
 #include "headwise/core/progress.hpp"
+#include "headwise/core/resources.hpp"
 #include "headwise/core/units.hpp"
 #include "headwise/measure/multiwindow.hpp"
 #include "headwise/solve/mckp.hpp"
@@ -100,6 +101,7 @@ class SeqCalibRun {
 
   SeqCalibResult run() {
     const auto start = Clock::now();
+    reset_peak_device_bytes(model_.device());
     validate();
     probe();
     if (!options_.conditioned) plan_unconditioned();
@@ -107,6 +109,7 @@ class SeqCalibRun {
     complete();
     result_.total_seconds = seconds_since(start);
     result_.peak_rss_bytes = read_peak_rss_bytes();
+    result_.peak_device_bytes = peak_device_bytes(model_.device());
     return std::move(result_);
   }
 
@@ -132,6 +135,7 @@ class SeqCalibRun {
     MeasuringCore core(options_, model_.attention_chunk(), accumulators, nullptr);
     Progress progress("probe (full KV)", spec_.num_layers());
     for (int64_t i = 0; i < spec_.num_layers(); ++i) {
+      model_.prefetch_layer(i + 1);  // loads while layer i computes
       stream.apply([&](const at::Tensor& h) { return model_.run_layer(i, h, {&core, nullptr, 0}); });
       model_.release_layer(i);
       progress.update(i + 1, fmt::format("layer {} {}", i, layer_kind_name(spec_.layer(i).kind)));
@@ -205,6 +209,7 @@ class SeqCalibRun {
     Progress progress(options_.conditioned ? "SeqCalib" : "calibrate (unconditioned)", spec_.num_layers());
     for (int64_t i = 0; i < spec_.num_layers(); ++i) {
       const auto start = Clock::now();
+      model_.prefetch_layer(i + 1);  // loads while layer i computes
       LayerReport report{i, std::string(layer_kind_name(spec_.layer(i).kind))};
       if (spec_.layer(i).is_global()) {
         run_global_layer(i, stream, policy_core, report);
