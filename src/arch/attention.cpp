@@ -37,6 +37,7 @@ at::Tensor windowed_attention(const AttentionInputs& in, std::span<const int64_t
   HEADWISE_CHECK(num_heads % num_kv == 0 && in.k.size(2) == steps, "attention shapes q {} k {}", shape_string(in.q.sizes()), shape_string(in.k.sizes()));
   HEADWISE_CHECK(chunk > 0, "chunk must be positive");
   const int64_t group = num_heads / num_kv;
+  for (int64_t w : kv_windows) HEADWISE_CHECK(w > 0, "window {} must be positive", w);
 #ifdef HEADWISE_WITH_CUDA
   // The fused kernel visits only each head's window (no masked work) and needs no O(chunk x T)
   // score workspace; inputs it does not cover take the ATen path below, which runs on CUDA too.
