@@ -1,6 +1,9 @@
 // `headwise-calc eval`: the policy and baselines at the policy's bytes, run through the
 // runtime decoder (windows applied physically) on retrieval tasks; accuracy, KL vs full,
 // perplexity, cache bytes (measured and estimated), throughput.
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
 #include <iostream>
 #include <sstream>
 

@@ -3,6 +3,7 @@
 #include <c10/core/InferenceMode.h>
 
 #include <chrono>
+#include <cmath>
 
 #include "headwise/core/error.hpp"
 #include "headwise/eval/eval.hpp"

@@ -118,7 +118,7 @@ at::Tensor CachedAttentionCore::attend(const arch::AttentionInputs& in) {
   HEADWISE_CHECK(batch == o.batch, "batch {} but the cache holds {} sequences", batch, o.batch);
   HEADWISE_CHECK(filled + steps <= o.context, "positions up to {} exceed the cache context {}", filled + steps, o.context);
   const int64_t group = num_heads / num_kv;
-  const at::Tensor q = in.q.view({batch, num_kv, group, steps, head_dim});
+  const at::Tensor q = in.q.reshape({batch, num_kv, group, steps, head_dim});
   LayerCache& layer = cache_.layer(in.layer_id);
   const auto long_opts = at::TensorOptions().dtype(at::kLong).device(in.q.device());
 

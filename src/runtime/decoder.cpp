@@ -64,7 +64,7 @@ at::Tensor Decoder::decode_step(const at::Tensor& tokens) {
   c10::InferenceMode inference;
   HEADWISE_CHECK(tokens.dim() == 1 && tokens.size(0) == cache_.options().batch, "decode tokens {} for a cache of batch {}",
                  arch::shape_string(tokens.sizes()), cache_.options().batch);
-  return run_chunk(tokens.view({-1, 1})).select(1, 0);
+  return run_chunk(tokens.reshape({-1, 1})).select(1, 0);
 }
 
 at::Tensor Decoder::generate(int64_t n) {

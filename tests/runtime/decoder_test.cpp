@@ -3,6 +3,7 @@
 // (calib::PolicyAttentionCore) with random per-head windows and sinks; the bytes it holds stay
 // equal to memory::estimate through prefill and decode.
 #include <catch2/catch.hpp>
+#include <ATen/CPUGeneratorImpl.h>
 #include <c10/core/InferenceMode.h>
 
 #include <random>

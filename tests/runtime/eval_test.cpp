@@ -2,6 +2,7 @@
 // bytes through the CLI, full KV has KL 0, and bad input fails with one line.
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <cstdio>
 #include <nlohmann/json.hpp>
 #include <random>

@@ -40,6 +40,9 @@ class Decoder {
   // Allocates the grouped cache for `windows` at `options` on the model's device. The model
   // must outlive the decoder.
   Decoder(arch::DecoderModel& model, const memory::HeadWindows& windows, const memory::MemoryOptions& options);
+  // The attention core refers to the cache member: neither may move.
+  Decoder(const Decoder&) = delete;
+  Decoder& operator=(const Decoder&) = delete;
 
   // Forgets the sequence: zeroes every buffer and state in place (no reallocation).
   void reset();
