@@ -77,7 +77,7 @@ TEST_CASE("decoder with every head full equals the plain forward on every fixtur
     const at::Tensor reference = model->forward(ids);
     // Context exactly the sequence: full rings fill to their last slot; block 16 adds padding.
     runtime::Decoder decoder(*model, memory::full_kv_windows(model->spec()), options_for(model->spec(), kSteps, 16, 0));
-    for (int64_t chunk : {1, 3, 16, kSteps}) {
+    for (int64_t chunk : std::vector<int64_t>{1, 3, 16, kSteps}) {
       check_close(decoder_logits(decoder, ids, chunk), reference, name + " chunk " + std::to_string(chunk));
     }
   }
