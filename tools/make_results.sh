@@ -1,23 +1,28 @@
 #!/usr/bin/env bash
-# Regenerates docs/results.md: calibrates the default model's policy into policies/ (the same
-# recipe as tools/run-default.sh) and evaluates it against every baseline at the same bytes
-# through the runtime decoder. Deterministic for a given model (seeds are fixed).
-#   MODEL=models/other tools/make_results.sh   # another model; SAMPLES / SEQ_LEN override sizes
+# Regenerates docs/results.md: calibrates the default model's policy into policies/ and evaluates
+# it against every baseline at the same bytes through the runtime decoder. Deterministic for a
+# given model (seeds are fixed).
+# The policy's context equals the evaluated length: a policy budgeted for a longer context than
+# eval runs would let the baselines' windows cover every evaluated token (all equal to full KV),
+# which says nothing. The budget (1 MiB) is about half of full KV at 2K on the default model.
+#   MODEL=models/other BUDGET=... tools/make_results.sh   # SAMPLES / CONTEXT override sizes
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
 model=${MODEL:-models/tiny-qwen3-next}
 name=$(basename "$model")
 policy=policies/$name.yaml
-samples=${SAMPLES:-8}
-seq_len=${SEQ_LEN:-2k}
+samples=${SAMPLES:-4}
+context=${CONTEXT:-2k}
+budget=${BUDGET:-1m}
 bin=build/bin/headwise-calc
 [ -x "$bin" ] || tools/build.sh
 mkdir -p policies docs out
 
-calibrate=("$bin" --model "$model" --context 32k --budget 8m --windows 64,256,1k,full --seq-len 2k --samples 4 --seed 0
-           -o "$policy" --quiet)
-evaluate=("$bin" eval --model "$model" --policy "$policy" --samples "$samples" --seq-len "$seq_len" --seed 0 --json --quiet)
+calibrate=("$bin" --model "$model" --context "$context" --budget "$budget" --windows 64,256,1k,full --seq-len "$context"
+           --samples 4 --seed 0 -o "$policy" --quiet)
+evaluate=("$bin" eval --model "$model" --policy "$policy" --samples "$samples" --seq-len "$context" --calib-samples 2
+          --seed 0 --json --quiet)
 "${calibrate[@]}"
 "${evaluate[@]}" > out/results.json
 
