@@ -3,6 +3,7 @@
 #include <map>
 #include <sstream>
 
+#include "headwise/core/error.hpp"
 #include "headwise/core/units.hpp"
 #include "headwise/memory/memory_model.hpp"
 
