@@ -44,6 +44,9 @@ nlohmann::json read_json_file(const fs::path& path) {
       }
     }
     throw_input_error("{}:{}:{}: malformed JSON", path.string(), line, column);
+  } catch (const nlohmann::json::exception& e) {
+    // A number out of double range (1e999) is out_of_range, not parse_error (fuzzing finding).
+    throw_input_error("{}: malformed JSON: {}", path.string(), e.what());
   }
 }
 
