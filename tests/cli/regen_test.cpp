@@ -104,7 +104,7 @@ TEST_CASE("regen writes, skips what is up to date, and --check catches a hand ed
 }
 
 TEST_CASE("the manifest reader is strict and names the entry and key", "[policy]") {
-  const std::string good = "policies:\n  - {name: a, model: m, context: 4k, budget: 1g, windows: 64,full, seed: 0, output: a.yaml}\n";
+  const std::string good = "policies:\n  - {name: a, model: m, context: 4k, budget: 1g, windows: '64,full', seed: 0, output: a.yaml}\n";
   const auto m = regen::parse_manifest(good, "m.yaml", "/base");
   REQUIRE(m.entries.size() == 1);
   CHECK(m.entries[0].request.model == "/base/m");

@@ -4,6 +4,7 @@
 #include <nlohmann/json.hpp>
 
 #include "../arch/fixture_reference.hpp"
+#include "../test_configs.hpp"
 #include "headwise/arch/registry.hpp"
 #include "headwise/core/error.hpp"
 #include "headwise/core/files.hpp"
@@ -26,4 +27,21 @@ TEST_CASE("fuzz: a JSON file with a number out of double range is an InputError 
   write_file_atomically(dir.path() / "config.json", R"({"hidden_size": 1e999})");
   CHECK_THROWS_MATCHES(read_json_file(dir.path() / "config.json"), InputError,
                        Catch::Matchers::Contains("config.json: malformed JSON"));
+}
+
+// fuzz_config_spec: hidden_size 6.5e124 reached static_cast<int64_t>(double), undefined
+// behaviour (UBSan), in ConfigReader::get_int; the same cast guarded in rope parameters.
+TEST_CASE("fuzz: config integers beyond int64 are InputErrors naming the field", "[arch]") {
+  nlohmann::json config = read_json_file(testing::config_dir() / "gpt_oss_tiny.json");
+  config["hidden_size"] = 6.5e124;
+  CHECK_THROWS_MATCHES(arch::build_model_spec(config, "c.json"), InputError,
+                       Catch::Matchers::Contains("c.json: field 'hidden_size' is out of range"));
+  config["hidden_size"] = 18446744073709551615ULL;
+  CHECK_THROWS_MATCHES(arch::build_model_spec(config, "c.json"), InputError,
+                       Catch::Matchers::Contains("field 'hidden_size' is out of range"));
+  nlohmann::json llama = read_json_file(std::filesystem::path(HEADWISE_FIXTURES_DIR) / "llama_rope3" / "config.json");
+  llama["rope_scaling"] = {{"rope_type", "llama3"}, {"factor", 8.0}, {"low_freq_factor", 1.0}, {"high_freq_factor", 4.0},
+                           {"original_max_position_embeddings", 1e30}};
+  CHECK_THROWS_MATCHES(arch::build_model_spec(llama, "l.json"), InputError,
+                       Catch::Matchers::Contains("rope_scaling.original_max_position_embeddings' is out of range"));
 }
