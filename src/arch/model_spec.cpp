@@ -1,6 +1,8 @@
 #include "headwise/arch/model_spec.hpp"
 
 #include <array>
+#include <cmath>
+#include <cstdint>
 #include <utility>
 
 #include "headwise/core/error.hpp"
@@ -80,9 +82,14 @@ const nlohmann::json& ConfigReader::get(std::string_view key) const {
 
 int64_t ConfigReader::get_int(std::string_view key) const {
   const auto& value = get(key);
+  if (value.is_number_unsigned() && value.get<uint64_t>() > static_cast<uint64_t>(INT64_MAX)) fail(key, "is out of range");
   if (value.is_number_integer()) return value.get<int64_t>();
-  if (value.is_number_float() && value.get<double>() == static_cast<double>(static_cast<int64_t>(value.get<double>()))) {
-    return static_cast<int64_t>(value.get<double>());
+  if (value.is_number_float()) {
+    // Range first: casting a double outside int64 is undefined behaviour (fuzz_config_spec
+    // found 6.5e124 as hidden_size). 2^63 is exactly representable; every double below it fits.
+    const double d = value.get<double>();
+    if (!(d >= -9223372036854775808.0 && d < 9223372036854775808.0)) fail(key, "is out of range");
+    if (d == std::trunc(d)) return static_cast<int64_t>(d);
   }
   fail(key, "must be an integer");
 }
@@ -135,6 +142,7 @@ std::vector<int64_t> ConfigReader::get_int_list(std::string_view key) const {
   std::vector<int64_t> out;
   for (const auto& item : value) {
     if (!item.is_number_integer()) fail(key, "must be a list of integers");
+    if (item.is_number_unsigned() && item.get<uint64_t>() > static_cast<uint64_t>(INT64_MAX)) fail(key, "is out of range");
     out.push_back(item.get<int64_t>());
   }
   return out;

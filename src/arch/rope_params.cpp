@@ -56,6 +56,10 @@ RopeParameters read_rope_object(const ConfigReader& reader, const nlohmann::json
     const double original = number_field(reader, object, field, "original_max_position_embeddings",
                                          static_cast<double>(reader.get_positive_int("max_position_embeddings", 0)));
     if (!(original > 0)) reader.fail(fmt::format("{}.original_max_position_embeddings", field), "is missing");
+    // The cast below is undefined beyond int64 (the class of bug fuzz_config_spec found in get_int).
+    if (!(original < 9223372036854775808.0)) {
+      reader.fail(fmt::format("{}.original_max_position_embeddings", field), "is out of range");
+    }
     p.original_max_position_embeddings = static_cast<int64_t>(original);
   }
   return p;

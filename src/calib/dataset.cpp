@@ -21,7 +21,7 @@ nlohmann::json parse_line(std::string_view line, const std::string& where) {
   nlohmann::json json;
   try {
     json = nlohmann::json::parse(line);
-  } catch (const nlohmann::json::parse_error& e) {
+  } catch (const nlohmann::json::exception& e) {  // parse_error, or out_of_range for 1e999
     throw_input_error("{}: malformed JSON ({})", where, e.what());
   }
   if (!json.is_object()) throw_input_error("{}: expected a JSON object with \"text\" or \"input_ids\"", where);

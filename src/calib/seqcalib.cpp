@@ -11,6 +11,7 @@
 
 #include "headwise/arch/attention.hpp"
 #include "headwise/calib/activations.hpp"
+#include "headwise/calib/walk_state.hpp"
 #include "headwise/core/error.hpp"
 #include "headwise/core/progress.hpp"
 #include "headwise/core/resources.hpp"
@@ -84,6 +85,18 @@ void append(std::vector<T>& to, const std::vector<T>& from) {
   to.insert(to.end(), from.begin(), from.end());
 }
 
+// A NaN/Inf in the hidden states would otherwise surface layers later as a NaN distortion of
+// some unrelated head, or silently as garbage curves. One reduction per layer output is cheap
+// next to the layer itself.
+at::Tensor checked_finite(at::Tensor hidden, int64_t layer_id, arch::LayerKind kind) {
+  if (at::isfinite(hidden).all().item<bool>()) return hidden;
+  const at::Tensor bad = at::nonzero(at::logical_not(at::isfinite(hidden)))[0].cpu();
+  throw NumericError(fmt::format("layer {} ({}): output hidden state is NaN/Inf (first at sequence {}, token {}, channel "
+                                 "{}): check the layer's weights",
+                                 layer_id, layer_kind_name(kind), bad[0].item<int64_t>(), bad[1].item<int64_t>(),
+                                 bad[2].item<int64_t>()));
+}
+
 int64_t read_peak_rss_bytes() {
   std::ifstream status("/proc/self/status");
   std::string line;
@@ -103,7 +116,11 @@ class SeqCalibRun {
     const auto start = Clock::now();
     reset_peak_device_bytes(model_.device());
     validate();
-    probe();
+    if (options_.resume) {
+      restore(*options_.resume);
+    } else {
+      probe();
+    }
     if (!options_.conditioned) plan_unconditioned();
     walk();
     complete();
@@ -136,7 +153,12 @@ class SeqCalibRun {
     Progress progress("probe (full KV)", spec_.num_layers());
     for (int64_t i = 0; i < spec_.num_layers(); ++i) {
       model_.prefetch_layer(i + 1);  // loads while layer i computes
-      stream.apply([&](const at::Tensor& h) { return model_.run_layer(i, h, {&core, nullptr, 0}); });
+      stream.apply([&](const at::Tensor& h) {
+        at::Tensor out = model_.run_layer(i, h, {&core, nullptr, 0});
+        // A global layer's NaN is reported by head (its distortions) before the hidden check.
+        if (const auto it = accumulators.find(i); it != accumulators.end()) it->second.check_finite(i);
+        return checked_finite(std::move(out), i, spec_.layer(i).kind);
+      });
       model_.release_layer(i);
       progress.update(i + 1, fmt::format("layer {} {}", i, layer_kind_name(spec_.layer(i).kind)));
     }
@@ -152,6 +174,28 @@ class SeqCalibRun {
     result_.probe_seconds = seconds_since(start);
     spdlog::info("probe: {} global layers measured on {} sequences in {:.1f}s, lambda {:.4g}", probe_groups_.size(),
                  samples, result_.probe_seconds, result_.probe_lambda);
+  }
+
+  // Resume: the probe and the decisions up to state.last_layer come from the checkpoint.
+  void restore(const WalkState& state) {
+    probe_groups_ = state.probe_groups;
+    for (const auto& [layer_id, groups] : probe_groups_) append(result_.probe_curves, to_curves(groups));
+    result_.probe_lambda = state.probe_lambda;
+    result_.probe_seconds = state.probe_seconds;
+    result_.windows = state.windows;
+    result_.layers = state.layers;
+    result_.curves = to_curves(state.decided_groups);
+    decided_groups_ = state.decided_groups;
+    decided_choice_ = state.decided_choice;
+    spent_ = state.spent;
+    replay_until_ = state.last_layer;
+    spdlog::info("resuming after layer {}: {} global layers decided, {} spent", state.last_layer, state.windows.size(),
+                 format_bytes(spent_));
+  }
+
+  WalkState state_after(int64_t layer_id) const {
+    return {layer_id, probe_groups_, result_.probe_lambda, result_.probe_seconds, result_.windows, decided_groups_,
+            decided_choice_, spent_, result_.layers};
   }
 
   // The ablation baseline: one exact solve over curves measured with full KV below.
@@ -208,13 +252,21 @@ class SeqCalibRun {
     PolicyAttentionCore policy_core(result_.windows, options_.sink_tokens, model_.attention_chunk());
     Progress progress(options_.conditioned ? "SeqCalib" : "calibrate (unconditioned)", spec_.num_layers());
     for (int64_t i = 0; i < spec_.num_layers(); ++i) {
+      if (i <= replay_until_) {  // decided before the interruption: recompute the stream only
+        stream.apply([&](const at::Tensor& h) { return model_.run_layer(i, h, {&policy_core, nullptr, 0}); });
+        model_.release_layer(i);
+        progress.update(i + 1, fmt::format("layer {} replayed", i));
+        continue;
+      }
       const auto start = Clock::now();
       model_.prefetch_layer(i + 1);  // loads while layer i computes
       LayerReport report{i, std::string(layer_kind_name(spec_.layer(i).kind))};
       if (spec_.layer(i).is_global()) {
         run_global_layer(i, stream, policy_core, report);
       } else {
-        stream.apply([&](const at::Tensor& h) { return model_.run_layer(i, h, {&policy_core, nullptr, 0}); });
+        stream.apply([&](const at::Tensor& h) {
+          return checked_finite(model_.run_layer(i, h, {&policy_core, nullptr, 0}), i, spec_.layer(i).kind);
+        });
       }
       model_.release_layer(i);
       report.seconds = seconds_since(start);
@@ -223,6 +275,7 @@ class SeqCalibRun {
                                  ? fmt::format("layer {} global: {} spent, lambda {:.3g}", i,
                                                format_bytes(spent_), report.lambda)
                                  : fmt::format("layer {} {}", i, report.kind));
+      if (spec_.layer(i).is_global() && options_.checkpoint) options_.checkpoint(state_after(i));
       if (spec_.layer(i).is_global() && options_.after_global_layer) options_.after_global_layer(i);
     }
     progress.finish();
@@ -235,14 +288,18 @@ class SeqCalibRun {
         result_.windows[layer_id] = decide(layer_id, accumulators.at(layer_id), report);
         return result_.windows[layer_id];
       });
-      stream.apply([&](const at::Tensor& h) { return model_.run_layer(i, h, {&core, nullptr, 0}); });
+      stream.apply([&](const at::Tensor& h) {
+        return checked_finite(model_.run_layer(i, h, {&core, nullptr, 0}), i, spec_.layer(i).kind);
+      });
       return;
     }
     // Several micro-batches: measure them all, decide, then propagate under the decision.
     MeasuringCore core(options_, model_.attention_chunk(), accumulators, nullptr);
     stream.visit([&](const at::Tensor& h) { model_.run_layer(i, h, {&core, nullptr, 0}); });
     result_.windows[i] = decide(i, accumulators.at(i), report);
-    stream.apply([&](const at::Tensor& h) { return model_.run_layer(i, h, {&policy_core, nullptr, 0}); });
+    stream.apply([&](const at::Tensor& h) {
+      return checked_finite(model_.run_layer(i, h, {&policy_core, nullptr, 0}), i, spec_.layer(i).kind);
+    });
   }
 
   // Exact completion: spend what the controller left on the best upgrades.
@@ -274,6 +331,7 @@ class SeqCalibRun {
   std::vector<solve::Group> decided_groups_;
   std::vector<size_t> decided_choice_;
   int64_t spent_ = 0;
+  int64_t replay_until_ = -1;  // resume: layers 0..replay_until_ were decided before
 };
 
 }  // namespace

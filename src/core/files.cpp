@@ -1,5 +1,6 @@
 #include "headwise/core/files.hpp"
 
+#include <fcntl.h>
 #include <openssl/evp.h>
 #include <unistd.h>
 
@@ -43,6 +44,9 @@ nlohmann::json read_json_file(const fs::path& path) {
       }
     }
     throw_input_error("{}:{}:{}: malformed JSON", path.string(), line, column);
+  } catch (const nlohmann::json::exception& e) {
+    // A number out of double range (1e999) is out_of_range, not parse_error (fuzzing finding).
+    throw_input_error("{}: malformed JSON: {}", path.string(), e.what());
   }
 }
 
@@ -62,6 +66,12 @@ void write_file_atomically(const fs::path& path, std::string_view contents) {
       fs::remove(tmp, ec);
       throw_input_error("{}: write failed (disk full?)", path.string());
     }
+  }
+  // Flushed to the kernel is not on disk: without fsync a power loss right after the rename
+  // can leave an empty file under the final name.
+  if (const int fd = ::open(tmp.c_str(), O_RDONLY | O_CLOEXEC); fd >= 0) {
+    ::fsync(fd);
+    ::close(fd);
   }
   fs::rename(tmp, path, ec);
   if (ec) {

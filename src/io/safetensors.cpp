@@ -86,7 +86,9 @@ std::vector<TensorInfo> parse_safetensors_header(std::string_view header_json, u
   nlohmann::json header;
   try {
     header = nlohmann::json::parse(header_json);
-  } catch (const nlohmann::json::parse_error&) {
+  } catch (const nlohmann::json::exception&) {
+    // Not only parse_error: a number too large for a double (1e999) is out_of_range (found by
+    // fuzz_safetensors_header).
     throw_input_error("{}: safetensors header is not valid JSON (corrupt file?)", label);
   }
   if (!header.is_object()) throw_input_error("{}: safetensors header is not a JSON object", label);

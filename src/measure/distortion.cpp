@@ -69,15 +69,27 @@ std::vector<double> DistortionAccumulator::curve(int64_t head) const {
 }
 
 void DistortionAccumulator::check_finite(int64_t layer_id) const {
-  if (!std::isfinite(reference_.value())) {
-    throw NumericError(fmt::format("layer {}: the attention block output is not finite (NaN/Inf in activations)", layer_id));
-  }
+  // Heads first: a NaN in one KV head's projections also poisons the block output, and naming
+  // the head is what lets a user find the bad weight. Only when every head is bad (or none
+  // is, yet the output is) is the layer itself the best answer.
+  std::vector<int64_t> bad;
+  int64_t first_level = 0;
   for (int64_t h = 0; h < num_kv_heads_; ++h) {
     for (int64_t l = 0; l < num_levels_; ++l) {
       if (!std::isfinite(error(h, l).value())) {
-        throw NumericError(fmt::format("layer {} KV head {} level {}: distortion is NaN/Inf", layer_id, h, l));
+        if (bad.empty()) first_level = l;
+        bad.push_back(h);
+        break;
       }
     }
+  }
+  if (!bad.empty() && static_cast<int64_t>(bad.size()) < num_kv_heads_) {
+    throw NumericError(fmt::format("layer {} KV head {} level {}: distortion is NaN/Inf (bad heads: {})", layer_id,
+                                   bad.front(), first_level, fmt::join(bad, ",")));
+  }
+  if (!std::isfinite(reference_.value()) || !bad.empty()) {
+    throw NumericError(fmt::format("layer {}: the attention block output is not finite in every KV head (NaN/Inf in "
+                                   "activations or in the layer's weights)", layer_id));
   }
 }
 

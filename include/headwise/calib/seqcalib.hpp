@@ -24,6 +24,8 @@ using HeadBytesFn = std::function<int64_t(const arch::LayerSpec& layer, int64_t 
 
 enum class ActivationPlacement { kAuto, kDevice, kHost };
 
+struct WalkState;  // walk_state.hpp: the resume checkpoint's contents
+
 struct SeqCalibOptions {
   measure::WindowLadder ladder;
   int64_t global_budget_bytes = 0;  // budget left for global KV (total budget - fixed bytes)
@@ -35,6 +37,11 @@ struct SeqCalibOptions {
   ActivationPlacement activations = ActivationPlacement::kAuto;
   // Called after each global layer is decided (progress, checkpoints, the kill hook of tests).
   std::function<void(int64_t layer_id)> after_global_layer;
+  // Resume: given, the probe is skipped and the layers up to resume->last_layer are replayed
+  // under their recorded windows instead of measured. `checkpoint` receives the state after
+  // each global layer (before after_global_layer), for writing the resume checkpoint.
+  const WalkState* resume = nullptr;
+  std::function<void(const WalkState& state)> checkpoint;
 };
 
 struct HeadCurve {

@@ -1,0 +1,77 @@
+#pragma once
+// The calibration code path shared by the main command (`headwise-calc --model ...`) and
+// `regen`: parse and validate the request, load the calibration data, hash every input, run
+// SeqCalib (writing a resume checkpoint after each global layer when asked), and render the
+// policy, report and heat map as text. Writing files is the caller's job, so `regen --check`
+// can compare without writing and the main command can write everything or nothing.
+#include <cstdint>
+#include <filesystem>
+#include <memory>
+#include <string>
+
+#include "headwise/policy/policy.hpp"
+
+namespace headwise::cli {
+
+// Every option of the main command that shapes the policy, with its defaults and flag names.
+struct CalibrationRequest {
+  std::string model;
+  std::string context;
+  std::string budget;
+  std::string windows = "1k,4k,16k,64k,full";
+  std::string calib;  // empty: the built-in synthetic set
+  int64_t samples = 8;
+  std::string seq_len = "2k";
+  int64_t block_size = 16;
+  int64_t batch = 1;
+  int64_t sink_tokens = 0;
+  std::string kv_dtype;
+  uint64_t seed = 0;
+  std::string device = "cpu";
+  std::string dtype;
+  int64_t micro_batch = 0;
+  int64_t probe_samples = 0;
+  int64_t attention_chunk = 512;
+  std::string activations = "auto";
+  bool no_conditioning = false;
+};
+
+struct RunControl {
+  std::filesystem::path checkpoint;  // empty: none written
+  bool resume = false;               // continue from `checkpoint` when it exists
+  bool want_report = false;
+  bool want_plot = false;
+};
+
+struct CalibrationOutcome {
+  policy::Policy policy;
+  std::string policy_yaml;
+  std::string report_json;  // when asked
+  std::string svg;          // when asked
+  double seconds = 0.0;
+};
+
+// `<output>.ckpt.json`: where a run writing `output` keeps its resume checkpoint.
+std::filesystem::path checkpoint_path_for(const std::filesystem::path& output);
+
+class CalibrationJob {
+ public:
+  // Validates the request and loads what is cheap (config, calibration data, fingerprints);
+  // `output` is where the policy will live (its model_path is relative to it).
+  CalibrationJob(const CalibrationRequest& request, const std::filesystem::path& output);
+  ~CalibrationJob();
+  CalibrationJob(const CalibrationJob&) = delete;
+  CalibrationJob& operator=(const CalibrationJob&) = delete;
+
+  // sha256 of the model fingerprint, calibration data hash, every option that shapes the
+  // policy and the tool version; recorded in the policy's provenance as `inputs_sha256`.
+  const std::string& inputs_hash() const;
+  // Loads the weights and runs the calibration.
+  CalibrationOutcome run(const RunControl& control);
+
+ private:
+  struct State;
+  std::unique_ptr<State> state_;
+};
+
+}  // namespace headwise::cli

@@ -1,0 +1,46 @@
+#pragma once
+// policies/manifest.yaml: the policies a project keeps, and how to rebuild each.
+//
+//   policies:
+//     - name: tiny-qwen3-next              # unique; [A-Za-z0-9._-]
+//       model: ../models/tiny-qwen3-next   # folder, relative to the manifest's folder
+//       context: 32k
+//       budget: 8m
+//       windows: 64,256,1k,full            # or a list: [64, 256, 1k, full]
+//       calib: data/calib.jsonl            # optional; omitted = built-in synthetic set
+//       samples: 4                         # optional (8); with seq_len, for the synthetic set
+//       seq_len: 2k                        # optional (2k)
+//       seed: 0
+//       output: tiny-qwen3-next.yaml       # relative to the manifest's folder
+//       # optional, as the main command's flags: block_size, batch, sink_tokens, kv_dtype,
+//       # dtype, device, micro_batch, probe_samples, attention_chunk, conditioning (bool)
+//
+// The reader is strict: unknown or missing keys, wrong types, duplicate names or outputs are
+// InputErrors naming the file, the entry and the key.
+#include <filesystem>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "headwise/cli/calibrate_job.hpp"
+
+namespace headwise::regen {
+
+struct ManifestEntry {
+  std::string name;
+  cli::CalibrationRequest request;  // model and calib: relative to `base` (see below)
+  std::filesystem::path output;     // idem
+};
+
+struct Manifest {
+  std::filesystem::path path;
+  std::filesystem::path folder;  // absolute; read_manifest's relative paths start here
+  std::vector<ManifestEntry> entries;
+};
+
+// `where` names the source in errors; relative paths are joined to `base` (empty: kept as
+// written, relative to the manifest's folder).
+Manifest parse_manifest(std::string_view text, std::string_view where, const std::filesystem::path& base);
+Manifest read_manifest(const std::filesystem::path& path);
+
+}  // namespace headwise::regen

@@ -1,0 +1,293 @@
+// The main command's calibration, factored out so `regen` runs exactly the same code.
+#include "headwise/cli/calibrate_job.hpp"
+
+#include <spdlog/spdlog.h>
+
+#include <csignal>
+#include <cstdlib>
+#include <optional>
+
+#include "headwise/arch/model.hpp"
+#include "headwise/calib/activations.hpp"
+#include "headwise/calib/calibration_data.hpp"
+#include "headwise/calib/memory_plan.hpp"
+#include "headwise/calib/seqcalib.hpp"
+#include "headwise/calib/walk_state.hpp"
+#include "headwise/core/error.hpp"
+#include "headwise/core/files.hpp"
+#include "headwise/core/units.hpp"
+#include "headwise/core/window.hpp"
+#include "headwise/io/checkpoint.hpp"
+#include "headwise/memory/memory_model.hpp"
+#include "headwise/report/calib_report.hpp"
+
+namespace headwise::cli {
+namespace {
+namespace fs = std::filesystem;
+
+constexpr std::string_view kCheckpointSchema = "headwise/calib-checkpoint/v1";
+
+calib::ActivationPlacement parse_placement(const std::string& text) {
+  if (text == "auto") return calib::ActivationPlacement::kAuto;
+  if (text == "device") return calib::ActivationPlacement::kDevice;
+  if (text == "host") return calib::ActivationPlacement::kHost;
+  throw_input_error("--activations: '{}' is not one of auto, device, host", text);
+}
+
+std::string model_name_of(const fs::path& dir, const arch::ModelSpec& spec) {
+  const fs::path clean = dir.filename().empty() ? dir.parent_path() : dir;
+  return clean.filename().string().empty() ? spec.model_type : clean.filename().string();
+}
+
+// model_path is read relative to the policy's own folder (mem-estimate, regen), so policies
+// committed next to a model keep working from any checkout.
+std::string model_path_for(const fs::path& model_dir, const fs::path& policy_path) {
+  const fs::path policy_dir = fs::absolute(policy_path).parent_path();
+  return fs::absolute(model_dir).lexically_normal().lexically_relative(policy_dir.lexically_normal()).string();
+}
+
+void refuse_if_it_cannot_fit(const calib::MemoryPlan& plan) {
+  spdlog::info("calibration memory: {}", plan.describe());
+  if (plan.available_bytes && plan.device_peak_bytes() > *plan.available_bytes) {
+    throw InfeasibleError(fmt::format("calibration needs about {} but only {} is available; lower --samples, --seq-len or "
+                                      "--micro-batch, or use --activations host",
+                                      format_bytes(plan.device_peak_bytes()), format_bytes(*plan.available_bytes)));
+  }
+}
+
+// A window at least as long as the calibration sequences truncates nothing there, so its
+// measured distortion is 0 whatever it does at the deployed context. Say so plainly.
+void warn_about_unmeasurable_levels(const measure::WindowLadder& ladder, int64_t seq_len, int64_t context) {
+  std::vector<std::string> blind;
+  for (int64_t w : ladder.levels) {
+    if (w != kFullWindow && w >= seq_len && w < context) blind.push_back(format_tokens(w));
+  }
+  if (!blind.empty()) {
+    spdlog::warn("window levels {} are >= --seq-len {}: calibration cannot tell them from full KV (their measured "
+                 "distortion is 0); calibrate with longer sequences to rank them",
+                 fmt::format("{}", fmt::join(blind, ",")), seq_len);
+  }
+}
+
+// Test-only (documented in docs/resume.md): HEADWISE_TEST_ABORT_AFTER_LAYER=k kills the
+// process with SIGKILL right after global layer k's checkpoint is written, exactly like an
+// out-of-memory kill or a pre-empted job, so tests can exercise --resume.
+std::optional<int64_t> abort_after_layer() {
+  const char* text = std::getenv("HEADWISE_TEST_ABORT_AFTER_LAYER");
+  if (text == nullptr || *text == '\0') return std::nullopt;
+  char* end = nullptr;
+  const long long layer = std::strtoll(text, &end, 10);
+  if (*end != '\0') throw_input_error("HEADWISE_TEST_ABORT_AFTER_LAYER: '{}' is not a layer id", text);
+  return layer;
+}
+
+std::optional<calib::WalkState> read_checkpoint(const fs::path& path, const std::string& inputs_hash) {
+  std::error_code ec;
+  if (!fs::exists(path, ec)) {
+    spdlog::info("--resume: no checkpoint at {}; starting from the beginning", path.string());
+    return std::nullopt;
+  }
+  const nlohmann::json j = read_json_file(path);
+  if (!j.is_object() || j.value("schema", "") != kCheckpointSchema || !j.contains("inputs_sha256") || !j.contains("state")) {
+    throw_input_error("{}: not a headwise calibration checkpoint (schema {}); delete it and rerun without --resume",
+                      path.string(), kCheckpointSchema);
+  }
+  const std::string recorded = j["inputs_sha256"].is_string() ? j["inputs_sha256"].get<std::string>() : "";
+  if (recorded != inputs_hash) {
+    throw_input_error("{}: checkpoint was written for different inputs (inputs_sha256 {} here, {} now: model, "
+                      "calibration data, options or tool version changed); rerun without --resume to start over",
+                      path.string(), recorded.substr(0, 12), inputs_hash.substr(0, 12));
+  }
+  return calib::walk_state_from_json(j["state"], path.string());
+}
+
+}  // namespace
+
+fs::path checkpoint_path_for(const fs::path& output) { return fs::path(output.string() + ".ckpt.json"); }
+
+struct CalibrationJob::State {
+  CalibrationRequest request;
+  fs::path output;
+  fs::path dir;
+  arch::ModelSpec spec;
+  memory::MemoryOptions mem;
+  int64_t budget = 0;
+  int64_t fixed = 0;
+  measure::WindowLadder ladder;
+  int64_t seq_len = 0;
+  calib::CalibrationData data;
+  policy::ModelFingerprint fingerprint;
+  std::string model_path;
+  std::string inputs_hash;
+};
+
+CalibrationJob::CalibrationJob(const CalibrationRequest& request, const fs::path& output) : state_(new State) {
+  State& s = *state_;
+  s.request = request;
+  s.output = output;
+  s.dir = io::resolve_model_dir(request.model);
+  s.spec = arch::load_model_spec(s.dir);
+
+  s.mem.context = parse_token_count(request.context, "--context");
+  s.mem.batch = request.batch;
+  s.mem.block_size = request.block_size;
+  s.mem.sink_tokens = request.sink_tokens;
+  s.mem.kv_dtype = request.kv_dtype.empty() ? s.spec.dtype : parse_dtype(request.kv_dtype, "--kv-dtype");
+  memory::validate_options(s.mem);
+  s.budget = parse_byte_size(request.budget, "--budget");
+  s.ladder = measure::parse_window_ladder(request.windows, "--windows");
+  s.seq_len = parse_token_count(request.seq_len, "--seq-len");
+  if (request.samples <= 0) throw_input_error("--samples must be positive, got {}", request.samples);
+  parse_placement(request.activations);  // fail on a bad flag before any heavy work
+
+  // Feasibility before any heavy work: fixed bytes plus the smallest level everywhere.
+  s.fixed = memory::fixed_bytes(s.spec, s.mem);
+  int64_t minimum = s.fixed;
+  for (int64_t id : s.spec.global_layer_ids()) {
+    const auto& att = *s.spec.layer(id).attention;
+    minimum += att.num_kv_heads * memory::head_bytes(att, s.ladder.levels.front(), s.mem);
+  }
+  if (s.budget < minimum) {
+    throw InfeasibleError(fmt::format("--budget {} is below the minimum {} ({} bytes: {} fixed for non-global layers + every "
+                                      "global KV head at {} tokens) at context {}",
+                                      format_bytes(s.budget), format_bytes(minimum), minimum, format_bytes(s.fixed),
+                                      s.ladder.levels.front(), s.mem.context));
+  }
+  s.data = calib::load_calibration_data(request.calib, s.dir, s.spec.vocab_size, request.samples, s.seq_len, request.seed);
+  s.fingerprint = policy::fingerprint_model(s.dir);
+  s.model_path = model_path_for(s.dir, output);
+
+  // Everything that can change a byte of the policy. Activation placement is left out: it
+  // only moves the same tensors between device and host memory.
+  const nlohmann::json inputs = {
+      {"tool", fmt::format("headwise-calc {}", HEADWISE_VERSION)},
+      {"model_config_sha256", s.fingerprint.config_sha256},
+      {"model_weights_headers_sha256", s.fingerprint.weights_headers_sha256.value_or("")},
+      {"model_path", s.model_path},
+      {"dataset", s.data.description},
+      {"dataset_sha256", s.data.sha256},
+      {"context", s.mem.context},
+      {"budget_bytes", s.budget},
+      {"windows", s.ladder.levels},
+      {"samples", static_cast<int64_t>(s.data.sequences.size())},
+      {"seq_len", s.seq_len},
+      {"block_size", s.mem.block_size},
+      {"batch", s.mem.batch},
+      {"sink_tokens", s.mem.sink_tokens},
+      {"kv_dtype", std::string(dtype_name(s.mem.kv_dtype))},
+      {"seed", request.seed},
+      {"device", request.device},
+      {"dtype", request.dtype},
+      {"micro_batch", request.micro_batch},
+      {"probe_samples", request.probe_samples},
+      {"attention_chunk", request.attention_chunk},
+      {"conditioned", !request.no_conditioning},
+  };
+  s.inputs_hash = sha256_hex(inputs.dump());
+}
+
+CalibrationJob::~CalibrationJob() = default;
+
+const std::string& CalibrationJob::inputs_hash() const { return state_->inputs_hash; }
+
+CalibrationOutcome CalibrationJob::run(const RunControl& control) {
+  const State& s = *state_;
+  const CalibrationRequest& r = s.request;
+  const std::optional<int64_t> abort_layer = abort_after_layer();
+  std::optional<calib::WalkState> resume;
+  if (control.resume && !control.checkpoint.empty()) resume = read_checkpoint(control.checkpoint, s.inputs_hash);
+  if (!control.resume && !control.checkpoint.empty() && fs::exists(control.checkpoint)) {
+    spdlog::warn("{} exists and will be replaced: pass --resume to continue that run instead", control.checkpoint.string());
+  }
+
+  arch::ModelOptions model_options;
+  model_options.device = r.device;
+  model_options.attention_chunk = r.attention_chunk;
+  if (!r.dtype.empty()) model_options.compute_dtype = parse_dtype(r.dtype, "--dtype");
+  auto model = arch::load_model(s.dir, model_options);
+
+  const int64_t micro_batch = r.micro_batch > 0 ? r.micro_batch : static_cast<int64_t>(s.data.sequences.size());
+  calib::CalibrationShape shape{static_cast<int64_t>(s.data.sequences.size()), s.seq_len, micro_batch, r.attention_chunk,
+                                static_cast<int64_t>(s.ladder.size()), static_cast<int64_t>(c10::elementSize(model->dtype()))};
+  const bool cpu = model->device().is_cpu();
+  refuse_if_it_cannot_fit(calib::plan_calibration_memory(
+      s.spec, model->checkpoint(), shape, cpu || r.activations != "host",
+      cpu ? calib::available_host_bytes() : calib::free_device_bytes(model->device())));
+  spdlog::info("calibrating {} ({} layers, {} global) on {} sequences x {} tokens, ladder {}, budget {} ({} fixed)",
+               s.dir.string(), s.spec.num_layers(), s.spec.global_layer_ids().size(), s.data.sequences.size(), s.seq_len,
+               s.ladder.to_string(), format_bytes(s.budget), format_bytes(s.fixed));
+  warn_about_unmeasurable_levels(s.ladder, s.seq_len, s.mem.context);
+
+  calib::SeqCalibOptions options;
+  options.ladder = s.ladder;
+  options.global_budget_bytes = s.budget - s.fixed;
+  options.sink_tokens = r.sink_tokens;
+  const memory::MemoryOptions mem = s.mem;
+  options.head_bytes = [mem](const arch::LayerSpec& layer, int64_t window) {
+    return memory::head_bytes(*layer.attention, window, mem);
+  };
+  options.micro_batch = micro_batch;
+  options.probe_samples = r.probe_samples;
+  options.conditioned = !r.no_conditioning;
+  options.activations = parse_placement(r.activations);
+  options.resume = resume ? &*resume : nullptr;
+  if (!control.checkpoint.empty()) {
+    options.checkpoint = [&](const calib::WalkState& state) {
+      const nlohmann::json j = {{"schema", kCheckpointSchema}, {"inputs_sha256", s.inputs_hash},
+                                {"state", calib::walk_state_to_json(state)}};
+      write_file_atomically(control.checkpoint, j.dump() + "\n");
+    };
+  }
+  options.after_global_layer = [abort_layer](int64_t layer_id) {
+    if (abort_layer && *abort_layer == layer_id) {
+      spdlog::warn("HEADWISE_TEST_ABORT_AFTER_LAYER={}: killing the run (test hook)", layer_id);
+      std::raise(SIGKILL);
+    }
+  };
+  const calib::SeqCalibResult result = calib::run_seqcalib(*model, s.data.sequences, options);
+
+  CalibrationOutcome out;
+  policy::Policy& policy = out.policy;
+  policy.model_name = model_name_of(s.dir, s.spec);
+  policy.model_path = s.model_path;
+  policy.fingerprint = s.fingerprint;
+  policy.budget_gb = static_cast<double>(s.budget) / static_cast<double>(int64_t{1} << 30);
+  policy.context = s.mem.context;
+  policy.batch = s.mem.batch;
+  policy.dtype = s.mem.kv_dtype;
+  policy.block_size = s.mem.block_size;
+  policy.sink_tokens = s.mem.sink_tokens;
+  policy.window_levels = s.ladder.levels;
+  policy.calibration = {
+      {"tool", fmt::format("headwise-calc {}", HEADWISE_VERSION)},
+      {"method", options.conditioned ? "seqcalib" : "unconditioned"},
+      {"distortion_measure", "block_output_relative_mse"},
+      {"dataset", s.data.description},
+      {"dataset_sha256", s.data.sha256},
+      {"samples", static_cast<int64_t>(s.data.sequences.size())},
+      {"seq_len", s.seq_len},
+      {"seed", r.seed},
+      {"probe_samples", r.probe_samples > 0 ? r.probe_samples : static_cast<int64_t>(s.data.sequences.size())},
+      {"inputs_sha256", s.inputs_hash},
+  };
+  for (const auto& [layer_id, windows] : result.windows) {
+    policy.per_layer_policies.push_back({layer_id, windows, result.expected_distortion.at(layer_id)});
+  }
+  policy::fill_memory(policy, s.spec);
+  HEADWISE_CHECK(policy.memory.total_bytes <= s.budget, "policy total {} exceeds budget {}", policy.memory.total_bytes,
+                 s.budget);
+  out.policy_yaml = policy::to_yaml(policy);
+  out.seconds = result.total_seconds;
+
+  report::ReportContext context{policy.model_name, s.mem.context, s.budget, s.fixed, policy.memory.total_bytes,
+                                policy.memory.full_kv_total_bytes, s.ladder, policy.calibration};
+  if (control.want_report) out.report_json = report::calibration_report(result, context).dump(2) + "\n";
+  if (control.want_plot) {
+    out.svg = report::window_heatmap_svg(s.spec, result.windows, s.ladder,
+                                         fmt::format("{}: KV-head windows at {} tokens, {} budget", policy.model_name,
+                                                     format_tokens(s.mem.context), format_bytes(s.budget)));
+  }
+  return out;
+}
+
+}  // namespace headwise::cli

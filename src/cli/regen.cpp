@@ -1,0 +1,151 @@
+// `headwise-calc regen --manifest FILE [--check] [--only NAME] [--quiet]`: rebuilds the
+// policies a manifest lists with the main command's own calibration code path.
+//  - without --check: an entry whose policy records the same inputs_sha256 as the entry now
+//    hashes to is skipped (it would come out the same); others are recalibrated and written
+//    atomically (with a resume checkpoint, like the main command);
+//  - with --check: every entry is recalibrated, nothing is written, and any committed policy
+//    that differs from what its entry produces is printed as a diff; exit 1 if any differs.
+// It runs in the manifest's folder, so the paths a policy records do not depend on the
+// caller's working directory.
+#include <spdlog/spdlog.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <iostream>
+#include <optional>
+
+#include "headwise/arch/registry.hpp"
+#include "headwise/cli/command.hpp"
+#include "headwise/core/error.hpp"
+#include "headwise/core/files.hpp"
+#include "headwise/io/checkpoint.hpp"
+#include "headwise/regen/manifest.hpp"
+#include "headwise/regen/policy_diff.hpp"
+
+namespace headwise::cli {
+namespace {
+namespace fs = std::filesystem;
+
+struct RegenArgs {
+  std::string manifest;
+  bool check = false;
+  std::vector<std::string> only;
+  CommonFlags flags;
+};
+
+// Restores the caller's working directory however regen ends.
+class WorkingDirectory {
+ public:
+  explicit WorkingDirectory(const fs::path& dir) : previous_(fs::current_path()) { fs::current_path(dir); }
+  ~WorkingDirectory() {
+    std::error_code ec;
+    fs::current_path(previous_, ec);
+  }
+
+ private:
+  fs::path previous_;
+};
+
+std::optional<std::string> recorded_inputs_hash(const fs::path& output) {
+  std::error_code ec;
+  if (!fs::exists(output, ec)) return std::nullopt;
+  try {
+    const policy::Policy p = policy::read_policy(output);
+    if (p.calibration.contains("inputs_sha256") && p.calibration["inputs_sha256"].is_string()) {
+      return p.calibration["inputs_sha256"].get<std::string>();
+    }
+  } catch (const InputError& e) {
+    spdlog::warn("{}: unreadable policy, will be regenerated ({})", output.string(), e.what());
+  }
+  return std::nullopt;
+}
+
+// Prints how the committed policy differs from `produced`; returns false when it does.
+bool compare(const regen::ManifestEntry& entry, const CalibrationOutcome& produced, bool quiet) {
+  std::error_code ec;
+  if (!fs::exists(entry.output, ec)) {
+    std::cout << fmt::format("{}: {} is missing (run `headwise-calc regen` to create it)\n", entry.name,
+                             entry.output.string());
+    return false;
+  }
+  const std::string committed_text = read_text_file(entry.output);
+  if (committed_text == produced.policy_yaml) {
+    if (!quiet) std::cout << fmt::format("{}: {} is up to date\n", entry.name, entry.output.string());
+    return true;
+  }
+  std::cout << fmt::format("{}: {} differs from what the manifest entry produces:\n", entry.name, entry.output.string());
+  std::vector<std::string> lines;
+  try {
+    const policy::Policy committed = policy::from_yaml(committed_text, entry.output.string());
+    lines = regen::diff_policies(committed, produced.policy,
+                                 arch::load_model_spec(io::resolve_model_dir(entry.request.model)));
+  } catch (const InputError& e) {
+    lines.push_back(fmt::format("the committed file is not a valid policy: {}", e.what()));
+  }
+  if (lines.empty()) lines.push_back(regen::first_text_difference(committed_text, produced.policy_yaml));
+  for (const auto& line : lines) std::cout << "  " << line << "\n";
+  return false;
+}
+
+void run_regen(const RegenArgs& args) {
+  apply_logging(args.flags);
+  const regen::Manifest manifest = regen::read_manifest(args.manifest);
+  for (const auto& name : args.only) {
+    if (std::none_of(manifest.entries.begin(), manifest.entries.end(), [&](const auto& e) { return e.name == name; })) {
+      std::vector<std::string> names;
+      for (const auto& e : manifest.entries) names.push_back(e.name);
+      throw_input_error("--only: no entry '{}' in {} (entries: {})", name, args.manifest, fmt::join(names, ", "));
+    }
+  }
+  const WorkingDirectory in_manifest_folder(manifest.folder);
+  std::vector<std::string> stale;
+  size_t considered = 0;
+  for (const auto& entry : manifest.entries) {
+    if (!args.only.empty() && std::find(args.only.begin(), args.only.end(), entry.name) == args.only.end()) continue;
+    ++considered;
+    std::optional<CalibrationJob> job;
+    try {
+      job.emplace(entry.request, entry.output);
+    } catch (const InputError& e) {
+      // The job names flags (--context); say which manifest entry they came from.
+      throw_input_error("{}: entry '{}': {}", args.manifest, entry.name, e.what());
+    }
+    if (args.check) {
+      if (!compare(entry, job->run(RunControl{}), args.flags.quiet)) stale.push_back(entry.name);
+      continue;
+    }
+    if (recorded_inputs_hash(entry.output) == job->inputs_hash()) {
+      if (!args.flags.quiet) std::cout << fmt::format("{}: {} skipped: inputs unchanged (inputs_sha256 {})\n", entry.name, entry.output.string(),
+                               job->inputs_hash().substr(0, 12));
+      continue;
+    }
+    RunControl control;
+    control.checkpoint = checkpoint_path_for(entry.output);
+    const CalibrationOutcome out = job->run(control);
+    write_file_atomically(entry.output, out.policy_yaml);
+    std::error_code ec;
+    fs::remove(control.checkpoint, ec);
+    if (!args.flags.quiet) std::cout << fmt::format("{}: {} regenerated in {:.1f}s\n", entry.name, entry.output.string(), out.seconds);
+  }
+  if (!stale.empty()) {
+    throw_input_error("regen --check: {} of {} policies differ from {} ({}); run `headwise-calc regen --manifest {}` "
+                      "and commit the result",
+                      stale.size(), considered, args.manifest, fmt::join(stale, ", "), args.manifest);
+  }
+}
+
+const RegisterCommand kRegister{"regen", [](CLI::App& root) {
+  static RegenArgs args;
+  CLI::App* app = root.add_subcommand(
+      "regen", "Rebuild the policies a manifest lists (CI: --check fails when a committed policy is stale or edited)");
+  app->add_option("--manifest", args.manifest, "Manifest YAML (policies/manifest.yaml); its paths are relative to it")
+      ->required();
+  app->add_flag("--check", args.check, "Recalibrate every entry, write nothing, exit 1 and print a diff when a committed "
+                                       "policy differs");
+  app->add_option("--only", args.only, "Only the entry with this name (repeatable)");
+  add_common_flags(app, args.flags, /*with_json=*/false);
+  app->callback([] { run_regen(args); });
+}};
+
+}  // namespace
+}  // namespace headwise::cli

@@ -1,0 +1,162 @@
+// Strict reader of policies/manifest.yaml (format in manifest.hpp).
+#include "headwise/regen/manifest.hpp"
+
+#include <yaml-cpp/yaml.h>
+
+#include <charconv>
+#include <regex>
+#include <set>
+
+#include "headwise/core/error.hpp"
+#include "headwise/core/files.hpp"
+
+namespace headwise::regen {
+namespace {
+namespace fs = std::filesystem;
+
+class EntryReader {
+ public:
+  EntryReader(std::string_view where, std::string context) : where_(where), context_(std::move(context)) {}
+
+  [[noreturn]] void fail(const YAML::Node& node, std::string_view key, std::string_view message) const {
+    const YAML::Mark mark = node.Mark();
+    const std::string at = key.empty() ? context_ : fmt::format("{}: {}", context_, key);
+    if (mark.is_null()) throw_input_error("{}: {}: {}", where_, at, message);
+    throw_input_error("{}:{}:{}: {}: {}", where_, mark.line + 1, mark.column + 1, at, message);
+  }
+
+  std::string text(const YAML::Node& map, const char* key) const {
+    const YAML::Node node = map[key];
+    if (!node.IsScalar() || node.Scalar().empty()) fail(node ? node : map, key, "must be a non-empty single value");
+    return node.Scalar();
+  }
+
+  int64_t integer(const YAML::Node& map, const char* key) const {
+    const std::string s = text(map, key);
+    int64_t value = 0;
+    const auto [end, ec] = std::from_chars(s.data(), s.data() + s.size(), value);
+    if (ec != std::errc() || end != s.data() + s.size()) fail(map[key], key, fmt::format("'{}' is not an integer", s));
+    return value;
+  }
+
+  bool boolean(const YAML::Node& map, const char* key) const {
+    const std::string s = text(map, key);
+    if (s == "true") return true;
+    if (s == "false") return false;
+    fail(map[key], key, fmt::format("'{}' is not true or false", s));
+  }
+
+  // "64,256,full" or [64, 256, full]: the main command's --windows syntax either way.
+  std::string ladder(const YAML::Node& map, const char* key) const {
+    const YAML::Node node = map[key];
+    if (node.IsScalar()) return text(map, key);
+    if (!node.IsSequence() || node.size() == 0) fail(node, key, "must be a list of window levels or 'a,b,full'");
+    std::string joined;
+    for (const auto& level : node) {
+      if (!level.IsScalar()) fail(level, key, "every level must be a single value");
+      joined += (joined.empty() ? "" : ",") + level.Scalar();
+    }
+    return joined;
+  }
+
+ private:
+  std::string where_;
+  std::string context_;
+};
+
+const std::set<std::string> kRequired = {"name", "model", "context", "budget", "windows", "seed", "output"};
+const std::set<std::string> kOptional = {"calib", "samples", "seq_len", "block_size", "batch", "sink_tokens", "kv_dtype",
+                                         "dtype", "device", "micro_batch", "probe_samples", "attention_chunk",
+                                         "conditioning"};
+
+std::string resolve(const fs::path& base, const std::string& path) {
+  const fs::path p(path);
+  return (p.is_absolute() || base.empty() ? p : (base / p)).lexically_normal().string();
+}
+
+ManifestEntry parse_entry(const YAML::Node& node, size_t index, std::string_view where, const fs::path& base) {
+  const std::string fallback = fmt::format("policies[{}]", index);
+  if (!node.IsMap()) EntryReader(where, fallback).fail(node, "", "must be a mapping of name, model, context, ...");
+  const std::string name = node["name"] && node["name"].IsScalar() ? node["name"].Scalar() : "";
+  const EntryReader r(where, name.empty() ? fallback : fmt::format("entry '{}'", name));
+  for (const auto& item : node) {
+    const std::string key = item.first.Scalar();
+    if (!kRequired.contains(key) && !kOptional.contains(key)) {
+      std::set<std::string> all = kRequired;
+      all.insert(kOptional.begin(), kOptional.end());
+      r.fail(item.first, key, fmt::format("unknown key (allowed: {})", fmt::join(all, ", ")));
+    }
+  }
+  for (const auto& key : kRequired) {
+    if (!node[key]) r.fail(node, key, "is missing");
+  }
+  static const std::regex kName("[A-Za-z0-9._-]+");
+  if (!std::regex_match(r.text(node, "name"), kName)) r.fail(node["name"], "name", "may hold only A-Z a-z 0-9 . _ -");
+
+  ManifestEntry e;
+  e.name = r.text(node, "name");
+  cli::CalibrationRequest& q = e.request;
+  q.model = resolve(base, r.text(node, "model"));
+  q.context = r.text(node, "context");
+  q.budget = r.text(node, "budget");
+  q.windows = r.ladder(node, "windows");
+  const int64_t seed = r.integer(node, "seed");
+  if (seed < 0) r.fail(node["seed"], "seed", "must be >= 0");
+  q.seed = static_cast<uint64_t>(seed);
+  e.output = resolve(base, r.text(node, "output"));
+  if (node["calib"]) q.calib = resolve(base, r.text(node, "calib"));
+  if (node["samples"]) q.samples = r.integer(node, "samples");
+  if (node["seq_len"]) q.seq_len = r.text(node, "seq_len");
+  if (node["block_size"]) q.block_size = r.integer(node, "block_size");
+  if (node["batch"]) q.batch = r.integer(node, "batch");
+  if (node["sink_tokens"]) q.sink_tokens = r.integer(node, "sink_tokens");
+  if (node["kv_dtype"]) q.kv_dtype = r.text(node, "kv_dtype");
+  if (node["dtype"]) q.dtype = r.text(node, "dtype");
+  if (node["device"]) q.device = r.text(node, "device");
+  if (node["micro_batch"]) q.micro_batch = r.integer(node, "micro_batch");
+  if (node["probe_samples"]) q.probe_samples = r.integer(node, "probe_samples");
+  if (node["attention_chunk"]) q.attention_chunk = r.integer(node, "attention_chunk");
+  if (node["conditioning"]) q.no_conditioning = !r.boolean(node, "conditioning");
+  return e;
+}
+
+}  // namespace
+
+Manifest parse_manifest(std::string_view text, std::string_view where, const fs::path& base) {
+  YAML::Node root;
+  try {
+    root = YAML::Load(std::string(text));
+  } catch (const YAML::Exception& e) {
+    throw_input_error("{}:{}:{}: malformed YAML: {}", where, e.mark.line + 1, e.mark.column + 1, e.msg);
+  }
+  const EntryReader top(where, "manifest");
+  if (!root.IsMap()) top.fail(root, "", "must be a mapping with a 'policies' list");
+  for (const auto& item : root) {
+    if (item.first.Scalar() != "policies") top.fail(item.first, item.first.Scalar(), "unknown key (allowed: policies)");
+  }
+  const YAML::Node list = root["policies"];
+  if (!list || !list.IsSequence() || list.size() == 0) top.fail(root, "policies", "must be a non-empty list of entries");
+  Manifest manifest;
+  manifest.path = fs::path(std::string(where));
+  std::set<std::string> names, outputs;
+  for (size_t i = 0; i < list.size(); ++i) {
+    ManifestEntry entry = parse_entry(list[i], i, where, base);
+    if (!names.insert(entry.name).second) top.fail(list[i]["name"], "name", fmt::format("'{}' appears twice", entry.name));
+    if (!outputs.insert(entry.output.string()).second) {
+      top.fail(list[i]["output"], "output", fmt::format("entry '{}' writes {}, as an earlier entry does", entry.name,
+                                                        entry.output.string()));
+    }
+    manifest.entries.push_back(std::move(entry));
+  }
+  return manifest;
+}
+
+Manifest read_manifest(const fs::path& path) {
+  // Paths stay relative to the manifest's folder (regen runs there), so what a policy records
+  // (model_path, the calibration file's name) is the same in every checkout.
+  Manifest manifest = parse_manifest(read_text_file(path), path.string(), fs::path());
+  manifest.folder = fs::absolute(path).parent_path().lexically_normal();
+  return manifest;
+}
+
+}  // namespace headwise::regen

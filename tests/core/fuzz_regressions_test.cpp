@@ -1,0 +1,58 @@
+// One regression test per fuzzing finding (tools/fuzz.sh; docs/hardening.md).
+#include <catch2/catch.hpp>
+
+#include <nlohmann/json.hpp>
+
+#include "../arch/fixture_reference.hpp"
+#include "../test_configs.hpp"
+#include "headwise/arch/registry.hpp"
+#include "headwise/core/error.hpp"
+#include "headwise/core/files.hpp"
+#include "headwise/io/safetensors.hpp"
+#include "headwise/policy/policy.hpp"
+
+using namespace headwise;
+
+namespace {
+
+// The message of the InputError `fn` throws ("(accepted)" when it throws none; any other
+// exception fails the test by escaping).
+template <typename Fn>
+std::string input_error_of(Fn&& fn) {
+  try {
+    fn();
+  } catch (const InputError& e) {
+    return e.what();
+  }
+  return "(accepted)";
+}
+
+}  // namespace
+
+// fuzz_safetensors_header: a number beyond double range in the header made nlohmann throw
+// out_of_range (not parse_error), which escaped as an internal error (exit 5).
+TEST_CASE("fuzz: safetensors header with a number out of double range is an InputError", "[io]") {
+  const std::string header = R"({"w":{"dtype":"F32","shape":[1],"data_offsets":[0,42e8544]}})";
+  CHECK_THAT(input_error_of([&] { (void)io::parse_safetensors_header(header, 4, "m.safetensors"); }), Catch::Contains("m.safetensors: safetensors header is not valid JSON"));
+}
+
+// The same nlohmann behaviour in read_json_file (config.json, reports, checkpoints).
+TEST_CASE("fuzz: a JSON file with a number out of double range is an InputError naming it", "[io]") {
+  testing::TempDir dir;
+  write_file_atomically(dir.path() / "config.json", R"({"hidden_size": 1e999})");
+  CHECK_THAT(input_error_of([&] { (void)read_json_file(dir.path() / "config.json"); }), Catch::Contains("config.json: malformed JSON"));
+}
+
+// fuzz_config_spec: hidden_size 6.5e124 reached static_cast<int64_t>(double), undefined
+// behaviour (UBSan), in ConfigReader::get_int; the same cast guarded in rope parameters.
+TEST_CASE("fuzz: config integers beyond int64 are InputErrors naming the field", "[arch]") {
+  nlohmann::json config = read_json_file(testing::config_dir() / "gpt_oss_tiny.json");
+  config["hidden_size"] = 6.5e124;
+  CHECK_THAT(input_error_of([&] { (void)arch::build_model_spec(config, "c.json"); }), Catch::Contains("c.json: field 'hidden_size' is out of range"));
+  config["hidden_size"] = 18446744073709551615ULL;
+  CHECK_THAT(input_error_of([&] { (void)arch::build_model_spec(config, "c.json"); }), Catch::Contains("field 'hidden_size' is out of range"));
+  nlohmann::json llama = read_json_file(std::filesystem::path(HEADWISE_FIXTURES_DIR) / "llama_rope3" / "config.json");
+  llama["rope_scaling"] = {{"rope_type", "llama3"}, {"factor", 8.0}, {"low_freq_factor", 1.0}, {"high_freq_factor", 4.0},
+                           {"original_max_position_embeddings", 1e30}};
+  CHECK_THAT(input_error_of([&] { (void)arch::build_model_spec(llama, "l.json"); }), Catch::Contains("rope_scaling.original_max_position_embeddings' is out of range"));
+}
