@@ -50,26 +50,31 @@ class TempDir {
 };
 
 struct CliRun {
-  int status = -1;
+  int status = -1;  // exit code, or -signal when killed
   std::string out;  // stdout
   std::string err;  // stderr
 };
 
 // Runs build/bin/headwise-calc with `arguments` (shell syntax), capturing stdout and stderr.
-inline CliRun run_cli(const std::string& arguments) {
+// `env`: assignments put before the command ("A=1 B=2"). exec: the shell becomes
+// headwise-calc, so a signal that kills it is the status we see.
+inline CliRun run_cli_with(const std::string& arguments, const std::string& env = "") {
   TempDir scratch("cli");
   const auto err_path = scratch / "stderr.txt";
-  const std::string command = std::string(HEADWISE_CLI) + " " + arguments + " 2>" + err_path.string();
+  const std::string command =
+      "exec env " + env + " " + std::string(HEADWISE_CLI) + " " + arguments + " 2>" + err_path.string();
   std::unique_ptr<FILE, int (*)(FILE*)> pipe(::popen(command.c_str(), "r"), ::pclose);
   REQUIRE(pipe);
   CliRun run;
   std::array<char, 4096> buffer{};
   while (size_t n = std::fread(buffer.data(), 1, buffer.size(), pipe.get())) run.out.append(buffer.data(), n);
   const int status = ::pclose(pipe.release());
-  run.status = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  run.status = WIFEXITED(status) ? WEXITSTATUS(status) : WIFSIGNALED(status) ? -WTERMSIG(status) : -1000;
   std::ifstream err(err_path, std::ios::binary);
   run.err.assign(std::istreambuf_iterator<char>(err), std::istreambuf_iterator<char>());
   return run;
 }
+
+inline CliRun run_cli(const std::string& arguments) { return run_cli_with(arguments); }
 
 }  // namespace headwise::testing
