@@ -11,7 +11,7 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
 model=${MODEL:-models/tiny-qwen3-next}
 name=$(basename "$model")
-policy=policies/$name.yaml
+policy=policies/$name-eval-$context.yaml  # not the regen-managed policies/$name.yaml
 samples=${SAMPLES:-4}
 context=${CONTEXT:-2k}
 budget=${BUDGET:-1m}
