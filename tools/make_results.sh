@@ -11,10 +11,10 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
 model=${MODEL:-models/tiny-qwen3-next}
 name=$(basename "$model")
-policy=policies/$name-eval-$context.yaml  # not the regen-managed policies/$name.yaml
 samples=${SAMPLES:-4}
 context=${CONTEXT:-2k}
 budget=${BUDGET:-1m}
+policy=policies/$name-eval-$context.yaml  # not the regen-managed policies/$name.yaml
 bin=build/bin/headwise-calc
 [ -x "$bin" ] || tools/build.sh
 mkdir -p policies docs out

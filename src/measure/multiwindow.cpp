@@ -225,7 +225,9 @@ at::Tensor measure_window_distortion(const arch::AttentionInputs& in, const Wind
     for (size_t l = 0; l < levels.size(); ++l) {
       for (int64_t h = 0; h < kv; ++h) {
         // The Gram form is a quadratic form in fp32: clamp the rounding of an exact 0 at 0.
-        acc.add_error(h, static_cast<int64_t>(l), std::max(0.0, values[1 + static_cast<int64_t>(l) * kv + h]));
+        // (Not std::max: it would turn a NaN into 0 and hide a corrupt head from check_finite.)
+        const double error = values[1 + static_cast<int64_t>(l) * kv + h];
+        acc.add_error(h, static_cast<int64_t>(l), error < 0.0 ? 0.0 : error);
       }
     }
     out.slice(1, t0, t1).copy_(full.reshape({batch, heads, tc, hd}).transpose(1, 2));
