@@ -22,6 +22,11 @@ if(HEADWISE_CUDA AND CMAKE_CUDA_COMPILER)
     set(CMAKE_CUDA_ARCHITECTURES 80 90)
   endif()
   set(CMAKE_CUDA_STANDARD 20)
+  # CMake 3.25 knows no C++20 flag for nvcc 13 and then refuses to generate; nvcc 12+ takes it.
+  if(NOT CMAKE_CUDA20_STANDARD_COMPILE_OPTION)
+    set(CMAKE_CUDA20_STANDARD_COMPILE_OPTION "-std=c++20")
+    set(CMAKE_CUDA20_EXTENSION_COMPILE_OPTION "-std=c++20")
+  endif()
   # Without a GPU, torch's cmake would try to detect one by running a test program.
   if(NOT TORCH_CUDA_ARCH_LIST)
     set(TORCH_CUDA_ARCH_LIST "8.0;9.0")

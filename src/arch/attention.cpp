@@ -4,6 +4,7 @@
 #include <vector>
 
 #include "headwise/core/error.hpp"
+#include "headwise/measure/multiwindow_cuda.hpp"
 
 namespace headwise::arch {
 
@@ -36,6 +37,12 @@ at::Tensor windowed_attention(const AttentionInputs& in, std::span<const int64_t
   HEADWISE_CHECK(num_heads % num_kv == 0 && in.k.size(2) == steps, "attention shapes q {} k {}", shape_string(in.q.sizes()), shape_string(in.k.sizes()));
   HEADWISE_CHECK(chunk > 0, "chunk must be positive");
   const int64_t group = num_heads / num_kv;
+  for (int64_t w : kv_windows) HEADWISE_CHECK(w > 0, "window {} must be positive", w);
+#ifdef HEADWISE_WITH_CUDA
+  // The fused kernel visits only each head's window (no masked work) and needs no O(chunk x T)
+  // score workspace; inputs it does not cover take the ATen path below, which runs on CUDA too.
+  if (measure::cuda_multiwindow_supported(in, 0)) return measure::cuda_windowed_attention(in, kv_windows, sink_tokens);
+#endif
   const bool all_bounded = std::all_of(kv_windows.begin(), kv_windows.end(), [](int64_t w) { return w != kFullWindow; });
   const int64_t widest = all_bounded ? *std::max_element(kv_windows.begin(), kv_windows.end()) : 0;
 

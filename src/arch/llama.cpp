@@ -9,6 +9,7 @@
 #include "headwise/arch/model.hpp"
 #include "headwise/arch/ops.hpp"
 #include "headwise/arch/registry.hpp"
+#include "headwise/arch/state_shapes.hpp"
 #include "headwise/arch/rope_params.hpp"
 #include "headwise/core/error.hpp"
 #include "headwise/io/checkpoint.hpp"
@@ -85,10 +86,7 @@ ModelSpec build_dense_spec(const ConfigReader& r) {
     layer.id = i;
     layer.kind = c.kinds[static_cast<size_t>(i)];
     AttentionShape shape{c.num_heads, c.num_kv_heads, c.head_dim, 0, 0};
-    if (layer.kind == LayerKind::kSlidingAttention) {
-      shape.sliding_window = c.sliding_window;
-      shape.sliding_cache_tokens = c.sliding_window - 1;  // DynamicSlidingWindowLayer keeps W - 1
-    }
+    if (layer.kind == LayerKind::kSlidingAttention) shape = sliding_attention_shape(shape, c.sliding_window);
     layer.attention = shape;
     spec.layers.push_back(std::move(layer));
   }

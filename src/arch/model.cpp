@@ -2,6 +2,7 @@
 
 #include <c10/core/InferenceMode.h>
 
+#include "headwise/arch/layer_prefetch.hpp"
 #include "headwise/core/error.hpp"
 #include "headwise/io/checkpoint.hpp"
 
@@ -77,7 +78,7 @@ DecoderModel::DecoderModel(ModelSpec spec, std::shared_ptr<const io::Checkpoint>
   if (options_.attention_chunk <= 0) throw_input_error("--attention-chunk must be positive");
 }
 
-DecoderModel::~DecoderModel() = default;
+DecoderModel::~DecoderModel() = default;  // after LayerPrefetcher is complete: it waits for its job
 
 at::Tensor DecoderModel::forward(const at::Tensor& input_ids) {
   c10::InferenceMode inference;
@@ -85,7 +86,10 @@ at::Tensor DecoderModel::forward(const at::Tensor& input_ids) {
   ExactAttentionCore exact(options_.attention_chunk);
   LayerRun run;
   run.attention = &exact;
-  for (int64_t i = 0; i < spec_.num_layers(); ++i) hidden = run_layer(i, hidden, run);
+  for (int64_t i = 0; i < spec_.num_layers(); ++i) {
+    prefetch_layer(i + 1);
+    hidden = run_layer(i, hidden, run);
+  }
   return logits(hidden);
 }
 
@@ -117,6 +121,15 @@ bool DecoderModel::has_weight(const std::string& name) const { return checkpoint
 const at::Tensor& DecoderModel::weight(int64_t layer, const std::string& name, bool keep_fp32) {
   auto& slot = resident_[layer];
   if (auto it = slot.find(name); it != slot.end()) return it->second;
+  if (prefetcher_ && prefetcher_->pending(layer)) {
+    for (auto& [prefetched, tensor] : prefetcher_->take(layer)) slot.try_emplace(prefetched, std::move(tensor));
+    if (auto it = slot.find(name); it != slot.end()) {
+      // Prefetched at the dtype required_weights() named; a caller asking otherwise still wins.
+      const at::ScalarType wanted = keep_fp32 ? at::kFloat : dtype_;
+      if (it->second.scalar_type() != wanted) it->second = it->second.to(wanted);
+      return it->second;
+    }
+  }
   const at::ScalarType target = keep_fp32 ? at::kFloat : dtype_;
   at::Tensor view = checkpoint_tensor(checkpoint_, name);
   // Always copy: the mapping is shared and private COW pages would otherwise be dirtied by any
@@ -125,7 +138,32 @@ const at::Tensor& DecoderModel::weight(int64_t layer, const std::string& name, b
   return slot.emplace(name, std::move(loaded)).first->second;
 }
 
-void DecoderModel::release_layer(int64_t layer) { resident_.erase(layer); }
+const std::vector<WeightRequirement>& DecoderModel::weights_of(int64_t layer) {
+  if (layer_weights_.empty()) {
+    for (auto& req : required_weights()) {
+      if (checkpoint_->contains(req.name)) layer_weights_[req.layer].push_back(std::move(req));
+    }
+  }
+  static const std::vector<WeightRequirement> none;
+  const auto it = layer_weights_.find(layer);
+  return it == layer_weights_.end() ? none : it->second;
+}
+
+void DecoderModel::prefetch_layer(int64_t layer) {
+  if (layer < 0 || layer >= spec_.num_layers() || resident_.count(layer) != 0) return;
+  if (!prefetcher_) prefetcher_ = std::make_unique<LayerPrefetcher>(checkpoint_, device_);
+  std::vector<PrefetchTensor> tensors;
+  for (const auto& req : weights_of(layer)) tensors.push_back({req.name, req.keep_fp32 ? at::kFloat : dtype_});
+  prefetcher_->start(layer, std::move(tensors));
+}
+
+void DecoderModel::release_layer(int64_t layer) {
+  resident_.erase(layer);
+  // Streamed layers [0, L) only: embeddings and the head are shared and read again at the end.
+  if (layer < 0 || layer >= spec_.num_layers()) return;
+  for (const auto& req : weights_of(layer)) drop_mapped_pages(checkpoint_->bytes(req.name));
+}
+
 void DecoderModel::release_all() { resident_.clear(); }
 
 int64_t DecoderModel::resident_weight_bytes() const {

@@ -66,7 +66,10 @@ AttentionShape read_attention_shape(const ConfigReader& config) {
 
 AttentionShape sliding_attention_shape(AttentionShape shape, int64_t window) {
   shape.sliding_window = window;
-  shape.sliding_cache_tokens = window;
+  // HF's DynamicSlidingWindowLayer keeps the last W - 1 keys between steps: the step's own
+  // token makes the W-th. The runtime attends over ring + chunk before writing, so W - 1
+  // slots are exactly enough; every architecture uses this one rule.
+  shape.sliding_cache_tokens = window - 1;
   return shape;
 }
 

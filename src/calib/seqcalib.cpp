@@ -14,6 +14,7 @@
 #include "headwise/calib/walk_state.hpp"
 #include "headwise/core/error.hpp"
 #include "headwise/core/progress.hpp"
+#include "headwise/core/resources.hpp"
 #include "headwise/core/units.hpp"
 #include "headwise/measure/multiwindow.hpp"
 #include "headwise/solve/mckp.hpp"
@@ -113,6 +114,7 @@ class SeqCalibRun {
 
   SeqCalibResult run() {
     const auto start = Clock::now();
+    reset_peak_device_bytes(model_.device());
     validate();
     if (options_.resume) {
       restore(*options_.resume);
@@ -124,6 +126,7 @@ class SeqCalibRun {
     complete();
     result_.total_seconds = seconds_since(start);
     result_.peak_rss_bytes = read_peak_rss_bytes();
+    result_.peak_device_bytes = peak_device_bytes(model_.device());
     return std::move(result_);
   }
 
@@ -149,6 +152,7 @@ class SeqCalibRun {
     MeasuringCore core(options_, model_.attention_chunk(), accumulators, nullptr);
     Progress progress("probe (full KV)", spec_.num_layers());
     for (int64_t i = 0; i < spec_.num_layers(); ++i) {
+      model_.prefetch_layer(i + 1);  // loads while layer i computes
       stream.apply([&](const at::Tensor& h) {
         at::Tensor out = model_.run_layer(i, h, {&core, nullptr, 0});
         // A global layer's NaN is reported by head (its distortions) before the hidden check.
@@ -255,6 +259,7 @@ class SeqCalibRun {
         continue;
       }
       const auto start = Clock::now();
+      model_.prefetch_layer(i + 1);  // loads while layer i computes
       LayerReport report{i, std::string(layer_kind_name(spec_.layer(i).kind))};
       if (spec_.layer(i).is_global()) {
         run_global_layer(i, stream, policy_core, report);

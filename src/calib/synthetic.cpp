@@ -77,7 +77,9 @@ std::vector<int64_t> one_sequence(Rng& rng, const SyntheticOptions& o, const Alp
 
 }  // namespace
 
-std::vector<std::vector<int64_t>> synthetic_retrieval_set(const SyntheticOptions& o) {
+std::vector<std::vector<int64_t>> synthetic_retrieval_set(const SyntheticOptions& options) {
+  SyntheticOptions o = options;
+  if (o.needles == 0) o.needles = std::clamp<int64_t>(o.seq_len / 512, 1, 8);
   if (o.vocab_size < 16) throw_input_error("synthetic calibration needs a vocabulary of at least 16 tokens, got {}", o.vocab_size);
   if (o.samples <= 0) throw_input_error("--samples must be positive");
   if (o.needles <= 0) throw_input_error("synthetic calibration: needles must be positive");
@@ -102,7 +104,9 @@ std::vector<std::vector<int64_t>> synthetic_retrieval_set(const SyntheticOptions
   return set;
 }
 
-std::string synthetic_set_description(const SyntheticOptions& o) {
+std::string synthetic_set_description(const SyntheticOptions& options) {
+  SyntheticOptions o = options;
+  if (o.needles == 0) o.needles = std::clamp<int64_t>(o.seq_len / 512, 1, 8);
   return fmt::format("builtin:synthetic-retrieval(vocab={},samples={},seq_len={},needles={},seed={})", o.vocab_size,
                      o.samples, o.seq_len, o.needles, o.seed);
 }

@@ -4,6 +4,7 @@
 #include <limits>
 
 #include "headwise/core/error.hpp"
+#include "headwise/measure/multiwindow_cuda.hpp"
 
 namespace headwise::measure {
 namespace {
@@ -33,25 +34,31 @@ Partial empty_partial(const at::Tensor& q_chunk) {
   return {at::full(sizes, kEmptyMax, q_chunk.options()), at::zeros(sizes, q_chunk.options()), o};
 }
 
+// One query tile's view of the inputs. q is pre-scaled by `scaling` and laid out so a tile's
+// rows of one KV head are contiguous ([B, kv, g*tc, hd]): the score and PV products are then
+// plain batched GEMMs over [B*kv], with no broadcast copies of K and V per query head.
 struct ChunkContext {
   const arch::AttentionInputs& in;
-  at::Tensor q;  // [B, kv, g, tc, hd] fp32
-  at::Tensor k;  // [B, kv, 1, T, hd] fp32
+  at::Tensor q;  // [B, kv, g*tc, hd] fp32, scaled
+  at::Tensor k;  // [B, kv, T, hd] fp32
   at::Tensor v;
+  int64_t group = 1;
   int64_t t0 = 0, t1 = 0;
 };
 
-// Partial over keys [k0, k1) restricted to `allowed` ([tc, k1-k0] bool).
-Partial band_partial(const ChunkContext& c, int64_t k0, int64_t k1, const at::Tensor& allowed) {
-  const at::Tensor kc = c.k.slice(3, k0, k1);
-  const at::Tensor vc = c.v.slice(3, k0, k1);
-  at::Tensor scores = at::matmul(c.q, kc.transpose(-1, -2)) * c.in.scaling;
-  if (c.in.logit_softcap > 0) scores = at::tanh(scores / c.in.logit_softcap) * c.in.logit_softcap;
-  scores = scores.masked_fill(allowed.logical_not(), kNegInf);
-  at::Tensor m = std::get<0>(scores.max(-1, /*keepdim=*/true));
-  m = at::where(at::isinf(m), at::full_like(m, kEmptyMax), m);
-  const at::Tensor e = at::exp(scores - m);  // masked entries: exp(-inf) = 0
-  return {m, e.sum(-1, /*keepdim=*/true), at::matmul(e, vc)};
+// Partial over keys [k0, k1) with `blocked` ([tc, k1-k0] bool) masked out.
+Partial band_partial(const ChunkContext& c, int64_t k0, int64_t k1, const at::Tensor& blocked) {
+  const int64_t tc = c.t1 - c.t0;
+  at::Tensor scores = at::matmul(c.q, c.k.slice(2, k0, k1).transpose(-1, -2));  // [B, kv, g*tc, n]
+  if (c.in.logit_softcap > 0) scores.div_(c.in.logit_softcap).tanh_().mul_(c.in.logit_softcap);
+  at::Tensor view = scores.view({scores.size(0), scores.size(1), c.group, tc, k1 - k0});
+  view.masked_fill_(blocked, kNegInf);
+  // Rows with no allowed key get the finite empty max (their exp() is then 0, not NaN).
+  const at::Tensor m = std::get<0>(scores.max(-1, /*keepdim=*/true)).clamp_min_(kEmptyMax);
+  scores.sub_(m).exp_();  // masked entries: exp(-inf) = 0
+  const at::Tensor s = scores.sum(-1, /*keepdim=*/true);
+  const at::Tensor o = at::matmul(scores, c.v.slice(2, k0, k1));  // [B, kv, g*tc, hd]
+  return {m, s, o};
 }
 
 at::Tensor positions(int64_t begin, int64_t len, const at::Device& device) {
@@ -61,16 +68,16 @@ at::Tensor positions(int64_t begin, int64_t len, const at::Device& device) {
 // Distance band [lo, hi) (hi < 0: unbounded), excluding sink keys.
 Partial distance_band(const ChunkContext& c, int64_t lo, int64_t hi, int64_t sink_tokens) {
   const int64_t offset = c.in.position_offset;
-  const int64_t k0 = hi < 0 ? 0 : std::max<int64_t>(0, c.t0 - hi + 1);
+  const int64_t k0 = std::max<int64_t>(hi < 0 ? 0 : c.t0 - hi + 1, std::max<int64_t>(0, sink_tokens - offset));
   const int64_t k1 = std::min(c.t1, c.t1 - lo);
   if (k1 <= k0) return empty_partial(c.q);
   const auto device = c.q.device();
   const at::Tensor qp = positions(offset + c.t0, c.t1 - c.t0, device).view({-1, 1});
   const at::Tensor kp = positions(offset + k0, k1 - k0, device).view({1, -1});
   const at::Tensor d = qp - kp;
-  at::Tensor allowed = (d >= lo) & (kp >= sink_tokens);
-  if (hi >= 0) allowed = allowed & (d < hi);
-  return band_partial(c, k0, k1, allowed);
+  at::Tensor blocked = d < lo;  // keys >= sink_tokens by the choice of k0
+  if (hi >= 0) blocked = blocked | (d >= hi);
+  return band_partial(c, k0, k1, blocked);
 }
 
 Partial sink_band(const ChunkContext& c, int64_t sink_tokens) {
@@ -80,10 +87,14 @@ Partial sink_band(const ChunkContext& c, int64_t sink_tokens) {
   const auto device = c.q.device();
   const at::Tensor qp = positions(offset + c.t0, c.t1 - c.t0, device).view({-1, 1});
   const at::Tensor kp = positions(offset, k1, device).view({1, -1});
-  return band_partial(c, 0, k1, qp >= kp);
+  return band_partial(c, 0, k1, qp < kp);
 }
 
-at::Tensor finish(const Partial& p) { return p.o / p.s; }
+// [B, kv, g*tc, hd] → [B, kv, g, tc, hd], the layout callbacks receive.
+at::Tensor finish(const Partial& p, int64_t group) {
+  const at::Tensor o = p.o / p.s;
+  return o.view({o.size(0), o.size(1), group, -1, o.size(3)});
+}
 
 void check_inputs(const arch::AttentionInputs& in, const WindowLadder& ladder, int64_t sink_tokens, int64_t chunk) {
   HEADWISE_CHECK(in.q.dim() == 4 && in.k.dim() == 4 && in.v.dim() == 4, "q/k/v must be [B, heads, T, hd]");
@@ -91,6 +102,33 @@ void check_inputs(const arch::AttentionInputs& in, const WindowLadder& ladder, i
   HEADWISE_CHECK(!ladder.levels.empty() && chunk > 0 && sink_tokens >= 0, "ladder/chunk/sinks");
   HEADWISE_CHECK(!in.sink_logits.defined(), "learned sink logits are not supported by the multi-window pass");
 }
+
+// Query rows per tile on the CPU path. Each band reads (band width + tile - 1) keys per row,
+// so a tile much taller than the narrowest band wastes most of that band's work; a very short
+// tile makes the GEMMs small. 128 rows keeps the waste on a 256-token band near 1.5x while
+// the products stay large enough for the BLAS.
+int64_t cpu_tile_rows(const std::vector<int64_t>& edges, int64_t chunk) {
+  const int64_t narrowest = edges.empty() ? chunk : edges.front();
+  return std::min(chunk, std::clamp<int64_t>(narrowest / 2, 64, 128));
+}
+
+#ifdef HEADWISE_WITH_CUDA
+// The fused kernel: every level of a query chunk in one launch.
+void cuda_chunks(const arch::AttentionInputs& in, const WindowLadder& ladder, const std::vector<int64_t>& edges,
+                 int64_t sink_tokens, int64_t chunk, const LevelOutputsFn& fn) {
+  const int64_t batch = in.q.size(0), steps = in.q.size(2), hd = in.q.size(3);
+  const int64_t kv = in.k.size(1), group = in.q.size(1) / kv;
+  for (int64_t t0 = 0; t0 < steps; t0 += chunk) {
+    const int64_t t1 = std::min(steps, t0 + chunk);
+    const at::Tensor all = cuda_multiwindow_levels(in, edges, sink_tokens, t0, t1);  // [E+1, B, H, tc, hd]
+    std::vector<at::Tensor> levels;
+    for (int64_t e = 0; e < all.size(0); ++e) levels.push_back(all[e].view({batch, kv, group, t1 - t0, hd}));
+    const at::Tensor full = levels.back();
+    if (!ladder.has_full()) levels.pop_back();
+    fn(t0, t1, levels, full);
+  }
+}
+#endif
 
 }  // namespace
 
@@ -103,24 +141,28 @@ void for_each_chunk_levels(const arch::AttentionInputs& in, const WindowLadder& 
   for (int64_t w : ladder.levels) {
     if (w != kFullWindow) edges.push_back(w);
   }
-  const at::Tensor q = in.q.to(at::kFloat).view({batch, kv, group, steps, hd});
-  const at::Tensor k = in.k.to(at::kFloat).unsqueeze(2);
-  const at::Tensor v = in.v.to(at::kFloat).unsqueeze(2);
-  for (int64_t t0 = 0; t0 < steps; t0 += chunk) {
-    const int64_t t1 = std::min(steps, t0 + chunk);
-    ChunkContext c{in, q.slice(3, t0, t1), k, v, t0, t1};
-    // prefix[j] merges the sink band and distance bands below edges[j].
+#ifdef HEADWISE_WITH_CUDA
+  if (cuda_multiwindow_supported(in, edges.size())) return cuda_chunks(in, ladder, edges, sink_tokens, chunk, fn);
+#endif
+  const at::Tensor q = (in.q.to(at::kFloat) * in.scaling).view({batch, kv, group, steps, hd});
+  const at::Tensor k = in.k.to(at::kFloat).contiguous();
+  const at::Tensor v = in.v.to(at::kFloat).contiguous();
+  const int64_t tile = cpu_tile_rows(edges, chunk);
+  for (int64_t t0 = 0; t0 < steps; t0 += tile) {
+    const int64_t t1 = std::min(steps, t0 + tile);
+    const at::Tensor qc = q.slice(3, t0, t1).reshape({batch, kv, group * (t1 - t0), hd});
+    ChunkContext c{in, qc, k, v, group, t0, t1};
+    // The running partial after edges[j] is the prefix merge of the bands below edges[j].
     Partial running = sink_band(c, sink_tokens);
-    std::vector<at::Tensor> finite_levels;
+    std::vector<at::Tensor> levels;
     int64_t lo = 0;
     for (int64_t edge : edges) {
       running = merge(running, distance_band(c, lo, edge, sink_tokens));
-      finite_levels.push_back(finish(running));
+      levels.push_back(finish(running, group));
       lo = edge;
     }
     running = merge(running, distance_band(c, lo, -1, sink_tokens));
-    const at::Tensor full = finish(running);
-    std::vector<at::Tensor> levels = finite_levels;
+    const at::Tensor full = finish(running, group);
     if (ladder.has_full()) levels.push_back(full);
     fn(t0, t1, levels, full);
   }
@@ -152,6 +194,10 @@ at::Tensor measure_window_distortion(const arch::AttentionInputs& in, const Wind
   const int64_t hidden = in.o_proj_weight.size(0);
   // Wo columns of each KV head's query group: [kv, g*hd, hidden].
   const at::Tensor wo = in.o_proj_weight.to(at::kFloat).view({hidden, kv, group * hd}).permute({1, 2, 0});
+  // ||Wo_h d||^2 = d^T (Wo_h^T Wo_h) d: with the Gram matrix the per-level error costs
+  // (g*hd)^2 per row instead of g*hd*hidden, a large saving when hidden >> g*hd (GQA).
+  const bool use_gram = group * hd < hidden;
+  const at::Tensor gram = use_gram ? at::bmm(wo, wo.transpose(1, 2)) : at::Tensor();  // [kv, g*hd, g*hd]
   at::Tensor out = at::empty({batch, steps, heads, hd}, in.q.options());
   for_each_chunk_levels(in, ladder, sink_tokens, chunk, [&](int64_t t0, int64_t t1, const auto& levels,
                                                              const at::Tensor& full) {
@@ -165,12 +211,22 @@ at::Tensor measure_window_distortion(const arch::AttentionInputs& in, const Wind
       return gated.permute({1, 0, 3, 2, 4}).reshape({kv, batch * tc, group * hd});
     };
     const at::Tensor y_full = at::bmm(per_head_rows(full), wo).sum(0);  // [B*tc, hidden]
-    acc.add_reference(y_full.to(at::kDouble).pow(2).sum().item<double>(), batch * tc);
+    // Every sum of this chunk goes to the host in one copy (one device sync on CUDA).
+    std::vector<at::Tensor> sums{y_full.to(at::kDouble).pow(2).sum().view({1})};
+    for (const auto& level : levels) {
+      const at::Tensor delta = per_head_rows(level - full);  // [kv, B*tc, g*hd]
+      sums.push_back((use_gram ? (at::bmm(delta, gram) * delta).to(at::kDouble)
+                               : at::bmm(delta, wo).to(at::kDouble).pow(2))
+                         .sum({1, 2}));
+    }
+    const at::Tensor host = at::cat(sums).cpu();
+    const double* values = host.data_ptr<double>();
+    acc.add_reference(values[0], batch * tc);
     for (size_t l = 0; l < levels.size(); ++l) {
-      const at::Tensor err = at::bmm(per_head_rows(levels[l] - full), wo);  // [kv, B*tc, hidden]
-      const at::Tensor per_head = err.to(at::kDouble).pow(2).sum({1, 2}).cpu();
-      const double* values = per_head.data_ptr<double>();
-      for (int64_t h = 0; h < kv; ++h) acc.add_error(h, static_cast<int64_t>(l), values[h]);
+      for (int64_t h = 0; h < kv; ++h) {
+        // The Gram form is a quadratic form in fp32: clamp the rounding of an exact 0 at 0.
+        acc.add_error(h, static_cast<int64_t>(l), std::max(0.0, values[1 + static_cast<int64_t>(l) * kv + h]));
+      }
     }
     out.slice(1, t0, t1).copy_(full.reshape({batch, heads, tc, hd}).transpose(1, 2));
   });

@@ -103,13 +103,18 @@ std::string window_heatmap_svg(const arch::ModelSpec& spec, const std::map<int64
   int64_t max_heads = 1;
   for (const auto& [id, w] : windows) max_heads = std::max<int64_t>(max_heads, static_cast<int64_t>(w.size()));
   const auto rows = static_cast<int>(windows.size());
-  const int width = left + static_cast<int>(max_heads) * cell + legend_w;
+  // ~7 px per character at 14 px: wide enough for the title.
+  const int width = std::max(left + static_cast<int>(max_heads) * cell + legend_w, 16 + 8 * static_cast<int>(title.size()));
   const int height = top + std::max(rows, static_cast<int>(ladder.size())) * cell + 40;
   std::string svg = fmt::format(
       "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{}\" height=\"{}\" font-family=\"sans-serif\" font-size=\"11\">\n"
       "<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n<text x=\"8\" y=\"18\" font-size=\"14\">{}</text>\n"
       "<text x=\"{}\" y=\"{}\">KV head →</text>\n",
-      width, height, title, left, top - 8);
+      width, height, title, left, top - 22);
+  for (int64_t h = 0; h < max_heads; ++h) {
+    svg += fmt::format("<text x=\"{}\" y=\"{}\" text-anchor=\"middle\">{}</text>\n", left + static_cast<int>(h) * cell + cell / 2,
+                       top - 6, h);
+  }
   const auto level_of = [&](int64_t w) {
     const auto it = std::find(ladder.levels.begin(), ladder.levels.end(), w);
     return static_cast<size_t>(it - ladder.levels.begin());

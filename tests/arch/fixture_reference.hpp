@@ -4,6 +4,8 @@
 // tensors) in a temporary directory.
 #include <ATen/ATen.h>
 #include <catch2/catch.hpp>
+
+#include "../support/temp_dir.hpp"
 #include <nlohmann/json.hpp>
 #include <unistd.h>
 
@@ -60,29 +62,7 @@ inline ParityError compare(const at::Tensor& ours, const at::Tensor& reference) 
   return {max_abs_diff(ours, reference), std::max(1.0, max_abs(reference))};
 }
 
-// A scratch directory removed when the object goes away.
-class TempDir {
- public:
-  TempDir() {
-    static std::atomic<int> counter{0};
-    path_ = std::filesystem::temp_directory_path() /
-            ("headwise-test-" + std::to_string(::getpid()) + "-" + std::to_string(counter++));
-    std::filesystem::create_directories(path_);
-  }
-  // Not std::filesystem::remove_all: libtorch.so exports its own copy of that symbol, which
-  // the dynamic linker binds first and which crashes (null call). Our directories are flat.
-  ~TempDir() {
-    std::error_code ec;
-    for (const auto& entry : std::filesystem::directory_iterator(path_, ec)) std::filesystem::remove(entry.path(), ec);
-    std::filesystem::remove(path_, ec);
-  }
-  TempDir(const TempDir&) = delete;
-  TempDir& operator=(const TempDir&) = delete;
-  const std::filesystem::path& path() const { return path_; }
-
- private:
-  std::filesystem::path path_;
-};
+using headwise::testing::TempDir;
 
 // One tensor as it will be written: name, shape and bytes may all be changed.
 struct EditableTensor {

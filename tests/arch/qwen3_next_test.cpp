@@ -8,6 +8,8 @@
 #include <unistd.h>
 #include <catch2/catch.hpp>
 
+#include "../support/temp_dir.hpp"
+
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
@@ -50,26 +52,7 @@ double logit_scale(const at::Tensor& ref) {
   return std::max(1.0, ref.abs().max().item<double>());
 }
 
-// A fresh temp dir per test, removed at the end. POSIX calls on purpose: libtorch.so exports
-// its own std::filesystem::remove_all, which crashes when the test binary binds to it.
-struct TempDir {
-  fs::path path;
-  explicit TempDir(const std::string& tag) {
-    std::string pattern = (fs::path("/tmp") / fmt::format("headwise-qwen-{}-XXXXXX", tag)).string();
-    REQUIRE(::mkdtemp(pattern.data()) != nullptr);
-    path = pattern;
-  }
-  ~TempDir() {
-    if (DIR* dir = ::opendir(path.c_str())) {
-      while (const dirent* entry = ::readdir(dir)) {
-        const std::string file = entry->d_name;
-        if (file != "." && file != "..") ::unlink((path / file).c_str());
-      }
-      ::closedir(dir);
-    }
-    ::rmdir(path.c_str());
-  }
-};
+using headwise::testing::TempDir;
 
 nlohmann::json read_json(const fs::path& p) {
   std::ifstream in(p);
@@ -275,26 +258,26 @@ TEST_CASE("qwen3_5 wrapper checkpoint gives the text model's logits", "[arch]") 
                             {"text_config", text},
                             {"vision_config", {{"depth", 1}, {"hidden_size", 32}}},
                             {"tie_word_embeddings", text["tie_word_embeddings"]}};
-  write_json(dir.path / "config.json", wrapper);
+  write_json(dir.path() / "config.json", wrapper);
   // Qwen3_5ForConditionalGeneration.save_pretrained: text under model.language_model., the
   // vision tower under model.visual. (ignored), lm_head at the top.
-  rewrite_weights(name, dir.path,
+  rewrite_weights(name, dir.path(),
                   [](const std::string& n) {
                     return n.rfind("model.", 0) == 0 ? "model.language_model." + n.substr(6) : n;
                   },
                   {{"model.visual.patch_embed.proj.weight", at::ones({4, 4})},
                    {"mtp.fc.weight", at::ones({2, 2})}});
   const at::Tensor ids = reference(name, "input_ids");
-  const auto spec = arch::load_model_spec(dir.path);
+  const auto spec = arch::load_model_spec(dir.path());
   CHECK(spec.model_type == "qwen3_5_text");
   CHECK(spec.config_model_type == "qwen3_5");
-  CHECK(max_abs_error(run_fixture(dir.path, ids), run_fixture(fixture(name), ids)) == 0.0);
+  CHECK(max_abs_error(run_fixture(dir.path(), ids), run_fixture(fixture(name), ids)) == 0.0);
 }
 
 TEST_CASE("qwen3_next accepts fused (transformers v5) expert tensors", "[arch]") {
   const std::string name = "qwen3_next_tiny";
   TempDir dir("fused");
-  fs::copy_file(fixture(name) / "config.json", dir.path / "config.json");
+  fs::copy_file(fixture(name) / "config.json", dir.path() / "config.json");
   auto ckpt = io::Checkpoint::open(fixture(name));
   std::vector<std::pair<std::string, at::Tensor>> fused;
   for (int64_t layer : {0, 1, 3}) {  // the MoE layers (2 is in mlp_only_layers)
@@ -311,37 +294,37 @@ TEST_CASE("qwen3_next accepts fused (transformers v5) expert tensors", "[arch]")
                        at::stack(down));
   }
   rewrite_weights(
-      name, dir.path,
+      name, dir.path(),
       [](const std::string& n) { return n.find(".mlp.experts.") != std::string::npos ? "" : n; },
       fused);
   const at::Tensor ids = reference(name, "input_ids");
   const at::Tensor ref = reference(name, "logits_fp32");
-  CHECK(max_abs_error(run_fixture(dir.path, ids), ref) <= 1e-4 * logit_scale(ref));
+  CHECK(max_abs_error(run_fixture(dir.path(), ids), ref) <= 1e-4 * logit_scale(ref));
 }
 
 TEST_CASE("qwen hybrid load names a missing or mis-shaped tensor", "[arch]") {
   const std::string name = "qwen3_next_tiny";
   TempDir dir("missing");
-  fs::copy_file(fixture(name) / "config.json", dir.path / "config.json");
+  fs::copy_file(fixture(name) / "config.json", dir.path() / "config.json");
   SECTION("missing") {
     const std::string dropped = "model.layers.0.linear_attn.in_proj_qkvz.weight";
-    rewrite_weights(name, dir.path,
+    rewrite_weights(name, dir.path(),
                     [&](const std::string& n) { return n == dropped ? std::string() : n; });
-    REQUIRE_THROWS_AS(arch::load_model(dir.path, {}), InputError);
-    REQUIRE_THROWS_WITH(arch::load_model(dir.path, {}), Catch::Contains(dropped));
+    REQUIRE_THROWS_AS(arch::load_model(dir.path(), {}), InputError);
+    REQUIRE_THROWS_WITH(arch::load_model(dir.path(), {}), Catch::Contains(dropped));
   }
   SECTION("missing expert") {
     const std::string dropped = "model.layers.3.mlp.experts.2.up_proj.weight";
-    rewrite_weights(name, dir.path,
+    rewrite_weights(name, dir.path(),
                     [&](const std::string& n) { return n == dropped ? std::string() : n; });
-    REQUIRE_THROWS_WITH(arch::load_model(dir.path, {}), Catch::Contains(dropped));
+    REQUIRE_THROWS_WITH(arch::load_model(dir.path(), {}), Catch::Contains(dropped));
   }
   SECTION("wrong shape") {
     const std::string bad = "model.layers.1.self_attn.q_norm.weight";
-    rewrite_weights(name, dir.path,
+    rewrite_weights(name, dir.path(),
                     [&](const std::string& n) { return n == bad ? std::string() : n; },
                     {{bad, at::zeros({8})}});
-    REQUIRE_THROWS_WITH(arch::load_model(dir.path, {}),
+    REQUIRE_THROWS_WITH(arch::load_model(dir.path(), {}),
                         Catch::Contains(bad) && Catch::Contains("[16]"));
   }
 }

@@ -67,11 +67,11 @@ TEST_CASE("nemotron_h: pattern M-M*E, MLP/MoE blocks keep nothing, ssm in mamba_
                     Catch::Contains("cfg.json") && Catch::Contains("hybrid_override_pattern") && Catch::Contains("'X'"));
 }
 
-TEST_CASE("gpt_oss: even layers sliding, window == cache slots", "[arch]") {
+TEST_CASE("gpt_oss: even layers sliding, the cache keeps window - 1 tokens between steps", "[arch]") {
   const auto spec = spec_from_config("gpt_oss_tiny.json");
   CHECK(kinds(spec) == std::vector<std::string>{"sliding_attention", "full_attention"});
   CHECK(spec.layer(0).attention->sliding_window == 4);
-  CHECK(spec.layer(0).attention->sliding_cache_tokens == 4);
+  CHECK(spec.layer(0).attention->sliding_cache_tokens == 3);  // tools/check_state_shapes.py: HF holds W - 1
   CHECK(spec.layer(0).is_sliding());
   CHECK(spec.global_layer_ids() == std::vector<int64_t>{1});
 }

@@ -6,6 +6,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "../support/temp_dir.hpp"
 #include "../test_configs.hpp"
 #include "headwise/policy/policy.hpp"
 
@@ -14,25 +15,8 @@ namespace fs = std::filesystem;
 
 namespace {
 
-struct Run {
-  int status = 0;
-  std::string out;
-  std::string err;
-};
-
-Run run_cli(const std::string& args) {
-  const fs::path err_file = fs::temp_directory_path() / "headwise_cli_test_stderr.txt";
-  const std::string command = std::string(HEADWISE_CLI) + " " + args + " 2>" + err_file.string();
-  Run r;
-  FILE* pipe = popen(command.c_str(), "r");
-  REQUIRE(pipe != nullptr);
-  char buffer[4096];
-  while (size_t n = fread(buffer, 1, sizeof buffer, pipe)) r.out.append(buffer, n);
-  const int status = pclose(pipe);
-  r.status = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  r.err = read_text_file(err_file);
-  return r;
-}
+using Run = headwise::testing::CliRun;
+using headwise::testing::run_cli;
 
 // A model folder holding `config` as config.json (and, when asked, a 12-byte safetensors file).
 fs::path model_dir(const std::string& config, bool with_weights = false) {

@@ -1,5 +1,7 @@
 #include <catch2/catch.hpp>
 
+#include "../support/temp_dir.hpp"
+
 #include <array>
 #include <cstdlib>
 #include <cstdio>
@@ -24,27 +26,6 @@ namespace fs = std::filesystem;
 
 namespace {
 
-// POSIX calls on purpose: libtorch.so exports its own std::filesystem::remove_all, which
-// crashes when the test binary binds to it.
-struct TempDir {
-  fs::path path;
-  std::vector<fs::path> files;
-  TempDir() {
-    std::string pattern = "/tmp/headwise-solve-XXXXXX";
-    REQUIRE(::mkdtemp(pattern.data()) != nullptr);
-    path = pattern;
-  }
-  ~TempDir() {
-    for (const auto& file : files) ::unlink(file.c_str());
-    ::rmdir(path.c_str());
-  }
-  fs::path write(const std::string& name, const std::string& text) {
-    std::ofstream(path / name) << text;
-    files.push_back(path / name);
-    return path / name;
-  }
-};
-
 const char* kCurves = R"({
   "model": "extra keys are fine: reports embed curves",
   "heads": [
@@ -60,18 +41,12 @@ const char* kCurves = R"({
 
 struct Run {
   int status;
-  std::string output;
+  std::string output;  // stdout then stderr
 };
 
 Run run_cli(const std::string& arguments) {
-  const std::string command = std::string(HEADWISE_CLI) + " " + arguments + " 2>&1";
-  std::unique_ptr<FILE, int (*)(FILE*)> pipe(::popen(command.c_str(), "r"), ::pclose);
-  REQUIRE(pipe);
-  std::string output;
-  std::array<char, 4096> buffer{};
-  while (size_t n = std::fread(buffer.data(), 1, buffer.size(), pipe.get())) output.append(buffer.data(), n);
-  const int status = ::pclose(pipe.release());
-  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, output};
+  const auto r = headwise::testing::run_cli(arguments);
+  return {r.status, r.out + r.err};
 }
 
 void expect_parse_error(const std::string& text, const std::string& fragment) {
@@ -116,14 +91,14 @@ TEST_CASE("curves files parse, round-trip and reject bad keys", "[solve]") {
                                    {"layer_id": 1, "kv_head": 0, "options": [{"window": 1, "bytes": 1, "distortion": 0}]}]})",
                      "heads[1]: layer 1 KV head 0 listed twice");
 
-  TempDir dir;
+  headwise::testing::TempDir dir("solve");
   try {
     read_curves_file(dir.write("broken.json", "{\"heads\": ["));
     FAIL("accepted malformed JSON");
   } catch (const InputError& e) {
     CHECK_THAT(e.what(), Catch::Contains("broken.json"));
   }
-  CHECK_THROWS_AS(read_curves_file(dir.path / "missing.json"), InputError);
+  CHECK_THROWS_AS(read_curves_file(dir / "missing.json"), InputError);
 }
 
 TEST_CASE("solution JSON lists every head's window", "[solve]") {
@@ -138,7 +113,7 @@ TEST_CASE("solution JSON lists every head's window", "[solve]") {
 }
 
 TEST_CASE("headwise-calc solve re-solves stored curves", "[solve]") {
-  TempDir dir;
+  headwise::testing::TempDir dir("solve");
   const auto curves = dir.write("curves.json", kCurves);
 
   const Run json_run = run_cli("solve --curves " + curves.string() + " --budget 5m --json --quiet");

@@ -18,6 +18,8 @@ class Checkpoint;
 
 namespace headwise::arch {
 
+class LayerPrefetcher;
+
 // Everything an attention layer hands to its attention core. The core computes softmax
 // attention; the layer applies `output_gate` and `o_proj` afterwards. Carrying the gate and
 // o_proj here lets a measuring core compute the block-output distortion of truncating a head.
@@ -97,7 +99,10 @@ class DecoderModel {
   // Throws InputError naming the tensor and file on a missing tensor or a wrong shape.
   void validate_weights() const;
 
-  // Drops the device copies of a layer's weights (layer streaming).
+  // Starts loading layer `layer`'s weights in the background (layer_prefetch.hpp) so they are
+  // ready when run_layer(layer) asks; no-op when out of range or already resident.
+  void prefetch_layer(int64_t layer);
+  // Drops the device copies of a layer's weights (layer streaming) and its mapped pages.
   void release_layer(int64_t layer);
   void release_all();
   int64_t resident_weight_bytes() const;
@@ -115,6 +120,9 @@ class DecoderModel {
   at::Device device_;
   at::ScalarType dtype_;
   std::map<int64_t, std::map<std::string, at::Tensor>> resident_;
+  std::map<int64_t, std::vector<WeightRequirement>> layer_weights_;  // per layer, from required_weights()
+  std::unique_ptr<LayerPrefetcher> prefetcher_;
+  const std::vector<WeightRequirement>& weights_of(int64_t layer);
 };
 
 // "[2, 16, 64]" for messages.

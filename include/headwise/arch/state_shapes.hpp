@@ -46,8 +46,8 @@ std::vector<StateTensorSpec> short_conv_states(int64_t hidden, int64_t l_cache, 
 // num_attention_heads, num_key_value_heads (default: num_attention_heads) and head_dim
 // (default hidden_size / num_attention_heads, which must divide). Global (sliding_window 0).
 AttentionShape read_attention_shape(const ConfigReader& config);
-// The same with a sliding window of `window` tokens; the cache holds `window` slots (the
-// window includes the decoding token; HF's static sliding layer allocates exactly that).
+// The same with a sliding window of `window` tokens (the decoding token included); between
+// steps the cache holds window - 1 of them, as HF's DynamicSlidingWindowLayer does.
 AttentionShape sliding_attention_shape(AttentionShape shape, int64_t window);
 
 // A positive integer field that may also be "auto" (Bamba's mamba_d_head): nullopt when

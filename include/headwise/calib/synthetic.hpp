@@ -15,7 +15,7 @@ struct SyntheticOptions {
   int64_t samples = 8;
   int64_t seq_len = 2048;
   uint64_t seed = 0;
-  int64_t needles = 4;  // key→value pairs per sequence
+  int64_t needles = 0;  // key→value pairs per sequence; 0 = one per 512 tokens, 1 to 8
 };
 
 std::vector<std::vector<int64_t>> synthetic_retrieval_set(const SyntheticOptions& options);

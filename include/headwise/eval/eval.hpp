@@ -1,0 +1,74 @@
+#pragma once
+// `eval`: the policy and its baselines run through the runtime decoder (windows applied
+// physically), each at the same global-KV bytes as the policy, on the same samples.
+#include <ATen/ATen.h>
+
+#include <cstdint>
+#include <filesystem>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "headwise/arch/model.hpp"
+#include "headwise/eval/baselines.hpp"
+#include "headwise/eval/tasks.hpp"
+#include "headwise/memory/memory_model.hpp"
+#include "headwise/policy/policy.hpp"
+
+namespace headwise::eval {
+
+// Method names, in report order; "headwise" is the policy itself.
+const std::vector<std::string>& method_names();
+const std::vector<std::string>& baseline_names();  // method_names() without "headwise"
+
+struct MethodWindows {
+  std::string name;
+  memory::HeadWindows windows;
+};
+
+struct BaselineInputs {
+  const policy::Policy& policy;
+  memory::MemoryOptions options;  // the policy's, as eval runs them
+  uint64_t seed = 0;              // the random baseline's
+};
+
+// DuoAttention's retrieval score, measured without training: the attention mass each KV head's
+// query heads put on the needle (the answer's occurrence in the prompt) while producing the
+// answer, with full KV, averaged over samples. Samples whose answer never occurs in the prompt
+// do not count.
+HeadScores retrieval_scores(arch::DecoderModel& model, const std::vector<EvalSample>& samples);
+
+// Windows for each requested method (headwise first, then the baselines in `names` order).
+// `calibration` samples (drawn apart from the evaluated ones) give duo its retrieval scores and
+// unconditioned its curves (prompt + answer, cut to the shortest so SeqCalib gets equal lengths).
+std::vector<MethodWindows> build_methods(arch::DecoderModel& model, const BaselineInputs& inputs,
+                                         const std::vector<std::string>& names,
+                                         const std::vector<EvalSample>& calibration);
+
+struct RunOptions {
+  int64_t prefill_chunk = 256;
+  int64_t kl_positions = 512;  // last prompt positions compared with full KV (bounds memory)
+};
+
+struct MethodResult {
+  std::string name;
+  memory::HeadWindows windows;
+  int64_t global_kv_bytes = 0;
+  int64_t cache_bytes_estimated = 0;  // memory::estimate at the run's options
+  int64_t cache_bytes_measured = 0;   // storage the decoder's cache holds after the run
+  std::map<std::string, double> accuracy;  // per task
+  double kl_vs_full = 0.0;     // mean KL(full || method) per compared position
+  double perplexity = 0.0;     // on the prompts' next tokens
+  double prefill_tokens_per_s = 0.0;
+  double decode_tokens_per_s = 0.0;
+  std::vector<at::Tensor> logprobs;  // per sample [kl positions, vocab], kept for the full method
+};
+
+// Runs every sample. `reference`: the full method's result (its logprobs), or null when this
+// is the full method itself (KL 0 by definition, and its logprobs are kept).
+MethodResult run_method(arch::DecoderModel& model, const MethodWindows& method, const memory::MemoryOptions& options,
+                        const std::vector<EvalSample>& samples, const RunOptions& run, const MethodResult* reference);
+
+nlohmann::json to_json(const MethodResult& result, const arch::ModelSpec& spec);
+
+}  // namespace headwise::eval

@@ -1,0 +1,73 @@
+#pragma once
+// The reference decoder: a policy applied *physically*. Every global KV head keeps only the
+// slots the grouped cache gives it (grouped_cache.hpp's ring rule), so a key outside a head's
+// window is overwritten, not masked; sliding layers keep their ring; linear/SSM layers keep
+// their states in the cache's LayerState maps. Chunked prefill, then token-by-token decode.
+#include <ATen/ATen.h>
+
+#include <cstdint>
+
+#include "headwise/arch/model.hpp"
+#include "headwise/memory/memory_model.hpp"
+#include "headwise/runtime/grouped_cache.hpp"
+
+namespace headwise::runtime {
+
+// Attends the new tokens' queries over exactly what the cache holds plus the new keys, then
+// writes the new keys into the cache. The cache holds positions [0, position_offset) of the
+// sequence (as far as each head's ring keeps them); AttentionInputs::position_offset is
+// therefore also the cache's fill level, which keeps the core stateless.
+//
+// Attending to [held ∪ new] *before* writing makes chunks of any size exact, including chunks
+// longer than a head's ring: a key the chunk is about to overwrite is still readable by the
+// chunk's own queries that may see it.
+class CachedAttentionCore final : public arch::AttentionCore {
+ public:
+  // `spec` gives sliding layers' cache length; queries are processed `query_chunk` at a time
+  // so the workspace is O(query_chunk x held keys).
+  CachedAttentionCore(const arch::ModelSpec& spec, GroupedCache& cache, int64_t query_chunk)
+      : spec_(spec), cache_(cache), query_chunk_(query_chunk) {}
+  at::Tensor attend(const arch::AttentionInputs& inputs) override;
+
+ private:
+  const arch::ModelSpec& spec_;
+  GroupedCache& cache_;
+  int64_t query_chunk_;
+};
+
+class Decoder {
+ public:
+  // Allocates the grouped cache for `windows` at `options` on the model's device. The model
+  // must outlive the decoder.
+  Decoder(arch::DecoderModel& model, const memory::HeadWindows& windows, const memory::MemoryOptions& options);
+  // The attention core refers to the cache member: neither may move.
+  Decoder(const Decoder&) = delete;
+  Decoder& operator=(const Decoder&) = delete;
+
+  // Forgets the sequence: zeroes every buffer and state in place (no reallocation).
+  void reset();
+
+  // Runs `ids` [batch, T] (batch = the cache's) through the model in chunks of `chunk` tokens,
+  // continuing the current sequence. Returns logits [batch, T, vocab] float32.
+  at::Tensor prefill(const at::Tensor& ids, int64_t chunk);
+  // One token per sequence ([batch] int64) → logits [batch, vocab].
+  at::Tensor decode_step(const at::Tensor& tokens);
+  // Greedy continuation of `n` tokens from the last logits: [batch, n]. The last token is
+  // returned but not fed back (nothing reads its logits), so it takes no cache position.
+  at::Tensor generate(int64_t n);
+
+  int64_t position() const { return position_; }
+  const GroupedCache& cache() const { return cache_; }
+  arch::DecoderModel& model() { return model_; }
+
+ private:
+  at::Tensor run_chunk(const at::Tensor& ids);  // [batch, t] → logits [batch, t, vocab]
+
+  arch::DecoderModel& model_;
+  GroupedCache cache_;
+  CachedAttentionCore core_;
+  int64_t position_ = 0;
+  at::Tensor last_logits_;  // [batch, vocab] of the last fed token
+};
+
+}  // namespace headwise::runtime

@@ -1,0 +1,165 @@
+// `headwise-calc eval`: the policy and baselines at the policy's bytes, run through the
+// runtime decoder (windows applied physically) on retrieval tasks; accuracy, KL vs full,
+// perplexity, cache bytes (measured and estimated), throughput.
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+#include <iostream>
+#include <sstream>
+
+#include "headwise/arch/registry.hpp"
+#include "headwise/cli/command.hpp"
+#include "headwise/core/error.hpp"
+#include "headwise/core/units.hpp"
+#include "headwise/eval/eval.hpp"
+#include "headwise/io/checkpoint.hpp"
+
+namespace headwise::cli {
+namespace {
+
+namespace fs = std::filesystem;
+
+struct EvalArgs {
+  std::string model;
+  std::string policy;
+  std::string tasks;
+  std::string baselines = "full,uniform,pyramid,duo,random,unconditioned";
+  int64_t samples = 8;
+  std::string seq_len = "2k";
+  int64_t calib_samples = 4;
+  uint64_t seed = 0;
+  int64_t prefill_chunk = 256;
+  int64_t kl_positions = 512;
+  std::string device = "cpu";
+  CommonFlags flags;
+};
+
+std::vector<std::string> split_list(const std::string& text) {
+  std::vector<std::string> out;
+  std::stringstream in(text);
+  for (std::string item; std::getline(in, item, ',');) {
+    if (!item.empty()) out.push_back(item);
+  }
+  return out;
+}
+
+// A policy carries its model's fingerprint; quality numbers for another model's policy would
+// be meaningless, so refuse before any work.
+void check_policy_matches(const policy::Policy& p, const fs::path& dir, const arch::ModelSpec& spec, const std::string& where) {
+  const auto fp = policy::fingerprint_model(dir);
+  if (p.fingerprint.config_sha256 != fp.config_sha256) {
+    throw_input_error("--policy {}: model_fingerprint.config_sha256 does not match {} (a policy for another model)", where,
+                      (dir / "config.json").string());
+  }
+  if (p.fingerprint.weights_headers_sha256 && fp.weights_headers_sha256 &&
+      *p.fingerprint.weights_headers_sha256 != *fp.weights_headers_sha256) {
+    throw_input_error("--policy {}: model_fingerprint.weights_headers_sha256 does not match the safetensors in {} "
+                      "(recalibrate for these weights)", where, dir.string());
+  }
+  policy::validate_against_model(p, spec, where);
+}
+
+void print_table(const std::vector<eval::MethodResult>& results, const std::vector<std::string>& tasks) {
+  std::string header = fmt::format("{:<14} {:>14} {:>14}", "method", "cache_est", "cache_meas");
+  for (const auto& t : tasks) header += fmt::format(" {:>16}", t);
+  header += fmt::format(" {:>10} {:>10} {:>11} {:>10}", "kl_vs_full", "ppl", "prefill t/s", "decode t/s");
+  std::cout << header << "\n";
+  for (const auto& r : results) {
+    std::string line = fmt::format("{:<14} {:>14} {:>14}", r.name, r.cache_bytes_estimated, r.cache_bytes_measured);
+    for (const auto& t : tasks) line += fmt::format(" {:>16.3f}", r.accuracy.count(t) ? r.accuracy.at(t) : 0.0);
+    line += fmt::format(" {:>10.4g} {:>10.4g} {:>11.1f} {:>10.1f}", r.kl_vs_full, r.perplexity, r.prefill_tokens_per_s,
+                        r.decode_tokens_per_s);
+    std::cout << line << "\n";
+  }
+}
+
+void run_eval(const EvalArgs& args) {
+  apply_logging(args.flags);
+  const fs::path dir = io::resolve_model_dir(args.model);
+  const arch::ModelSpec spec = arch::load_model_spec(dir);
+  const policy::Policy pol = policy::read_policy(args.policy);
+  check_policy_matches(pol, dir, spec, args.policy);
+
+  const auto baselines = split_list(args.baselines);
+  for (const auto& b : baselines) {
+    const auto& known = eval::baseline_names();
+    if (std::find(known.begin(), known.end(), b) == known.end()) {
+      throw_input_error("--baselines {}: unknown baseline (have: {})", b, fmt::join(known, ", "));
+    }
+  }
+  // One sequence at a time: the figures are per sequence, at the policy's context and dtype.
+  memory::MemoryOptions options = pol.memory_options();
+  options.batch = 1;
+  const int64_t seq_len = parse_token_count(args.seq_len, "--seq-len");
+  if (seq_len > options.context) {
+    throw_input_error("--seq-len {} exceeds the policy's context of {} tokens", seq_len, options.context);
+  }
+  if (args.calib_samples <= 0) throw_input_error("--calib-samples must be positive, got {}", args.calib_samples);
+  if (args.prefill_chunk <= 0) throw_input_error("--prefill-chunk must be positive, got {}", args.prefill_chunk);
+  if (args.kl_positions <= 0) throw_input_error("--kl-positions must be positive, got {}", args.kl_positions);
+
+  eval::TaskRequest request{split_list(args.tasks), args.samples, seq_len, args.seed};
+  const auto samples = eval::make_eval_samples(dir, spec.vocab_size, request);
+  // Calibration samples for duo/unconditioned come from another seed: never the evaluated ones.
+  eval::TaskRequest calib_request = request;
+  calib_request.samples = args.calib_samples;
+  calib_request.seed = args.seed + 0x9e3779b97f4a7c15ull;
+  const auto calibration = eval::make_eval_samples(dir, spec.vocab_size, calib_request);
+
+  arch::ModelOptions model_options;
+  model_options.device = args.device;
+  auto model = arch::load_model(dir, model_options);
+  const auto methods = eval::build_methods(*model, {pol, options, args.seed}, baselines, calibration);
+
+  eval::RunOptions run{args.prefill_chunk, args.kl_positions};
+  // Full KV is the KL reference, so it runs first even when not reported.
+  const eval::MethodResult full =
+      eval::run_method(*model, {"full", memory::full_kv_windows(spec)}, options, samples, run, nullptr);
+  std::vector<eval::MethodResult> results;
+  for (const auto& m : methods) {
+    spdlog::info("eval: {} ({} global-KV bytes)", m.name, eval::global_kv_bytes(spec, m.windows, options));
+    results.push_back(m.name == "full" ? full : eval::run_method(*model, m, options, samples, run, &full));
+  }
+  std::vector<std::string> tasks;
+  for (const auto& s : samples) {
+    if (std::find(tasks.begin(), tasks.end(), s.task) == tasks.end()) tasks.push_back(s.task);
+  }
+  if (args.flags.json) {
+    nlohmann::json methods_json = nlohmann::json::array();
+    for (const auto& r : results) methods_json.push_back(eval::to_json(r, spec));
+    std::cout << nlohmann::json{{"model", dir.string()},       {"policy", args.policy},
+                                {"context", options.context},  {"batch", options.batch},
+                                {"kv_dtype", dtype_name(options.kv_dtype)},
+                                {"seq_len", seq_len},          {"samples_per_task", args.samples},
+                                {"seed", args.seed},           {"tasks", tasks},
+                                {"policy_global_kv_bytes", eval::global_kv_bytes(spec, pol.head_windows(), options)},
+                                {"one_block_per_head_bytes", eval::one_block_per_head(spec, options)},
+                                {"methods", methods_json}}
+                         .dump(2)
+              << "\n";
+    return;
+  }
+  print_table(results, tasks);
+}
+
+const RegisterCommand kRegister{"eval", [](CLI::App& root) {
+  static EvalArgs args;
+  auto* cmd = root.add_subcommand("eval", "Policy vs baselines at equal bytes through the runtime decoder");
+  cmd->add_option("--model", args.model, "Model folder (config.json + safetensors)")->required();
+  cmd->add_option("--policy", args.policy, "policy.yaml made for this model")->required();
+  cmd->add_option("--tasks", args.tasks, "Comma-separated tasks (default: needle tasks for the model)");
+  cmd->add_option("--samples", args.samples, "Samples per task")->capture_default_str();
+  cmd->add_option("--seq-len", args.seq_len, "Tokens per sample, prompt + answer (k = 1024)")->capture_default_str();
+  cmd->add_option("--baselines", args.baselines, "Comma-separated baselines")->capture_default_str();
+  cmd->add_option("--calib-samples", args.calib_samples, "Samples per task for duo scores / unconditioned curves")
+      ->capture_default_str();
+  cmd->add_option("--seed", args.seed, "Seed of the samples and of the random baseline")->capture_default_str();
+  cmd->add_option("--prefill-chunk", args.prefill_chunk, "Tokens per prefill chunk")->capture_default_str();
+  cmd->add_option("--kl-positions", args.kl_positions, "Last prompt positions compared with full KV")->capture_default_str();
+  cmd->add_option("--device", args.device, "cpu, cuda, cuda:N")->capture_default_str();
+  add_common_flags(cmd, args.flags, /*with_json=*/true);
+  cmd->callback([] { run_eval(args); });
+}};
+
+}  // namespace
+}  // namespace headwise::cli

@@ -1,0 +1,162 @@
+// The methods eval compares: the policy, full KV, and baselines at the policy's bytes.
+#include <c10/core/InferenceMode.h>
+
+#include <algorithm>
+#include <limits>
+
+#include "headwise/arch/attention.hpp"
+#include "headwise/calib/seqcalib.hpp"
+#include "headwise/core/error.hpp"
+#include "headwise/eval/eval.hpp"
+
+namespace headwise::eval {
+namespace {
+
+// Exact attention that also measures, at global layers, the attention mass of the answer-
+// producing queries on the needle keys, per KV head (its query heads averaged).
+class RetrievalScoreCore final : public arch::AttentionCore {
+ public:
+  RetrievalScoreCore(at::Tensor rows, at::Tensor needles, int64_t chunk)
+      : rows_(std::move(rows)), needles_(std::move(needles)), exact_(chunk) {}
+
+  at::Tensor attend(const arch::AttentionInputs& in) override {
+    if (in.sliding_window == 0) measure(in);
+    return exact_.attend(in);
+  }
+  std::map<int64_t, std::vector<double>> mass;
+
+ private:
+  void measure(const arch::AttentionInputs& in) {
+    const int64_t batch = in.q.size(0), num_heads = in.q.size(1), head_dim = in.q.size(3), keys = in.k.size(2);
+    const int64_t num_kv = in.k.size(1), group = num_heads / num_kv, rows = rows_.size(0);
+    const at::Tensor q = in.q.index_select(2, rows_).view({batch, num_kv, group, rows, head_dim});
+    at::Tensor scores = at::matmul(q, in.k.unsqueeze(2).transpose(-1, -2)) * in.scaling;  // [B, nkv, g, r, T]
+    if (in.logit_softcap > 0) scores = at::tanh(scores / in.logit_softcap) * in.logit_softcap;
+    const at::Tensor k_pos = at::arange(keys, rows_.options()).view({1, keys});
+    const at::Tensor future = k_pos > (rows_ + in.position_offset).view({rows, 1});
+    const at::Tensor probs = at::softmax(scores.to(at::kFloat).masked_fill(future, -std::numeric_limits<float>::infinity()), -1);
+    const at::Tensor per_head = probs.index_select(-1, needles_).sum(-1).mean({0, 2, 3}).to(at::kDouble).cpu();
+    auto& out = mass[in.layer_id];
+    out.assign(per_head.data_ptr<double>(), per_head.data_ptr<double>() + num_kv);
+  }
+
+  at::Tensor rows_, needles_;
+  arch::ExactAttentionCore exact_;
+};
+
+// Where the needle sits: the last occurrence of the whole answer in the prompt, else every
+// prompt position holding one of the answer's tokens (text tasks may tokenize it differently).
+std::vector<int64_t> needle_positions(const EvalSample& s) {
+  const auto it = std::find_end(s.prompt.begin(), s.prompt.end(), s.answer.begin(), s.answer.end());
+  std::vector<int64_t> out;
+  if (it != s.prompt.end()) {
+    for (size_t i = 0; i < s.answer.size(); ++i) out.push_back(static_cast<int64_t>(it - s.prompt.begin()) + static_cast<int64_t>(i));
+    return out;
+  }
+  for (size_t p = 0; p + 1 < s.prompt.size(); ++p) {
+    if (std::find(s.answer.begin(), s.answer.end(), s.prompt[p]) != s.answer.end()) out.push_back(static_cast<int64_t>(p));
+  }
+  return out;
+}
+
+int64_t budget_of(const arch::ModelSpec& spec, const BaselineInputs& in) {
+  return global_kv_bytes(spec, in.policy.head_windows(), in.options);
+}
+
+memory::HeadWindows unconditioned(arch::DecoderModel& model, const BaselineInputs& in,
+                                  const std::vector<EvalSample>& calibration) {
+  size_t len = std::numeric_limits<size_t>::max();
+  for (const auto& s : calibration) len = std::min(len, s.prompt.size() + s.answer.size());
+  std::vector<std::vector<int64_t>> sequences;
+  for (const auto& s : calibration) {
+    std::vector<int64_t> seq = s.prompt;
+    seq.insert(seq.end(), s.answer.begin(), s.answer.end());
+    // Keep the end (the query and its answer): cut from the front.
+    sequences.emplace_back(seq.end() - static_cast<std::ptrdiff_t>(len), seq.end());
+  }
+  calib::SeqCalibOptions o;
+  o.ladder.levels = in.policy.window_levels;
+  o.global_budget_bytes = budget_of(model.spec(), in);
+  o.sink_tokens = in.options.sink_tokens;
+  const memory::MemoryOptions mem = in.options;
+  o.head_bytes = [mem](const arch::LayerSpec& layer, int64_t window) { return memory::head_bytes(*layer.attention, window, mem); };
+  o.conditioned = false;
+  return calib::run_seqcalib(model, sequences, o).windows;
+}
+
+}  // namespace
+
+const std::vector<std::string>& method_names() {
+  static const std::vector<std::string> names{"headwise", "full", "uniform", "pyramid", "duo", "random", "unconditioned"};
+  return names;
+}
+
+const std::vector<std::string>& baseline_names() {
+  static const std::vector<std::string> names(method_names().begin() + 1, method_names().end());
+  return names;
+}
+
+HeadScores retrieval_scores(arch::DecoderModel& model, const std::vector<EvalSample>& samples) {
+  c10::InferenceMode inference;
+  HeadScores sum;
+  for (int64_t id : model.spec().global_layer_ids()) {
+    sum[id].assign(static_cast<size_t>(model.spec().layer(id).attention->num_kv_heads), 0.0);
+  }
+  int64_t counted = 0;
+  const auto long_opts = at::TensorOptions().dtype(at::kLong).device(model.device());
+  for (const auto& s : samples) {
+    const auto needles = needle_positions(s);
+    if (needles.empty()) continue;
+    std::vector<int64_t> seq = s.prompt;
+    seq.insert(seq.end(), s.answer.begin(), s.answer.end() - 1);  // teacher-forced, last answer token unused
+    const auto prompt_len = static_cast<int64_t>(s.prompt.size());
+    RetrievalScoreCore core(at::arange(prompt_len - 1, static_cast<int64_t>(seq.size()), long_opts),
+                            at::tensor(needles, long_opts), model.attention_chunk());
+    at::Tensor hidden = model.embed(at::tensor(seq, long_opts).view({1, -1}));
+    arch::LayerRun run;
+    run.attention = &core;
+    for (int64_t i = 0; i < model.spec().num_layers(); ++i) hidden = model.run_layer(i, hidden, run);
+    for (auto& [layer, heads] : sum) {
+      for (size_t h = 0; h < heads.size(); ++h) heads[h] += core.mass.at(layer).at(h);
+    }
+    ++counted;
+  }
+  if (counted > 0) {
+    for (auto& [layer, heads] : sum) {
+      for (double& v : heads) v /= static_cast<double>(counted);
+    }
+  }
+  return sum;
+}
+
+std::vector<MethodWindows> build_methods(arch::DecoderModel& model, const BaselineInputs& in,
+                                         const std::vector<std::string>& names,
+                                         const std::vector<EvalSample>& calibration) {
+  const auto& spec = model.spec();
+  const int64_t budget = budget_of(spec, in);
+  std::vector<MethodWindows> out{{"headwise", in.policy.head_windows()}};
+  for (const auto& name : names) {
+    memory::HeadWindows w;
+    if (name == "full") {
+      w = memory::full_kv_windows(spec);
+    } else if (name == "uniform") {
+      w = uniform_baseline(spec, in.options, budget);
+    } else if (name == "pyramid") {
+      w = pyramid_baseline(spec, in.options, budget);
+    } else if (name == "duo") {
+      w = duo_baseline(spec, in.options, budget, retrieval_scores(model, calibration), in.policy.window_levels.front());
+    } else if (name == "random") {
+      w = random_baseline(spec, in.options, budget, in.policy.window_levels, in.seed);
+    } else if (name == "unconditioned") {
+      w = unconditioned(model, in, calibration);
+    } else {
+      std::string have;
+      for (const auto& n : baseline_names()) have += (have.empty() ? "" : ", ") + n;
+      throw_input_error("--baselines {}: unknown baseline (have: {})", name, have);
+    }
+    out.push_back({name, std::move(w)});
+  }
+  return out;
+}
+
+}  // namespace headwise::eval

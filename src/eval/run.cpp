@@ -1,0 +1,103 @@
+// One method over every sample through the runtime decoder: accuracy, KL vs full, perplexity,
+// throughput, and the cache bytes (measured from the decoder's storage, and estimated).
+#include <c10/core/InferenceMode.h>
+
+#include <chrono>
+#include <cmath>
+
+#include "headwise/core/error.hpp"
+#include "headwise/eval/eval.hpp"
+#include "headwise/runtime/decoder.hpp"
+
+namespace headwise::eval {
+namespace {
+
+double seconds_since(std::chrono::steady_clock::time_point start) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
+nlohmann::json windows_json(const memory::HeadWindows& windows) {
+  nlohmann::json out = nlohmann::json::object();
+  for (const auto& [layer, heads] : windows) {
+    nlohmann::json list = nlohmann::json::array();
+    for (int64_t w : heads) list.push_back(w == kFullWindow ? nlohmann::json("full") : nlohmann::json(w));
+    out[std::to_string(layer)] = list;
+  }
+  return out;
+}
+
+}  // namespace
+
+MethodResult run_method(arch::DecoderModel& model, const MethodWindows& method, const memory::MemoryOptions& options,
+                        const std::vector<EvalSample>& samples, const RunOptions& run, const MethodResult* reference) {
+  c10::InferenceMode inference;
+  HEADWISE_CHECK(options.batch == 1, "eval runs one sequence at a time, got batch {}", options.batch);
+  HEADWISE_CHECK(reference == nullptr || reference->logprobs.size() == samples.size(), "reference has {} samples, not {}",
+                 reference ? reference->logprobs.size() : 0, samples.size());
+  MethodResult r;
+  r.name = method.name;
+  r.windows = method.windows;
+  r.global_kv_bytes = global_kv_bytes(model.spec(), method.windows, options);
+  r.cache_bytes_estimated = memory::estimate(model.spec(), method.windows, options).total_bytes;
+  runtime::Decoder decoder(model, method.windows, options);
+  const auto long_opts = at::TensorOptions().dtype(at::kLong);
+  std::map<std::string, std::pair<int64_t, int64_t>> correct;  // task → (right, total)
+  double prefill_s = 0, decode_s = 0, nll = 0, kl = 0;
+  int64_t prefill_tokens = 0, decode_tokens = 0, nll_count = 0, kl_count = 0;
+  for (size_t i = 0; i < samples.size(); ++i) {
+    const auto& s = samples[i];
+    const auto prompt_len = static_cast<int64_t>(s.prompt.size());
+    decoder.reset();
+    auto start = std::chrono::steady_clock::now();
+    const at::Tensor logits = decoder.prefill(at::tensor(s.prompt, long_opts).view({1, -1}), run.prefill_chunk);
+    prefill_s += seconds_since(start);
+    prefill_tokens += prompt_len;
+    start = std::chrono::steady_clock::now();
+    const at::Tensor generated = decoder.generate(static_cast<int64_t>(s.answer.size()));
+    decode_s += seconds_since(start);
+    decode_tokens += static_cast<int64_t>(s.answer.size());
+
+    const at::Tensor logp = at::log_softmax(logits.select(0, 0), -1).cpu();  // [P, V]
+    if (prompt_len > 1) {
+      const at::Tensor next = at::tensor(std::vector<int64_t>(s.prompt.begin() + 1, s.prompt.end()), long_opts);
+      nll -= logp.slice(0, 0, prompt_len - 1).gather(1, next.view({-1, 1})).sum().item<double>();
+      nll_count += prompt_len - 1;
+    }
+    const int64_t k = std::min(run.kl_positions, prompt_len);
+    const at::Tensor tail = logp.slice(0, prompt_len - k, prompt_len);
+    if (reference == nullptr) {
+      r.logprobs.push_back(tail.clone());
+    } else {
+      const at::Tensor& ref = reference->logprobs[i];
+      HEADWISE_CHECK(ref.sizes() == tail.sizes(), "reference logprobs {} vs {}", arch::shape_string(ref.sizes()),
+                     arch::shape_string(tail.sizes()));
+      kl += (ref.exp() * (ref - tail)).sum().item<double>();
+      kl_count += k;
+    }
+    auto& [right, total] = correct[s.task];
+    right += at::equal(generated.view({-1}), at::tensor(s.answer, long_opts)) ? 1 : 0;
+    ++total;
+  }
+  r.cache_bytes_measured = decoder.cache().allocated_bytes();
+  for (const auto& [task, counts] : correct) r.accuracy[task] = static_cast<double>(counts.first) / static_cast<double>(counts.second);
+  r.kl_vs_full = kl_count > 0 ? kl / static_cast<double>(kl_count) : 0.0;
+  r.perplexity = nll_count > 0 ? std::exp(nll / static_cast<double>(nll_count)) : 0.0;
+  r.prefill_tokens_per_s = prefill_s > 0 ? static_cast<double>(prefill_tokens) / prefill_s : 0.0;
+  r.decode_tokens_per_s = decode_s > 0 ? static_cast<double>(decode_tokens) / decode_s : 0.0;
+  return r;
+}
+
+nlohmann::json to_json(const MethodResult& r, const arch::ModelSpec& spec) {
+  return {{"name", r.name},
+          {"cache_bytes_estimated", r.cache_bytes_estimated},
+          {"cache_bytes_measured", r.cache_bytes_measured},
+          {"global_kv_bytes", r.global_kv_bytes},
+          {"tasks", r.accuracy},
+          {"kl_vs_full", r.kl_vs_full},
+          {"perplexity", r.perplexity},
+          {"prefill_tokens_per_s", r.prefill_tokens_per_s},
+          {"decode_tokens_per_s", r.decode_tokens_per_s},
+          {"windows", windows_json(r.windows)}};
+}
+
+}  // namespace headwise::eval

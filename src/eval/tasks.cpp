@@ -1,0 +1,137 @@
+#include "headwise/eval/tasks.hpp"
+
+#include <algorithm>
+#include <optional>
+
+#include "headwise/calib/generators.hpp"
+#include "headwise/calib/synthetic.hpp"
+#include "headwise/core/error.hpp"
+#include "headwise/tokenize/tokenizer.hpp"
+
+namespace headwise::eval {
+namespace {
+
+namespace fs = std::filesystem;
+
+// Token-level needle tasks: name → key→value pairs planted in the haystack. The last query's
+// value (the sequence's final kValueLen tokens) is the answer.
+struct TokenTask {
+  const char* name;
+  int64_t needles;
+};
+constexpr TokenTask kTokenTasks[] = {{"needle_single", 1}, {"needle_multikey", 4}, {"needle_multikey8", 8}};
+constexpr int64_t kValueLen = 3;  // calib/synthetic.cpp's value length
+
+const std::vector<std::string> kDefaultTextTasks{"niah_single", "niah_multikey", "niah_multivalue", "variable_tracking"};
+
+bool has_tokenizer(const fs::path& dir) {
+  std::error_code ec;
+  return fs::exists(dir / "tokenizer.json", ec);
+}
+
+bool is_token_task(const std::string& name) {
+  return std::any_of(std::begin(kTokenTasks), std::end(kTokenTasks), [&](const TokenTask& t) { return name == t.name; });
+}
+
+std::vector<EvalSample> token_task_samples(const TokenTask& task, int64_t vocab, const TaskRequest& r) {
+  calib::SyntheticOptions o;
+  o.vocab_size = vocab;
+  o.samples = r.samples;
+  o.seq_len = r.seq_len;
+  // Each task gets its own stream so adding a task never changes another's samples.
+  o.seed = r.seed * 1000003 + static_cast<uint64_t>(task.needles);
+  o.needles = task.needles;
+  std::vector<EvalSample> out;
+  for (auto& seq : calib::synthetic_retrieval_set(o)) {
+    EvalSample s;
+    s.task = task.name;
+    s.answer.assign(seq.end() - kValueLen, seq.end());
+    s.prompt.assign(seq.begin(), seq.end() - kValueLen);
+    out.push_back(std::move(s));
+  }
+  return out;
+}
+
+std::vector<EvalSample> text_task_samples(const std::string& task, const tokenize::Tokenizer& tokenizer,
+                                          const TaskRequest& r) {
+  const auto counter = calib::make_token_counter(&tokenizer);
+  calib::GeneratorRequest g;
+  g.task = task;
+  g.length = r.seq_len;
+  g.samples = r.samples;
+  g.seed = r.seed;
+  std::vector<EvalSample> out;
+  for (const auto& record : calib::generate_calibration(g, *counter)) {
+    const std::string text = record.at("text").get<std::string>();
+    const std::string answer_text = record.at("answer_text").get<std::string>();
+    const std::string prompt_text = text.substr(0, text.size() - answer_text.size());
+    EvalSample s;
+    s.task = task;
+    s.prompt = tokenizer.encode(prompt_text, true);
+    // The answer as the model would produce it after this prompt: the whole text's tokens past
+    // the prompt's, when the prompt tokenizes to a prefix of the whole (no merge across the cut).
+    const auto whole = tokenizer.encode(text, true);
+    if (whole.size() > s.prompt.size() && std::equal(s.prompt.begin(), s.prompt.end(), whole.begin())) {
+      s.answer.assign(whole.begin() + static_cast<std::ptrdiff_t>(s.prompt.size()), whole.end());
+    } else {
+      s.answer = tokenizer.encode(answer_text, false);
+    }
+    if (s.answer.empty()) throw_input_error("--tasks {}: sample with an empty answer", task);
+    if (static_cast<int64_t>(s.prompt.size() + s.answer.size()) > r.seq_len) {
+      // The generator measured with the same tokenizer; a longer result means the cut merged.
+      s.prompt.erase(s.prompt.begin(), s.prompt.begin() + static_cast<std::ptrdiff_t>(s.prompt.size() + s.answer.size() -
+                                                                                        static_cast<size_t>(r.seq_len)));
+    }
+    out.push_back(std::move(s));
+  }
+  return out;
+}
+
+}  // namespace
+
+std::vector<std::string> available_tasks(const fs::path& model_dir) {
+  std::vector<std::string> out;
+  for (const auto& t : kTokenTasks) out.push_back(t.name);
+  if (has_tokenizer(model_dir)) {
+    for (const auto& t : calib::generator_tasks()) out.push_back(t);
+  }
+  return out;
+}
+
+std::vector<std::string> default_tasks(const fs::path& model_dir) {
+  if (has_tokenizer(model_dir)) return kDefaultTextTasks;
+  return {"needle_single", "needle_multikey"};
+}
+
+std::vector<EvalSample> make_eval_samples(const fs::path& model_dir, int64_t vocab_size, const TaskRequest& request) {
+  if (request.samples <= 0) throw_input_error("--samples must be positive, got {}", request.samples);
+  if (request.seq_len <= 0) throw_input_error("--seq-len must be positive, got {}", request.seq_len);
+  const auto tasks = request.tasks.empty() ? default_tasks(model_dir) : request.tasks;
+  const auto text_tasks = calib::generator_tasks();
+  std::optional<tokenize::Tokenizer> tokenizer;
+  std::vector<EvalSample> out;
+  for (const auto& task : tasks) {
+    std::vector<EvalSample> samples;
+    if (is_token_task(task)) {
+      const auto& t = *std::find_if(std::begin(kTokenTasks), std::end(kTokenTasks),
+                                    [&](const TokenTask& x) { return task == x.name; });
+      samples = token_task_samples(t, vocab_size, request);
+    } else if (std::find(text_tasks.begin(), text_tasks.end(), task) != text_tasks.end()) {
+      if (!has_tokenizer(model_dir)) {
+        throw_input_error("--tasks {}: a text task needs {}; this model has none (token tasks: needle_single, "
+                          "needle_multikey, needle_multikey8)",
+                          task, (model_dir / "tokenizer.json").string());
+      }
+      if (!tokenizer) tokenizer.emplace(tokenize::Tokenizer::from_file(model_dir / "tokenizer.json"));
+      samples = text_task_samples(task, *tokenizer, request);
+    } else {
+      std::string names;
+      for (const auto& n : available_tasks(model_dir)) names += (names.empty() ? "" : ", ") + n;
+      throw_input_error("--tasks {}: unknown task (have: {})", task, names);
+    }
+    out.insert(out.end(), samples.begin(), samples.end());
+  }
+  return out;
+}
+
+}  // namespace headwise::eval

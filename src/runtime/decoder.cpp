@@ -1,0 +1,82 @@
+// Decoder: chunked prefill and greedy decode over a GroupedCache. See decoder.hpp.
+#include "headwise/runtime/decoder.hpp"
+
+#include <c10/core/InferenceMode.h>
+
+#include "headwise/core/error.hpp"
+
+namespace headwise::runtime {
+
+Decoder::Decoder(arch::DecoderModel& model, const memory::HeadWindows& windows, const memory::MemoryOptions& options)
+    : model_(model),
+      cache_(GroupedCache::allocate(model.spec(), windows, options, model.device())),
+      core_(model.spec(), cache_, model.attention_chunk()) {}
+
+void Decoder::reset() {
+  c10::InferenceMode inference;
+  // In place: the storage the memory test measures must be the storage that serves every sequence.
+  for (const auto& layer : cache_.layers()) {
+    for (const auto& g : layer.groups) {
+      g.k.zero_();
+      g.v.zero_();
+    }
+    if (layer.k.defined()) layer.k.zero_();
+    if (layer.v.defined()) layer.v.zero_();
+    // Zero recurrent/conv states are exactly a fresh sequence (HF starts from zeros too).
+    for (const auto& [name, state] : layer.states) state.zero_();
+  }
+  position_ = 0;
+  last_logits_ = at::Tensor();
+}
+
+at::Tensor Decoder::run_chunk(const at::Tensor& ids) {
+  const int64_t steps = ids.size(1);
+  if (position_ + steps > cache_.options().context) {
+    throw_input_error("sequence of {} tokens exceeds the cache context of {} tokens", position_ + steps,
+                      cache_.options().context);
+  }
+  at::Tensor hidden = model_.embed(ids.to(model_.device()));
+  for (int64_t i = 0; i < model_.spec().num_layers(); ++i) {
+    LayerCache& layer = cache_.layer(i);
+    arch::LayerRun run;
+    run.attention = &core_;
+    run.state = layer.states.empty() ? nullptr : &layer.states;
+    run.position_offset = position_;
+    hidden = model_.run_layer(i, hidden, run);
+  }
+  position_ += steps;
+  at::Tensor logits = model_.logits(hidden);
+  last_logits_ = logits.select(1, steps - 1);
+  return logits;
+}
+
+at::Tensor Decoder::prefill(const at::Tensor& ids, int64_t chunk) {
+  c10::InferenceMode inference;
+  HEADWISE_CHECK(ids.dim() == 2 && ids.size(0) == cache_.options().batch && ids.size(1) > 0,
+                 "prefill ids {} for a cache of batch {}", arch::shape_string(ids.sizes()), cache_.options().batch);
+  if (chunk <= 0) throw_input_error("prefill chunk must be positive, got {}", chunk);
+  std::vector<at::Tensor> parts;
+  for (int64_t t0 = 0; t0 < ids.size(1); t0 += chunk) parts.push_back(run_chunk(ids.slice(1, t0, t0 + chunk)));
+  return parts.size() == 1 ? parts.front() : at::cat(parts, 1);
+}
+
+at::Tensor Decoder::decode_step(const at::Tensor& tokens) {
+  c10::InferenceMode inference;
+  HEADWISE_CHECK(tokens.dim() == 1 && tokens.size(0) == cache_.options().batch, "decode tokens {} for a cache of batch {}",
+                 arch::shape_string(tokens.sizes()), cache_.options().batch);
+  return run_chunk(tokens.reshape({-1, 1})).select(1, 0);
+}
+
+at::Tensor Decoder::generate(int64_t n) {
+  c10::InferenceMode inference;
+  HEADWISE_CHECK(last_logits_.defined(), "generate before prefill");
+  std::vector<at::Tensor> out;
+  for (int64_t i = 0; i < n; ++i) {
+    const at::Tensor next = last_logits_.argmax(-1);
+    out.push_back(next.to(at::kCPU));
+    if (i + 1 < n) decode_step(next);
+  }
+  return out.empty() ? at::empty({cache_.options().batch, 0}, at::kLong) : at::stack(out, 1);
+}
+
+}  // namespace headwise::runtime

@@ -1,0 +1,101 @@
+// The main command end to end on a tiny Qwen3-Next fixture: outputs, byte-identical reruns,
+// the budget never exceeded, and bad input (one line, non-zero exit, nothing written).
+#include <catch2/catch.hpp>
+
+#include <map>
+#include <nlohmann/json.hpp>
+
+#include "../support/temp_dir.hpp"
+#include "headwise/core/files.hpp"
+#include "headwise/policy/policy.hpp"
+
+using namespace headwise;
+using testing::run_cli;
+using testing::TempDir;
+
+namespace {
+
+const std::string kModel = std::string(HEADWISE_FIXTURES_DIR) + "/qwen3_next_tiny";
+// Full KV at context 512 for this model: 2 global layers x 2 KV heads x 512 x 16 x 2 x 4 B.
+const std::string kBase = "--model " + kModel + " --context 512 --windows 8,32,full --seq-len 96 --samples 2 -q";
+
+// The base command with some flags replaced (CLI11 rejects a repeated option).
+std::string with(std::map<std::string, std::string> overrides) {
+  std::map<std::string, std::string> flags{{"--model", kModel}, {"--context", "512"}, {"--windows", "8,32,full"},
+                                           {"--seq-len", "96"}, {"--samples", "2"}, {"--budget", "300k"}};
+  for (auto& [flag, value] : overrides) flags[flag] = value;
+  std::string args = "-q";
+  for (const auto& [flag, value] : flags) {
+    if (!value.empty()) args += " " + flag + " " + value;
+  }
+  return args;
+}
+
+std::string calibrate(const TempDir& dir, const std::string& name, const std::string& extra) {
+  return kBase + " -o " + (dir / (name + ".yaml")).string() + " " + extra;
+}
+
+}  // namespace
+
+TEST_CASE("calibrate writes a policy, report and heat map within the budget, byte-identical on rerun", "[cli]") {
+  TempDir dir("calibrate");
+  const auto a = run_cli(calibrate(dir, "a", "--budget 300k --report " + (dir / "report.json").string() + " --plot " +
+                                                 (dir / "windows.svg").string()));
+  REQUIRE(a.status == 0);
+  const auto b = run_cli(calibrate(dir, "b", "--budget 300k"));
+  REQUIRE(b.status == 0);
+  const std::string policy_a = read_text_file(dir / "a.yaml");
+  CHECK(policy_a == read_text_file(dir / "b.yaml"));
+
+  const auto policy = policy::read_policy(dir / "a.yaml");
+  CHECK(policy.memory.total_bytes <= 300 * 1024);
+  CHECK(policy.per_layer_policies.size() == 2);
+  CHECK(policy.calibration["method"] == "seqcalib");
+  const auto report = read_json_file(dir / "report.json");
+  CHECK(report["heads"].size() == 4);
+  CHECK(report["probe_heads"].size() == 4);
+  CHECK(report["global_bytes"].get<int64_t>() <= report["global_budget_bytes"].get<int64_t>());
+  CHECK_THAT(read_text_file(dir / "windows.svg"), Catch::StartsWith("<svg") && Catch::Contains("layer 3"));
+
+  // The report's curves re-solve with `solve` at another budget.
+  const auto solved = run_cli("solve --curves " + (dir / "report.json").string() + " --budget 200k --json");
+  REQUIRE(solved.status == 0);
+  CHECK(nlohmann::json::parse(solved.out)["approximate"] == true);
+}
+
+TEST_CASE("calibrate: a budget at full KV gives full everywhere", "[cli]") {
+  TempDir dir("calibrate");
+  REQUIRE(run_cli(calibrate(dir, "p", "--budget 1m")).status == 0);
+  for (const auto& layer : policy::read_policy(dir / "p.yaml").per_layer_policies) {
+    CHECK(layer.kv_head_windows == std::vector<int64_t>{kFullWindow, kFullWindow});
+  }
+}
+
+TEST_CASE("calibrate refuses bad input with one line and writes nothing", "[cli]") {
+  TempDir dir("calibrate");
+  const auto out = (dir / "p.yaml").string();
+  struct Case {
+    std::string args;
+    int status;
+    std::string fragment;
+  };
+  const std::vector<Case> cases{
+      {with({{"--budget", "1k"}, {"-o", out}}), 3, "minimum"},
+      {with({{"--budget", "0"}, {"-o", out}}), 1, "--budget"},
+      {with({{"--context", "0"}, {"-o", out}}), 1, "--context"},
+      {with({{"--windows", "32,8"}, {"-o", out}}), 1, "--windows"},
+      {with({{"--seq-len", "10x"}, {"-o", out}}), 1, "--seq-len"},
+      {with({{"--calib", (dir / "none.jsonl").string()}, {"-o", out}}), 1, "none.jsonl"},
+      {with({{"--model", (dir / "nowhere").string()}, {"-o", out}}), 1, "nowhere"},
+      {with({{"--budget", ""}, {"-o", out}}), 1, "--budget"},
+      {with({{"-o", (dir / "no/such/dir/p.yaml").string()}}), 1, "does not exist"},
+  };
+  for (const auto& c : cases) {
+    INFO(c.args);
+    const auto run = run_cli(c.args);
+    CHECK(run.status == c.status);
+    CHECK_THAT(run.err, Catch::Contains(c.fragment));
+    CHECK(std::count(run.err.begin(), run.err.end(), '\n') == 1);
+    CHECK(!std::filesystem::exists(out));
+  }
+}

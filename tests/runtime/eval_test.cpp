@@ -1,0 +1,181 @@
+// eval: baselines at the policy's bytes (within one block per head), measured == estimated
+// bytes through the CLI, full KV has KL 0, and bad input fails with one line.
+#include <catch2/catch.hpp>
+
+#include <algorithm>
+#include <cstdio>
+#include <nlohmann/json.hpp>
+#include <random>
+
+#include "../arch/fixture_reference.hpp"
+#include "../test_configs.hpp"
+#include "headwise/eval/baselines.hpp"
+#include "headwise/policy/policy.hpp"
+
+using namespace headwise;
+namespace fs = std::filesystem;
+
+namespace {
+
+struct Run {
+  int status = 0;
+  std::string out;
+  std::string err;
+};
+
+Run run_cli(const std::string& args, const fs::path& scratch) {
+  const fs::path err_file = scratch / "stderr.txt";
+  const std::string command = std::string(HEADWISE_CLI) + " " + args + " 2>" + err_file.string();
+  Run r;
+  FILE* pipe = popen(command.c_str(), "r");
+  REQUIRE(pipe != nullptr);
+  char buffer[4096];
+  while (size_t n = fread(buffer, 1, sizeof buffer, pipe)) r.out.append(buffer, n);
+  const int status = pclose(pipe);
+  r.status = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  r.err = read_text_file(err_file);
+  return r;
+}
+
+memory::HeadWindows random_policy_windows(const arch::ModelSpec& spec, const std::vector<int64_t>& ladder,
+                                          std::mt19937_64& rng) {
+  memory::HeadWindows out;
+  for (int64_t id : spec.global_layer_ids()) {
+    for (int64_t h = 0; h < spec.layer(id).attention->num_kv_heads; ++h) {
+      out[id].push_back(ladder[std::uniform_int_distribution<size_t>(0, ladder.size() - 1)(rng)]);
+    }
+  }
+  return out;
+}
+
+// A policy for a fixture model, as `calibrate` would write it (windows given).
+policy::Policy fixture_policy(const fs::path& dir, const memory::HeadWindows& windows) {
+  const auto spec = arch::load_model_spec(dir);
+  policy::Policy p;
+  p.model_name = dir.filename().string();
+  p.model_path = dir.string();
+  p.fingerprint = policy::fingerprint_model(dir);
+  p.budget_gb = 1;
+  p.context = 256;
+  p.dtype = DType::kFloat32;
+  p.block_size = 16;
+  p.sink_tokens = 2;
+  p.window_levels = {8, 32, policy::kFull};
+  for (const auto& [layer, heads] : windows) p.per_layer_policies.push_back({layer, heads, {}});
+  policy::fill_memory(p, spec);
+  return p;
+}
+
+}  // namespace
+
+TEST_CASE("eval baselines spend the policy's bytes to within one block per head", "[runtime]") {
+  std::mt19937_64 rng(5);
+  const std::vector<int64_t> ladder{64, 256, 1024, kFullWindow};
+  for (const auto& file : {"qwen3_next_80b_a3b.json", "gemma3_27b.json", "jamba_tiny.json", "falcon_h1_tiny.json"}) {
+    const auto spec = headwise::testing::spec_from_config(file);
+    for (int trial = 0; trial < 6; ++trial) {
+      memory::MemoryOptions o;
+      o.context = std::vector<int64_t>{4096, 3000, 100000}[static_cast<size_t>(trial % 3)];
+      o.block_size = trial % 2 == 0 ? 16 : 1;
+      o.sink_tokens = trial % 3 == 1 ? 4 : 0;
+      const auto policy_windows = random_policy_windows(spec, ladder, rng);
+      const int64_t budget = eval::global_kv_bytes(spec, policy_windows, o);
+      const int64_t tolerance = eval::one_block_per_head(spec, o);
+      eval::HeadScores scores;
+      for (const auto& [layer, heads] : policy_windows) {
+        for (size_t h = 0; h < heads.size(); ++h) scores[layer].push_back(std::uniform_real_distribution<double>()(rng));
+      }
+      const std::vector<std::pair<std::string, memory::HeadWindows>> baselines{
+          {"uniform", eval::uniform_baseline(spec, o, budget)},
+          {"pyramid", eval::pyramid_baseline(spec, o, budget)},
+          {"random", eval::random_baseline(spec, o, budget, ladder, 17 + trial)},
+          {"duo", eval::duo_baseline(spec, o, budget, scores, ladder.front())}};
+      for (const auto& [name, windows] : baselines) {
+        INFO(file << " trial " << trial << " " << name << " budget " << budget);
+        memory::validate_windows(spec, windows);
+        const int64_t bytes = eval::global_kv_bytes(spec, windows, o);
+        CHECK(bytes <= budget);
+        CHECK(budget - bytes < tolerance);
+      }
+    }
+  }
+}
+
+TEST_CASE("eval baselines have their shapes: uniform is one window, pyramid decreases with depth", "[runtime]") {
+  const auto spec = headwise::testing::spec_from_config("gemma3_27b.json");
+  memory::MemoryOptions o;
+  o.context = 32768;
+  o.block_size = 16;
+  const auto full = memory::full_kv_windows(spec);
+  const int64_t half = eval::global_kv_bytes(spec, full, o) / 2;
+  const auto uniform = eval::uniform_baseline(spec, o, half);
+  CHECK(uniform.begin()->second.front() == 16384);  // exactly half the context fits
+  const auto pyramid = eval::pyramid_baseline(spec, o, half);
+  const auto ids = spec.global_layer_ids();
+  // Every head but the first layer's (which takes the top-up) follows the depth order.
+  for (size_t j = 2; j < ids.size(); ++j) CHECK(pyramid.at(ids[j]).front() <= pyramid.at(ids[j - 1]).front());
+  CHECK(pyramid.at(ids.front()).front() > pyramid.at(ids.back()).front());
+}
+
+TEST_CASE("eval --json: every method, measured == estimated bytes, full has KL 0", "[runtime]") {
+  headwise::testing::TempDir tmp;
+  const auto dir = headwise::testing::fixture_dir("qwen3_next_tiny");
+  std::mt19937_64 rng(3);
+  const auto spec = arch::load_model_spec(dir);
+  const auto p = fixture_policy(dir, random_policy_windows(spec, {8, 32, policy::kFull}, rng));
+  policy::write_policy(tmp.path() / "policy.yaml", p);
+  const Run r = run_cli("eval --model " + dir.string() + " --policy " + (tmp.path() / "policy.yaml").string() +
+                            " --samples 2 --calib-samples 2 --seq-len 120 --prefill-chunk 50 --json --quiet",
+                        tmp.path());
+  INFO(r.err);
+  REQUIRE(r.status == 0);
+  const auto j = nlohmann::json::parse(r.out);
+  std::vector<std::string> names;
+  for (const auto& m : j["methods"]) names.push_back(m["name"]);
+  CHECK(names == std::vector<std::string>{"headwise", "full", "uniform", "pyramid", "duo", "random", "unconditioned"});
+  const int64_t budget = j["policy_global_kv_bytes"], tolerance = j["one_block_per_head_bytes"];
+  for (const auto& m : j["methods"]) {
+    INFO(m.dump());
+    CHECK(m["cache_bytes_measured"] == m["cache_bytes_estimated"]);
+    CHECK(m["tasks"].size() == 2);
+    for (const auto& [task, acc] : m["tasks"].items()) CHECK((acc.get<double>() >= 0 && acc.get<double>() <= 1));
+    CHECK(m["kl_vs_full"].get<double>() >= 0);
+    const int64_t bytes = m["global_kv_bytes"];
+    if (m["name"] == "full") {
+      CHECK(m["kl_vs_full"].get<double>() == 0.0);
+    } else if (m["name"] == "headwise") {
+      CHECK(bytes == budget);
+    } else if (m["name"] == "unconditioned") {
+      CHECK(bytes <= budget);  // ladder levels only, like the policy itself
+    } else {
+      CHECK(bytes <= budget);
+      CHECK(budget - bytes < tolerance);
+    }
+  }
+  CHECK(j["methods"][0]["cache_bytes_estimated"] == p.memory.total_bytes);
+}
+
+TEST_CASE("eval bad input: one line naming the flag, non-zero exit", "[runtime]") {
+  headwise::testing::TempDir tmp;
+  const auto dir = headwise::testing::fixture_dir("qwen3_next_tiny");
+  std::mt19937_64 rng(4);
+  const auto p = fixture_policy(dir, random_policy_windows(arch::load_model_spec(dir), {8, 32, policy::kFull}, rng));
+  const std::string policy_path = (tmp.path() / "policy.yaml").string();
+  policy::write_policy(policy_path, p);
+  const std::string base = "eval --policy " + policy_path + " --samples 1";
+  const std::vector<std::pair<std::string, std::string>> cases{
+      {base + " --model " + headwise::testing::fixture_dir("qwen3_next_tiny_b").string(), "--policy"},
+      {base + " --model " + dir.string() + " --seq-len 120 --tasks needle_single,bogus", "--tasks bogus"},
+      {base + " --model " + dir.string() + " --seq-len 120 --tasks niah_single", "tokenizer.json"},
+      {base + " --model " + dir.string() + " --seq-len 120 --baselines uniform,h2o", "--baselines h2o"},
+      {base + " --model " + dir.string() + " --seq-len 300", "--seq-len"},
+      {"eval --model " + dir.string() + " --policy " + (tmp.path() / "missing.yaml").string(), "missing.yaml"}};
+  for (const auto& [args, needle] : cases) {
+    const Run r = run_cli(args, tmp.path());
+    INFO(args << "\n" << r.err);
+    CHECK(r.status == 1);
+    CHECK(r.out.empty());
+    CHECK(r.err.find(needle) != std::string::npos);
+    CHECK(std::count(r.err.begin(), r.err.end(), '\n') == 1);
+  }
+}

@@ -1,0 +1,75 @@
+#pragma once
+// Scratch folders and the CLI runner shared by the tests.
+//
+// POSIX calls on purpose: libtorch.so exports its own std::filesystem::remove_all, which the
+// dynamic linker binds first and which crashes (a null call). Our folders are flat.
+#include <catch2/catch.hpp>
+#include <dirent.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <array>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <string>
+
+namespace headwise::testing {
+
+class TempDir {
+ public:
+  explicit TempDir(const std::string& tag = "test") {
+    std::string pattern = "/tmp/headwise-" + tag + "-XXXXXX";
+    REQUIRE(::mkdtemp(pattern.data()) != nullptr);
+    path_ = pattern;
+  }
+  ~TempDir() {
+    if (DIR* dir = ::opendir(path_.c_str())) {
+      while (const dirent* entry = ::readdir(dir)) {
+        const std::string name = entry->d_name;
+        if (name != "." && name != "..") ::unlink((path_ / name).c_str());
+      }
+      ::closedir(dir);
+    }
+    ::rmdir(path_.c_str());
+  }
+  TempDir(const TempDir&) = delete;
+  TempDir& operator=(const TempDir&) = delete;
+
+  const std::filesystem::path& path() const { return path_; }
+  std::filesystem::path operator/(const std::string& name) const { return path_ / name; }
+  // Writes `text` to a file in the folder and returns its path.
+  std::filesystem::path write(const std::string& name, const std::string& text) const {
+    std::ofstream(path_ / name, std::ios::binary) << text;
+    return path_ / name;
+  }
+
+ private:
+  std::filesystem::path path_;
+};
+
+struct CliRun {
+  int status = -1;
+  std::string out;  // stdout
+  std::string err;  // stderr
+};
+
+// Runs build/bin/headwise-calc with `arguments` (shell syntax), capturing stdout and stderr.
+inline CliRun run_cli(const std::string& arguments) {
+  TempDir scratch("cli");
+  const auto err_path = scratch / "stderr.txt";
+  const std::string command = std::string(HEADWISE_CLI) + " " + arguments + " 2>" + err_path.string();
+  std::unique_ptr<FILE, int (*)(FILE*)> pipe(::popen(command.c_str(), "r"), ::pclose);
+  REQUIRE(pipe);
+  CliRun run;
+  std::array<char, 4096> buffer{};
+  while (size_t n = std::fread(buffer.data(), 1, buffer.size(), pipe.get())) run.out.append(buffer.data(), n);
+  const int status = ::pclose(pipe.release());
+  run.status = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  std::ifstream err(err_path, std::ios::binary);
+  run.err.assign(std::istreambuf_iterator<char>(err), std::istreambuf_iterator<char>());
+  return run;
+}
+
+}  // namespace headwise::testing

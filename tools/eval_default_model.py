@@ -1,0 +1,93 @@
+#!/usr/bin/env python3
+"""Needle accuracy of the default model (models/tiny-qwen3-next) at a given context, with full KV.
+
+Held-out samples come from tools/train_default_model.py's generators with an eval seed the
+training stream never uses (training draws from np.random.default_rng([seed, step])).
+
+  passkey: one record `key k1 k2 = v1 v2 v3 ;` at a uniformly random depth in `context` tokens
+           of text, then `key k1 k2 =`; correct when greedy decoding gives v1 v2 v3.
+  kv:      8 records at random depths, one of them queried at the end.
+
+Greedy exact match is computed from one forward pass over prompt+answer: the three greedy tokens
+equal the answer iff the argmax at each answer position is the answer token given the earlier
+answer tokens (teacher forcing = greedy as long as it is right). `--generate` decodes instead with
+model.generate (KV and recurrent caches), which must agree.
+
+    python3 tools/eval_default_model.py --context 2048 --samples 100
+"""
+import argparse
+import json
+import pathlib
+import sys
+
+import numpy as np
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "tools"))
+
+import train_default_model as tdm  # noqa: E402
+
+EVAL_SEED = 10_000_019
+
+
+def make_samples(ctx, samples, seed, task):
+    rng = np.random.default_rng([EVAL_SEED, seed, ctx, 0 if task == "passkey" else 1])
+    out = []
+    for _ in range(samples):
+        n = 1 if task == "passkey" else 8
+        toks, _, queries = tdm.sample_passkey(rng, ctx, n_needles=n, query_index=int(rng.integers(0, n)))
+        (start, answer), = queries
+        out.append((toks, start, answer))
+    return out
+
+
+def needle_accuracy(model, ctx, samples=50, seed=0, task="passkey", batch=4, generate=False):
+    import torch
+
+    data = make_samples(ctx, samples, seed, task)
+    hits = 0
+    with torch.no_grad():
+        if generate:
+            for toks, start, answer in data:
+                x = torch.tensor([toks[:start]], device=model.device)
+                y = model.generate(x, max_new_tokens=len(answer), do_sample=False, pad_token_id=tdm.PAD)
+                hits += int(y[0, start:].tolist() == answer)
+            return hits / len(data)
+        for i in range(0, len(data), batch):
+            chunk = data[i:i + batch]
+            x = torch.tensor([t for t, _, _ in chunk], device=model.device)
+            pred = model(input_ids=x).logits.argmax(-1)
+            for j, (toks, start, answer) in enumerate(chunk):
+                hits += int(pred[j, start - 1:start - 1 + len(answer)].tolist() == answer)
+    return hits / len(data)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", default=str(ROOT / "models" / "tiny-qwen3-next"))
+    ap.add_argument("--context", type=int, nargs="+", default=[2048])
+    ap.add_argument("--samples", type=int, default=100)
+    ap.add_argument("--tasks", nargs="+", default=["passkey", "kv"])
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--generate", action="store_true", help="decode with model.generate instead")
+    args = ap.parse_args()
+
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    torch.set_num_threads(args.threads)
+    model = AutoModelForCausalLM.from_pretrained(args.model, dtype=getattr(torch, args.dtype),
+                                                 attn_implementation="eager").eval()
+    res = {"model": args.model, "dtype": args.dtype, "samples": args.samples, "seed": args.seed, "accuracy": {}}
+    for task in args.tasks:
+        for ctx in args.context:
+            acc = needle_accuracy(model, ctx, args.samples, args.seed, task, generate=args.generate)
+            res["accuracy"][f"{task}@{ctx}"] = acc
+            print(json.dumps({"task": task, "context": ctx, "accuracy": acc}), flush=True)
+    print(json.dumps(res))
+
+
+if __name__ == "__main__":
+    main()
