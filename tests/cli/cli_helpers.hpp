@@ -1,43 +1,37 @@
 #pragma once
-// Runs headwise-calc as a child process (its own libtorch, exit codes, signals) for the
-// end-to-end tests of calibrate, resume and regen.
+// For the resume, regen and NaN tests: run_cli (support/temp_dir.hpp) plus environment
+// variables and the killing signal, which the resume test needs to see.
 #include <catch2/catch.hpp>
 #include <sys/wait.h>
-#include <unistd.h>
 
-#include <atomic>
+#include <array>
 #include <cstdio>
 #include <filesystem>
+#include <fstream>
+#include <memory>
 #include <string>
 
-#include "headwise/core/files.hpp"
+#include "../support/temp_dir.hpp"
 
 namespace headwise::testing {
 
-struct CliRun {
-  int status = 0;     // exit code, or -signal when killed
-  std::string out;
-  std::string err;
-};
-
-// `env`: assignments put before the command ("A=1 B=2"); the shell applies them to the child.
-inline CliRun run_cli_with(const std::string& args, const std::string& env = "") {
-  static std::atomic<int> counter{0};
-  const std::filesystem::path err_file = std::filesystem::temp_directory_path() /
-      ("headwise_cli_err_" + std::to_string(::getpid()) + "_" + std::to_string(counter++) + ".txt");
-  // exec: the shell becomes headwise-calc, so a signal that kills it is the status we see.
-  const std::string command = "exec env " + env + " " + std::string(HEADWISE_CLI) + " " + args + " 2>" + err_file.string();
-  CliRun r;
-  FILE* pipe = popen(command.c_str(), "r");
-  REQUIRE(pipe != nullptr);
-  char buffer[4096];
-  while (size_t n = fread(buffer, 1, sizeof buffer, pipe)) r.out.append(buffer, n);
-  const int status = pclose(pipe);
-  r.status = WIFEXITED(status) ? WEXITSTATUS(status) : WIFSIGNALED(status) ? -WTERMSIG(status) : -1000;
-  r.err = read_text_file(err_file);
-  std::error_code ec;
-  std::filesystem::remove(err_file, ec);
-  return r;
+// `env`: assignments applied to the child ("A=1 B=2"). status: exit code, or -signal when the
+// process was killed (exec: the shell becomes headwise-calc, so its signal is what we see).
+inline CliRun run_cli_with(const std::string& arguments, const std::string& env = "") {
+  TempDir scratch("cli");
+  const auto err_path = scratch / "stderr.txt";
+  const std::string command = "exec env " + env + " " + std::string(HEADWISE_CLI) + " " + arguments + " 2>" +
+                              err_path.string();
+  std::unique_ptr<FILE, int (*)(FILE*)> pipe(::popen(command.c_str(), "r"), ::pclose);
+  REQUIRE(pipe);
+  CliRun run;
+  std::array<char, 4096> buffer{};
+  while (size_t n = std::fread(buffer.data(), 1, buffer.size(), pipe.get())) run.out.append(buffer.data(), n);
+  const int status = ::pclose(pipe.release());
+  run.status = WIFEXITED(status) ? WEXITSTATUS(status) : WIFSIGNALED(status) ? -WTERMSIG(status) : -1000;
+  std::ifstream err(err_path, std::ios::binary);
+  run.err.assign(std::istreambuf_iterator<char>(err), std::istreambuf_iterator<char>());
+  return run;
 }
 
 inline bool exists(const std::filesystem::path& p) {
