@@ -1,4 +1,5 @@
 #include "headwise/core/files.hpp"
+#include "headwise/core/json.hpp"
 
 #include <fcntl.h>
 #include <openssl/evp.h>
@@ -28,10 +29,13 @@ std::string read_text_file(const fs::path& path) {
   return buffer.str();
 }
 
-nlohmann::json read_json_file(const fs::path& path) {
-  const std::string text = read_text_file(path);
+nlohmann::json parse_json(std::string_view text, std::string_view where) {
+  const auto limit_depth = [where](int depth, nlohmann::json::parse_event_t, nlohmann::json&) {
+    if (depth > kMaxJsonDepth) throw_input_error("{}: JSON nested deeper than {} levels", where, kMaxJsonDepth);
+    return true;
+  };
   try {
-    return nlohmann::json::parse(text);
+    return nlohmann::json::parse(text, limit_depth);
   } catch (const nlohmann::json::parse_error& e) {
     // nlohmann reports a byte offset; turn it into line:column for people.
     size_t line = 1, column = 1;
@@ -43,11 +47,15 @@ nlohmann::json read_json_file(const fs::path& path) {
         ++column;
       }
     }
-    throw_input_error("{}:{}:{}: malformed JSON", path.string(), line, column);
+    throw_input_error("{}:{}:{}: malformed JSON", where, line, column);
   } catch (const nlohmann::json::exception& e) {
     // A number out of double range (1e999) is out_of_range, not parse_error (fuzzing finding).
-    throw_input_error("{}: malformed JSON: {}", path.string(), e.what());
+    throw_input_error("{}: malformed JSON: {}", where, e.what());
   }
+}
+
+nlohmann::json read_json_file(const fs::path& path) {
+  return parse_json(read_text_file(path), path.string());
 }
 
 void write_file_atomically(const fs::path& path, std::string_view contents) {

@@ -8,6 +8,7 @@
 #include "headwise/arch/registry.hpp"
 #include "headwise/core/error.hpp"
 #include "headwise/core/files.hpp"
+#include "headwise/core/json.hpp"
 #include "headwise/io/safetensors.hpp"
 #include "headwise/policy/policy.hpp"
 
@@ -55,4 +56,14 @@ TEST_CASE("fuzz: config integers beyond int64 are InputErrors naming the field",
   llama["rope_scaling"] = {{"rope_type", "llama3"}, {"factor", 8.0}, {"low_freq_factor", 1.0}, {"high_freq_factor", 4.0},
                            {"original_max_position_embeddings", 1e30}};
   CHECK_THAT(input_error_of([&] { (void)arch::build_model_spec(llama, "l.json"); }), Catch::Contains("rope_scaling.original_max_position_embeddings' is out of range"));
+}
+
+// fuzz_config_spec (a hand-made deep input after the fuzzer's own were clean): 200k nested
+// brackets in config.json parsed fine but overflowed the stack when ModelSpec copied the JSON.
+TEST_CASE("fuzz: JSON nested beyond kMaxJsonDepth is an InputError, not a stack overflow", "[io]") {
+  const std::string deep = R"({"model_type": "llama", "x": )" + std::string(200000, '[') + std::string(200000, ']') + "}";
+  CHECK_THAT(input_error_of([&] { (void)parse_json(deep, "c.json"); }),
+             Catch::Contains("c.json: JSON nested deeper than 256 levels"));
+  const std::string fine = R"({"a": )" + std::string(200, '[') + std::string(200, ']') + "}";
+  CHECK(parse_json(fine, "c.json").contains("a"));
 }

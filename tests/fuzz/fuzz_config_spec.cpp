@@ -4,17 +4,20 @@
 #include <nlohmann/json.hpp>
 
 #include <cstdint>
+#include <string_view>
 
 #include "fuzz_common.hpp"
 #include "headwise/arch/registry.hpp"
+#include "headwise/core/files.hpp"
+#include "headwise/core/json.hpp"
 #include "headwise/memory/memory_model.hpp"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   using namespace headwise;
-  // JSON syntax errors are read_json_file's job (covered by its tests); fuzz what follows.
-  const nlohmann::json config = nlohmann::json::parse(data, data + size, nullptr, /*allow_exceptions=*/false);
-  if (config.is_discarded()) return 0;
+  const std::string_view text(reinterpret_cast<const char*>(data), size);
   fuzz::expect_accept_or_input_error([&] {
+    // What load_model_spec does with config.json: read_json_file's parser, then the builder.
+    const nlohmann::json config = parse_json(text, "fuzz/config.json");
     const arch::ModelSpec spec = arch::build_model_spec(config, "fuzz/config.json");
     for (const auto& layer : spec.layers) {
       if (!layer.attention) continue;
