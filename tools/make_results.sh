@@ -22,7 +22,7 @@ mkdir -p policies docs out
 calibrate=("$bin" --model "$model" --context "$context" --budget "$budget" --windows 64,256,1k,full --seq-len "$context"
            --samples 4 --seed 0 -o "$policy" --quiet)
 evaluate=("$bin" eval --model "$model" --policy "$policy" --samples "$samples" --seq-len "$context" --calib-samples 2
-          --seed 0 --json --quiet)
+          --seed 0 --json --quiet ${TASKS:+--tasks "$TASKS"})
 "${calibrate[@]}"
 "${evaluate[@]}" > out/results.json
 
