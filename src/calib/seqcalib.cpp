@@ -28,6 +28,30 @@ using Accumulators = std::map<int64_t, measure::DistortionAccumulator>;
 
 double seconds_since(Clock::time_point start) { return std::chrono::duration<double>(Clock::now() - start).count(); }
 
+// Names the KV head(s) whose inputs are NaN/Inf: keys and values per KV head; queries, output
+// gate and o_proj columns per query head, mapped to their KV head. A bad weight in one head's
+// rows poisons every head's measured distortion (they share the block output), so this is
+// the only place the head can still be told; a few reductions per global layer.
+void check_heads_finite(const arch::AttentionInputs& in) {
+  const int64_t kv = in.k.size(1), hq = in.q.size(1), group = hq / kv;
+  auto bad_per_head = [](const at::Tensor& t, int64_t head_dim_index) {  // any non-finite per head
+    at::Tensor bad = at::logical_not(at::isfinite(t)).movedim(head_dim_index, 0);
+    return bad.flatten(1).any(1);
+  };
+  at::Tensor query_side = bad_per_head(in.q, 1);
+  if (in.output_gate.defined()) query_side = query_side | bad_per_head(in.output_gate, 2);
+  if (in.o_proj_weight.defined()) query_side = query_side | bad_per_head(in.o_proj_weight.view({in.o_proj_weight.size(0), hq, -1}), 1);
+  const at::Tensor bad = (bad_per_head(in.k, 1) | bad_per_head(in.v, 1) | query_side.view({kv, group}).any(1)).cpu();
+  if (!bad.any().item<bool>()) return;
+  std::vector<int64_t> heads;
+  for (int64_t h = 0; h < kv; ++h) {
+    if (bad[h].item<bool>()) heads.push_back(h);
+  }
+  throw NumericError(fmt::format("layer {} KV head {}: attention inputs are NaN/Inf (bad KV heads: {}): check that "
+                                 "head's rows of the q/k/v/gate projections and its o_proj columns",
+                                 in.layer_id, heads.front(), fmt::join(heads, ",")));
+}
+
 // Measures every global layer it sees; with `decide` set (single micro-batch), it also
 // decides the layer's windows right away and returns the windowed output, saving a second
 // pass through the layer.
@@ -39,6 +63,7 @@ class MeasuringCore final : public arch::AttentionCore {
 
   at::Tensor attend(const arch::AttentionInputs& in) override {
     if (in.sliding_window > 0) return arch::windowed_attention(in, in.sliding_window, 0, chunk_);
+    check_heads_finite(in);
     auto [it, inserted] = accumulators_.try_emplace(in.layer_id, in.k.size(1), static_cast<int64_t>(options_.ladder.size()));
     at::Tensor full = measure::measure_window_distortion(in, options_.ladder, options_.sink_tokens, chunk_, it->second);
     if (!decide_) return full;
