@@ -168,9 +168,7 @@ class SeqCalibRun {
   // Unconditioned curves: every global layer measured with full KV below.
   void probe() {
     const auto start = Clock::now();
-    const int64_t samples = options_.probe_samples > 0
-                                ? std::min<int64_t>(options_.probe_samples, static_cast<int64_t>(sequences_.size()))
-                                : static_cast<int64_t>(sequences_.size());
+    const int64_t samples = effective_probe_samples(options_.probe_samples, static_cast<int64_t>(sequences_.size()));
     ActivationStream stream(model_, {sequences_.begin(), sequences_.begin() + samples}, options_.micro_batch,
                             options_.activations);
     Accumulators accumulators;
@@ -366,6 +364,13 @@ at::Tensor PolicyAttentionCore::attend(const arch::AttentionInputs& in) {
   const auto it = windows_.find(in.layer_id);
   HEADWISE_CHECK(it != windows_.end(), "no windows for global layer {}", in.layer_id);
   return arch::windowed_attention(in, it->second, sink_tokens_, chunk_);
+}
+
+int64_t default_probe_samples(int64_t sequences) { return (sequences + 1) / 2; }
+
+int64_t effective_probe_samples(int64_t requested, int64_t sequences) {
+  if (requested < 0) throw_input_error("--probe-samples must not be negative (got {})", requested);
+  return requested > 0 ? std::min(requested, sequences) : default_probe_samples(sequences);
 }
 
 SeqCalibResult run_seqcalib(arch::DecoderModel& model, const std::vector<std::vector<int64_t>>& sequences,

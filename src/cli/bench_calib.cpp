@@ -132,7 +132,7 @@ nlohmann::json bench_seqcalib(const BenchArgs& args, int64_t samples, int64_t st
           {"probe_seconds", result.probe_seconds},
           {"walk_global_layer_seconds", global_s},
           {"walk_other_layer_seconds", other_s},
-          {"probe_samples", o.probe_samples > 0 ? std::min(o.probe_samples, samples) : samples},
+          {"probe_samples", calib::effective_probe_samples(o.probe_samples, samples)},
           {"peak_rss_bytes", result.peak_rss_bytes},
           {"rss_before_seqcalib_bytes", rss_before},
           {"peak_device_bytes", result.peak_device_bytes},

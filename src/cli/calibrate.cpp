@@ -93,7 +93,7 @@ const RegisterCommand kRegister{"calibrate", [](CLI::App& root) {
   root.add_option("--report", args.report, "JSON report: curves, lambdas, timings, peak memory");
   root.add_option("--plot", args.plot, "SVG heat map of layers x KV heads → window");
   root.add_option("--micro-batch", args.request.micro_batch, "Sequences per layer call (default: all)");
-  root.add_option("--probe-samples", args.request.probe_samples, "Sequences for the full-KV probe pass (default: all)");
+  root.add_option("--probe-samples", args.request.probe_samples, "Sequences for the full-KV probe pass, which steers the walk's budget controller (default: half, rounded up)");
   root.add_option("--attention-chunk", args.request.attention_chunk, "Queries per attention chunk")->capture_default_str();
   root.add_option("--activations", args.request.activations, "Where calibration activations live: auto, device, host")
       ->capture_default_str();

@@ -267,7 +267,7 @@ CalibrationOutcome CalibrationJob::run(const RunControl& control) {
       {"samples", static_cast<int64_t>(s.data.sequences.size())},
       {"seq_len", s.seq_len},
       {"seed", r.seed},
-      {"probe_samples", r.probe_samples > 0 ? r.probe_samples : static_cast<int64_t>(s.data.sequences.size())},
+      {"probe_samples", calib::effective_probe_samples(r.probe_samples, static_cast<int64_t>(s.data.sequences.size()))},
       {"inputs_sha256", s.inputs_hash},
   };
   for (const auto& [layer_id, windows] : result.windows) {

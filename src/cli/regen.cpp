@@ -73,13 +73,22 @@ bool compare(const regen::ManifestEntry& entry, const CalibrationOutcome& produc
     if (!quiet) std::cout << fmt::format("{}: {} is up to date\n", entry.name, entry.output.string());
     return true;
   }
-  std::cout << fmt::format("{}: {} differs from what the manifest entry produces:\n", entry.name, entry.output.string());
   std::vector<std::string> lines;
   try {
     const policy::Policy committed = policy::from_yaml(committed_text, entry.output.string());
+    if (const auto gap = regen::distortion_noise_only(committed, committed_text, produced.policy, produced.policy_yaml)) {
+      if (!quiet) {
+        std::cout << fmt::format("{}: {} is up to date (expected_distortion within {:.1e} relative of this machine's "
+                                 "measurement: float noise, not a change)\n",
+                                 entry.name, entry.output.string(), *gap);
+      }
+      return true;
+    }
+    std::cout << fmt::format("{}: {} differs from what the manifest entry produces:\n", entry.name, entry.output.string());
     lines = regen::diff_policies(committed, produced.policy,
                                  arch::load_model_spec(io::resolve_model_dir(entry.request.model)));
   } catch (const InputError& e) {
+    std::cout << fmt::format("{}: {} differs from what the manifest entry produces:\n", entry.name, entry.output.string());
     lines.push_back(fmt::format("the committed file is not a valid policy: {}", e.what()));
   }
   if (lines.empty()) lines.push_back(regen::first_text_difference(committed_text, produced.policy_yaml));

@@ -1,5 +1,7 @@
 #include "headwise/regen/policy_diff.hpp"
 
+#include <algorithm>
+#include <cmath>
 #include <map>
 #include <sstream>
 
@@ -90,6 +92,30 @@ std::vector<std::string> diff_policies(const policy::Policy& a, const policy::Po
                               format_bytes(a.memory.total_bytes), format_bytes(b.memory.total_bytes)));
   }
   return out;
+}
+
+std::optional<double> distortion_noise_only(const policy::Policy& committed, const std::string& committed_text,
+                                            const policy::Policy& produced, const std::string& produced_text,
+                                            double relative_tolerance) {
+  // A hand edit of layout alone is still an edit: only the writer's own text qualifies.
+  if (policy::to_yaml(committed) != committed_text) return std::nullopt;
+  if (committed.per_layer_policies.size() != produced.per_layer_policies.size()) return std::nullopt;
+  policy::Policy aligned = committed;
+  double worst = 0.0;
+  for (size_t l = 0; l < aligned.per_layer_policies.size(); ++l) {
+    auto& mine = aligned.per_layer_policies[l].expected_distortion;
+    const auto& theirs = produced.per_layer_policies[l].expected_distortion;
+    if (mine.size() != theirs.size()) return std::nullopt;
+    for (size_t h = 0; h < mine.size(); ++h) {
+      const double scale = std::max(std::abs(mine[h]), std::abs(theirs[h]));
+      const double gap = scale == 0.0 ? 0.0 : std::abs(mine[h] - theirs[h]) / scale;
+      if (!(gap <= relative_tolerance)) return std::nullopt;  // NaN fails too
+      worst = std::max(worst, gap);
+      mine[h] = theirs[h];
+    }
+  }
+  if (policy::to_yaml(aligned) != produced_text) return std::nullopt;
+  return worst;
 }
 
 std::string first_text_difference(const std::string& a, const std::string& b) {

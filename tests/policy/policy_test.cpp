@@ -6,6 +6,10 @@
 #include "../test_configs.hpp"
 #include "headwise/core/error.hpp"
 #include "headwise/policy/policy.hpp"
+#include "headwise/core/reproducible_math.hpp"
+#include "headwise/regen/policy_diff.hpp"
+
+#include <ATen/Context.h>
 
 using namespace headwise;
 using headwise::testing::spec_from_config;
@@ -118,4 +122,46 @@ TEST_CASE("strict reader: unknown keys, ladder, heads, layers, broken YAML", "[p
   p.non_global_layers.clear();
   CHECK_THROWS_WITH(policy::validate_against_model(p, spec, "pol.yaml"), Catch::Contains("global layer 3 is missing"));
   CHECK_THROWS_AS(policy::read_policy("/nonexistent/policy.yaml"), InputError);
+}
+
+TEST_CASE("regen --check tolerates distortion float noise and nothing else", "[policy]") {
+  const policy::Policy committed = sample_policy();
+  const std::string committed_text = policy::to_yaml(committed);
+  auto produced_with = [&](auto edit) {
+    policy::Policy p = committed;
+    edit(p);
+    return std::make_pair(p, policy::to_yaml(p));
+  };
+  auto noise_only = [&](const std::pair<policy::Policy, std::string>& produced) {
+    return regen::distortion_noise_only(committed, committed_text, produced.first, produced.second);
+  };
+
+  SECTION("identical") { CHECK(noise_only(produced_with([](policy::Policy&) {})) == 0.0); }
+  SECTION("a 1e-6 relative gap in one distortion is noise") {
+    const auto gap = noise_only(produced_with([](policy::Policy& p) { p.per_layer_policies[0].expected_distortion[0] *= 1 + 1e-6; }));
+    REQUIRE(gap.has_value());
+    CHECK(*gap == Approx(1e-6).epsilon(1e-3));
+  }
+  SECTION("a 1e-3 relative gap is a change") {
+    CHECK_FALSE(noise_only(produced_with([](policy::Policy& p) { p.per_layer_policies[0].expected_distortion[0] *= 1.001; })));
+  }
+  SECTION("a zero distortion that becomes non-zero is a change") {
+    CHECK_FALSE(noise_only(produced_with([](policy::Policy& p) { p.per_layer_policies[0].expected_distortion[1] = 1e-9; })));
+  }
+  SECTION("a window change with noise-sized distortions is a change") {
+    CHECK_FALSE(noise_only(produced_with([](policy::Policy& p) { p.per_layer_policies[1].kv_head_windows[0] = 256; })));
+  }
+  SECTION("a provenance change is a change") {
+    CHECK_FALSE(noise_only(produced_with([](policy::Policy& p) { p.calibration["seed"] = 8; })));
+  }
+  SECTION("a layout-only hand edit of the committed file is a change") {
+    const std::string edited = replace(committed_text, "block_size: 16", "block_size:  16");
+    CHECK_FALSE(regen::distortion_noise_only(committed, edited, committed, committed_text));
+  }
+}
+
+TEST_CASE("MKL's dynamic thread count is pinned where torch has MKL", "[core]") {
+  // A GEMM that picks its threads from the machine's load is not reproducible (see
+  // reproducible_math.hpp); libheadwise pins it when it loads.
+  CHECK(pin_cpu_math_threads() == at::hasMKL());
 }

@@ -26,13 +26,21 @@ enum class ActivationPlacement { kAuto, kDevice, kHost };
 
 struct WalkState;  // walk_state.hpp: the resume checkpoint's contents
 
+// The probe pass only steers the walk's Lagrangian controller (its curves price the layers not
+// yet walked); the decisions come from the conditioned curves and the exact completion. Half the
+// sequences (rounded up) steer it as well and keep a whole run under two plain forwards.
+int64_t default_probe_samples(int64_t sequences);
+
+// Sequences the probe pass uses: `requested` (clamped to what there is) or, when 0, the default.
+int64_t effective_probe_samples(int64_t requested, int64_t sequences);
+
 struct SeqCalibOptions {
   measure::WindowLadder ladder;
   int64_t global_budget_bytes = 0;  // budget left for global KV (total budget - fixed bytes)
   int64_t sink_tokens = 0;
   HeadBytesFn head_bytes;
   int64_t micro_batch = 1;      // sequences per layer call
-  int64_t probe_samples = 0;    // sequences for the unconditioned probe pass; 0 = all
+  int64_t probe_samples = 0;    // sequences for the unconditioned probe pass; 0 = default_probe_samples
   bool conditioned = true;      // false: decide from probe curves only (the ablation baseline)
   ActivationPlacement activations = ActivationPlacement::kAuto;
   // Called after each global layer is decided (progress, checkpoints, the kill hook of tests).
