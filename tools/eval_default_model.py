@@ -4,9 +4,10 @@
 Held-out samples come from tools/train_default_model.py's generators with an eval seed the
 training stream never uses (training draws from np.random.default_rng([seed, step])).
 
-  passkey: one record `key k1 k2 = v1 v2 v3 ;` at a uniformly random depth in `context` tokens
-           of text, then `key k1 k2 =`; correct when greedy decoding gives v1 v2 v3.
-  kv:      8 records at random depths, one of them queried at the end.
+  passkey: one needle `MARKER k1 k2 SEP v1 v2 v3` (the format of headwise's built-in retrieval
+           set) in `context` tokens of haystack, queried at the end with `MARKER k1 k2 SEP`;
+           correct when greedy decoding gives v1 v2 v3.
+  kv:      8 needles spread over the haystack, all queried at the end; the last one is scored.
 
 Greedy exact match is computed from one forward pass over prompt+answer: the three greedy tokens
 equal the answer iff the argmax at each answer position is the answer token given the earlier
@@ -35,8 +36,8 @@ def make_samples(ctx, samples, seed, task):
     out = []
     for _ in range(samples):
         n = 1 if task == "passkey" else 8
-        toks, _, queries = tdm.sample_passkey(rng, ctx, n_needles=n, query_index=int(rng.integers(0, n)))
-        (start, answer), = queries
+        toks, _, queries = tdm.sample_needles(rng, ctx, n)
+        start, answer = queries[-1]  # the last query: its answer ends the sequence
         out.append((toks, start, answer))
     return out
 

@@ -10,6 +10,7 @@
 #include "../arch/fixture_reference.hpp"
 #include "../test_configs.hpp"
 #include "headwise/eval/baselines.hpp"
+#include "headwise/eval/tasks.hpp"
 #include "headwise/policy/policy.hpp"
 
 using namespace headwise;
@@ -178,4 +179,36 @@ TEST_CASE("eval bad input: one line naming the flag, non-zero exit", "[runtime]"
     CHECK(r.err.find(needle) != std::string::npos);
     CHECK(std::count(r.err.begin(), r.err.end(), '\n') == 1);
   }
+}
+
+TEST_CASE("eval text tasks need a tokenizer that can write English; otherwise the token tasks are the default",
+          "[runtime]") {
+  headwise::testing::TempDir tmp;
+  auto folder_with_tokenizer = [&](const std::string& name, const fs::path& tokenizer) {
+    const fs::path dir = tmp.path() / name;
+    fs::create_directories(dir);
+    write_file_atomically(dir / "tokenizer.json", read_text_file(tokenizer));
+    return dir;
+  };
+  // The default model's tokenizer: 512 one-character tokens of its synthetic alphabet.
+  const fs::path own_alphabet = folder_with_tokenizer(
+      "own", fs::path(HEADWISE_FIXTURES_DIR) / ".." / ".." / "models" / "tiny-qwen3-next" / "tokenizer.json");
+  const fs::path english = folder_with_tokenizer(
+      "english", fs::path(HEADWISE_FIXTURES_DIR) / "tokenizers" / "bytelevel_qwen" / "tokenizer.json");
+
+  CHECK(eval::default_tasks(own_alphabet) == std::vector<std::string>{"needle_single", "needle_multikey"});
+  const auto english_defaults = eval::default_tasks(english);
+  CHECK(std::find(english_defaults.begin(), english_defaults.end(), "niah_single") != english_defaults.end());
+
+  eval::TaskRequest request;
+  request.tasks = {"niah_single"};
+  request.samples = 1;
+  request.seq_len = 256;
+  try {
+    eval::make_eval_samples(own_alphabet, 512, request);
+    FAIL("a text task was accepted with a tokenizer that cannot write it");
+  } catch (const InputError& e) {
+    CHECK_THAT(e.what(), Catch::Contains("--tasks niah_single") && Catch::Contains("cannot write"));
+  }
+  CHECK_FALSE(eval::make_eval_samples(english, 151936, request).empty());
 }
