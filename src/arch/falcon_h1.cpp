@@ -1,6 +1,7 @@
 // Falcon-H1 (`falcon_h1`): every layer runs a Mamba-2 mixer and global attention in parallel,
 // so every layer is a global layer (its KV heads take windows) that also keeps conv + SSM
 // states. Config-level support only.
+#include "headwise/arch/layer_stack.hpp"
 #include "headwise/arch/registry.hpp"
 #include "headwise/arch/state_shapes.hpp"
 
@@ -8,22 +9,16 @@ namespace headwise::arch {
 namespace {
 
 Mamba2Shape falcon_mamba_shape(const ConfigReader& config) {
-  Mamba2Shape s;
   // FalconH1Config: mamba_d_ssm defaults to 1024 when absent; an explicit null means expand * hidden.
+  int64_t intermediate = 0;
   if (!config.json().contains("mamba_d_ssm")) {
-    s.intermediate = 1024;
+    intermediate = 1024;
   } else if (config.has("mamba_d_ssm")) {
-    s.intermediate = config.get_positive_int("mamba_d_ssm");
+    intermediate = config.get_positive_int("mamba_d_ssm");
   } else {
-    s.intermediate = config.get_positive_int("mamba_expand", 2) * config.get_positive_int("hidden_size");
+    intermediate = read_mamba_expand_intermediate(config);
   }
-  s.heads = config.get_positive_int("mamba_n_heads", 128);
-  s.head_dim = read_int_or_auto(config, "mamba_d_head").value_or(s.intermediate / s.heads);
-  s.groups = config.get_positive_int("mamba_n_groups", 1);
-  s.state_size = config.get_positive_int("mamba_d_state", 256);
-  s.conv_kernel = config.get_positive_int("mamba_d_conv", 4);
-  validate_mamba2(s, config);
-  return s;
+  return read_bamba_mamba2_shape(config, intermediate);
 }
 
 ModelSpec build_falcon_h1_spec(const ConfigReader& config) {
@@ -31,15 +26,11 @@ ModelSpec build_falcon_h1_spec(const ConfigReader& config) {
   const AttentionShape attention = read_attention_shape(config);
   const Mamba2Shape mamba = falcon_mamba_shape(config);
   const DType dtype = config_dtype(config);
-  ModelSpec spec;
-  for (int64_t i = 0; i < num_layers; ++i) {
-    LayerSpec layer;
-    layer.id = i;
-    layer.kind = LayerKind::kFullAttention;  // attention + mamba in parallel; KV grows with context
-    layer.attention = attention;
-    layer.states = mamba2_states(mamba, dtype, DType::kFloat32);
-    spec.layers.push_back(std::move(layer));
-  }
+  // Attention's KV grows with context, so each layer counts as full attention; the Mamba-2
+  // mixer beside it adds its states to the same layer.
+  ModelSpec spec = stack_layers(std::vector<LayerKind>(static_cast<size_t>(num_layers), LayerKind::kFullAttention),
+                                {.attention = attention});
+  for (LayerSpec& layer : spec.layers) layer.states = mamba2_states(mamba, dtype, DType::kFloat32);
   return spec;
 }
 

@@ -9,10 +9,10 @@
 #include <string>
 #include <vector>
 
+#include "headwise/arch/layer_stack.hpp"
 #include "headwise/arch/model.hpp"
 #include "headwise/arch/ops.hpp"
 #include "headwise/arch/registry.hpp"
-#include "headwise/arch/state_shapes.hpp"
 #include "headwise/arch/rope_params.hpp"
 #include "headwise/core/error.hpp"
 #include "headwise/io/checkpoint.hpp"
@@ -39,23 +39,11 @@ double optional_softcap(const ConfigReader& r, std::string_view key) {
 }
 
 std::vector<LayerKind> read_layer_kinds(const ConfigReader& r, int64_t num_layers) {
-  std::vector<LayerKind> kinds;
-  if (r.has("layer_types")) {
-    for (const auto& name : r.get_string_list("layer_types")) {
-      const LayerKind kind = parse_layer_kind(name, fmt::format("{}: field 'layer_types'", r.where()));
-      if (kind != LayerKind::kFullAttention && kind != LayerKind::kSlidingAttention) {
-        r.fail("layer_types", fmt::format("has '{}'; Gemma 3 layers are full_attention or sliding_attention", name));
-      }
-      kinds.push_back(kind);
-    }
-    if (static_cast<int64_t>(kinds.size()) != num_layers) {
-      r.fail("layer_types", fmt::format("has {} entries for num_hidden_layers = {}", kinds.size(), num_layers));
-    }
-    return kinds;
-  }
+  if (r.has("layer_types")) return read_attention_layer_kinds(r, num_layers, "Gemma 3");
   // Legacy: every `sliding_window_pattern`-th layer is global (5 local : 1 global by default).
   // v5 also saves `_sliding_window_pattern`, but HF's __post_init__ reads only this key.
   const int64_t pattern = r.get_positive_int("sliding_window_pattern", 6);
+  std::vector<LayerKind> kinds;
   for (int64_t i = 0; i < num_layers; ++i) {
     kinds.push_back((i + 1) % pattern != 0 ? LayerKind::kSlidingAttention : LayerKind::kFullAttention);
   }
@@ -116,26 +104,18 @@ Gemma3Config read_gemma3_config(const ConfigReader& r) {
 
 ModelSpec build_gemma3_spec(const ConfigReader& r) {
   const Gemma3Config c = read_gemma3_config(r);
-  ModelSpec spec;
-  spec.hidden_size = c.hidden_size;
-  spec.vocab_size = c.vocab_size;
-  for (int64_t i = 0; i < c.num_layers; ++i) {
-    LayerSpec layer;
-    layer.id = i;
-    layer.kind = c.kinds[static_cast<size_t>(i)];
-    AttentionShape shape{c.num_heads, c.num_kv_heads, c.head_dim, 0, 0};
-    if (layer.kind == LayerKind::kSlidingAttention) shape = sliding_attention_shape(shape, c.sliding_window);
-    layer.attention = shape;
-    spec.layers.push_back(std::move(layer));
-  }
-  return spec;
+  return attention_stack_spec({.kinds = c.kinds,
+                               .attention = {c.num_heads, c.num_kv_heads, c.head_dim, 0, 0},
+                               .sliding_window = c.sliding_window,
+                               .hidden_size = c.hidden_size,
+                               .vocab_size = c.vocab_size});
 }
 
 class Gemma3Model final : public DecoderModel {
  public:
   Gemma3Model(ModelSpec spec, std::shared_ptr<const io::Checkpoint> checkpoint, const ModelOptions& options)
       : DecoderModel(std::move(spec), std::move(checkpoint), options),
-        config_(read_gemma3_config(ConfigReader(this->spec().text_config, (this->checkpoint().dir() / "config.json").string()))),
+        config_(read_gemma3_config(text_config_reader())),
         prefix_(find_prefix()),
         global_inv_freq_(rope_inv_freq(config_.global_rope, config_.head_dim, device())),
         local_inv_freq_(rope_inv_freq(config_.local_rope, config_.head_dim, device())) {}
@@ -242,13 +222,7 @@ class Gemma3Model final : public DecoderModel {
     in.sliding_window = sliding ? config_.sliding_window : 0;
     in.position_offset = run.position_offset;
     in.o_proj_weight = w(layer, "self_attn.o_proj.weight");
-    at::Tensor out;
-    if (run.attention != nullptr) {
-      out = run.attention->attend(in);
-    } else {
-      ExactAttentionCore exact(attention_chunk());
-      out = exact.attend(in);
-    }
+    const at::Tensor out = attend_core(in, run);
     return arch::linear(out.reshape({batch, steps, config_.num_heads * hd}), in.o_proj_weight);
   }
 

@@ -1,6 +1,7 @@
 // GPT-OSS (`gpt_oss`): alternating sliding (window 128) and global attention layers, MoE FFN.
 // Learned attention sinks are logits, not cached tokens: they cost no cache memory.
 // Config-level support only.
+#include "headwise/arch/layer_stack.hpp"
 #include "headwise/arch/registry.hpp"
 #include "headwise/arch/state_shapes.hpp"
 
@@ -19,23 +20,12 @@ ModelSpec build_gpt_oss_spec(const ConfigReader& config) {
   AttentionShape global = read_attention_shape(config);
   if (!config.has("head_dim")) global.head_dim = 64;  // GptOssConfig default
   const int64_t window = config.get_positive_int("sliding_window", 128);
-  ModelSpec spec;
-  for (int64_t i = 0; i < num_layers; ++i) {
-    LayerSpec layer;
-    layer.id = i;
-    const std::string& type = types[static_cast<size_t>(i)];
-    if (type == "full_attention") {
-      layer.kind = LayerKind::kFullAttention;
-      layer.attention = global;
-    } else if (type == "sliding_attention") {
-      layer.kind = LayerKind::kSlidingAttention;
-      layer.attention = sliding_attention_shape(global, window);
-    } else {
-      config.fail("layer_types", fmt::format("has unknown entry '{}' at layer {}", type, i));
-    }
-    spec.layers.push_back(std::move(layer));
-  }
-  return spec;
+  const auto kind_of = [&](int64_t i) {
+    return layer_kind_of_type(config, types[static_cast<size_t>(i)], i,
+                              {{"full_attention", LayerKind::kFullAttention},
+                               {"sliding_attention", LayerKind::kSlidingAttention}});
+  };
+  return stack_layers(num_layers, kind_of, {.attention = global, .sliding_window = window});
 }
 
 const RegisterArchitecture kRegister({"gpt_oss", {"gpt_oss"}, build_gpt_oss_spec, {}});

@@ -1,6 +1,7 @@
 // Jamba (`jamba`): Mamba-1 layers with attention (no RoPE) iff i % attn_layer_period ==
 // attn_layer_offset. Mamba-1 keeps conv (intermediate, K) and SSM (intermediate, state) states.
 // Config-level support only.
+#include "headwise/arch/layer_stack.hpp"
 #include "headwise/arch/registry.hpp"
 #include "headwise/arch/state_shapes.hpp"
 
@@ -15,24 +16,14 @@ ModelSpec build_jamba_spec(const ConfigReader& config) {
     config.fail("attn_layer_offset", fmt::format("({}) must be in [0, attn_layer_period = {})", offset, period));
   }
   const AttentionShape attention = read_attention_shape(config);
-  const int64_t intermediate = config.get_positive_int("mamba_expand", 2) * config.get_positive_int("hidden_size");
+  const int64_t intermediate = read_mamba_expand_intermediate(config);
   const int64_t conv_kernel = config.get_positive_int("mamba_d_conv", 4);
   const int64_t state_size = config.get_positive_int("mamba_d_state", 16);
   const DType dtype = config_dtype(config);
-  ModelSpec spec;
-  for (int64_t i = 0; i < num_layers; ++i) {
-    LayerSpec layer;
-    layer.id = i;
-    if (i % period == offset) {
-      layer.kind = LayerKind::kFullAttention;
-      layer.attention = attention;
-    } else {
-      layer.kind = LayerKind::kMamba;
-      layer.states = mamba1_states(intermediate, conv_kernel, state_size, dtype);
-    }
-    spec.layers.push_back(std::move(layer));
-  }
-  return spec;
+  const auto kind_of = [&](int64_t i) { return i % period == offset ? LayerKind::kFullAttention : LayerKind::kMamba; };
+  return stack_layers(num_layers, kind_of,
+                      {.attention = attention,
+                       .recurrent_states = mamba1_states(intermediate, conv_kernel, state_size, dtype)});
 }
 
 const RegisterArchitecture kRegister({"jamba", {"jamba"}, build_jamba_spec, {}});

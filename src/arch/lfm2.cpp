@@ -2,6 +2,7 @@
 // (hidden, conv_L_cache) in the model dtype. Config-level support only.
 #include <algorithm>
 
+#include "headwise/arch/layer_stack.hpp"
 #include "headwise/arch/registry.hpp"
 #include "headwise/arch/state_shapes.hpp"
 
@@ -28,23 +29,14 @@ ModelSpec build_lfm2_spec(const ConfigReader& config) {
   const int64_t hidden = config.get_positive_int("hidden_size");
   const int64_t l_cache = config.get_positive_int("conv_L_cache", 3);
   const DType dtype = config_dtype(config);
-  ModelSpec spec;
-  for (int64_t i = 0; i < num_layers; ++i) {
-    LayerSpec layer;
-    layer.id = i;
-    const std::string& type = types[static_cast<size_t>(i)];
-    if (type == "full_attention") {
-      layer.kind = LayerKind::kFullAttention;
-      layer.attention = attention;
-    } else if (type == "conv" || type == "linear_attention") {  // 5.x remaps "conv" to linear_attention
-      layer.kind = LayerKind::kShortConv;
-      layer.states = short_conv_states(hidden, l_cache, dtype);
-    } else {
-      config.fail("layer_types", fmt::format("has unknown entry '{}' at layer {}", type, i));
-    }
-    spec.layers.push_back(std::move(layer));
-  }
-  return spec;
+  const auto kind_of = [&](int64_t i) {
+    return layer_kind_of_type(config, types[static_cast<size_t>(i)], i,
+                              {{"full_attention", LayerKind::kFullAttention},
+                               {"conv", LayerKind::kShortConv},
+                               {"linear_attention", LayerKind::kShortConv}});  // 5.x remaps "conv" to this
+  };
+  return stack_layers(num_layers, kind_of,
+                      {.attention = attention, .recurrent_states = short_conv_states(hidden, l_cache, dtype)});
 }
 
 const RegisterArchitecture kRegister({"lfm2", {"lfm2"}, build_lfm2_spec, {}});

@@ -6,10 +6,10 @@
 #include <string>
 #include <vector>
 
+#include "headwise/arch/layer_stack.hpp"
 #include "headwise/arch/model.hpp"
 #include "headwise/arch/ops.hpp"
 #include "headwise/arch/registry.hpp"
-#include "headwise/arch/state_shapes.hpp"
 #include "headwise/arch/rope_params.hpp"
 #include "headwise/core/error.hpp"
 #include "headwise/io/checkpoint.hpp"
@@ -32,20 +32,12 @@ struct DenseConfig {
 // layer_types it covers layers i >= max_window_layers. A layer typed sliding while the window
 // is off runs full attention there (Qwen3Attention sets sliding_window = None).
 std::vector<LayerKind> read_qwen3_kinds(const ConfigReader& r, int64_t num_layers, int64_t window) {
-  std::vector<LayerKind> kinds;
   if (r.has("layer_types")) {
-    for (const auto& name : r.get_string_list("layer_types")) {
-      const LayerKind kind = parse_layer_kind(name, fmt::format("{}: field 'layer_types'", r.where()));
-      if (kind != LayerKind::kFullAttention && kind != LayerKind::kSlidingAttention) {
-        r.fail("layer_types", fmt::format("has '{}'; Qwen3 layers are full_attention or sliding_attention", name));
-      }
-      kinds.push_back(window > 0 ? kind : LayerKind::kFullAttention);
-    }
-    if (static_cast<int64_t>(kinds.size()) != num_layers) {
-      r.fail("layer_types", fmt::format("has {} entries for num_hidden_layers = {}", kinds.size(), num_layers));
-    }
+    std::vector<LayerKind> kinds = read_attention_layer_kinds(r, num_layers, "Qwen3");
+    if (window <= 0) kinds.assign(kinds.size(), LayerKind::kFullAttention);
     return kinds;
   }
+  std::vector<LayerKind> kinds;
   const int64_t max_window_layers = r.get_int("max_window_layers", 28);
   for (int64_t i = 0; i < num_layers; ++i) {
     kinds.push_back(window > 0 && i >= max_window_layers ? LayerKind::kSlidingAttention : LayerKind::kFullAttention);
@@ -78,26 +70,18 @@ DenseConfig read_dense_config(const ConfigReader& r) {
 
 ModelSpec build_dense_spec(const ConfigReader& r) {
   const DenseConfig c = read_dense_config(r);
-  ModelSpec spec;
-  spec.hidden_size = c.hidden_size;
-  spec.vocab_size = c.vocab_size;
-  for (int64_t i = 0; i < c.num_layers; ++i) {
-    LayerSpec layer;
-    layer.id = i;
-    layer.kind = c.kinds[static_cast<size_t>(i)];
-    AttentionShape shape{c.num_heads, c.num_kv_heads, c.head_dim, 0, 0};
-    if (layer.kind == LayerKind::kSlidingAttention) shape = sliding_attention_shape(shape, c.sliding_window);
-    layer.attention = shape;
-    spec.layers.push_back(std::move(layer));
-  }
-  return spec;
+  return attention_stack_spec({.kinds = c.kinds,
+                               .attention = {c.num_heads, c.num_kv_heads, c.head_dim, 0, 0},
+                               .sliding_window = c.sliding_window,
+                               .hidden_size = c.hidden_size,
+                               .vocab_size = c.vocab_size});
 }
 
 class DenseModel final : public DecoderModel {
  public:
   DenseModel(ModelSpec spec, std::shared_ptr<const io::Checkpoint> checkpoint, const ModelOptions& options)
       : DecoderModel(std::move(spec), std::move(checkpoint), options),
-        config_(read_dense_config(ConfigReader(this->spec().text_config, (this->checkpoint().dir() / "config.json").string()))),
+        config_(read_dense_config(text_config_reader())),
         inv_freq_(rope_inv_freq(config_.rope, config_.head_dim, device())) {}
 
   at::Tensor embed(const at::Tensor& input_ids) override {
@@ -187,13 +171,7 @@ class DenseModel final : public DecoderModel {
     in.sliding_window = sliding ? config_.sliding_window : 0;
     in.position_offset = run.position_offset;
     in.o_proj_weight = w(layer, "self_attn.o_proj.weight");
-    at::Tensor out;
-    if (run.attention != nullptr) {
-      out = run.attention->attend(in);
-    } else {
-      ExactAttentionCore exact(attention_chunk());
-      out = exact.attend(in);
-    }
+    const at::Tensor out = attend_core(in, run);
     return proj(layer, "self_attn.o_proj", out.reshape({batch, steps, config_.num_heads * hd}), bias);
   }
 

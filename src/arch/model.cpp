@@ -93,6 +93,16 @@ at::Tensor DecoderModel::forward(const at::Tensor& input_ids) {
   return logits(hidden);
 }
 
+ConfigReader DecoderModel::text_config_reader() const {
+  return ConfigReader(spec_.text_config, (checkpoint_->dir() / "config.json").string());
+}
+
+at::Tensor DecoderModel::attend_core(const AttentionInputs& inputs, const LayerRun& run) const {
+  if (run.attention != nullptr) return run.attention->attend(inputs);
+  ExactAttentionCore exact(options_.attention_chunk);
+  return exact.attend(inputs);
+}
+
 void DecoderModel::validate_weights() const {
   for (const auto& req : required_weights()) {
     if (!checkpoint_->contains(req.name)) {

@@ -1,6 +1,7 @@
 // NemotronH (`nemotron_h`): one mixer per block — Mamba-2, attention (no RoPE), MLP or MoE — by
 // `layer_types` / `layers_block_type` (transformers 5) or the Hub's `hybrid_override_pattern`
 // (M mamba, * attention, - MLP, E MoE). Config-level support only.
+#include "headwise/arch/layer_stack.hpp"
 #include "headwise/arch/registry.hpp"
 #include "headwise/arch/state_shapes.hpp"
 
@@ -49,16 +50,7 @@ ModelSpec build_nemotron_h_spec(const ConfigReader& config) {
   const DType ssm_dtype = parse_dtype(config.get_string("mamba_ssm_cache_dtype", "float32"),
                                       fmt::format("{}: field 'mamba_ssm_cache_dtype'", config.where()));
   const DType dtype = config_dtype(config);
-  ModelSpec spec;
-  for (size_t i = 0; i < kinds.size(); ++i) {
-    LayerSpec layer;
-    layer.id = static_cast<int64_t>(i);
-    layer.kind = kinds[i];
-    if (layer.kind == LayerKind::kFullAttention) layer.attention = attention;
-    if (layer.kind == LayerKind::kMamba) layer.states = mamba2_states(mamba, dtype, ssm_dtype);
-    spec.layers.push_back(std::move(layer));
-  }
-  return spec;
+  return stack_layers(kinds, {.attention = attention, .recurrent_states = mamba2_states(mamba, dtype, ssm_dtype)});
 }
 
 const RegisterArchitecture kRegister({"nemotron_h", {"nemotron_h"}, build_nemotron_h_spec, {}});

@@ -100,9 +100,7 @@ at::Tensor QwenHybridModel::full_attention(int64_t layer, const at::Tensor& x,
   in.position_offset = run.position_offset;
   in.output_gate = at::sigmoid(q_and_gate[1]);  // [B, T, nh, hd]
   in.o_proj_weight = layer_weight(layer, "self_attn.o_proj.weight");
-  ExactAttentionCore exact(attention_chunk());
-  AttentionCore& core = run.attention != nullptr ? *run.attention : exact;
-  const at::Tensor attended = core.attend(in);  // [B, T, nh, hd]
+  const at::Tensor attended = attend_core(in, run);  // [B, T, nh, hd]
   return arch::linear((attended * in.output_gate).reshape({batch, steps, -1}), in.o_proj_weight);
 }
 

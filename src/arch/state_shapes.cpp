@@ -23,6 +23,22 @@ void validate_mamba2(const Mamba2Shape& s, const ConfigReader& config) {
   }
 }
 
+int64_t read_mamba_expand_intermediate(const ConfigReader& config) {
+  return config.get_positive_int("mamba_expand", 2) * config.get_positive_int("hidden_size");
+}
+
+Mamba2Shape read_bamba_mamba2_shape(const ConfigReader& config, int64_t intermediate) {
+  Mamba2Shape s;
+  s.intermediate = intermediate;
+  s.heads = config.get_positive_int("mamba_n_heads", 128);
+  s.head_dim = read_int_or_auto(config, "mamba_d_head").value_or(s.intermediate / s.heads);
+  s.groups = config.get_positive_int("mamba_n_groups", 1);
+  s.state_size = config.get_positive_int("mamba_d_state", 256);
+  s.conv_kernel = config.get_positive_int("mamba_d_conv", 4);
+  validate_mamba2(s, config);
+  return s;
+}
+
 std::vector<StateTensorSpec> mamba2_states(const Mamba2Shape& s, DType conv_dtype, DType ssm_dtype) {
   const int64_t conv_dim = s.intermediate + 2 * s.groups * s.state_size;
   return {

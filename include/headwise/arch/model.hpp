@@ -112,6 +112,12 @@ class DecoderModel {
   // `layer` until released. Index-free names are the checkpoint's.
   const at::Tensor& weight(int64_t layer, const std::string& name, bool keep_fp32 = false);
   bool has_weight(const std::string& name) const;
+  // The text config the spec was built from, its errors naming the checkpoint's config.json:
+  // a forward needs fields (norm eps, RoPE, biases) that the ModelSpec does not keep.
+  ConfigReader text_config_reader() const;
+  // The run's attention core (the measured or truncated one during calibration), else exact
+  // attention at this model's chunk size.
+  at::Tensor attend_core(const AttentionInputs& inputs, const LayerRun& run) const;
 
  private:
   ModelSpec spec_;

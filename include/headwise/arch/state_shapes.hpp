@@ -35,6 +35,14 @@ std::vector<StateTensorSpec> mamba2_states(const Mamba2Shape& shape, DType conv_
 // Checks intermediate == heads * head_dim and that groups divide heads; errors name `where`.
 void validate_mamba2(const Mamba2Shape& shape, const ConfigReader& config);
 
+// mamba_expand (default 2) * hidden_size: the Mamba intermediate size of Jamba, BambaMixer
+// configs and Falcon-H1 with a null mamba_d_ssm.
+int64_t read_mamba_expand_intermediate(const ConfigReader& config);
+// The Mamba-2 fields under BambaConfig's names and defaults, which GraniteMoeHybrid (it runs
+// BambaMixer) and Falcon-H1 share; only the intermediate size is found differently. head_dim
+// "auto" means intermediate / heads. Validated.
+Mamba2Shape read_bamba_mamba2_shape(const ConfigReader& config, int64_t intermediate);
+
 // Mamba-1 mixer (Jamba): conv state (intermediate, K) in the model dtype, SSM state
 // (intermediate, state_size) in float32.
 std::vector<StateTensorSpec> mamba1_states(int64_t intermediate, int64_t conv_kernel, int64_t state_size,
