@@ -62,8 +62,8 @@ TOKENS = [token_text(i) for i in range(VOCAB)]
 assert len(set(TOKENS)) == VOCAB
 
 CONFIG = {
-    "vocab_size": VOCAB, "hidden_size": 128, "intermediate_size": 384, "num_hidden_layers": 6,
-    "layer_types": ["linear_attention", "linear_attention", "full_attention"] * 2,
+    "vocab_size": VOCAB, "hidden_size": 128, "intermediate_size": 384, "num_hidden_layers": 4,
+    "layer_types": ["linear_attention", "full_attention"] * 2,
     "num_attention_heads": 8, "num_key_value_heads": 4, "head_dim": 32, "partial_rotary_factor": 0.25,
     "rope_theta": 10000.0, "linear_num_key_heads": 2, "linear_num_value_heads": 4, "linear_key_head_dim": 32,
     "linear_value_head_dim": 32, "linear_conv_kernel_dim": 4, "num_experts": 0, "rms_norm_eps": 1e-6,
@@ -72,12 +72,13 @@ CONFIG = {
 }
 
 # Curriculum: (first step, context, batch, most needles per retrieval sample, share of the
-# older record/variable-tracking samples). Short contexts first: in-context copying (the induction
-# circuit retrieval needs) forms fastest on many short samples; the contexts then grow to 2K so
-# the heads learn to reach across the whole window.
-STAGES = [(0, 128, 16, 2, 0.1), (600, 256, 8, 4, 0.1), (1100, 512, 4, 8, 0.1), (1500, 1024, 2, 8, 0.1),
-          (1800, 2048, 1, 8, 0.1)]
-STEPS = 2200
+# older record/variable-tracking samples, share of copy samples). Short contexts first: in-context
+# copying (the induction circuit retrieval needs) forms fastest on many short samples, and copy
+# samples (random spans repeated later) grow it within a few hundred steps; the contexts then
+# grow to 2K so the heads learn to reach across the whole window.
+STAGES = [(0, 128, 16, 0, 0.0, 1.0), (300, 128, 16, 2, 0.1, 0.5), (600, 256, 8, 4, 0.1, 0.25),
+          (900, 512, 4, 8, 0.1, 0.1), (1200, 1024, 2, 8, 0.1, 0.05), (1500, 2048, 1, 8, 0.1, 0.05)]
+STEPS = 1800
 ANSWER_WEIGHT = 5.0
 
 
@@ -247,11 +248,22 @@ def sample_needles(rng, T, n_needles):
     return b.tokens, b.weights, queries
 
 
+def sample_repeats(rng, T):
+    """A random span repeated until the sample is full: everything after the first copy is
+    predictable only by looking back, so this grows the copying circuit fastest (a warm-up)."""
+    span = [int(t) for t in rng.integers(CONTENT0, VOCAB, size=int(rng.integers(8, 33)))]
+    b = Builder()
+    b.add(span)
+    while len(b.tokens) < T:
+        b.add(span, ANSWER_WEIGHT)
+    return b.tokens[:T], b.weights[:T]
+
+
 def sample_copy(rng, T):
     """Random spans of key/value ids, each repeated after some text; the repeat is the target."""
     b = Builder()
     while len(b.tokens) < T:
-        span = [int(t) for t in rng.integers(KEY0, WORD0, size=int(rng.integers(8, 25)))]
+        span = [int(t) for t in rng.integers(CONTENT0, VOCAB, size=int(rng.integers(8, 25)))]
         b.add(LANG.filler(rng, int(rng.integers(2, 16))))
         b.add(span)
         b.add(LANG.filler(rng, int(rng.integers(0, 64))))
@@ -261,11 +273,16 @@ def sample_copy(rng, T):
 
 
 def batch(seed, step):
-    _, T, B, max_needles, p_old = stage(step)
+    _, T, B, max_needles, p_old, p_copy = stage(step)
     rng = np.random.default_rng([seed, step])
     toks, ws = [], []
     for _ in range(B):
-        if rng.random() < p_old:
+        r = rng.random()
+        if p_copy == 1.0:
+            t, w = sample_repeats(rng, T)
+        elif r < p_copy:
+            t, w = sample_copy(rng, T)
+        elif r < p_copy + p_old:
             t, w = sample_mqar(rng, T, 32 if T >= 512 else 12, 2)
         else:
             t, w, _ = sample_needles(rng, T, int(rng.integers(1, max_needles + 1)))
@@ -336,8 +353,8 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--steps", type=int, default=STEPS)
-    ap.add_argument("--lr", type=float, default=2e-3)
-    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--lr", type=float, default=3e-3)
+    ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--device", default="cpu", help="cpu or cuda; data and schedule are the same")
     ap.add_argument("--run", default=str(ROOT / "out" / "train-default-model"))
     ap.add_argument("--out", default=str(ROOT / "models" / "tiny-qwen3-next"))

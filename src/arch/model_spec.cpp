@@ -3,6 +3,7 @@
 #include <array>
 #include <cmath>
 #include <cstdint>
+#include <optional>
 #include <utility>
 
 #include "headwise/core/error.hpp"
@@ -148,9 +149,30 @@ std::vector<int64_t> ConfigReader::get_int_list(std::string_view key) const {
   return out;
 }
 
+namespace {
+
+// Counts that size per-layer and per-head containers: a config with 31,111,111,111 layers
+// (found by fuzzing) would otherwise ask for a terabyte of layer entries before any other
+// check. The limits are far above any model (the largest have ~200 layers and 128 heads).
+std::optional<int64_t> count_limit(std::string_view key) {
+  static constexpr std::pair<std::string_view, int64_t> kLimits[] = {
+      {"num_hidden_layers", 16384},   {"num_attention_heads", 65536}, {"num_key_value_heads", 65536},
+      {"linear_num_key_heads", 65536}, {"linear_num_value_heads", 65536}, {"mamba_n_heads", 65536},
+      {"num_local_experts", 1 << 20}, {"num_experts", 1 << 20}};
+  for (const auto& [name, limit] : kLimits) {
+    if (key == name) return limit;
+  }
+  return std::nullopt;
+}
+
+}  // namespace
+
 int64_t ConfigReader::get_positive_int(std::string_view key) const {
   const int64_t value = get_int(key);
   if (value <= 0) fail(key, fmt::format("must be positive, got {}", value));
+  if (const auto limit = count_limit(key); limit && value > *limit) {
+    fail(key, fmt::format("is {}, more than any model has (at most {})", value, *limit));
+  }
   return value;
 }
 

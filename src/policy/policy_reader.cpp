@@ -202,12 +202,23 @@ std::vector<NonGlobalLayer> read_non_global(const Reader& r, const YAML::Node& n
   return out;
 }
 
+// A digest is lower-case hex (sha256: 64 digits). Anything else is a hand edit, and since the
+// writer emits digests bare, a control character in one would not survive a rewrite (fuzzing
+// found "nu\xff\r").
+std::string hex_digest(const Reader& r, const YAML::Node& node, const std::string& key) {
+  std::string digest = r.scalar(node, key);
+  const bool hex = !digest.empty() && digest.size() <= 64 &&
+                   std::all_of(digest.begin(), digest.end(), [](char c) { return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f'); });
+  if (!hex) r.fail(node, key, "is not a hex digest (1 to 64 digits 0-9a-f, as headwise writes sha256)");
+  return digest;
+}
+
 ModelFingerprint read_fingerprint(const Reader& r, const YAML::Node& node) {
   r.check_keys(node, "model_fingerprint", {"config_sha256", "weights_headers_sha256"}, {"config_sha256"});
   ModelFingerprint f;
-  f.config_sha256 = r.scalar(node["config_sha256"], "model_fingerprint.config_sha256");
+  f.config_sha256 = hex_digest(r, node["config_sha256"], "model_fingerprint.config_sha256");
   const YAML::Node& w = node["weights_headers_sha256"];
-  if (w && !w.IsNull()) f.weights_headers_sha256 = r.scalar(w, "model_fingerprint.weights_headers_sha256");
+  if (w && !w.IsNull()) f.weights_headers_sha256 = hex_digest(r, w, "model_fingerprint.weights_headers_sha256");
   return f;
 }
 

@@ -67,3 +67,29 @@ TEST_CASE("fuzz: JSON nested beyond kMaxJsonDepth is an InputError, not a stack 
   const std::string fine = R"({"a": )" + std::string(200, '[') + std::string(200, ']') + "}";
   CHECK(parse_json(fine, "c.json").contains("a"));
 }
+
+// fuzz_config_spec (2026-11-29, 10-minute run): granitemoehybrid with num_hidden_layers
+// 31111111111 sized its per-layer list before any other check: a 1 TB allocation. Counts that
+// size containers now have a ceiling far above any model.
+TEST_CASE("fuzz: an absurd layer or head count is an InputError, not an allocation", "[arch]") {
+  const nlohmann::json granite = {{"model_type", "granitemoehybrid"}, {"num_hidden_layers", 31111111111LL}, {"nume", 128}};
+  CHECK_THAT(input_error_of([&] { (void)arch::build_model_spec(granite, "c.json"); }),
+             Catch::Contains("c.json: field 'num_hidden_layers' is 31111111111, more than any model has"));
+  nlohmann::json config = read_json_file(testing::config_dir() / "gpt_oss_tiny.json");
+  config["num_attention_heads"] = 1LL << 40;
+  config["num_key_value_heads"] = 1LL << 40;
+  CHECK_THAT(input_error_of([&] { (void)arch::build_model_spec(config, "c.json"); }),
+             Catch::Contains("is 1099511627776, more than any model has (at most 65536)"));
+}
+
+// fuzz_policy_yaml (2026-11-29, 10-minute run): a fingerprint digest "nu\xff\r" was accepted,
+// written bare, and read back without its carriage return: the round trip changed the policy.
+TEST_CASE("fuzz: a policy fingerprint must be a hex digest", "[policy]") {
+  const std::string base = "schema: headwise/policy/v1\nmodel_name: m\nmodel_fingerprint:\n  config_sha256: ";
+  const std::string rest = "\nbudget_gb: 1\ncontext: 4096\nbatch: 1\ndtype: bfloat16\nblock_size: 16\nsink_tokens: 0\n"
+                           "window_levels: [256, full]\nper_layer_policies: []\n";
+  CHECK_THAT(input_error_of([&] { (void)policy::from_yaml(base + "\"nu\\xff\\r\"" + rest, "p.yaml"); }),
+             Catch::Contains("p.yaml:4:18: model_fingerprint.config_sha256: is not a hex digest"));
+  CHECK_THAT(input_error_of([&] { (void)policy::from_yaml(base + "ABC" + rest, "p.yaml"); }),
+             Catch::Contains("is not a hex digest"));
+}
