@@ -37,7 +37,9 @@ if(HEADWISE_CUDA AND CMAKE_CUDA_COMPILER)
 endif()
 find_package(Torch REQUIRED)
 if(TORCH_CUDA_LIBRARIES OR TARGET torch_cuda)
-  if(CMAKE_CUDA_COMPILER)
+  # Torch's cmake enables the CUDA language by itself when it finds CUDA; HEADWISE_CUDA=OFF
+  # must still keep our kernels out.
+  if(HEADWISE_CUDA AND CMAKE_CUDA_COMPILER)
     set(HEADWISE_CUDA_ENABLED ON)
   endif()
 endif()

@@ -20,8 +20,8 @@ jobs=${HEADWISE_JOBS:-$(nproc)}
 # reasonable and -g1 still gives file:line in reports. CUDA kernels are left out (nvcc does
 # not take -fsanitize; no test needs a GPU), so torch's cmake is told the arch list rather
 # than probing for a GPU.
-cmake -S . -B build-asan -G Ninja -DHEADWISE_SANITIZE=ON -DHEADWISE_CUDA=OFF -DTORCH_CUDA_ARCH_LIST="8.0;9.0" \
-  -DCMAKE_BUILD_TYPE=Debug -DCMAKE_CXX_FLAGS_DEBUG="-O1 -g1" >/dev/null
+cmake -S . -B build-asan -G Ninja -DHEADWISE_SANITIZE=ON -DHEADWISE_CUDA=${HEADWISE_SANITIZE_CUDA:-OFF} \
+  -DTORCH_CUDA_ARCH_LIST="8.0;9.0" -DCMAKE_BUILD_TYPE=Debug -DCMAKE_CXX_FLAGS_DEBUG="-O1 -g1" >/dev/null
 ninja -C build-asan -j "$jobs"
 export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=0:protect_shadow_gap=0:alloc_dealloc_mismatch=0}
 export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}
