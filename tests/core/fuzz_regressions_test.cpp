@@ -92,4 +92,10 @@ TEST_CASE("fuzz: a policy fingerprint must be a hex digest", "[policy]") {
              Catch::Contains("p.yaml:4:18: model_fingerprint.config_sha256: is not a hex digest"));
   CHECK_THAT(input_error_of([&] { (void)policy::from_yaml(base + "ABC" + rest, "p.yaml"); }),
              Catch::Contains("is not a hex digest"));
+  // The same run, a minute later: a policy without a fingerprint is written with an empty
+  // digest, which must read back.
+  const std::string no_fingerprint = "schema: headwise/policy/v1\nmodel_name: m\n" + rest;
+  const policy::Policy first = policy::from_yaml(no_fingerprint, "p.yaml");
+  const std::string written = policy::to_yaml(first);
+  CHECK(policy::to_yaml(policy::from_yaml(written, "rewritten.yaml")) == written);
 }
