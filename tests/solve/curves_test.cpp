@@ -131,7 +131,9 @@ TEST_CASE("headwise-calc solve re-solves stored curves", "[solve]") {
 
   const Run full = run_cli("solve --curves " + curves.string() + " --budget 32m --json --quiet");
   REQUIRE(full.status == 0);
-  for (const auto& choice : json::parse(full.output)["choices"]) CHECK(choice["window"] == "full");
+  // Named: a range-for over a member of a temporary reads freed memory (ASan caught it).
+  const json full_out = json::parse(full.output);
+  for (const auto& choice : full_out["choices"]) CHECK(choice["window"] == "full");
 
   const Run human = run_cli("solve --curves " + curves.string() + " --budget 5m --quiet");
   CHECK(human.status == 0);
