@@ -84,13 +84,12 @@ bool compare(const regen::ManifestEntry& entry, const CalibrationOutcome& produc
       }
       return true;
     }
-    std::cout << fmt::format("{}: {} differs from what the manifest entry produces:\n", entry.name, entry.output.string());
     lines = regen::diff_policies(committed, produced.policy,
                                  arch::load_model_spec(io::resolve_model_dir(entry.request.model)));
   } catch (const InputError& e) {
-    std::cout << fmt::format("{}: {} differs from what the manifest entry produces:\n", entry.name, entry.output.string());
     lines.push_back(fmt::format("the committed file is not a valid policy: {}", e.what()));
   }
+  std::cout << fmt::format("{}: {} differs from what the manifest entry produces:\n", entry.name, entry.output.string());
   if (lines.empty()) lines.push_back(regen::first_text_difference(committed_text, produced.policy_yaml));
   for (const auto& line : lines) std::cout << "  " << line << "\n";
   return false;

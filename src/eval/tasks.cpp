@@ -34,10 +34,17 @@ std::string without_whitespace(std::string_view text) {
 }
 
 // A tokenizer made for another alphabet (the default model's is 512 one-character tokens)
-// silently drops what it cannot write; a task it cannot write is no test of the model. Spaces
-// are ignored: decoders legitimately move them (SentencePiece's leading "▁").
-bool tokenizer_can_write(const tokenize::Tokenizer& tokenizer, std::string_view text) {
-  return without_whitespace(tokenizer.decode(tokenizer.encode(text, false), true)) == without_whitespace(text);
+// silently drops what it cannot write; a task it cannot write is no test of the model. `ids`
+// are `text` encoded; spaces are ignored: decoders legitimately move them (SentencePiece's
+// leading "▁"), and special tokens the encoder added are skipped.
+bool decodes_back(const tokenize::Tokenizer& tokenizer, const std::vector<int64_t>& ids, std::string_view text) {
+  return without_whitespace(tokenizer.decode(ids, true)) == without_whitespace(text);
+}
+
+std::vector<std::string> default_tasks_for(const tokenize::Tokenizer* tokenizer) {
+  constexpr std::string_view kProbe = "The special magic number for the key is: 7412 and that is it.";
+  if (tokenizer != nullptr && decodes_back(*tokenizer, tokenizer->encode(kProbe, false), kProbe)) return kDefaultTextTasks;
+  return {"needle_single", "needle_multikey"};
 }
 
 bool has_tokenizer(const fs::path& dir) {
@@ -81,7 +88,8 @@ std::vector<EvalSample> text_task_samples(const std::string& task, const tokeniz
     const std::string text = record.at("text").get<std::string>();
     const std::string answer_text = record.at("answer_text").get<std::string>();
     const std::string prompt_text = text.substr(0, text.size() - answer_text.size());
-    if (!tokenizer_can_write(tokenizer, text)) {
+    const auto whole = tokenizer.encode(text, true);
+    if (!decodes_back(tokenizer, whole, text)) {
       throw_input_error("--tasks {}: the model's tokenizer.json cannot write this task's English text (it does not "
                         "decode back to itself); use the token tasks needle_single, needle_multikey, needle_multikey8",
                         task);
@@ -91,7 +99,6 @@ std::vector<EvalSample> text_task_samples(const std::string& task, const tokeniz
     s.prompt = tokenizer.encode(prompt_text, true);
     // The answer as the model would produce it after this prompt: the whole text's tokens past
     // the prompt's, when the prompt tokenizes to a prefix of the whole (no merge across the cut).
-    const auto whole = tokenizer.encode(text, true);
     if (whole.size() > s.prompt.size() && std::equal(s.prompt.begin(), s.prompt.end(), whole.begin())) {
       s.answer.assign(whole.begin() + static_cast<std::ptrdiff_t>(s.prompt.size()), whole.end());
     } else {
@@ -120,20 +127,24 @@ std::vector<std::string> available_tasks(const fs::path& model_dir) {
 }
 
 std::vector<std::string> default_tasks(const fs::path& model_dir) {
-  if (has_tokenizer(model_dir) &&
-      tokenizer_can_write(tokenize::Tokenizer::from_file(model_dir / "tokenizer.json"),
-                          "The special magic number for the key is: 7412 and that is it.")) {
-    return kDefaultTextTasks;
-  }
-  return {"needle_single", "needle_multikey"};
+  if (!has_tokenizer(model_dir)) return default_tasks_for(nullptr);
+  const auto tokenizer = tokenize::Tokenizer::from_file(model_dir / "tokenizer.json");
+  return default_tasks_for(&tokenizer);
 }
 
 std::vector<EvalSample> make_eval_samples(const fs::path& model_dir, int64_t vocab_size, const TaskRequest& request) {
   if (request.samples <= 0) throw_input_error("--samples must be positive, got {}", request.samples);
   if (request.seq_len <= 0) throw_input_error("--seq-len must be positive, got {}", request.seq_len);
-  const auto tasks = request.tasks.empty() ? default_tasks(model_dir) : request.tasks;
-  const auto text_tasks = calib::generator_tasks();
+  // Loaded once, when the defaults or a text task need it.
   std::optional<tokenize::Tokenizer> tokenizer;
+  auto loaded_tokenizer = [&]() -> const tokenize::Tokenizer& {
+    if (!tokenizer) tokenizer.emplace(tokenize::Tokenizer::from_file(model_dir / "tokenizer.json"));
+    return *tokenizer;
+  };
+  const auto tasks = !request.tasks.empty()     ? request.tasks
+                     : has_tokenizer(model_dir) ? default_tasks_for(&loaded_tokenizer())
+                                                : default_tasks_for(nullptr);
+  const auto text_tasks = calib::generator_tasks();
   std::vector<EvalSample> out;
   for (const auto& task : tasks) {
     std::vector<EvalSample> samples;
@@ -147,8 +158,7 @@ std::vector<EvalSample> make_eval_samples(const fs::path& model_dir, int64_t voc
                           "needle_multikey, needle_multikey8)",
                           task, (model_dir / "tokenizer.json").string());
       }
-      if (!tokenizer) tokenizer.emplace(tokenize::Tokenizer::from_file(model_dir / "tokenizer.json"));
-      samples = text_task_samples(task, *tokenizer, request);
+      samples = text_task_samples(task, loaded_tokenizer(), request);
     } else {
       std::string names;
       for (const auto& n : available_tasks(model_dir)) names += (names.empty() ? "" : ", ") + n;
