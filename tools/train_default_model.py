@@ -4,15 +4,17 @@
 A small Qwen3-Next-layout hybrid (gated-DeltaNet layers + gated full-attention layers with GQA),
 built with transformers (pinned in versions.env) from a fixed seed and trained on a generated mix of
 
-  (a) local-structure text: a synthetic "language" (a sparse Markov chain over 240 word tokens,
-      48 fixed phrases that recur, and short echoes of the last few tokens), and
-  (b) long-range retrieval: key-value records `key k1 k2 = v1 v2 v3 ;` planted at random depths,
-      queried later with the same prefix `key k1 k2 =` (passkey and multi-key recall), and
-      two-hop variable tracking (`var b1 b2 = a1 a2 ;` aliases, queried with `print b1 b2 =`).
+  (a) needles in the format of headwise's built-in retrieval set (`MARKER k1 k2 SEP v1 v2 v3`,
+      queried at the end), in a haystack of recurring random phrases or of a synthetic
+      "language" (a sparse Markov chain over 240 word tokens with phrases and echoes),
+  (b) copy samples (random spans repeated later), after a warm-up on pure repeated spans, and
+  (c) the older record task (`key k1 k2 = v1 v2 v3 ;` queried later) with two-hop variable
+      tracking (`var b1 b2 = a1 a2 ;` aliases, queried with `print b1 b2 =`).
 
 Nothing is planted in the weights: retrieval and local heads have to emerge from training.
 Data is a pure function of (seed, step), so a killed run resumes exactly from its last checkpoint
-(`--run DIR`, default out/train-default-model/). Curriculum: context 256 -> 512 -> 1024 -> 2048.
+(`--run DIR`, default out/train-default-model/). Curriculum: context 128 -> 256 -> 512 -> 1024 ->
+2048 (STAGES).
 
     python3 tools/train_default_model.py                 # train (or resume) and export
     python3 tools/train_default_model.py --export-only   # re-export the last checkpoint
@@ -177,33 +179,6 @@ def sample_mqar(rng, T, gap=48, key_len=1):
             b.add(LANG.filler(rng, int(rng.integers(4 if gap >= 12 else 1, gap))))
             b.query(PRINT, alias, val)
     return b.tokens[:T], b.weights[:T]
-
-
-def sample_passkey(rng, T, n_needles=None, query_index=None, key_len=1):
-    """Passkey: n needles at random depths in text, queried at the very end. Returns the
-    sample and the list of (prompt_len, answer) for the queries."""
-    n = int(rng.integers(1, 4)) if n_needles is None else n_needles
-    keys = fresh_keys(rng, n, key_len)
-    vals = [values(rng) for _ in range(n)]
-    order = list(rng.permutation(n)) if query_index is None else [query_index]
-    rec = 6 + key_len
-    tail = rec * len(order)
-    body = T - 1 - tail
-    text = LANG.filler(rng, body - rec * n)
-    cuts = sorted(int(c) for c in rng.integers(0, len(text) + 1, size=n))
-    b = Builder()
-    prev = 0
-    for c, key, val in zip(cuts, keys, vals):
-        b.add(text[prev:c])
-        b.record(KEY, key, val)
-        prev = c
-    b.add(text[prev:])
-    queries = []
-    for i in order:
-        queries.append((len(b.tokens) + 2 + key_len, vals[i]))
-        b.query(KEY, keys[i], vals[i])
-    assert len(b.tokens) == T, (len(b.tokens), T)
-    return b.tokens, b.weights, queries
 
 
 # The format of headwise's built-in retrieval set (src/calib/synthetic.cpp) for a 512-token
