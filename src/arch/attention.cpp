@@ -30,7 +30,7 @@ at::Tensor window_mask(int64_t q_begin, int64_t q_len, int64_t k_begin, int64_t 
 }
 
 at::Tensor windowed_attention(const AttentionInputs& in, std::span<const int64_t> kv_windows, int64_t sink_tokens,
-                              int64_t chunk) {
+                              int64_t chunk, int64_t first_query) {
   const int64_t batch = in.q.size(0), num_heads = in.q.size(1), steps = in.q.size(2), head_dim = in.q.size(3);
   const int64_t num_kv = in.k.size(1);
   HEADWISE_CHECK(static_cast<int64_t>(kv_windows.size()) == num_kv, "{} windows for {} KV heads", kv_windows.size(), num_kv);
@@ -38,10 +38,13 @@ at::Tensor windowed_attention(const AttentionInputs& in, std::span<const int64_t
   HEADWISE_CHECK(chunk > 0, "chunk must be positive");
   const int64_t group = num_heads / num_kv;
   for (int64_t w : kv_windows) HEADWISE_CHECK(w > 0, "window {} must be positive", w);
+  HEADWISE_CHECK(first_query >= 0 && first_query <= steps, "first query {} outside {} steps", first_query, steps);
 #ifdef HEADWISE_WITH_CUDA
   // The fused kernel visits only each head's window (no masked work) and needs no O(chunk x T)
   // score workspace; inputs it does not cover take the ATen path below, which runs on CUDA too.
-  if (measure::cuda_multiwindow_supported(in, 0)) return measure::cuda_windowed_attention(in, kv_windows, sink_tokens);
+  if (first_query == 0 && measure::cuda_multiwindow_supported(in, 0)) {
+    return measure::cuda_windowed_attention(in, kv_windows, sink_tokens);
+  }
 #endif
   const bool all_bounded = std::all_of(kv_windows.begin(), kv_windows.end(), [](int64_t w) { return w != kFullWindow; });
   const int64_t widest = all_bounded ? *std::max_element(kv_windows.begin(), kv_windows.end()) : 0;
@@ -50,8 +53,9 @@ at::Tensor windowed_attention(const AttentionInputs& in, std::span<const int64_t
   const at::Tensor q = in.q.view({batch, num_kv, group, steps, head_dim});
   const at::Tensor k = in.k.unsqueeze(2);
   const at::Tensor v = in.v.unsqueeze(2);
-  at::Tensor out = at::empty({batch, steps, num_heads, head_dim}, in.q.options());
-  for (int64_t t0 = 0; t0 < steps; t0 += chunk) {
+  at::Tensor out = first_query == 0 ? at::empty({batch, steps, num_heads, head_dim}, in.q.options())
+                                     : at::zeros({batch, steps, num_heads, head_dim}, in.q.options());
+  for (int64_t t0 = first_query; t0 < steps; t0 += chunk) {
     const int64_t t1 = std::min(steps, t0 + chunk);
     // Keys older than the widest window are masked for every head; skip them unless sinks
     // need the first positions (then the band is still bounded by t1).

@@ -6,12 +6,16 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
+#include <limits>
 #include <fstream>
 #include <optional>
+#include <set>
 
 #include "headwise/arch/attention.hpp"
 #include "headwise/calib/activations.hpp"
 #include "headwise/calib/walk_state.hpp"
+#include "finite_checks.hpp"
 #include "headwise/core/error.hpp"
 #include "headwise/core/progress.hpp"
 #include "headwise/core/resources.hpp"
@@ -27,30 +31,6 @@ using Windows = std::map<int64_t, std::vector<int64_t>>;
 using Accumulators = std::map<int64_t, measure::DistortionAccumulator>;
 
 double seconds_since(Clock::time_point start) { return std::chrono::duration<double>(Clock::now() - start).count(); }
-
-// Names the KV head(s) whose inputs are NaN/Inf: keys and values per KV head; queries, output
-// gate and o_proj columns per query head, mapped to their KV head. A bad weight in one head's
-// rows poisons every head's measured distortion (they share the block output), so this is
-// the only place the head can still be told; a few reductions per global layer.
-void check_heads_finite(const arch::AttentionInputs& in) {
-  const int64_t kv = in.k.size(1), hq = in.q.size(1), group = hq / kv;
-  auto bad_per_head = [](const at::Tensor& t, int64_t head_dim_index) {  // any non-finite per head
-    at::Tensor bad = at::logical_not(at::isfinite(t)).movedim(head_dim_index, 0);
-    return bad.flatten(1).any(1);
-  };
-  at::Tensor query_side = bad_per_head(in.q, 1);
-  if (in.output_gate.defined()) query_side = query_side | bad_per_head(in.output_gate, 2);
-  if (in.o_proj_weight.defined()) query_side = query_side | bad_per_head(in.o_proj_weight.view({in.o_proj_weight.size(0), hq, -1}), 1);
-  const at::Tensor bad = (bad_per_head(in.k, 1) | bad_per_head(in.v, 1) | query_side.view({kv, group}).any(1)).cpu();
-  if (!bad.any().item<bool>()) return;
-  std::vector<int64_t> heads;
-  for (int64_t h = 0; h < kv; ++h) {
-    if (bad[h].item<bool>()) heads.push_back(h);
-  }
-  throw NumericError(fmt::format("layer {} KV head {}: attention inputs are NaN/Inf (bad KV heads: {}): check that "
-                                 "head's rows of the q/k/v/gate projections and its o_proj columns",
-                                 in.layer_id, heads.front(), fmt::join(heads, ",")));
-}
 
 // Measures every global layer it sees; with `decide` set (single micro-batch), it also
 // decides the layer's windows right away and returns the windowed output, saving a second
@@ -110,18 +90,6 @@ void append(std::vector<T>& to, const std::vector<T>& from) {
   to.insert(to.end(), from.begin(), from.end());
 }
 
-// A NaN/Inf in the hidden states would otherwise surface layers later as a NaN distortion of
-// some unrelated head, or silently as garbage curves. One reduction per layer output is cheap
-// next to the layer itself.
-at::Tensor checked_finite(at::Tensor hidden, int64_t layer_id, arch::LayerKind kind) {
-  if (at::isfinite(hidden).all().item<bool>()) return hidden;
-  const at::Tensor bad = at::nonzero(at::logical_not(at::isfinite(hidden)))[0].cpu();
-  throw NumericError(fmt::format("layer {} ({}): output hidden state is NaN/Inf (first at sequence {}, token {}, channel "
-                                 "{}): check the layer's weights",
-                                 layer_id, layer_kind_name(kind), bad[0].item<int64_t>(), bad[1].item<int64_t>(),
-                                 bad[2].item<int64_t>()));
-}
-
 int64_t read_peak_rss_bytes() {
   std::ifstream status("/proc/self/status");
   std::string line;
@@ -141,6 +109,11 @@ class SeqCalibRun {
     const auto start = Clock::now();
     reset_peak_device_bytes(model_.device());
     validate();
+    if (answer_aware()) {
+      spdlog::info("answer-kl: full-KV reference at the answer positions ({} sequences)", sequences_.size());
+      answer_kl_ = std::make_unique<AnswerKl>(model_, sequences_, options_.answer_positions, options_.micro_batch,
+                                              options_.sink_tokens);
+    }
     if (options_.resume) {
       restore(*options_.resume);
     } else {
@@ -149,6 +122,7 @@ class SeqCalibRun {
     if (!options_.conditioned) plan_unconditioned();
     walk();
     complete();
+    if (answer_aware()) measure_completion_effect();
     result_.total_seconds = seconds_since(start);
     result_.peak_rss_bytes = read_peak_rss_bytes();
     result_.peak_device_bytes = peak_device_bytes(model_.device());
@@ -165,12 +139,104 @@ class SeqCalibRun {
     }
   }
 
+  bool answer_aware() const { return options_.measure == DistortionMeasure::kAnswerKl; }
+
+  // The windows of one layer for a ladder-level index per head.
+  std::vector<int64_t> windows_of(const std::vector<size_t>& levels) const {
+    std::vector<int64_t> w;
+    for (size_t l : levels) w.push_back(options_.ladder.levels[l]);
+    return w;
+  }
+
+  // Every head's curve against the other heads at `at`: d(h, l) = E(at, head h at l) -
+  // E(at, head h at the top level), E the measured answer KL of the layer's joint windows.
+  std::vector<solve::Group> marginal_groups(int64_t layer_id, const std::vector<size_t>& at,
+                                            const std::function<double(const std::vector<size_t>&)>& joint) const {
+    const auto& layer = spec_.layer(layer_id);
+    const size_t top = options_.ladder.size() - 1;
+    std::vector<solve::Group> groups;
+    for (size_t h = 0; h < at.size(); ++h) {
+      std::vector<size_t> probe = at;
+      probe[h] = top;
+      const double base = joint(probe);
+      solve::Group group{layer_id, static_cast<int64_t>(h), {}};
+      for (size_t l = 0; l <= top; ++l) {
+        probe[h] = l;
+        const int64_t window = options_.ladder.levels[l];
+        // Below 0 is measurement noise (a cut that "helps"); the solver needs d >= 0.
+        group.options.push_back({window, options_.head_bytes(layer, window), std::max(0.0, joint(probe) - base)});
+      }
+      groups.push_back(std::move(group));
+    }
+    return groups;
+  }
+
+  // A memoised measure of one layer's joint windows on the stream entering it.
+  std::function<double(const std::vector<size_t>&)> joint_measure(AnswerKl& measure, int64_t layer_id,
+                                                                  ActivationStream& stream,
+                                                                  std::map<std::vector<size_t>, double>& memo) const {
+    return [this, &measure, layer_id, &stream, &memo](const std::vector<size_t>& levels) {
+      const auto it = memo.find(levels);
+      if (it != memo.end()) return it->second;
+      const double e = measure.evaluate(layer_id, stream, windows_of(levels));
+      if (!std::isfinite(e)) {
+        throw NumericError(fmt::format("layer {}: answer KL is NaN/Inf at windows [{}]: check the layer's weights",
+                                       layer_id, fmt::join(windows_of(levels), ",")));
+      }
+      memo.emplace(levels, e);
+      return e;
+    };
+  }
+
+  std::vector<solve::Group> answer_probe_groups(AnswerKl& measure, int64_t layer_id, ActivationStream& stream) const {
+    std::map<std::vector<size_t>, double> memo;
+    const auto heads = static_cast<size_t>(spec_.layer(layer_id).attention->num_kv_heads);
+    return marginal_groups(layer_id, std::vector<size_t>(heads, options_.ladder.size() - 1),
+                           joint_measure(measure, layer_id, stream, memo));
+  }
+
   // Unconditioned curves: every global layer measured with full KV below.
   void probe() {
     const auto start = Clock::now();
     const int64_t samples = effective_probe_samples(options_.probe_samples, static_cast<int64_t>(sequences_.size()));
-    ActivationStream stream(model_, {sequences_.begin(), sequences_.begin() + samples}, options_.micro_batch,
-                            options_.activations);
+    const std::vector<std::vector<int64_t>> probe_sequences(sequences_.begin(), sequences_.begin() + samples);
+    ActivationStream stream(model_, probe_sequences, options_.micro_batch, options_.activations);
+    if (answer_aware()) {
+      answer_probe(stream, probe_sequences);
+    } else {
+      block_mse_probe(stream);
+    }
+    std::vector<solve::Group> all;
+    for (const auto& [id, groups] : probe_groups_) append(all, groups);
+    result_.probe_lambda = solve::min_fitting_lambda(all, options_.global_budget_bytes);
+    result_.probe_seconds = seconds_since(start);
+    spdlog::info("probe: {} global layers measured on {} sequences in {:.1f}s, lambda {:.4g}", probe_groups_.size(),
+                 samples, result_.probe_seconds, result_.probe_lambda);
+  }
+
+  void answer_probe(ActivationStream& stream, const std::vector<std::vector<int64_t>>& probe_sequences) {
+    const std::vector<std::vector<int64_t>> answers(options_.answer_positions.begin(),
+                                                    options_.answer_positions.begin() +
+                                                        static_cast<std::ptrdiff_t>(probe_sequences.size()));
+    AnswerKl measure(model_, probe_sequences, answers, options_.micro_batch, options_.sink_tokens);
+    arch::ExactAttentionCore exact(model_.attention_chunk());
+    Progress progress("probe (full KV, answer-kl)", spec_.num_layers());
+    for (int64_t i = 0; i < spec_.num_layers(); ++i) {
+      if (spec_.layer(i).is_global()) {
+        probe_groups_[i] = answer_probe_groups(measure, i, stream);
+        append(result_.probe_curves, to_curves(probe_groups_[i]));
+      }
+      stream.apply([&](const at::Tensor& h) {
+        return checked_finite(model_.run_layer(i, h, {&exact, nullptr, 0}), i, spec_.layer(i).kind);
+      });
+      model_.release_layer(i);
+      progress.update(i + 1, fmt::format("layer {} {}", i, layer_kind_name(spec_.layer(i).kind)));
+    }
+    progress.finish();
+    result_.answer_kl_evaluations += measure.evaluations();
+  }
+
+  void block_mse_probe(ActivationStream& stream) {
     Accumulators accumulators;
     MeasuringCore core(options_, model_.attention_chunk(), accumulators, nullptr);
     Progress progress("probe (full KV)", spec_.num_layers());
@@ -191,12 +257,6 @@ class SeqCalibRun {
       probe_groups_[layer_id] = layer_groups(spec_.layer(layer_id), acc, options_);
       append(result_.probe_curves, to_curves(probe_groups_[layer_id]));
     }
-    std::vector<solve::Group> all;
-    for (const auto& [id, groups] : probe_groups_) append(all, groups);
-    result_.probe_lambda = solve::min_fitting_lambda(all, options_.global_budget_bytes);
-    result_.probe_seconds = seconds_since(start);
-    spdlog::info("probe: {} global layers measured on {} sequences in {:.1f}s, lambda {:.4g}", probe_groups_.size(),
-                 samples, result_.probe_seconds, result_.probe_lambda);
   }
 
   // Resume: the probe and the decisions up to state.last_layer come from the checkpoint.
@@ -255,18 +315,7 @@ class SeqCalibRun {
       choice = solve::relax_at(groups, report.lambda).choice;
       report.planned_ahead = future.empty() ? 0 : solve::relax_at(future, report.lambda).total_bytes;
     }
-    std::vector<int64_t> windows;
-    for (size_t h = 0; h < groups.size(); ++h) {
-      const auto& option = groups[h].options[choice[h]];
-      windows.push_back(option.window);
-      report.bytes_spent += option.bytes;
-    }
-    spent_ += report.bytes_spent;
-    HEADWISE_CHECK(spent_ + report.planned_ahead <= options_.global_budget_bytes, "controller overspent at layer {}", layer_id);
-    append(decided_groups_, groups);
-    append(decided_choice_, choice);
-    append(result_.curves, to_curves(groups));
-    return windows;
+    return record_decision(groups, choice, report);
   }
 
   void walk() {
@@ -304,7 +353,119 @@ class SeqCalibRun {
     progress.finish();
   }
 
+  // Records a layer's decision: its curves, choice and bytes.
+  std::vector<int64_t> record_decision(const std::vector<solve::Group>& groups, const std::vector<size_t>& choice,
+                                       LayerReport& report) {
+    std::vector<int64_t> windows;
+    for (size_t h = 0; h < groups.size(); ++h) {
+      const auto& option = groups[h].options[choice[h]];
+      windows.push_back(option.window);
+      report.bytes_spent += option.bytes;
+    }
+    spent_ += report.bytes_spent;
+    HEADWISE_CHECK(spent_ + report.planned_ahead <= options_.global_budget_bytes, "controller overspent at layer {}",
+                   report.layer_id);
+    append(decided_groups_, groups);
+    append(decided_choice_, choice);
+    append(result_.curves, to_curves(groups));
+    return windows;
+  }
+
+  // answer-kl: the heads of a layer are decided together, because they back each other up: a
+  // head that looks free to cut while the others keep the needle may be the last one holding it
+  // once they are cut. The controller gives the layer its bytes as for block-mse (its curves
+  // measured with the other heads at the top level, the layers above priced by the probe).
+  // Within them, a greedy descent on the *joint* answer KL: from every head at the top level,
+  // take the cut with the least KL added per byte saved, measured with the other heads at their
+  // current windows, until the layer fits; then spend what the last cut left over on the
+  // lengthening that removes the most KL per byte. Each step is conditioned on the steps before,
+  // as SeqCalib conditions each layer on the layers below.
+  std::vector<int64_t> decide_jointly(int64_t layer_id, ActivationStream& stream, LayerReport& report) {
+    if (!options_.conditioned) return record_decision(probe_groups_.at(layer_id), unconditioned_plan_.at(layer_id), report);
+    std::map<std::vector<size_t>, double> memo;
+    const auto joint = joint_measure(*answer_kl_, layer_id, stream, memo);
+    const auto& layer = spec_.layer(layer_id);
+    const auto heads = static_cast<size_t>(layer.attention->num_kv_heads);
+    std::vector<size_t> assign(heads, options_.ladder.size() - 1);
+    std::vector<solve::Group> groups = marginal_groups(layer_id, assign, joint);
+    const std::vector<solve::Group> future = future_probe_groups(layer_id);
+    const int64_t remaining = options_.global_budget_bytes - spent_;
+    std::vector<solve::Group> combined = groups;
+    append(combined, future);
+    report.lambda = solve::min_fitting_lambda(combined, remaining);
+    report.planned_ahead = future.empty() ? 0 : solve::relax_at(future, report.lambda).total_bytes;
+    const int64_t allowance = remaining - report.planned_ahead;
+    if (options_.joint_heads) {
+      assign = greedy_joint_descent(groups, allowance, joint);
+      groups = marginal_groups(layer_id, assign, joint);
+    } else {
+      assign = solve::solve_exact(groups, allowance).choice;
+    }
+    result_.answer_kl_evaluations += static_cast<int64_t>(memo.size());
+    spdlog::debug("layer {}: windows [{}], joint answer KL {:.6g} ({} evaluations)", layer_id,
+                  fmt::join(windows_of(assign), ","), joint(assign), memo.size());
+    return record_decision(groups, assign, report);
+  }
+
+  static int64_t layer_bytes(const std::vector<solve::Group>& groups, const std::vector<size_t>& assign) {
+    int64_t total = 0;
+    for (size_t h = 0; h < groups.size(); ++h) total += groups[h].options[assign[h]].bytes;
+    return total;
+  }
+
+  // One greedy step: among moves of a single head to another level that `allowed` admits, the
+  // one with the best (joint KL change) per (bytes change), measured at `assign`. Returns false
+  // when no move is admitted. Ties: more bytes moved, then the lower head and level (stable).
+  bool best_joint_move(const std::vector<solve::Group>& groups, std::vector<size_t>& assign,
+                       const std::function<double(const std::vector<size_t>&)>& joint,
+                       const std::function<bool(size_t head, size_t level, int64_t bytes_after)>& allowed,
+                       bool cutting) const {
+    const double here = joint(assign);
+    const int64_t bytes_here = layer_bytes(groups, assign);
+    std::optional<std::tuple<double, int64_t, size_t, size_t>> best;
+    for (size_t h = 0; h < assign.size(); ++h) {
+      for (size_t l = 0; l < groups[h].options.size(); ++l) {
+        if (cutting ? l >= assign[h] : l <= assign[h]) continue;
+        const int64_t delta_bytes = groups[h].options[l].bytes - groups[h].options[assign[h]].bytes;
+        if (!allowed(h, l, bytes_here + delta_bytes)) continue;
+        std::vector<size_t> moved = assign;
+        moved[h] = l;
+        const double delta_kl = joint(moved) - here;
+        // Cutting: least KL added per byte saved. Lengthening: most KL removed per byte spent.
+        const double rate = cutting ? delta_kl / static_cast<double>(std::max<int64_t>(1, -delta_bytes))
+                                    : delta_kl / static_cast<double>(std::max<int64_t>(1, delta_bytes));
+        const auto key = std::make_tuple(rate, -std::abs(delta_bytes), h, l);
+        if (!best || key < *best) best = key;
+      }
+    }
+    if (!best) return false;
+    if (!cutting && std::get<0>(*best) >= 0.0) return false;  // lengthening must remove KL
+    assign[std::get<2>(*best)] = std::get<3>(*best);
+    return true;
+  }
+
+  std::vector<size_t> greedy_joint_descent(const std::vector<solve::Group>& groups, int64_t allowance,
+                                           const std::function<double(const std::vector<size_t>&)>& joint) const {
+    std::vector<size_t> assign(groups.size(), options_.ladder.size() - 1);
+    while (layer_bytes(groups, assign) > allowance) {
+      const bool moved = best_joint_move(groups, assign, joint, [](size_t, size_t, int64_t) { return true; }, true);
+      HEADWISE_CHECK(moved, "greedy descent: nothing left to cut at {} bytes over an allowance of {}",
+                     layer_bytes(groups, assign), allowance);
+    }
+    while (best_joint_move(groups, assign, joint,
+                           [allowance](size_t, size_t, int64_t bytes_after) { return bytes_after <= allowance; }, false)) {
+    }
+    return assign;
+  }
+
   void run_global_layer(int64_t i, ActivationStream& stream, PolicyAttentionCore& policy_core, LayerReport& report) {
+    if (answer_aware()) {
+      result_.windows[i] = decide_jointly(i, stream, report);
+      stream.apply([&](const at::Tensor& h) {
+        return checked_finite(model_.run_layer(i, h, {&policy_core, nullptr, 0}), i, spec_.layer(i).kind);
+      });
+      return;
+    }
     Accumulators accumulators;
     if (stream.micro_batches() == 1) {
       MeasuringCore core(options_, model_.attention_chunk(), accumulators, [&](int64_t layer_id) {
@@ -344,6 +505,26 @@ class SeqCalibRun {
                  format_bytes(options_.global_budget_bytes));
   }
 
+  // Upper layers were measured on the stream of the walk's windows; the completion may lengthen
+  // some of them afterwards. Measure what that does end to end instead of assuming it.
+  void measure_completion_effect() {
+    std::map<int64_t, std::vector<int64_t>> walk_windows;
+    for (size_t g = 0; g < decided_groups_.size(); ++g) {
+      walk_windows[decided_groups_[g].layer_id].push_back(decided_groups_[g].options[decided_choice_[g]].window);
+    }
+    for (const auto& [layer, windows] : walk_windows) {
+      const auto& final_windows = result_.windows.at(layer);
+      for (size_t h = 0; h < windows.size(); ++h) result_.windows_moved_by_completion += windows[h] != final_windows[h];
+    }
+    ActivationStream embedded(model_, sequences_, options_.micro_batch, options_.activations);
+    result_.answer_kl_walk = answer_kl_->evaluate_policy(embedded, walk_windows);
+    result_.answer_kl_policy = result_.windows_moved_by_completion == 0
+                                   ? result_.answer_kl_walk
+                                   : answer_kl_->evaluate_policy(embedded, result_.windows);
+    spdlog::info("answer KL end to end: {:.6g} after the walk, {:.6g} after completion ({} windows moved)",
+                 result_.answer_kl_walk, result_.answer_kl_policy, result_.windows_moved_by_completion);
+  }
+
   arch::DecoderModel& model_;
   const arch::ModelSpec& spec_;
   const std::vector<std::vector<int64_t>>& sequences_;
@@ -355,6 +536,7 @@ class SeqCalibRun {
   std::vector<size_t> decided_choice_;
   int64_t spent_ = 0;
   int64_t replay_until_ = -1;  // resume: layers 0..replay_until_ were decided before
+  std::unique_ptr<AnswerKl> answer_kl_;  // answer-kl only
 };
 
 }  // namespace
@@ -376,6 +558,10 @@ int64_t effective_probe_samples(int64_t requested, int64_t sequences) {
 SeqCalibResult run_seqcalib(arch::DecoderModel& model, const std::vector<std::vector<int64_t>>& sequences,
                             const SeqCalibOptions& options) {
   c10::InferenceMode inference;
+  if (options.measure == DistortionMeasure::kAnswerKl && options.answer_positions.size() != sequences.size()) {
+    throw_input_error("--distortion answer-kl: {} answer lists for {} calibration sequences",
+                      options.answer_positions.size(), sequences.size());
+  }
   return SeqCalibRun(model, sequences, options).run();
 }
 

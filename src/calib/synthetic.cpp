@@ -104,6 +104,21 @@ std::vector<std::vector<int64_t>> synthetic_retrieval_set(const SyntheticOptions
   return set;
 }
 
+std::vector<int64_t> synthetic_answer_positions(const SyntheticOptions& options) {
+  SyntheticOptions o = options;
+  if (o.needles == 0) o.needles = std::clamp<int64_t>(o.seq_len / 512, 1, 8);
+  const int64_t needle_len = 2 + kKeyLen + kValueLen;
+  const int64_t first_query = o.seq_len - o.needles * needle_len;
+  std::vector<int64_t> positions;
+  for (int64_t n = 0; n < o.needles; ++n) {
+    // A query reads: marker, key, separator, value. The separator's position predicts the
+    // first value token; the last value token predicts nothing of the answer.
+    const int64_t separator = first_query + n * needle_len + 1 + kKeyLen;
+    for (int64_t i = 0; i < kValueLen; ++i) positions.push_back(separator + i);
+  }
+  return positions;
+}
+
 std::string synthetic_set_description(const SyntheticOptions& options) {
   SyntheticOptions o = options;
   if (o.needles == 0) o.needles = std::clamp<int64_t>(o.seq_len / 512, 1, 8);

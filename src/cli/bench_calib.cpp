@@ -11,6 +11,7 @@
 
 #include "bench.hpp"
 #include "headwise/arch/model.hpp"
+#include "headwise/calib/calibration_data.hpp"
 #include "headwise/calib/seqcalib.hpp"
 #include "headwise/cli/command.hpp"
 #include "headwise/core/error.hpp"
@@ -35,6 +36,7 @@ struct BenchArgs {
   int64_t attention_steps = 8192;
   int64_t attention_head_dim = 0;  // 0: 64 quick, 128 full
   bool skip_seqcalib = false;
+  bool skip_answer_kl = false;
   CommonFlags flags;
 };
 
@@ -123,7 +125,24 @@ nlohmann::json bench_seqcalib(const BenchArgs& args, int64_t samples, int64_t st
   // Where the walk's time goes: global layers (measure + decide + windowed pass) vs the rest.
   double global_s = 0, other_s = 0;
   for (const auto& layer : result.layers) (spec.layer(layer.layer_id).is_global() ? global_s : other_s) += layer.seconds;
+
+  // The answer-aware measure over the same tokens (random tokens: the tail rule's positions).
+  nlohmann::json by_measure = {{"block-mse", seqcalib_ms / forward_ms}};
+  nlohmann::json answer_kl = nullptr;
+  if (!args.skip_answer_kl) {
+    o.measure = calib::DistortionMeasure::kAnswerKl;
+    o.answer_positions = calib::tail_answer_positions(seqs, calib::kAnswerTailPositions);
+    calib::SeqCalibResult answer;
+    const double answer_ms = bench::best_ms(device, 1, [&] { answer = calib::run_seqcalib(*model, seqs, o); });
+    by_measure["answer-kl"] = answer_ms / forward_ms;
+    answer_kl = {{"seconds", answer_ms / 1000},
+                 {"probe_seconds", answer.probe_seconds},
+                 {"evaluations", answer.answer_kl_evaluations},
+                 {"peak_rss_bytes", answer.peak_rss_bytes}};
+  }
   return {{"seqcalib_over_forward", seqcalib_ms / forward_ms},
+          {"seqcalib_over_forward_by_measure", by_measure},
+          {"answer_kl", answer_kl},
           {"seqcalib_over_forward_with_head", seqcalib_ms / forward_head_ms},
           {"forward_seconds", forward_ms / 1000},
           {"forward_with_head_seconds", forward_head_ms / 1000},
@@ -197,6 +216,7 @@ const RegisterCommand kRegister{"bench-calib", [](CLI::App& root) {
   cmd->add_option("--attention-steps", args.attention_steps, "T of the multi-window timing")->capture_default_str();
   cmd->add_option("--attention-head-dim", args.attention_head_dim, "head_dim of the multi-window timing");
   cmd->add_flag("--skip-seqcalib", args.skip_seqcalib, "Only the attention and solver timings");
+  cmd->add_flag("--skip-answer-kl", args.skip_answer_kl, "Time SeqCalib with block-mse only");
   add_common_flags(cmd, args.flags, /*with_json=*/true);
   cmd->callback([] { run(args); });
 }};

@@ -82,7 +82,20 @@ const RegisterCommand kRegister{"calibrate", [](CLI::App& root) {
   root.add_option("--calib", args.request.calib, "Calibration JSONL ({\"text\": ...} or {\"input_ids\": [...]}); default: built-in "
                                          "synthetic retrieval set");
   root.add_option("--samples", args.request.samples, "Calibration sequences")->capture_default_str();
-  root.add_option("--seq-len", args.request.seq_len, "Tokens per calibration sequence")->capture_default_str();
+  root.add_option("--seq-len", args.request.seq_len,
+                  "Tokens per calibration sequence; auto: the largest finite --windows level below --context plus a "
+                  "quarter (at least 2k), so every level is measured")
+      ->capture_default_str();
+  root.add_option("--distortion", args.request.distortion,
+                  "What a window costs: answer-kl (KL to the full model at the answer positions, heads of a layer "
+                  "decided jointly) or block-mse (the attention block's output error over all positions)")
+      ->capture_default_str();
+  root.add_flag("--independent-heads", args.request.independent_heads,
+                "answer-kl: decide a layer's heads from curves measured with the other heads at full (the ablation "
+                "of the joint decision)");
+  root.add_option("--extrapolate", args.request.extrapolate,
+                  "Rule for --windows levels >= --seq-len: none (refuse) or as-full (read as full KV's cost)")
+      ->capture_default_str();
   root.add_option("--block-size", args.request.block_size, "Paged-cache block in tokens (1 = unpaged)")->capture_default_str();
   root.add_option("--batch", args.request.batch, "Sequences served at once")->capture_default_str();
   root.add_option("--sink-tokens", args.request.sink_tokens, "First tokens every windowed head keeps")->capture_default_str();

@@ -55,18 +55,20 @@ void refuse_if_it_cannot_fit(const calib::MemoryPlan& plan) {
   }
 }
 
-// A window at least as long as the calibration sequences truncates nothing there, so its
-// measured distortion is 0 whatever it does at the deployed context. Say so plainly.
-void warn_about_unmeasurable_levels(const measure::WindowLadder& ladder, int64_t seq_len, int64_t context) {
-  std::vector<std::string> blind;
-  for (int64_t w : ladder.levels) {
-    if (w != kFullWindow && w >= seq_len && w < context) blind.push_back(format_tokens(w));
+// Says which levels the sequences cannot tell from full KV, and what the chosen rule does.
+void refuse_unmeasured_levels(const std::vector<int64_t>& blind, int64_t seq_len, const std::string& rule) {
+  if (blind.empty()) return;
+  std::vector<std::string> names;
+  for (int64_t w : blind) names.push_back(format_tokens(w));
+  if (rule == "none") {
+    throw_input_error("--windows levels {} are >= --seq-len {}: calibration sequences that short cannot measure them; "
+                      "use --seq-len auto (or longer than {}), drop them from --windows, or choose a rule with "
+                      "--extrapolate as-full",
+                      fmt::join(names, ","), seq_len, format_tokens(blind.back()));
   }
-  if (!blind.empty()) {
-    spdlog::warn("window levels {} are >= --seq-len {}: calibration cannot tell them from full KV (their measured "
-                 "distortion is 0); calibrate with longer sequences to rank them",
-                 fmt::format("{}", fmt::join(blind, ",")), seq_len);
-  }
+  spdlog::warn("window levels {} are >= --seq-len {}: not measured; --extrapolate as-full gives them full KV's "
+               "distortion (0), so the solver picks them only with spare bytes",
+               fmt::join(names, ","), seq_len);
 }
 
 // Test-only (documented in docs/resume.md): HEADWISE_TEST_ABORT_AFTER_LAYER=k kills the
@@ -103,6 +105,23 @@ std::optional<calib::WalkState> read_checkpoint(const fs::path& path, const std:
 
 }  // namespace
 
+int64_t auto_calibration_length(const std::vector<int64_t>& levels, int64_t context) {
+  int64_t largest = 0;
+  for (int64_t w : levels) {
+    if (w != kFullWindow && w < context) largest = std::max(largest, w);
+  }
+  const int64_t wanted = (largest + largest / 4 + 1023) / 1024 * 1024;
+  return std::min(context, std::max<int64_t>(2048, wanted));
+}
+
+std::vector<int64_t> unmeasured_levels(const std::vector<int64_t>& levels, int64_t seq_len, int64_t context) {
+  std::vector<int64_t> blind;
+  for (int64_t w : levels) {
+    if (w != kFullWindow && w >= seq_len && w < context) blind.push_back(w);
+  }
+  return blind;
+}
+
 fs::path checkpoint_path_for(const fs::path& output) { return fs::path(output.string() + ".ckpt.json"); }
 
 struct CalibrationJob::State {
@@ -115,6 +134,8 @@ struct CalibrationJob::State {
   int64_t fixed = 0;
   measure::WindowLadder ladder;
   int64_t seq_len = 0;
+  calib::DistortionMeasure measure = calib::DistortionMeasure::kAnswerKl;
+  std::vector<int64_t> unmeasured;
   calib::CalibrationData data;
   policy::ModelFingerprint fingerprint;
   std::string model_path;
@@ -136,7 +157,14 @@ CalibrationJob::CalibrationJob(const CalibrationRequest& request, const fs::path
   memory::validate_options(s.mem);
   s.budget = parse_byte_size(request.budget, "--budget");
   s.ladder = measure::parse_window_ladder(request.windows, "--windows");
-  s.seq_len = parse_token_count(request.seq_len, "--seq-len");
+  s.seq_len = request.seq_len == "auto" ? auto_calibration_length(s.ladder.levels, s.mem.context)
+                                        : parse_token_count(request.seq_len, "--seq-len");
+  s.measure = calib::parse_distortion_measure(request.distortion);
+  if (request.extrapolate != "none" && request.extrapolate != "as-full") {
+    throw_input_error("--extrapolate: '{}' is not one of none, as-full", request.extrapolate);
+  }
+  s.unmeasured = unmeasured_levels(s.ladder.levels, s.seq_len, s.mem.context);
+  refuse_unmeasured_levels(s.unmeasured, s.seq_len, request.extrapolate);
   if (request.samples <= 0) throw_input_error("--samples must be positive, got {}", request.samples);
   parse_placement(request.activations);  // fail on a bad flag before any heavy work
 
@@ -182,6 +210,9 @@ CalibrationJob::CalibrationJob(const CalibrationRequest& request, const fs::path
       {"probe_samples", request.probe_samples},
       {"attention_chunk", request.attention_chunk},
       {"conditioned", !request.no_conditioning},
+      {"distortion", request.distortion},
+      {"joint_heads", !request.independent_heads},
+      {"extrapolate", request.extrapolate},
   };
   s.inputs_hash = sha256_hex(inputs.dump());
 }
@@ -216,7 +247,6 @@ CalibrationOutcome CalibrationJob::run(const RunControl& control) {
   spdlog::info("calibrating {} ({} layers, {} global) on {} sequences x {} tokens, ladder {}, budget {} ({} fixed)",
                s.dir.string(), s.spec.num_layers(), s.spec.global_layer_ids().size(), s.data.sequences.size(), s.seq_len,
                s.ladder.to_string(), format_bytes(s.budget), format_bytes(s.fixed));
-  warn_about_unmeasurable_levels(s.ladder, s.seq_len, s.mem.context);
 
   calib::SeqCalibOptions options;
   options.ladder = s.ladder;
@@ -229,6 +259,9 @@ CalibrationOutcome CalibrationJob::run(const RunControl& control) {
   options.micro_batch = micro_batch;
   options.probe_samples = r.probe_samples;
   options.conditioned = !r.no_conditioning;
+  options.measure = s.measure;
+  options.answer_positions = s.data.answer_positions;
+  options.joint_heads = !r.independent_heads;
   options.activations = parse_placement(r.activations);
   options.resume = resume ? &*resume : nullptr;
   if (!control.checkpoint.empty()) {
@@ -261,7 +294,7 @@ CalibrationOutcome CalibrationJob::run(const RunControl& control) {
   policy.calibration = {
       {"tool", fmt::format("headwise-calc {}", HEADWISE_VERSION)},
       {"method", options.conditioned ? "seqcalib" : "unconditioned"},
-      {"distortion_measure", "block_output_relative_mse"},
+      {"distortion_measure", s.measure == calib::DistortionMeasure::kAnswerKl ? "answer-kl" : "block_output_relative_mse"},
       {"dataset", s.data.description},
       {"dataset_sha256", s.data.sha256},
       {"samples", static_cast<int64_t>(s.data.sequences.size())},
@@ -270,6 +303,14 @@ CalibrationOutcome CalibrationJob::run(const RunControl& control) {
       {"probe_samples", calib::effective_probe_samples(r.probe_samples, static_cast<int64_t>(s.data.sequences.size()))},
       {"inputs_sha256", s.inputs_hash},
   };
+  if (s.measure == calib::DistortionMeasure::kAnswerKl) {
+    policy.calibration["answer_positions"] = s.data.answer_rule;
+    policy.calibration["heads"] = r.independent_heads ? "independent" : "joint";
+  }
+  if (!s.unmeasured.empty()) {
+    policy.calibration["extrapolated_levels"] = s.unmeasured;
+    policy.calibration["extrapolation"] = r.extrapolate;
+  }
   for (const auto& [layer_id, windows] : result.windows) {
     policy.per_layer_policies.push_back({layer_id, windows, result.expected_distortion.at(layer_id)});
   }

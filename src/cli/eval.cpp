@@ -24,8 +24,9 @@ struct EvalArgs {
   std::string policy;
   std::string tasks;
   std::string baselines = "full,uniform,pyramid,duo,random,unconditioned";
-  int64_t samples = 8;
-  std::string seq_len = "2k";
+  int64_t samples = 100;
+  std::string seq_len = "context";  // the policy's context
+  bool allow_short_seq_len = false;
   int64_t calib_samples = 4;
   uint64_t seed = 0;
   int64_t prefill_chunk = 256;
@@ -59,14 +60,48 @@ void check_policy_matches(const policy::Policy& p, const fs::path& dir, const ar
   policy::validate_against_model(p, spec, where);
 }
 
+// A head whose window is at least the sample length truncates nothing: on samples shorter than
+// the policy's windows, the policy and every baseline built to its bytes at its context look
+// like full KV in part, and the comparison measures nothing the deployment will see.
+void refuse_short_sequences(const policy::Policy& p, int64_t seq_len, bool allowed) {
+  const int64_t largest = eval::largest_finite_window(p.head_windows());
+  if (seq_len > largest) return;
+  if (!allowed) {
+    throw_input_error("--seq-len {} is not longer than the policy's largest finite window ({} tokens): such windows "
+                      "truncate nothing there; evaluate at the policy's context (the default) or pass "
+                      "--allow-short-seq-len",
+                      seq_len, largest);
+  }
+  spdlog::warn("--seq-len {} <= the policy's largest finite window ({}): heads with windows that long act as full KV "
+               "on these samples, and baselines built to the policy's bytes at its context {} may too; the comparison "
+               "does not show what the deployment will see",
+               seq_len, largest, p.context);
+}
+
+// Methods whose every finite window covers the samples are full KV in effect: say so.
+void warn_full_in_effect(const std::vector<eval::MethodWindows>& methods, int64_t seq_len) {
+  for (const auto& m : methods) {
+    if (m.name == "full") continue;
+    bool truncates = false;
+    for (const auto& [layer, heads] : m.windows) {
+      for (int64_t w : heads) truncates = truncates || w < seq_len - 1;
+    }
+    if (!truncates) spdlog::warn("eval: {} truncates nothing on {}-token samples: it is full KV in effect", m.name, seq_len);
+  }
+}
+
 void print_table(const std::vector<eval::MethodResult>& results, const std::vector<std::string>& tasks) {
   std::string header = fmt::format("{:<14} {:>14} {:>14}", "method", "cache_est", "cache_meas");
-  for (const auto& t : tasks) header += fmt::format(" {:>16}", t);
+  for (const auto& t : tasks) header += fmt::format(" {:>17}", t);
   header += fmt::format(" {:>10} {:>10} {:>11} {:>10}", "kl_vs_full", "ppl", "prefill t/s", "decode t/s");
   std::cout << header << "\n";
   for (const auto& r : results) {
     std::string line = fmt::format("{:<14} {:>14} {:>14}", r.name, r.cache_bytes_estimated, r.cache_bytes_measured);
-    for (const auto& t : tasks) line += fmt::format(" {:>16.3f}", r.accuracy.count(t) ? r.accuracy.at(t) : 0.0);
+    for (const auto& t : tasks) {
+      const auto c = r.correct.count(t) ? r.correct.at(t) : std::pair<int64_t, int64_t>{0, 0};
+      const auto [lo, hi] = eval::wilson_interval(c.first, c.second);
+      line += fmt::format(" {:>5.3f} [{:.2f},{:.2f}]", r.accuracy.count(t) ? r.accuracy.at(t) : 0.0, lo, hi);
+    }
     line += fmt::format(" {:>10.4g} {:>10.4g} {:>11.1f} {:>10.1f}", r.kl_vs_full, r.perplexity, r.prefill_tokens_per_s,
                         r.decode_tokens_per_s);
     std::cout << line << "\n";
@@ -90,10 +125,11 @@ void run_eval(const EvalArgs& args) {
   // One sequence at a time: the figures are per sequence, at the policy's context and dtype.
   memory::MemoryOptions options = pol.memory_options();
   options.batch = 1;
-  const int64_t seq_len = parse_token_count(args.seq_len, "--seq-len");
+  const int64_t seq_len = args.seq_len == "context" ? options.context : parse_token_count(args.seq_len, "--seq-len");
   if (seq_len > options.context) {
     throw_input_error("--seq-len {} exceeds the policy's context of {} tokens", seq_len, options.context);
   }
+  refuse_short_sequences(pol, seq_len, args.allow_short_seq_len);
   if (args.calib_samples <= 0) throw_input_error("--calib-samples must be positive, got {}", args.calib_samples);
   if (args.prefill_chunk <= 0) throw_input_error("--prefill-chunk must be positive, got {}", args.prefill_chunk);
   if (args.kl_positions <= 0) throw_input_error("--kl-positions must be positive, got {}", args.kl_positions);
@@ -110,6 +146,7 @@ void run_eval(const EvalArgs& args) {
   model_options.device = args.device;
   auto model = arch::load_model(dir, model_options);
   const auto methods = eval::build_methods(*model, {pol, options, args.seed}, baselines, calibration);
+  warn_full_in_effect(methods, seq_len);
 
   eval::RunOptions run{args.prefill_chunk, args.kl_positions};
   // Full KV is the KL reference, so it runs first even when not reported.
@@ -149,7 +186,11 @@ const RegisterCommand kRegister{"eval", [](CLI::App& root) {
   cmd->add_option("--policy", args.policy, "policy.yaml made for this model")->required();
   cmd->add_option("--tasks", args.tasks, "Comma-separated tasks (default: needle tasks for the model)");
   cmd->add_option("--samples", args.samples, "Samples per task")->capture_default_str();
-  cmd->add_option("--seq-len", args.seq_len, "Tokens per sample, prompt + answer (k = 1024)")->capture_default_str();
+  cmd->add_option("--seq-len", args.seq_len, "Tokens per sample, prompt + answer (k = 1024); default: the policy's context")
+      ->capture_default_str();
+  cmd->add_flag("--allow-short-seq-len", args.allow_short_seq_len,
+                "Evaluate on samples not longer than the policy's largest finite window (a warning says why that "
+                "comparison is unfair)");
   cmd->add_option("--baselines", args.baselines, "Comma-separated baselines")->capture_default_str();
   cmd->add_option("--calib-samples", args.calib_samples, "Samples per task for duo scores / unconditioned curves")
       ->capture_default_str();

@@ -75,6 +75,16 @@ memory::HeadWindows unconditioned(arch::DecoderModel& model, const BaselineInput
     sequences.emplace_back(seq.end() - static_cast<std::ptrdiff_t>(len), seq.end());
   }
   calib::SeqCalibOptions o;
+  // The ablation of the policy: the same measure, only the conditioning removed. The answer of
+  // each sample (cut to the common length from the front) is what answer-kl scores.
+  if (in.policy.calibration.value("distortion_measure", "") == "answer-kl") {
+    o.measure = calib::DistortionMeasure::kAnswerKl;
+    for (const auto& s : calibration) {
+      std::vector<int64_t> positions;
+      for (size_t i = 0; i < s.answer.size(); ++i) positions.push_back(static_cast<int64_t>(len - s.answer.size() + i) - 1);
+      o.answer_positions.push_back(std::move(positions));
+    }
+  }
   o.ladder.levels = in.policy.window_levels;
   o.global_budget_bytes = budget_of(model.spec(), in);
   o.sink_tokens = in.options.sink_tokens;

@@ -2,6 +2,7 @@
 // throughput, and the cache bytes (measured from the decoder's storage, and estimated).
 #include <c10/core/InferenceMode.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 
@@ -60,8 +61,10 @@ MethodResult run_method(arch::DecoderModel& model, const MethodWindows& method, 
     const at::Tensor logp = at::log_softmax(logits.select(0, 0), -1).cpu();  // [P, V]
     if (prompt_len > 1) {
       const at::Tensor next = at::tensor(std::vector<int64_t>(s.prompt.begin() + 1, s.prompt.end()), long_opts);
-      nll -= logp.slice(0, 0, prompt_len - 1).gather(1, next.view({-1, 1})).sum().item<double>();
+      const double sample_nll = -logp.slice(0, 0, prompt_len - 1).gather(1, next.view({-1, 1})).sum().item<double>();
+      nll += sample_nll;
       nll_count += prompt_len - 1;
+      r.nll_per_sample.push_back(sample_nll / static_cast<double>(prompt_len - 1));
     }
     const int64_t k = std::min(run.kl_positions, prompt_len);
     const at::Tensor tail = logp.slice(0, prompt_len - k, prompt_len);
@@ -71,14 +74,17 @@ MethodResult run_method(arch::DecoderModel& model, const MethodWindows& method, 
       const at::Tensor& ref = reference->logprobs[i];
       HEADWISE_CHECK(ref.sizes() == tail.sizes(), "reference logprobs {} vs {}", arch::shape_string(ref.sizes()),
                      arch::shape_string(tail.sizes()));
-      kl += (ref.exp() * (ref - tail)).sum().item<double>();
+      const double sample_kl = (ref.exp() * (ref - tail)).sum().item<double>();
+      kl += sample_kl;
       kl_count += k;
+      r.kl_per_sample.push_back(sample_kl / static_cast<double>(k));
     }
     auto& [right, total] = correct[s.task];
     right += at::equal(generated.view({-1}), at::tensor(s.answer, long_opts)) ? 1 : 0;
     ++total;
   }
   r.cache_bytes_measured = decoder.cache().allocated_bytes();
+  r.correct = correct;
   for (const auto& [task, counts] : correct) r.accuracy[task] = static_cast<double>(counts.first) / static_cast<double>(counts.second);
   r.kl_vs_full = kl_count > 0 ? kl / static_cast<double>(kl_count) : 0.0;
   r.perplexity = nll_count > 0 ? std::exp(nll / static_cast<double>(nll_count)) : 0.0;
@@ -87,8 +93,53 @@ MethodResult run_method(arch::DecoderModel& model, const MethodWindows& method, 
   return r;
 }
 
+std::pair<double, double> wilson_interval(int64_t right, int64_t total) {
+  if (total <= 0) return {0.0, 1.0};
+  constexpr double z = 1.959963984540054;
+  const double n = static_cast<double>(total), p = static_cast<double>(right) / n, z2 = z * z;
+  const double centre = (p + z2 / (2 * n)) / (1 + z2 / n);
+  const double half = z * std::sqrt(p * (1 - p) / n + z2 / (4 * n * n)) / (1 + z2 / n);
+  return {std::max(0.0, centre - half), std::min(1.0, centre + half)};
+}
+
+std::pair<double, double> mean_and_ci95(const std::vector<double>& values) {
+  if (values.empty()) return {0.0, 0.0};
+  const double n = static_cast<double>(values.size());
+  double mean = 0;
+  for (double v : values) mean += v;
+  mean /= n;
+  if (values.size() < 2) return {mean, 0.0};
+  double ss = 0;
+  for (double v : values) ss += (v - mean) * (v - mean);
+  return {mean, 1.959963984540054 * std::sqrt(ss / (n - 1) / n)};
+}
+
+int64_t largest_finite_window(const memory::HeadWindows& windows) {
+  int64_t largest = 0;
+  for (const auto& [layer, heads] : windows) {
+    for (int64_t w : heads) {
+      if (w != kFullWindow) largest = std::max(largest, w);
+    }
+  }
+  return largest;
+}
+
 nlohmann::json to_json(const MethodResult& r, const arch::ModelSpec& spec) {
+  nlohmann::json intervals = nlohmann::json::object(), counts = nlohmann::json::object();
+  for (const auto& [task, c] : r.correct) {
+    const auto [lo, hi] = wilson_interval(c.first, c.second);
+    intervals[task] = {lo, hi};
+    counts[task] = {{"right", c.first}, {"total", c.second}};
+  }
+  const auto [kl_mean, kl_half] = mean_and_ci95(r.kl_per_sample);
+  const auto [nll_mean, nll_half] = mean_and_ci95(r.nll_per_sample);
   return {{"name", r.name},
+          {"tasks_ci95", intervals},
+          {"tasks_counts", counts},
+          {"kl_vs_full_ci95_half_width", kl_half},
+          {"kl_vs_full_per_sample_mean", kl_mean},
+          {"perplexity_ci95", r.nll_per_sample.empty() ? nlohmann::json(nullptr)
+                                                        : nlohmann::json{std::exp(nll_mean - nll_half), std::exp(nll_mean + nll_half)}},
           {"cache_bytes_estimated", r.cache_bytes_estimated},
           {"cache_bytes_measured", r.cache_bytes_measured},
           {"global_kv_bytes", r.global_kv_bytes},

@@ -67,7 +67,7 @@ class EntryReader {
 const std::set<std::string> kRequired = {"name", "model", "context", "budget", "windows", "seed", "output"};
 const std::set<std::string> kOptional = {"calib", "samples", "seq_len", "block_size", "batch", "sink_tokens", "kv_dtype",
                                          "dtype", "device", "micro_batch", "probe_samples", "attention_chunk",
-                                         "conditioning"};
+                                         "conditioning", "distortion", "joint_heads", "extrapolate"};
 
 std::string resolve(const fs::path& base, const std::string& path) {
   const fs::path p(path);
@@ -117,6 +117,9 @@ ManifestEntry parse_entry(const YAML::Node& node, size_t index, std::string_view
   if (node["probe_samples"]) q.probe_samples = r.integer(node, "probe_samples");
   if (node["attention_chunk"]) q.attention_chunk = r.integer(node, "attention_chunk");
   if (node["conditioning"]) q.no_conditioning = !r.boolean(node, "conditioning");
+  if (node["distortion"]) q.distortion = r.text(node, "distortion");
+  if (node["joint_heads"]) q.independent_heads = !r.boolean(node, "joint_heads");
+  if (node["extrapolate"]) q.extrapolate = r.text(node, "extrapolate");
   return e;
 }
 

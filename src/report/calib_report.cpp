@@ -69,6 +69,17 @@ nlohmann::json calibration_report(const calib::SeqCalibResult& r, const ReportCo
   }
   nlohmann::json ladder = nlohmann::json::array();
   for (int64_t w : c.ladder.levels) ladder.push_back(window_json(w));
+  // Every (head, level) is either measured on the calibration sequences or given by the rule
+  // named in the provenance (`extrapolation`); the levels it covers are listed here.
+  nlohmann::json extrapolated = nlohmann::json::array();
+  if (c.provenance.contains("extrapolated_levels")) extrapolated = c.provenance["extrapolated_levels"];
+  nlohmann::json answer = nullptr;
+  if (r.answer_kl_walk >= 0) {
+    answer = {{"end_to_end_after_walk", r.answer_kl_walk},
+              {"end_to_end_after_completion", r.answer_kl_policy},
+              {"windows_moved_by_completion", r.windows_moved_by_completion},
+              {"evaluations", r.answer_kl_evaluations}};
+  }
   return {
       {"schema", "headwise/calibration-report/v1"},
       {"model_name", c.model_name},
@@ -85,6 +96,8 @@ nlohmann::json calibration_report(const calib::SeqCalibResult& r, const ReportCo
       {"completion_proven_optimal", r.completion_proven_optimal},
       {"probe_lambda", r.probe_lambda},
       {"provenance", c.provenance},
+      {"extrapolated_levels", extrapolated},
+      {"answer_kl", answer},
       {"layers", layers},
       {"heads", curves_json(r.curves)},
       {"probe_heads", curves_json(r.probe_curves)},

@@ -1,9 +1,16 @@
 #include <catch2/catch.hpp>
 
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include "headwise/calib/calibration_data.hpp"
 #include "headwise/calib/seqcalib.hpp"
+#include "headwise/calib/synthetic.hpp"
 #include "headwise/core/error.hpp"
 #include "headwise/core/window.hpp"
 #include "toy_model.hpp"
+
+#include <algorithm>
 
 using namespace headwise;
 using test::HeadRole;
@@ -117,6 +124,106 @@ TEST_CASE("SeqCalib is deterministic and independent of the micro-batch split", 
     CHECK(a.curves[i].distortion == b.curves[i].distortion);
     for (size_t l = 0; l < a.curves[i].distortion.size(); ++l) {
       CHECK(split.curves[i].distortion[l] == Approx(a.curves[i].distortion[l]).epsilon(1e-6).margin(1e-12));
+    }
+  }
+}
+
+namespace {
+
+calib::SeqCalibOptions answer_options(const char* ladder, int64_t budget, const std::vector<std::vector<int64_t>>& seqs) {
+  auto o = toy_options(ladder, budget);
+  o.measure = calib::DistortionMeasure::kAnswerKl;
+  o.answer_positions = calib::tail_answer_positions(seqs, 8);
+  return o;
+}
+
+}  // namespace
+
+TEST_CASE("answer-kl keeps the retrieval head whose block output is small; block-mse cuts it", "[calib]") {
+  // Head 0 retrieves position 0 but writes it with a small weight; the readout amplifies it, so
+  // the answer hinges on it. Heads 1-3 average content with full weight: a large block output,
+  // a moderate effect on the answer. The budget pays for one full window.
+  test::ToyModel model({{{HeadRole::kFar, 0.05}, {HeadRole::kUniform}, {HeadRole::kUniform}, {HeadRole::kUniform}}},
+                       test::ToyReadout{200.0});
+  const auto seqs = test::toy_sequences(4, kContext, 31);
+  const int64_t budget = toy_head_bytes(kFullWindow) + 3 * toy_head_bytes(4);
+  const auto block = calib::run_seqcalib(model, seqs, toy_options("4,16,full", budget));
+  const auto answer = calib::run_seqcalib(model, seqs, answer_options("4,16,full", budget, seqs));
+  INFO("block-mse " << fmt::format("{}", fmt::join(block.windows.at(0), ",")) << " answer-kl "
+                    << fmt::format("{}", fmt::join(answer.windows.at(0), ",")));
+  CHECK(block.windows.at(0).front() != kFullWindow);
+  CHECK(answer.windows.at(0).front() == kFullWindow);
+  CHECK(answer.global_bytes <= budget);
+  // The policy's end-to-end answer KL is measured and reported.
+  CHECK(answer.answer_kl_policy >= 0.0);
+  CHECK(answer.answer_kl_evaluations > 0);
+}
+
+TEST_CASE("answer-kl decides a layer's heads jointly: of two heads that back each other up, one stays", "[calib]") {
+  // Heads 0 and 1 each retrieve position 0 into the same slot; the readout caps the slot at what
+  // one of them writes, so either alone answers and cutting one alone costs nothing. Cutting both
+  // loses the answer. Heads 2 and 3 average content. The budget pays for two full windows.
+  const std::vector<test::ToyHead> layer{{HeadRole::kFar, 0.5}, {HeadRole::kFar, 0.5}, {HeadRole::kUniform}, {HeadRole::kUniform}};
+  test::ToyModel model({layer}, test::ToyReadout{4.0, 0.5});
+  const auto seqs = test::toy_sequences(4, kContext, 41);
+  const int64_t budget = 2 * toy_head_bytes(kFullWindow) + 2 * toy_head_bytes(4);
+  auto independent_options = answer_options("4,full", budget, seqs);
+  independent_options.joint_heads = false;
+  const auto independent = calib::run_seqcalib(model, seqs, independent_options);
+  const auto joint = calib::run_seqcalib(model, seqs, answer_options("4,full", budget, seqs));
+  auto retrievers_kept = [](const std::vector<int64_t>& w) { return (w[0] == kFullWindow) + (w[1] == kFullWindow); };
+  INFO("independent " << fmt::format("{}", fmt::join(independent.windows.at(0), ",")) << " joint "
+                      << fmt::format("{}", fmt::join(joint.windows.at(0), ",")));
+  // Measured with the other heads at full, each retriever looks free: both are cut.
+  CHECK(retrievers_kept(independent.windows.at(0)) == 0);
+  // Jointly, exactly one retriever keeps its window and the other byte goes to content.
+  CHECK(retrievers_kept(joint.windows.at(0)) == 1);
+  INFO("answer KL: independent " << independent.answer_kl_policy << " joint " << joint.answer_kl_policy);
+  CHECK(joint.answer_kl_policy < 0.5 * independent.answer_kl_policy);
+}
+
+TEST_CASE("answer-kl is deterministic and independent of the micro-batch split", "[calib]") {
+  const std::vector<test::ToyHead> layer{{HeadRole::kUniform}, {HeadRole::kFar}, {HeadRole::kLocal}};
+  test::ToyModel model({layer, layer}, test::ToyReadout{20.0});
+  const auto seqs = test::toy_sequences(4, kContext, 23);
+  const int64_t budget = 2 * (toy_head_bytes(kFullWindow) + toy_head_bytes(16) + toy_head_bytes(4));
+  auto options = answer_options("4,16,full", budget, seqs);
+  const auto a = calib::run_seqcalib(model, seqs, options);
+  const auto b = calib::run_seqcalib(model, seqs, options);
+  options.micro_batch = 3;
+  const auto split = calib::run_seqcalib(model, seqs, options);
+  CHECK(a.windows == b.windows);
+  CHECK(a.windows == split.windows);
+  REQUIRE(a.curves.size() == b.curves.size());
+  for (size_t i = 0; i < a.curves.size(); ++i) CHECK(a.curves[i].distortion == b.curves[i].distortion);
+}
+
+TEST_CASE("answer-kl refuses sequences without answer positions", "[calib]") {
+  test::ToyModel model({{{HeadRole::kFar}}});
+  const auto seqs = test::toy_sequences(2, kContext, 3);
+  auto options = answer_options("4,full", 2 * toy_head_bytes(kFullWindow), seqs);
+  options.answer_positions.assign(seqs.size(), {});
+  CHECK_THROWS_AS(calib::run_seqcalib(model, seqs, options), InputError);
+  options.answer_positions.pop_back();
+  CHECK_THROWS_AS(calib::run_seqcalib(model, seqs, options), InputError);
+}
+
+TEST_CASE("the built-in set's answer positions predict the queried values", "[calib]") {
+  const calib::SyntheticOptions o{512, 3, 1024, 7};
+  const auto seqs = calib::synthetic_retrieval_set(o);
+  const auto positions = calib::synthetic_answer_positions(o);
+  REQUIRE(positions.size() == 2 * 3);  // 1024 tokens: 2 needles, 3 value tokens each
+  for (const auto& seq : seqs) {
+    for (size_t q = 0; q < positions.size(); q += 3) {
+      const auto sep = static_cast<size_t>(positions[q]);
+      CHECK(seq[sep] == 65);        // the separator (vocabulary 512: marker 64, separator 65)
+      CHECK(seq[sep - 3] == 64);    // the query's marker
+      CHECK(positions[q + 2] == positions[q] + 2);
+      // The value that follows was planted earlier, after the same key.
+      const std::vector<int64_t> needle(seq.begin() + static_cast<std::ptrdiff_t>(sep - 3),
+                                        seq.begin() + static_cast<std::ptrdiff_t>(sep + 4));
+      const auto first = std::search(seq.begin(), seq.end(), needle.begin(), needle.end());
+      CHECK(first - seq.begin() < static_cast<std::ptrdiff_t>(sep) - 3);
     }
   }
 }

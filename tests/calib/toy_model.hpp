@@ -12,9 +12,13 @@
 //             no lower head did. Its value and output are those of a far head.
 //  - uniform: q = k = 0: averages the content of its window (moderate, smooth distortion).
 // No norms, no MLP: a layer adds its attention block output to the residual stream.
+// The logits are the hidden state, except that a readout may amplify the retrieved slot
+// (gain, after capping it): the answer then hinges on retrieval even where the retrieving
+// head's block output is small, and a cap makes two retrieving heads back each other up.
 #include <ATen/ATen.h>
 
 #include <cmath>
+#include <limits>
 #include <vector>
 
 #include "headwise/arch/model.hpp"
@@ -51,10 +55,15 @@ inline arch::ModelSpec toy_spec(const std::vector<std::vector<ToyHead>>& layers)
   return spec;
 }
 
+struct ToyReadout {
+  double retrieved_gain = 1.0;
+  double retrieved_cap = std::numeric_limits<double>::infinity();
+};
+
 class ToyModel final : public arch::DecoderModel {
  public:
-  explicit ToyModel(std::vector<std::vector<ToyHead>> layers)
-      : DecoderModel(toy_spec(layers), nullptr, arch::ModelOptions{}), layers_(std::move(layers)) {
+  explicit ToyModel(std::vector<std::vector<ToyHead>> layers, ToyReadout readout = {})
+      : DecoderModel(toy_spec(layers), nullptr, arch::ModelOptions{}), layers_(std::move(layers)), readout_(readout) {
     at::manual_seed(1234);
     embedding_ = at::zeros({kToyVocab, kToyHidden});
     embedding_.select(1, 0).fill_(1.0);
@@ -65,7 +74,11 @@ class ToyModel final : public arch::DecoderModel {
   }
 
   at::Tensor embed(const at::Tensor& ids) override { return embedding_.index_select(0, ids.flatten()).view({ids.size(0), ids.size(1), kToyHidden}); }
-  at::Tensor logits(const at::Tensor& hidden) override { return hidden.to(at::kFloat); }
+  at::Tensor logits(const at::Tensor& hidden) override {
+    at::Tensor out = hidden.to(at::kFloat).clone();
+    out.select(-1, 2).copy_(at::clamp_max(out.select(-1, 2), readout_.retrieved_cap) * readout_.retrieved_gain);
+    return out;
+  }
   std::vector<arch::WeightRequirement> required_weights() const override { return {}; }
 
   at::Tensor run_layer(int64_t layer, const at::Tensor& hidden, const arch::LayerRun& run) override {
@@ -133,6 +146,7 @@ class ToyModel final : public arch::DecoderModel {
   }
 
   std::vector<std::vector<ToyHead>> layers_;
+  ToyReadout readout_;
   at::Tensor embedding_;
   at::Tensor inv_freq_;
 };

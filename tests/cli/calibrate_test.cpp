@@ -6,7 +6,9 @@
 #include <nlohmann/json.hpp>
 
 #include "../support/temp_dir.hpp"
+#include "headwise/cli/calibrate_job.hpp"
 #include "headwise/core/files.hpp"
+#include "headwise/core/window.hpp"
 #include "headwise/policy/policy.hpp"
 
 using namespace headwise;
@@ -89,6 +91,10 @@ TEST_CASE("calibrate refuses bad input with one line and writes nothing", "[cli]
       {with({{"--model", (dir / "nowhere").string()}, {"-o", out}}), 1, "nowhere"},
       {with({{"--budget", ""}, {"-o", out}}), 1, "--budget"},
       {with({{"-o", (dir / "no/such/dir/p.yaml").string()}}), 1, "does not exist"},
+      // A level the sequences cannot measure, without a rule for it.
+      {with({{"--windows", "8,128,full"}, {"-o", out}}), 1, "--windows levels 128 are >= --seq-len 96"},
+      {with({{"--distortion", "mse"}, {"-o", out}}), 1, "--distortion"},
+      {with({{"--extrapolate", "linear"}, {"-o", out}}), 1, "--extrapolate"},
   };
   for (const auto& c : cases) {
     INFO(c.args);
@@ -98,4 +104,31 @@ TEST_CASE("calibrate refuses bad input with one line and writes nothing", "[cli]
     CHECK(std::count(run.err.begin(), run.err.end(), '\n') == 1);
     CHECK(!std::filesystem::exists(out));
   }
+}
+
+TEST_CASE("--seq-len auto measures every finite level; unmeasured levels need a stated rule", "[cli]") {
+  const std::vector<int64_t> ladder{1024, 4096, 16384, 65536, kFullWindow};
+  CHECK(cli::auto_calibration_length(ladder, 163840) == 81920);  // 64k + 16k
+  CHECK(cli::auto_calibration_length({64, 256, 1024, kFullWindow}, 32768) == 2048);
+  CHECK(cli::auto_calibration_length({8, 32, kFullWindow}, 512) == 512);  // never beyond the context
+  CHECK(cli::auto_calibration_length({kFullWindow}, 4096) == 2048);
+  CHECK(cli::unmeasured_levels(ladder, 8192, 163840) == std::vector<int64_t>{16384, 65536});
+  CHECK(cli::unmeasured_levels(ladder, 81920, 163840).empty());
+  CHECK(cli::unmeasured_levels(ladder, 2048, 4096).empty());  // 4096 and above are full KV there
+
+  TempDir dir("calibrate-levels");
+  const auto out = dir / "p.yaml";
+  const auto run = run_cli(with({{"--windows", "8,128,full"}, {"--extrapolate", "as-full"}, {"-o", out.string()}}));
+  INFO(run.err);
+  REQUIRE(run.status == 0);
+  const auto p = policy::read_policy(out);
+  CHECK(p.calibration["extrapolation"] == "as-full");
+  CHECK(p.calibration["extrapolated_levels"] == nlohmann::json::array({128}));
+  CHECK(p.calibration["distortion_measure"] == "answer-kl");
+
+  // auto: 128 + 32 rounded up to 1K, at least 2K, at most the context (512).
+  const auto auto_run = run_cli(with({{"--windows", "8,128,full"}, {"--seq-len", "auto"}, {"-o", out.string()}}));
+  INFO(auto_run.err);
+  REQUIRE(auto_run.status == 0);
+  CHECK(policy::read_policy(out).calibration["seq_len"] == 512);
 }

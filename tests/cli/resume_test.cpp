@@ -37,7 +37,7 @@ std::string middle_budget() {
 
 std::string calibrate_args(const fs::path& output, const std::string& seed = "3") {
   return "--model " + kFixture.string() + " --context 4k --budget " + middle_budget() +
-         " --windows 16,64,256,full --seq-len 256 --samples 2 --seed " + seed + " -o " + output.string() + " --quiet";
+         " --windows 16,64,256,full --seq-len 320 --samples 2 --seed " + seed + " -o " + output.string() + " --quiet";
 }
 
 }  // namespace

@@ -3,6 +3,7 @@
 #include <catch2/catch.hpp>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <nlohmann/json.hpp>
 #include <random>
@@ -10,6 +11,7 @@
 #include "../arch/fixture_reference.hpp"
 #include "../test_configs.hpp"
 #include "headwise/eval/baselines.hpp"
+#include "headwise/eval/eval.hpp"
 #include "headwise/eval/tasks.hpp"
 #include "headwise/policy/policy.hpp"
 
@@ -211,4 +213,56 @@ TEST_CASE("eval text tasks need a tokenizer that can write English; otherwise th
     CHECK_THAT(e.what(), Catch::Contains("--tasks niah_single") && Catch::Contains("cannot write"));
   }
   CHECK_FALSE(eval::make_eval_samples(english, 151936, request).empty());
+}
+
+TEST_CASE("eval refuses samples no longer than the policy's windows unless allowed, and says why", "[runtime]") {
+  headwise::testing::TempDir tmp;
+  const auto dir = headwise::testing::fixture_dir("qwen3_next_tiny");
+  const auto spec = arch::load_model_spec(dir);
+  memory::HeadWindows windows;
+  for (int64_t id : spec.global_layer_ids()) windows[id] = std::vector<int64_t>(2, 64);
+  windows.begin()->second.back() = policy::kFull;
+  policy::write_policy(tmp.path() / "policy.yaml", fixture_policy(dir, windows));
+  const std::string base = "eval --model " + dir.string() + " --policy " + (tmp.path() / "policy.yaml").string() +
+                           " --samples 1 --calib-samples 1 --baselines full,uniform --tasks needle_single";
+  const Run refused = run_cli(base + " --seq-len 64", tmp.path());
+  CHECK(refused.status == 1);
+  CHECK(refused.out.empty());
+  CHECK(refused.err.find("--seq-len 64 is not longer than the policy's largest finite window (64 tokens)") != std::string::npos);
+  CHECK(std::count(refused.err.begin(), refused.err.end(), '\n') == 1);
+
+  const Run allowed = run_cli(base + " --seq-len 64 --allow-short-seq-len --json", tmp.path());
+  INFO(allowed.err);
+  CHECK(allowed.status == 0);
+  CHECK(allowed.err.find("the comparison does not show what the deployment will see") != std::string::npos);
+
+  // The default runs at the policy's context (256 tokens here): nothing to warn about.
+  const Run at_context = run_cli(base + " --json", tmp.path());
+  INFO(at_context.err);
+  REQUIRE(at_context.status == 0);
+  const auto j = nlohmann::json::parse(at_context.out);
+  CHECK(j["seq_len"] == 256);
+  for (const auto& m : j["methods"]) {
+    const auto ci = m["tasks_ci95"]["needle_single"];
+    const double acc = m["tasks"]["needle_single"];
+    CHECK(ci[0].get<double>() <= acc);
+    CHECK(ci[1].get<double>() >= acc);
+  }
+}
+
+TEST_CASE("Wilson intervals and sample spreads", "[runtime]") {
+  // Reference values: the Wilson score interval at z = 1.96 (e.g. statsmodels proportion_confint).
+  const auto [lo0, hi0] = eval::wilson_interval(0, 10);
+  CHECK(lo0 == Approx(0.0).margin(1e-12));
+  CHECK(hi0 == Approx(0.277533).margin(1e-6));
+  const auto [lo5, hi5] = eval::wilson_interval(5, 10);
+  CHECK(lo5 == Approx(0.236593).margin(1e-6));
+  CHECK(hi5 == Approx(0.763407).margin(1e-6));
+  const auto [lo100, hi100] = eval::wilson_interval(90, 100);
+  CHECK(lo100 == Approx(0.825634).margin(1e-6));
+  CHECK(hi100 == Approx(0.944771).margin(1e-6));
+  const auto [mean, half] = eval::mean_and_ci95({1.0, 2.0, 3.0, 4.0});
+  CHECK(mean == 2.5);
+  CHECK(half == Approx(1.959964 * std::sqrt(1.6666667 / 4)).epsilon(1e-6));
+  CHECK(eval::largest_finite_window({{1, {64, policy::kFull}}, {3, {128, 16}}}) == 128);
 }

@@ -15,9 +15,10 @@ namespace headwise::arch {
 // `kv_windows` has one entry per KV head; all query heads of a GQA group share it.
 // Numerics follow HF eager attention: scores in the activation dtype, softmax in fp32,
 // probabilities cast back before multiplying V.
-// Returns [B, T, num_heads, head_dim].
+// Returns [B, T, num_heads, head_dim]. With `first_query` > 0 only the queries from that index on
+// are computed and the rows before it are zero (for a last layer whose earlier rows feed nothing).
 at::Tensor windowed_attention(const AttentionInputs& inputs, std::span<const int64_t> kv_windows,
-                              int64_t sink_tokens, int64_t chunk);
+                              int64_t sink_tokens, int64_t chunk, int64_t first_query = 0);
 
 // Same window for every KV head.
 at::Tensor windowed_attention(const AttentionInputs& inputs, int64_t window, int64_t sink_tokens, int64_t chunk);

@@ -13,7 +13,18 @@ struct CalibrationData {
   std::vector<std::vector<int64_t>> sequences;  // all of length seq_len
   std::string description;                      // file path or generator with parameters
   std::string sha256;                           // of the file, or of the generated ids
+  // Per sequence, the positions whose next-token distribution the answer-aware distortion
+  // scores, and the rule that chose them (recorded in the policy's provenance).
+  std::vector<std::vector<int64_t>> answer_positions;
+  std::string answer_rule;
 };
+
+// Records of a file carry no answer span after packing and cutting, so the answer-aware
+// distortion scores the last `tail` positions of each sequence: KL to the full model there is
+// what the model's own continuation of a held-out tail loses (MoA scores the model's own
+// responses the same way).
+inline constexpr int64_t kAnswerTailPositions = 32;
+std::vector<std::vector<int64_t>> tail_answer_positions(const std::vector<std::vector<int64_t>>& sequences, int64_t tail);
 
 CalibrationData load_calibration_data(const std::string& calib_path, const std::filesystem::path& model_dir,
                                       int64_t vocab_size, int64_t samples, int64_t seq_len, uint64_t seed);

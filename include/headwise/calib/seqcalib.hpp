@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "headwise/arch/model.hpp"
+#include "headwise/calib/answer_kl.hpp"
 #include "headwise/measure/distortion.hpp"
 #include "headwise/measure/window_ladder.hpp"
 
@@ -42,6 +43,12 @@ struct SeqCalibOptions {
   int64_t micro_batch = 1;      // sequences per layer call
   int64_t probe_samples = 0;    // sequences for the unconditioned probe pass; 0 = default_probe_samples
   bool conditioned = true;      // false: decide from probe curves only (the ablation baseline)
+  DistortionMeasure measure = DistortionMeasure::kBlockMse;
+  // answer-kl: per sequence, the positions whose next-token distribution is scored.
+  std::vector<std::vector<int64_t>> answer_positions;
+  // answer-kl: decide a layer's heads jointly (greedy descent on the layer's measured joint answer
+  // KL); false: from per-head curves measured with the other heads at the top level (ablation).
+  bool joint_heads = true;
   ActivationPlacement activations = ActivationPlacement::kAuto;
   // Called after each global layer is decided (progress, checkpoints, the kill hook of tests).
   std::function<void(int64_t layer_id)> after_global_layer;
@@ -80,6 +87,12 @@ struct SeqCalibResult {
   int64_t global_bytes_before_completion = 0;
   double total_distortion = 0.0;
   bool completion_proven_optimal = true;
+  // answer-kl: end-to-end answer KL of the walk's decisions and of the completed policy, and how
+  // many windows the completion moved (the conditioning of layers above saw the walk's).
+  double answer_kl_walk = -1.0;
+  double answer_kl_policy = -1.0;
+  int64_t windows_moved_by_completion = 0;
+  int64_t answer_kl_evaluations = 0;
   int64_t peak_device_bytes = 0;        // CUDA allocator peak, 0 on CPU
   int64_t peak_rss_bytes = 0;
   double probe_seconds = 0.0;

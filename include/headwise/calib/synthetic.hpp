@@ -20,6 +20,10 @@ struct SyntheticOptions {
 
 std::vector<std::vector<int64_t>> synthetic_retrieval_set(const SyntheticOptions& options);
 
+// The answer positions of every sequence of that set (the same for all): the positions whose
+// next token is a queried value token, i.e. where the model must have retrieved the needle.
+std::vector<int64_t> synthetic_answer_positions(const SyntheticOptions& options);
+
 // Identifies the generator and its parameters in a policy's provenance.
 std::string synthetic_set_description(const SyntheticOptions& options);
 

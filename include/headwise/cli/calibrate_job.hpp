@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "headwise/policy/policy.hpp"
 
@@ -21,7 +22,10 @@ struct CalibrationRequest {
   std::string windows = "1k,4k,16k,64k,full";
   std::string calib;  // empty: the built-in synthetic set
   int64_t samples = 8;
-  std::string seq_len = "2k";
+  std::string seq_len = "auto";  // auto: long enough to measure every finite ladder level
+  std::string distortion = "answer-kl";
+  bool independent_heads = false;
+  std::string extrapolate = "none";  // rule for levels the sequences cannot measure
   int64_t block_size = 16;
   int64_t batch = 1;
   int64_t sink_tokens = 0;
@@ -50,6 +54,15 @@ struct CalibrationOutcome {
   std::string svg;          // when asked
   double seconds = 0.0;
 };
+
+// `--seq-len auto`: the largest finite ladder level below the context plus a quarter (so about a
+// fifth of the needles lie beyond it), rounded up to 1K tokens, at least 2K, at most the context.
+int64_t auto_calibration_length(const std::vector<int64_t>& levels, int64_t context);
+
+// A level w is measured when the sequences are longer than w (only then does any query lose a
+// key to it). Levels at or above the context are full KV there. The others are an InputError
+// naming --windows and --seq-len, unless `extrapolate` names a rule.
+std::vector<int64_t> unmeasured_levels(const std::vector<int64_t>& levels, int64_t seq_len, int64_t context);
 
 // `<output>.ckpt.json`: where a run writing `output` keeps its resume checkpoint.
 std::filesystem::path checkpoint_path_for(const std::filesystem::path& output);

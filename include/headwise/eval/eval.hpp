@@ -57,6 +57,9 @@ struct MethodResult {
   int64_t cache_bytes_estimated = 0;  // memory::estimate at the run's options
   int64_t cache_bytes_measured = 0;   // storage the decoder's cache holds after the run
   std::map<std::string, double> accuracy;  // per task
+  std::map<std::string, std::pair<int64_t, int64_t>> correct;  // per task: (right, total)
+  std::vector<double> kl_per_sample;   // mean KL per compared position, one per sample
+  std::vector<double> nll_per_sample;  // mean NLL per prompt token, one per sample
   double kl_vs_full = 0.0;     // mean KL(full || method) per compared position
   double perplexity = 0.0;     // on the prompts' next tokens
   double prefill_tokens_per_s = 0.0;
@@ -70,5 +73,15 @@ MethodResult run_method(arch::DecoderModel& model, const MethodWindows& method, 
                         const std::vector<EvalSample>& samples, const RunOptions& run, const MethodResult* reference);
 
 nlohmann::json to_json(const MethodResult& result, const arch::ModelSpec& spec);
+
+// The 95% Wilson score interval of `right` successes in `total` trials (z = 1.96): unlike the
+// normal approximation it stays inside [0, 1] and is honest at 0 or `total` successes.
+std::pair<double, double> wilson_interval(int64_t right, int64_t total);
+
+// Mean and the half-width of its 95% normal interval (1.96 standard errors), over samples.
+std::pair<double, double> mean_and_ci95(const std::vector<double>& values);
+
+// Largest finite window of any head (0 when every head is full).
+int64_t largest_finite_window(const memory::HeadWindows& windows);
 
 }  // namespace headwise::eval

@@ -1,0 +1,83 @@
+#pragma once
+// The answer-aware distortion (`--distortion answer-kl`): what a global layer's windows cost the
+// model's *answers*, measured at the output. The hidden states entering the layer (the stream
+// the layers below produce under their chosen windows) are run through the layer with the
+// windows under test and through every layer above it with full KV, and the next-token
+// distributions at the answer positions are compared with the full model's (KL(full || run)).
+//
+// Why not the block-output error: in a needle sequence the positions that need far context
+// are ~1% of all positions, so an all-position average calls a retrieval head cheap; and the
+// heads of a layer back each other up, which only a measure of the *joint* windows sees.
+// DuoAttention scores final hidden states at answer positions only; this is the same idea
+// carried to the logits.
+#include <ATen/ATen.h>
+
+#include <cstdint>
+#include <map>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "headwise/arch/model.hpp"
+
+namespace headwise::calib {
+
+class ActivationStream;
+
+enum class DistortionMeasure { kBlockMse, kAnswerKl };
+
+// "block-mse" or "answer-kl"; InputError naming --distortion otherwise.
+DistortionMeasure parse_distortion_measure(const std::string& text);
+std::string_view distortion_measure_name(DistortionMeasure measure);
+
+class AnswerKl {
+ public:
+  // `answers[s]`: positions of sequence s whose next-token distribution is scored. Computes the
+  // full-KV reference distributions there (one exact forward, micro-batch by micro-batch, split
+  // like ActivationStream's). InputError when no sequence has an answer position.
+  AnswerKl(arch::DecoderModel& model, const std::vector<std::vector<int64_t>>& sequences,
+           const std::vector<std::vector<int64_t>>& answers, int64_t micro_batch, int64_t sink_tokens);
+
+  // Mean KL(full || run) per answer position, where `run` takes every micro-batch of `stream`
+  // (hidden states entering `layer`) through `layer` with its KV heads at `windows` and through
+  // the layers above with full KV. Layers above are released after they run, so the weights
+  // held stay at one layer (they stream from the mapped checkpoint again next time).
+  double evaluate(int64_t layer, ActivationStream& stream, std::span<const int64_t> windows);
+
+  // Mean KL(full || run) per answer position for a whole-model assignment: `embedded` holds the
+  // embeddings (hidden states entering layer 0), every global layer runs at `windows`.
+  double evaluate_policy(ActivationStream& embedded, const std::map<int64_t, std::vector<int64_t>>& windows);
+
+  int64_t answer_count() const { return answers_; }
+  int64_t evaluations() const { return evaluations_; }
+
+ private:
+  at::Tensor output_log_probs(int64_t micro_batch, const at::Tensor& final_hidden);
+  double kl_sum(int64_t micro_batch, const at::Tensor& final_hidden);
+
+ public:
+  // The measured layer's attention output with every head at one window, per micro-batch: a
+  // joint assignment is then composed head by head instead of recomputed (each head's attention
+  // depends only on its own window). Kept while they fit in `kLevelCacheBytes`.
+  struct LevelCache {
+    int64_t layer = -1;
+    int64_t bytes = 0;
+    std::map<std::pair<int64_t, int64_t>, at::Tensor> outputs;  // (micro-batch, window) → [B, T, H, hd]
+  };
+  static constexpr int64_t kLevelCacheBytes = int64_t{1} << 30;
+
+ private:
+  LevelCache cache_;
+  int64_t first_answer_ = 0;  // the earliest answer position of any sequence
+
+  arch::DecoderModel& model_;
+  int64_t sink_tokens_;
+  std::vector<at::Tensor> batch_index_;     // per micro-batch: sequence of each answer position
+  std::vector<at::Tensor> position_index_;  // per micro-batch: its position
+  std::vector<at::Tensor> reference_;       // per micro-batch: [answers, vocab] full-KV log-probs
+  int64_t answers_ = 0;
+  int64_t evaluations_ = 0;
+};
+
+}  // namespace headwise::calib

@@ -1,0 +1,194 @@
+#include "headwise/calib/answer_kl.hpp"
+
+#include <limits>
+#include <vector>
+
+#include "headwise/arch/attention.hpp"
+#include "headwise/calib/activations.hpp"
+#include "headwise/calib/seqcalib.hpp"
+#include "headwise/core/error.hpp"
+#include "finite_checks.hpp"
+
+namespace headwise::calib {
+namespace {
+
+// `layer` at the windows under test; every other layer as the model defines it (exact for
+// global layers, sliding for local ones). Two savings that change no answer-position value:
+//  - the measured layer's output is composed head by head from cached single-window outputs;
+//  - in the model's last layer, when it is an attention layer, only queries from the first
+//    answer position on are computed: nothing after it mixes positions, so earlier rows reach
+//    no answer.
+class OneLayerWindowsCore final : public arch::AttentionCore {
+ public:
+  OneLayerWindowsCore(int64_t layer, std::span<const int64_t> windows, int64_t sink_tokens, int64_t chunk,
+                      int64_t last_layer, int64_t first_answer, AnswerKl::LevelCache& cache)
+      : layer_(layer), windows_(windows), sink_tokens_(sink_tokens), chunk_(chunk), last_layer_(last_layer),
+        first_answer_(first_answer), cache_(cache) {}
+
+  void set_micro_batch(int64_t m) { micro_batch_ = m; }
+
+  at::Tensor attend(const arch::AttentionInputs& in) override {
+    const int64_t first_query = in.layer_id == last_layer_ ? first_answer_ : 0;
+    if (in.layer_id != layer_ || in.sliding_window > 0) {
+      const int64_t window = in.sliding_window > 0 ? in.sliding_window : kFullWindow;
+      const std::vector<int64_t> same(static_cast<size_t>(in.k.size(1)), window);
+      return arch::windowed_attention(in, same, 0, chunk_, first_query);
+    }
+    if (first_query > 0) return arch::windowed_attention(in, windows_, sink_tokens_, chunk_, first_query);
+    return composed(in);
+  }
+
+ private:
+  at::Tensor level_output(const arch::AttentionInputs& in, int64_t window) {
+    const auto key = std::make_pair(micro_batch_, window);
+    if (const auto it = cache_.outputs.find(key); it != cache_.outputs.end()) return it->second;
+    const std::vector<int64_t> same(static_cast<size_t>(in.k.size(1)), window);
+    at::Tensor out = arch::windowed_attention(in, same, sink_tokens_, chunk_);
+    const auto bytes = static_cast<int64_t>(out.nbytes());
+    if (cache_.bytes + bytes <= AnswerKl::kLevelCacheBytes) {
+      cache_.outputs.emplace(key, out);
+      cache_.bytes += bytes;
+    }
+    return out;
+  }
+
+  at::Tensor composed(const arch::AttentionInputs& in) {
+    if (cache_.layer != layer_) cache_ = AnswerKl::LevelCache{layer_, 0, {}};
+    const int64_t num_kv = in.k.size(1), group = in.q.size(1) / num_kv;
+    at::Tensor out;
+    for (int64_t h = 0; h < num_kv; ++h) {
+      const at::Tensor level = level_output(in, windows_[static_cast<size_t>(h)]);
+      if (!out.defined()) out = at::empty_like(level);
+      out.slice(2, h * group, (h + 1) * group).copy_(level.slice(2, h * group, (h + 1) * group));
+    }
+    return out;
+  }
+
+  int64_t layer_;
+  std::span<const int64_t> windows_;
+  int64_t sink_tokens_;
+  int64_t chunk_;
+  int64_t last_layer_;
+  int64_t first_answer_;
+  AnswerKl::LevelCache& cache_;
+  int64_t micro_batch_ = 0;
+};
+
+// The model's last layer when it is an attention layer (its earlier rows feed nothing), else -1.
+int64_t last_attention_layer(const arch::ModelSpec& spec) {
+  const auto& last = spec.layer(spec.num_layers() - 1);
+  return last.attention ? last.id : -1;
+}
+
+}  // namespace
+
+DistortionMeasure parse_distortion_measure(const std::string& text) {
+  if (text == "block-mse") return DistortionMeasure::kBlockMse;
+  if (text == "answer-kl") return DistortionMeasure::kAnswerKl;
+  throw_input_error("--distortion: '{}' is not one of answer-kl, block-mse", text);
+}
+
+std::string_view distortion_measure_name(DistortionMeasure measure) {
+  return measure == DistortionMeasure::kAnswerKl ? "answer-kl" : "block-mse";
+}
+
+AnswerKl::AnswerKl(arch::DecoderModel& model, const std::vector<std::vector<int64_t>>& sequences,
+                   const std::vector<std::vector<int64_t>>& answers, int64_t micro_batch, int64_t sink_tokens)
+    : model_(model), sink_tokens_(sink_tokens) {
+  HEADWISE_CHECK(micro_batch > 0 && !sequences.empty(), "empty calibration batch");
+  if (answers.size() != sequences.size()) {
+    throw_input_error("answer-kl: {} answer lists for {} calibration sequences", answers.size(), sequences.size());
+  }
+  const auto long_cpu = at::TensorOptions().dtype(at::kLong);
+  for (size_t begin = 0; begin < sequences.size(); begin += static_cast<size_t>(micro_batch)) {
+    const size_t end = std::min(sequences.size(), begin + static_cast<size_t>(micro_batch));
+    std::vector<int64_t> rows, cols;
+    for (size_t s = begin; s < end; ++s) {
+      const auto len = static_cast<int64_t>(sequences[s].size());
+      for (int64_t t : answers[s]) {
+        if (t < 0 || t >= len) {
+          throw_input_error("answer-kl: answer position {} of calibration sequence {} is outside its {} tokens", t, s, len);
+        }
+        rows.push_back(static_cast<int64_t>(s - begin));
+        cols.push_back(t);
+      }
+    }
+    answers_ += static_cast<int64_t>(rows.size());
+    batch_index_.push_back(at::tensor(rows, long_cpu).to(model.device()));
+    position_index_.push_back(at::tensor(cols, long_cpu).to(model.device()));
+  }
+  if (answers_ == 0) throw_input_error("--distortion answer-kl: the calibration sequences have no answer positions");
+  first_answer_ = std::numeric_limits<int64_t>::max();
+  for (const auto& list : answers) {
+    for (int64_t t : list) first_answer_ = std::min(first_answer_, t);
+  }
+
+  // The reference: the full model, one micro-batch at a time (no second copy of the stream).
+  for (size_t m = 0, begin = 0; begin < sequences.size(); ++m, begin += static_cast<size_t>(micro_batch)) {
+    const size_t end = std::min(sequences.size(), begin + static_cast<size_t>(micro_batch));
+    std::vector<int64_t> flat;
+    for (size_t s = begin; s < end; ++s) flat.insert(flat.end(), sequences[s].begin(), sequences[s].end());
+    const at::Tensor ids = at::tensor(flat, long_cpu).view({static_cast<int64_t>(end - begin), -1}).to(model.device());
+    at::Tensor hidden = model.embed(ids);
+    // The first pass over every layer: a bad weight is named here, by head or by layer, before
+    // it turns every measured KL into NaN.
+    CheckedExactCore checked(model.attention_chunk());
+    for (int64_t i = 0; i < model.spec().num_layers(); ++i) {
+      model.prefetch_layer(i + 1);
+      hidden = checked_finite(model.run_layer(i, hidden, {&checked, nullptr, 0}), i, model.spec().layer(i).kind);
+      model.release_layer(i);
+    }
+    reference_.push_back(output_log_probs(static_cast<int64_t>(m), hidden));
+  }
+}
+
+at::Tensor AnswerKl::output_log_probs(int64_t micro_batch, const at::Tensor& final_hidden) {
+  const auto m = static_cast<size_t>(micro_batch);
+  // Only the answer positions reach the head: [1, answers, hidden] → [answers, vocab].
+  const at::Tensor picked = final_hidden.index({batch_index_[m], position_index_[m]}).unsqueeze(0);
+  return at::log_softmax(model_.logits(picked).squeeze(0).to(at::kFloat), -1);
+}
+
+double AnswerKl::evaluate(int64_t layer, ActivationStream& stream, std::span<const int64_t> windows) {
+  OneLayerWindowsCore core(layer, windows, sink_tokens_, model_.attention_chunk(), last_attention_layer(model_.spec()),
+                           first_answer_, cache_);
+  double total = 0.0;
+  int64_t m = 0;
+  stream.visit([&](const at::Tensor& entering) {
+    core.set_micro_batch(m);
+    at::Tensor hidden = model_.run_layer(layer, entering, {&core, nullptr, 0});
+    for (int64_t i = layer + 1; i < model_.spec().num_layers(); ++i) {
+      model_.prefetch_layer(i + 1);
+      hidden = model_.run_layer(i, hidden, {&core, nullptr, 0});
+      model_.release_layer(i);
+    }
+    total += kl_sum(m++, hidden);
+  });
+  ++evaluations_;
+  return total / static_cast<double>(answers_);
+}
+
+double AnswerKl::evaluate_policy(ActivationStream& embedded, const std::map<int64_t, std::vector<int64_t>>& windows) {
+  PolicyAttentionCore core(windows, sink_tokens_, model_.attention_chunk());
+  double total = 0.0;
+  int64_t m = 0;
+  embedded.visit([&](const at::Tensor& entering) {
+    at::Tensor hidden = entering;
+    for (int64_t i = 0; i < model_.spec().num_layers(); ++i) {
+      model_.prefetch_layer(i + 1);
+      hidden = model_.run_layer(i, hidden, {&core, nullptr, 0});
+      model_.release_layer(i);
+    }
+    total += kl_sum(m++, hidden);
+  });
+  return total / static_cast<double>(answers_);
+}
+
+double AnswerKl::kl_sum(int64_t micro_batch, const at::Tensor& final_hidden) {
+  const at::Tensor log_p = output_log_probs(micro_batch, final_hidden);
+  const at::Tensor& ref = reference_[static_cast<size_t>(micro_batch)];
+  // Per-position sums in fp64, added in a fixed order: reproducible, independent of timing.
+  return (ref.exp() * (ref - log_p)).sum(-1).to(at::kDouble).sum().item<double>();
+}
+
+}  // namespace headwise::calib
