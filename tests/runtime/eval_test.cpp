@@ -220,18 +220,18 @@ TEST_CASE("eval refuses samples no longer than the policy's windows unless allow
   const auto dir = headwise::testing::fixture_dir("qwen3_next_tiny");
   const auto spec = arch::load_model_spec(dir);
   memory::HeadWindows windows;
-  for (int64_t id : spec.global_layer_ids()) windows[id] = std::vector<int64_t>(2, 64);
+  for (int64_t id : spec.global_layer_ids()) windows[id] = std::vector<int64_t>(2, 32);
   windows.begin()->second.back() = policy::kFull;
   policy::write_policy(tmp.path() / "policy.yaml", fixture_policy(dir, windows));
   const std::string base = "eval --model " + dir.string() + " --policy " + (tmp.path() / "policy.yaml").string() +
                            " --samples 1 --calib-samples 1 --baselines full,uniform --tasks needle_single";
-  const Run refused = run_cli(base + " --seq-len 64", tmp.path());
+  const Run refused = run_cli(base + " --seq-len 32", tmp.path());
   CHECK(refused.status == 1);
   CHECK(refused.out.empty());
-  CHECK(refused.err.find("--seq-len 64 is not longer than the policy's largest finite window (64 tokens)") != std::string::npos);
+  CHECK(refused.err.find("--seq-len 32 is not longer than the policy's largest finite window (32 tokens)") != std::string::npos);
   CHECK(std::count(refused.err.begin(), refused.err.end(), '\n') == 1);
 
-  const Run allowed = run_cli(base + " --seq-len 64 --allow-short-seq-len --json", tmp.path());
+  const Run allowed = run_cli(base + " --seq-len 32 --allow-short-seq-len --json", tmp.path());
   INFO(allowed.err);
   CHECK(allowed.status == 0);
   CHECK(allowed.err.find("the comparison does not show what the deployment will see") != std::string::npos);

@@ -1,0 +1,181 @@
+#!/usr/bin/env python3
+"""Writes docs/results.md and docs/results.svg from the eval JSON files of tools/make_results.sh.
+
+    python3 tools/results_report.py MODEL SHARE POLICY CALIBRATE_CMD EVAL_CMD [SHARE POLICY ...]
+
+reads out/results-SHARE.json for each share. Every accuracy is shown with its 95% Wilson interval,
+KL and perplexity with their 95% intervals over samples; the plot shows mean task accuracy against
+global-KV bytes per method.
+"""
+import json
+import math
+import os
+import sys
+
+Z = 1.959963984540054
+COLOURS = {"headwise": "#c0392b", "full": "#2c3e50", "uniform": "#2980b9", "pyramid": "#8e44ad", "duo": "#27ae60",
+           "random": "#7f8c8d", "unconditioned": "#e67e22"}
+
+
+def wilson(right, total):
+    if total == 0:
+        return 0.0, 1.0
+    p = right / total
+    centre = (p + Z * Z / (2 * total)) / (1 + Z * Z / total)
+    half = Z * math.sqrt(p * (1 - p) / total + Z * Z / (4 * total * total)) / (1 + Z * Z / total)
+    return max(0.0, centre - half), min(1.0, centre + half)
+
+
+def mean_accuracy(method, tasks):
+    """Pooled over tasks (equal samples per task): right / total, with its Wilson interval."""
+    right = sum(method["tasks_counts"][t]["right"] for t in tasks)
+    total = sum(method["tasks_counts"][t]["total"] for t in tasks)
+    return right / total, wilson(right, total)
+
+
+def table(r):
+    tasks = r["tasks"]
+    head = ["method", "global KV bytes", "cache bytes est. = measured"] + tasks + [
+        "mean", "KL vs full (95% CI)", "perplexity (95% CI)"]
+    rows = ["| " + " | ".join(head) + " |", "|" + "|".join(["---"] + ["---:"] * (len(head) - 1)) + "|"]
+    for m in r["methods"]:
+        same = "yes" if m["cache_bytes_estimated"] == m["cache_bytes_measured"] else "**NO**"
+        cells = [m["name"], f'{m["global_kv_bytes"]:,}', f'{m["cache_bytes_estimated"]:,} ({same})']
+        for t in tasks:
+            lo, hi = m["tasks_ci95"][t]
+            cells.append(f'{m["tasks"][t]:.2f} [{lo:.2f}, {hi:.2f}]')
+        acc, (lo, hi) = mean_accuracy(m, tasks)
+        cells.append(f'**{acc:.3f}** [{lo:.2f}, {hi:.2f}]')
+        cells.append(f'{m["kl_vs_full"]:.4f} ± {m["kl_vs_full_ci95_half_width"]:.4f}')
+        ppl = m["perplexity_ci95"]
+        cells.append(f'{m["perplexity"]:.3f} [{ppl[0]:.3f}, {ppl[1]:.3f}]' if ppl else f'{m["perplexity"]:.3f}')
+        rows.append("| " + " | ".join(cells) + " |")
+    return "\n".join(rows)
+
+
+def verdict(r):
+    """Where headwise stands against each baseline: by interval overlap, per task and on the mean."""
+    tasks = r["tasks"]
+    methods = {m["name"]: m for m in r["methods"]}
+    hw = methods.get("headwise")
+    if hw is None:
+        return ""
+    lines = []
+    for name, m in methods.items():
+        if name in ("headwise", "full"):
+            continue
+        parts = []
+        for t in tasks + ["mean"]:
+            if t == "mean":
+                a, (alo, ahi) = mean_accuracy(hw, tasks)
+                b, (blo, bhi) = mean_accuracy(m, tasks)
+            else:
+                a, (alo, ahi) = hw["tasks"][t], hw["tasks_ci95"][t]
+                b, (blo, bhi) = m["tasks"][t], m["tasks_ci95"][t]
+            if alo > bhi:
+                word = "better"
+            elif blo > ahi:
+                word = "**worse**"
+            elif a > b:
+                word = "ahead, intervals overlap"
+            elif a < b:
+                word = "behind, intervals overlap"
+            else:
+                word = "tied"
+            parts.append(f"{t}: {word} ({a:.2f} vs {b:.2f})")
+        lines.append(f"- vs **{name}**: " + "; ".join(parts))
+    return "\n".join(lines)
+
+
+def svg(results):
+    w, h, left, right, top, bottom = 640, 400, 70, 160, 30, 50
+    points = []
+    for share, r in results:
+        for m in r["methods"]:
+            acc, (lo, hi) = mean_accuracy(m, r["tasks"])
+            points.append((m["name"], m["global_kv_bytes"], acc, lo, hi))
+    xmax = max(p[1] for p in points) * 1.05
+    sx = lambda x: left + (w - left - right) * x / xmax
+    sy = lambda y: top + (h - top - bottom) * (1 - y)
+    out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" font-family="sans-serif" font-size="11">',
+           f'<text x="{left}" y="18" font-size="13">Mean needle accuracy (95% Wilson) vs global-KV bytes</text>',
+           f'<line x1="{left}" y1="{sy(0)}" x2="{w - right}" y2="{sy(0)}" stroke="black"/>',
+           f'<line x1="{left}" y1="{sy(0)}" x2="{left}" y2="{sy(1)}" stroke="black"/>']
+    for y in (0, 0.25, 0.5, 0.75, 1.0):
+        out.append(f'<text x="{left - 8}" y="{sy(y) + 4}" text-anchor="end">{y:.2f}</text>')
+        out.append(f'<line x1="{left}" y1="{sy(y)}" x2="{w - right}" y2="{sy(y)}" stroke="#ddd"/>')
+    for x in range(0, int(xmax) + 1, max(1, int(xmax) // 4)):
+        out.append(f'<text x="{sx(x)}" y="{h - bottom + 16}" text-anchor="middle">{x / 2**20:.2f} MiB</text>')
+    names = []
+    for name in [m["name"] for m in results[0][1]["methods"]]:
+        pts = sorted((p for p in points if p[0] == name), key=lambda p: p[1])
+        colour = COLOURS.get(name, "#000")
+        names.append((name, colour))
+        if len(pts) > 1:
+            path = " ".join(f"{sx(p[1]):.1f},{sy(p[2]):.1f}" for p in pts)
+            out.append(f'<polyline points="{path}" fill="none" stroke="{colour}" stroke-width="1.5"/>')
+        for p in pts:
+            out.append(f'<line x1="{sx(p[1]):.1f}" y1="{sy(p[3]):.1f}" x2="{sx(p[1]):.1f}" y2="{sy(p[4]):.1f}" '
+                       f'stroke="{colour}"/>')
+            out.append(f'<circle cx="{sx(p[1]):.1f}" cy="{sy(p[2]):.1f}" r="3.5" fill="{colour}"/>')
+    for i, (name, colour) in enumerate(names):
+        y = top + 16 * i + 10
+        out.append(f'<rect x="{w - right + 15}" y="{y - 8}" width="10" height="10" fill="{colour}"/>')
+        out.append(f'<text x="{w - right + 30}" y="{y + 1}">{name}</text>')
+    out.append("</svg>")
+    return "\n".join(out) + "\n"
+
+
+def write_atomically(path, text):
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        f.write(text)
+    os.replace(tmp, path)
+
+
+def main():
+    model, rest = sys.argv[1], sys.argv[2:]
+    if len(rest) % 4 != 0 or not rest:
+        sys.exit("usage: results_report.py MODEL (SHARE POLICY CALIBRATE_CMD EVAL_CMD)...")
+    runs = [rest[i:i + 4] for i in range(0, len(rest), 4)]
+    results = [(share, json.load(open(f"out/results-{share}.json"))) for share, _, _, _ in runs]
+    sections = []
+    for (share, policy, calibrate, evaluate), (_, r) in zip(runs, results):
+        full = next(m for m in r["methods"] if m["name"] == "full")
+        sections.append(f"""## Budget {share}% of full KV's global-KV bytes
+
+Policy `{policy}`: context {r["context"]}, KV {r["kv_dtype"]}, batch {r["batch"]}; global KV
+{r["policy_global_kv_bytes"]:,} bytes of {full["global_kv_bytes"]:,} for full KV. Evaluated on {r["samples_per_task"]}
+samples per task of {r["seq_len"]} tokens (the policy's context), seed {r["seed"]}.
+
+{table(r)}
+
+Headwise against each baseline (accuracy; "better"/"worse" only where the 95% intervals do not overlap):
+
+{verdict(r)}
+
+```
+{calibrate}
+{evaluate}
+```
+""")
+    text = f"""# Results: {os.path.basename(model)}
+
+Generated by `tools/make_results.sh`; do not edit by hand. The plot: `docs/results.svg`.
+
+Every baseline is built to the policy's global-KV bytes (within one block per head, except
+`unconditioned`, which like the policy uses ladder levels only). `unconditioned` is the policy's own
+measure without SeqCalib's conditioning on the layers below. `duo` ranks heads by their attention
+mass on the needle (a retrieval score, the HeadKV / RazorAttention family). Accuracy: the greedy
+continuation equals the answer tokens exactly, with its 95% Wilson interval; "mean" pools both
+tasks. KL: mean KL(full || method) per position over the last prompt positions, ± the half-width
+of its 95% interval over samples. Cache bytes: estimated by the memory model and measured from
+the runtime decoder's storage after the run ("yes": equal to the byte).
+
+{chr(10).join(sections)}"""
+    write_atomically("docs/results.md", text)
+    write_atomically("docs/results.svg", svg(results))
+
+
+if __name__ == "__main__":
+    main()
