@@ -18,11 +18,14 @@ namespace {
 const char* const kGemmaFixtures[] = {"gemma3_softcap", "gemma3_gqa4"};
 
 // bf16 against transformers' own bf16 run (from_pretrained(dtype=bf16)), relative to the logit
-// scale. Measured on CPU: 0 for both fixtures (fp32: 0 too) -- the forward replays HF's ops in
-// HF's dtypes, and ATen picks the same kernels. The bound is one bf16 ulp at the scale (2^-8),
-// room for other reduction orders (thread counts, CUDA); real bugs show up well above it (a
-// RoPE table rounded to bf16 gave 1.7e-2, a missing attention detail 0.46).
-constexpr double kBf16Tolerance = 4e-3;
+// scale. The forward replays HF's ops in HF's dtypes; what differs between machines is how the
+// CPU kernels accumulate inside matmuls and reductions, which can flip the last bit of an
+// activation. Measured: 0 for both fixtures on the machine that made them (fp32: 0 too);
+// 4.9e-3 for gemma3_gqa4 on an AMD EPYC without AVX-512 (deterministic, any thread count),
+// about one ulp at the scale. The bound is two ulps at the scale (2^-7), as for the qwen hybrids;
+// real bugs show up well above it (a RoPE table rounded to bf16 gave 1.7e-2, a missing attention
+// detail 0.46).
+constexpr double kBf16Tolerance = 0x1p-7;
 
 // Moves every text tensor under `prefix` (the wrapper's layout) and nests the config.
 void write_wrapper(const std::filesystem::path& fixture, const std::filesystem::path& out, const std::string& prefix,
