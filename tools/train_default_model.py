@@ -20,6 +20,15 @@ Data is a pure function of (seed, step), so a killed run resumes exactly from it
     python3 tools/train_default_model.py --export-only   # re-export the last checkpoint
     python3 tools/eval_default_model.py --context 2048   # needle accuracy of the shipped model
 
+Continuation (longer contexts): `--init-from DIR` loads a trained model (e.g. the shipped bf16
+weights, as fp32) and trains CONT_STEPS more steps on CONT_STAGES (4K then 8K, batch 1, same data
+mix and answer weighting) with a fine-tuning schedule (peak lr 5e-4, 20 warm-up steps, cosine).
+Steps are numbered on from the end of the initial run (1800), so its data stream, still a pure
+function of (seed, step), never repeats the initial training's; it checkpoints and resumes in its
+own run dir (default out/train-8k/) and exports to out/tiny-qwen3-next-8k/ by default.
+
+    python3 tools/train_default_model.py --init-from models/tiny-qwen3-next   # train (or resume) 8K
+
 Token ids are the vocabulary (tokenizer.json maps each id to one character, see TOKENS below).
 """
 import argparse
@@ -82,6 +91,12 @@ STAGES = [(0, 128, 16, 0, 0.0, 1.0), (300, 128, 16, 2, 0.1, 0.5), (600, 256, 8, 
           (900, 512, 4, 8, 0.1, 0.1), (1200, 1024, 2, 8, 0.1, 0.05), (1500, 2048, 1, 8, 0.1, 0.05)]
 STEPS = 1800
 ANSWER_WEIGHT = 5.0
+
+# Continuation from the trained model (--init-from): 100 steps at 4K, then 280 at 8K, batch 1,
+# needles 1..8 spread over the whole context; steps continue from STEPS.
+CONT_STAGES = [(1800, 4096, 1, 8, 0.1, 0.05), (1900, 8192, 1, 8, 0.1, 0.05)]
+CONT_STEPS = 2180
+CONT_LR, CONT_WARMUP = 5e-4, 20
 
 
 # ---------------------------------------------------------------------------------------------
@@ -247,8 +262,8 @@ def sample_copy(rng, T):
     return b.tokens[:T], b.weights[:T]
 
 
-def batch(seed, step):
-    _, T, B, max_needles, p_old, p_copy = stage(step)
+def batch(seed, step, stages=STAGES):
+    _, T, B, max_needles, p_old, p_copy = stage(step, stages)
     rng = np.random.default_rng([seed, step])
     toks, ws = [], []
     for _ in range(B):
@@ -266,9 +281,9 @@ def batch(seed, step):
     return np.array(toks, dtype=np.int64), np.array(ws, dtype=np.float32)
 
 
-def stage(step):
-    cur = STAGES[0]
-    for s in STAGES:
+def stage(step, stages=STAGES):
+    cur = stages[0]
+    for s in stages:
         if step >= s[0]:
             cur = s
     return cur
@@ -309,6 +324,15 @@ def write_tokenizer(out):
          "pad_token": "<pad>", "add_bos_token": False}, indent=1) + "\n")
 
 
+def load_init(model, init_dir):
+    """Loads a saved model's weights (bf16 safetensors of the shipped model) as fp32."""
+    import torch
+    from safetensors.torch import load_file
+
+    sd = {k: v.to(torch.float32) for k, v in load_file(str(pathlib.Path(init_dir) / "model.safetensors")).items()}
+    model.load_state_dict(sd, strict=True)
+
+
 def export(model, out, meta):
     import torch
 
@@ -327,16 +351,34 @@ def export(model, out, meta):
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--steps", type=int, default=STEPS)
-    ap.add_argument("--lr", type=float, default=1e-3)
+    ap.add_argument("--steps", type=int, default=None, help=f"last step ({STEPS}; {CONT_STEPS} with --init-from)")
+    ap.add_argument("--lr", type=float, default=None, help=f"peak lr (1e-3; {CONT_LR} with --init-from)")
+    ap.add_argument("--warmup", type=int, default=None, help=f"warm-up steps (100; {CONT_WARMUP} with --init-from)")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--device", default="cpu", help="cpu or cuda; data and schedule are the same")
-    ap.add_argument("--run", default=str(ROOT / "out" / "train-default-model"))
-    ap.add_argument("--out", default=str(ROOT / "models" / "tiny-qwen3-next"))
+    ap.add_argument("--init-from", default=None,
+                    help="continue from this model dir (e.g. models/tiny-qwen3-next) on CONT_STAGES")
+    ap.add_argument("--run", default=None, help="checkpoint dir (out/train-default-model; out/train-8k with --init-from)")
+    ap.add_argument("--out", default=None, help="export dir (models/tiny-qwen3-next; out/tiny-qwen3-next-8k with --init-from)")
     ap.add_argument("--ckpt-every", type=int, default=50)
     ap.add_argument("--eval-every", type=int, default=100)
+    ap.add_argument("--probe-samples", type=int, default=16)
     ap.add_argument("--export-only", action="store_true")
     args = ap.parse_args()
+    cont = args.init_from is not None
+    stages = CONT_STAGES if cont else STAGES
+    first = stages[0][0]  # 0, or STEPS for a continuation
+    if args.steps is None:
+        args.steps = CONT_STEPS if cont else STEPS
+    if args.lr is None:
+        args.lr = CONT_LR if cont else 1e-3
+    if args.warmup is None:
+        args.warmup = CONT_WARMUP if cont else 100
+    if args.run is None:
+        args.run = str(ROOT / "out" / ("train-8k" if cont else "train-default-model"))
+    if args.out is None:
+        args.out = str(ROOT / ("out/tiny-qwen3-next-8k" if cont else "models/tiny-qwen3-next"))
+    lr_of = lambda s: lr_at(s - first, args.lr, args.steps - first, args.warmup)
 
     from fixtures.common import check_versions
     check_versions()
@@ -347,7 +389,11 @@ def main():
     run.mkdir(parents=True, exist_ok=True)
     model = build_model(args.seed).to(args.device)
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, betas=(0.9, 0.95), weight_decay=0.01)
-    step, wall = 0, 0.0
+    step, wall = first, 0.0
+    init_meta = None
+    if cont:
+        init_meta = json.loads((pathlib.Path(args.init_from) / "training.json").read_text())
+        load_init(model, args.init_from)
     ck = run / "checkpoint.pt"
     if ck.exists():
         state = torch.load(ck, weights_only=False, map_location=args.device)
@@ -356,8 +402,16 @@ def main():
         step, wall = state["step"], state["wall"]
         print(f"resumed at step {step} ({wall / 60:.1f} min)", flush=True)
     n_params = sum(p.numel() for p in model.parameters())
-    meta = lambda: {"seed": args.seed, "steps": step, "lr": args.lr, "stages": STAGES, "wall_s": round(wall),
-                    "params": n_params, "answer_weight": ANSWER_WEIGHT, "lang_seed": LANG_SEED}
+    if cont:
+        meta = lambda: {"seed": args.seed, "steps": step, "lr": args.lr, "warmup": args.warmup,
+                        "schedule": "linear warm-up, cosine to 10% over the continuation steps",
+                        "stages": stages, "wall_s": round(wall),
+                        "init_from": os.path.relpath(pathlib.Path(args.init_from).resolve(), ROOT),
+                        "init": init_meta, "total_wall_s": round(wall) + init_meta.get("wall_s", 0),
+                        "params": n_params, "answer_weight": ANSWER_WEIGHT, "lang_seed": LANG_SEED}
+    else:
+        meta = lambda: {"seed": args.seed, "steps": step, "lr": args.lr, "stages": STAGES, "wall_s": round(wall),
+                        "params": n_params, "answer_weight": ANSWER_WEIGHT, "lang_seed": LANG_SEED}
     if args.export_only:
         export(model.cpu(), pathlib.Path(args.out), meta())
         return
@@ -368,11 +422,11 @@ def main():
     loss_sum = loss_n = 0
     t_last = time.time()
     while step < args.steps:
-        T = stage(step)[1]
-        x, w = batch(args.seed, step)
+        T = stage(step, stages)[1]
+        x, w = batch(args.seed, step, stages)
         x, w = torch.from_numpy(x).to(args.device), torch.from_numpy(w).to(args.device)
         for g in opt.param_groups:
-            g["lr"] = lr_at(step, args.lr, args.steps)
+            g["lr"] = lr_of(step)
         logits = model(input_ids=x).logits[:, :-1].float()
         tgt, wt = x[:, 1:], w[:, 1:]
         nll = torch.nn.functional.cross_entropy(logits.reshape(-1, VOCAB), tgt.reshape(-1), reduction="none")
@@ -391,7 +445,7 @@ def main():
         wall += now - t_last
         t_last = now
         if step % 10 == 0:
-            rec = {"step": step, "T": T, "lr": round(lr_at(step, args.lr, args.steps), 6),
+            rec = {"step": step, "T": T, "lr": round(lr_of(step), 6),
                    "loss": round(loss_sum / loss_n, 4), "answer_acc": round(acc_hit / max(1, acc_n), 3),
                    "wall_min": round(wall / 60, 2)}
             print(json.dumps(rec), flush=True)
@@ -403,8 +457,13 @@ def main():
             from eval_default_model import needle_accuracy
             model.eval()
             ev = {"step": step, "eval": {}}
-            for ctx in sorted({T, 2048} if T >= 1024 else {T}):
-                ev["eval"][ctx] = needle_accuracy(model, ctx, samples=16, seed=777)
+            if cont:  # both tasks at the current context
+                for task in ("passkey", "kv"):
+                    ev["eval"][f"{task}@{T}"] = needle_accuracy(model, T, samples=args.probe_samples, seed=777,
+                                                                task=task, batch=1)
+            else:
+                for ctx in sorted({T, 2048} if T >= 1024 else {T}):
+                    ev["eval"][ctx] = needle_accuracy(model, ctx, samples=args.probe_samples, seed=777)
             model.train()
             print(json.dumps(ev), flush=True)
             log.write(json.dumps(ev) + "\n")
