@@ -27,8 +27,6 @@ std::optional<int64_t> free_device_bytes(const at::Device& device) {
   return std::nullopt;
 }
 
-namespace {
-
 at::Tensor token_batch(const std::vector<std::vector<int64_t>>& sequences, size_t begin, size_t end) {
   const auto steps = static_cast<int64_t>(sequences[begin].size());
   at::Tensor ids = at::empty({static_cast<int64_t>(end - begin), steps}, at::kLong);
@@ -42,8 +40,6 @@ at::Tensor token_batch(const std::vector<std::vector<int64_t>>& sequences, size_
   }
   return ids;
 }
-
-}  // namespace
 
 ActivationStream::ActivationStream(arch::DecoderModel& model, const std::vector<std::vector<int64_t>>& sequences,
                                    int64_t micro_batch, ActivationPlacement placement)

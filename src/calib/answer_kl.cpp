@@ -88,10 +88,6 @@ DistortionMeasure parse_distortion_measure(const std::string& text) {
   throw_input_error("--distortion: '{}' is not one of answer-kl, block-mse", text);
 }
 
-std::string_view distortion_measure_name(DistortionMeasure measure) {
-  return measure == DistortionMeasure::kAnswerKl ? "answer-kl" : "block-mse";
-}
-
 AnswerKl::AnswerKl(arch::DecoderModel& model, const std::vector<std::vector<int64_t>>& sequences,
                    const std::vector<std::vector<int64_t>>& answers, int64_t micro_batch, int64_t sink_tokens)
     : model_(model), sink_tokens_(sink_tokens) {
@@ -100,6 +96,7 @@ AnswerKl::AnswerKl(arch::DecoderModel& model, const std::vector<std::vector<int6
     throw_input_error("answer-kl: {} answer lists for {} calibration sequences", answers.size(), sequences.size());
   }
   const auto long_cpu = at::TensorOptions().dtype(at::kLong);
+  first_answer_ = std::numeric_limits<int64_t>::max();
   for (size_t begin = 0; begin < sequences.size(); begin += static_cast<size_t>(micro_batch)) {
     const size_t end = std::min(sequences.size(), begin + static_cast<size_t>(micro_batch));
     std::vector<int64_t> rows, cols;
@@ -111,6 +108,7 @@ AnswerKl::AnswerKl(arch::DecoderModel& model, const std::vector<std::vector<int6
         }
         rows.push_back(static_cast<int64_t>(s - begin));
         cols.push_back(t);
+        first_answer_ = std::min(first_answer_, t);
       }
     }
     answers_ += static_cast<int64_t>(rows.size());
@@ -118,28 +116,26 @@ AnswerKl::AnswerKl(arch::DecoderModel& model, const std::vector<std::vector<int6
     position_index_.push_back(at::tensor(cols, long_cpu).to(model.device()));
   }
   if (answers_ == 0) throw_input_error("--distortion answer-kl: the calibration sequences have no answer positions");
-  first_answer_ = std::numeric_limits<int64_t>::max();
-  for (const auto& list : answers) {
-    for (int64_t t : list) first_answer_ = std::min(first_answer_, t);
-  }
 
   // The reference: the full model, one micro-batch at a time (no second copy of the stream).
+  // This first pass over every layer names a bad weight, by head or by layer, before it turns
+  // every measured KL into NaN.
+  CheckedExactCore checked(model.attention_chunk());
   for (size_t m = 0, begin = 0; begin < sequences.size(); ++m, begin += static_cast<size_t>(micro_batch)) {
     const size_t end = std::min(sequences.size(), begin + static_cast<size_t>(micro_batch));
-    std::vector<int64_t> flat;
-    for (size_t s = begin; s < end; ++s) flat.insert(flat.end(), sequences[s].begin(), sequences[s].end());
-    const at::Tensor ids = at::tensor(flat, long_cpu).view({static_cast<int64_t>(end - begin), -1}).to(model.device());
-    at::Tensor hidden = model.embed(ids);
-    // The first pass over every layer: a bad weight is named here, by head or by layer, before
-    // it turns every measured KL into NaN.
-    CheckedExactCore checked(model.attention_chunk());
-    for (int64_t i = 0; i < model.spec().num_layers(); ++i) {
-      model.prefetch_layer(i + 1);
-      hidden = checked_finite(model.run_layer(i, hidden, {&checked, nullptr, 0}), i, model.spec().layer(i).kind);
-      model.release_layer(i);
-    }
-    reference_.push_back(output_log_probs(static_cast<int64_t>(m), hidden));
+    const at::Tensor embedded = model.embed(token_batch(sequences, begin, end).to(model.device()));
+    reference_.push_back(output_log_probs(static_cast<int64_t>(m), run_layers_from(0, embedded, checked, true)));
   }
+}
+
+at::Tensor AnswerKl::run_layers_from(int64_t first, at::Tensor hidden, arch::AttentionCore& core, bool check) {
+  for (int64_t i = first; i < model_.spec().num_layers(); ++i) {
+    model_.prefetch_layer(i + 1);
+    hidden = model_.run_layer(i, hidden, {&core, nullptr, 0});
+    if (check) hidden = checked_finite(std::move(hidden), i, model_.spec().layer(i).kind);
+    model_.release_layer(i);
+  }
+  return hidden;
 }
 
 at::Tensor AnswerKl::output_log_probs(int64_t micro_batch, const at::Tensor& final_hidden) {
@@ -156,13 +152,9 @@ double AnswerKl::evaluate(int64_t layer, ActivationStream& stream, std::span<con
   int64_t m = 0;
   stream.visit([&](const at::Tensor& entering) {
     core.set_micro_batch(m);
-    at::Tensor hidden = model_.run_layer(layer, entering, {&core, nullptr, 0});
-    for (int64_t i = layer + 1; i < model_.spec().num_layers(); ++i) {
-      model_.prefetch_layer(i + 1);
-      hidden = model_.run_layer(i, hidden, {&core, nullptr, 0});
-      model_.release_layer(i);
-    }
-    total += kl_sum(m++, hidden);
+    // The measured layer stays resident: the walk releases it once the layer is decided.
+    const at::Tensor out = model_.run_layer(layer, entering, {&core, nullptr, 0});
+    total += kl_sum(m++, run_layers_from(layer + 1, out, core, false));
   });
   ++evaluations_;
   return total / static_cast<double>(answers_);
@@ -172,15 +164,7 @@ double AnswerKl::evaluate_policy(ActivationStream& embedded, const std::map<int6
   PolicyAttentionCore core(windows, sink_tokens_, model_.attention_chunk());
   double total = 0.0;
   int64_t m = 0;
-  embedded.visit([&](const at::Tensor& entering) {
-    at::Tensor hidden = entering;
-    for (int64_t i = 0; i < model_.spec().num_layers(); ++i) {
-      model_.prefetch_layer(i + 1);
-      hidden = model_.run_layer(i, hidden, {&core, nullptr, 0});
-      model_.release_layer(i);
-    }
-    total += kl_sum(m++, hidden);
-  });
+  embedded.visit([&](const at::Tensor& entering) { total += kl_sum(m++, run_layers_from(0, entering, core, false)); });
   return total / static_cast<double>(answers_);
 }
 

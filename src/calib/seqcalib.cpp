@@ -301,21 +301,23 @@ class SeqCalibRun {
   // lambda at which this layer plus the probe plan of the layers above fits what is left.
   std::vector<int64_t> decide(int64_t layer_id, const measure::DistortionAccumulator& acc, LayerReport& report) {
     acc.check_finite(layer_id);
-    std::vector<solve::Group> groups = options_.conditioned ? layer_groups(spec_.layer(layer_id), acc, options_)
-                                                            : probe_groups_.at(layer_id);
+    if (!options_.conditioned) return record_decision(probe_groups_.at(layer_id), unconditioned_plan_.at(layer_id), report);
+    const std::vector<solve::Group> groups = layer_groups(spec_.layer(layer_id), acc, options_);
+    price_layer(layer_id, groups, report);
+    return record_decision(groups, solve::relax_at(groups, report.lambda).choice, report);
+  }
+
+  // The controller: the smallest lambda at which this layer's curves plus the probe plan of the
+  // layers above fit what is left of the budget (report.lambda), the bytes that plan keeps for
+  // the layers above (report.planned_ahead); returns what this layer may spend.
+  int64_t price_layer(int64_t layer_id, const std::vector<solve::Group>& groups, LayerReport& report) const {
     const std::vector<solve::Group> future = future_probe_groups(layer_id);
     const int64_t remaining = options_.global_budget_bytes - spent_;
-    std::vector<size_t> choice;
-    if (!options_.conditioned) {
-      choice = unconditioned_plan_.at(layer_id);
-    } else {
-      std::vector<solve::Group> combined = groups;
-      append(combined, future);
-      report.lambda = solve::min_fitting_lambda(combined, remaining);
-      choice = solve::relax_at(groups, report.lambda).choice;
-      report.planned_ahead = future.empty() ? 0 : solve::relax_at(future, report.lambda).total_bytes;
-    }
-    return record_decision(groups, choice, report);
+    std::vector<solve::Group> combined = groups;
+    append(combined, future);
+    report.lambda = solve::min_fitting_lambda(combined, remaining);
+    report.planned_ahead = future.empty() ? 0 : solve::relax_at(future, report.lambda).total_bytes;
+    return remaining - report.planned_ahead;
   }
 
   void walk() {
@@ -388,13 +390,7 @@ class SeqCalibRun {
     const auto heads = static_cast<size_t>(layer.attention->num_kv_heads);
     std::vector<size_t> assign(heads, options_.ladder.size() - 1);
     std::vector<solve::Group> groups = marginal_groups(layer_id, assign, joint);
-    const std::vector<solve::Group> future = future_probe_groups(layer_id);
-    const int64_t remaining = options_.global_budget_bytes - spent_;
-    std::vector<solve::Group> combined = groups;
-    append(combined, future);
-    report.lambda = solve::min_fitting_lambda(combined, remaining);
-    report.planned_ahead = future.empty() ? 0 : solve::relax_at(future, report.lambda).total_bytes;
-    const int64_t allowance = remaining - report.planned_ahead;
+    const int64_t allowance = price_layer(layer_id, groups, report);
     if (options_.joint_heads) {
       assign = greedy_joint_descent(groups, allowance, joint);
       groups = marginal_groups(layer_id, assign, joint);
@@ -558,10 +554,6 @@ int64_t effective_probe_samples(int64_t requested, int64_t sequences) {
 SeqCalibResult run_seqcalib(arch::DecoderModel& model, const std::vector<std::vector<int64_t>>& sequences,
                             const SeqCalibOptions& options) {
   c10::InferenceMode inference;
-  if (options.measure == DistortionMeasure::kAnswerKl && options.answer_positions.size() != sequences.size()) {
-    throw_input_error("--distortion answer-kl: {} answer lists for {} calibration sequences",
-                      options.answer_positions.size(), sequences.size());
-  }
   return SeqCalibRun(model, sequences, options).run();
 }
 

@@ -36,6 +36,10 @@ class ActivationStream {
   std::vector<at::Tensor> hidden_;  // [micro_batch, T, H] each
 };
 
+// Sequences [begin, end) as a [end - begin, T] int64 CPU tensor; InputError when their lengths
+// differ. The stream's micro-batches are consecutive runs of these.
+at::Tensor token_batch(const std::vector<std::vector<int64_t>>& sequences, size_t begin, size_t end);
+
 // Free bytes on a CUDA device (nullopt for CPU or without CUDA support).
 std::optional<int64_t> free_device_bytes(const at::Device& device);
 

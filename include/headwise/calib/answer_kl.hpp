@@ -16,7 +16,6 @@
 #include <map>
 #include <span>
 #include <string>
-#include <string_view>
 #include <vector>
 
 #include "headwise/arch/model.hpp"
@@ -29,7 +28,6 @@ enum class DistortionMeasure { kBlockMse, kAnswerKl };
 
 // "block-mse" or "answer-kl"; InputError naming --distortion otherwise.
 DistortionMeasure parse_distortion_measure(const std::string& text);
-std::string_view distortion_measure_name(DistortionMeasure measure);
 
 class AnswerKl {
  public:
@@ -55,6 +53,9 @@ class AnswerKl {
  private:
   at::Tensor output_log_probs(int64_t micro_batch, const at::Tensor& final_hidden);
   double kl_sum(int64_t micro_batch, const at::Tensor& final_hidden);
+  // Runs layers [first, num_layers) on `hidden` with `core`, each layer's weights released after
+  // it; with `check`, every layer's output is checked finite (named by layer).
+  at::Tensor run_layers_from(int64_t first, at::Tensor hidden, arch::AttentionCore& core, bool check);
 
  public:
   // The measured layer's attention output with every head at one window, per micro-batch: a
