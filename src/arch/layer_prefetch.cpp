@@ -1,6 +1,6 @@
 #include "headwise/arch/layer_prefetch.hpp"
 
-#include <c10/core/InferenceMode.h>
+#include <ATen/core/grad_mode.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
@@ -72,7 +72,9 @@ void LayerPrefetcher::start(int64_t layer, std::vector<PrefetchTensor> tensors) 
   auto ready = job->ready;
 #endif
   job->result = std::async(std::launch::async, [=]() {
-    c10::InferenceMode inference;
+    // Plain no-grad tensors, not inference tensors: the answer-grad measure back-propagates
+    // through layers whose weights these are.
+    const at::NoGradGuard no_grad;
     std::map<std::string, at::Tensor> loaded;
     if (device.is_cpu()) {
       for (const auto& t : tensors) {

@@ -130,7 +130,12 @@ bool DecoderModel::has_weight(const std::string& name) const { return checkpoint
 
 const at::Tensor& DecoderModel::weight(int64_t layer, const std::string& name, bool keep_fp32) {
   auto& slot = resident_[layer];
-  if (auto it = slot.find(name); it != slot.end()) return it->second;
+  if (auto it = slot.find(name); it != slot.end()) {
+    // A weight loaded under InferenceMode cannot be saved for backward; reload it once for a
+    // differentiable run (the answer-grad measure) instead of failing inside autograd.
+    if (!it->second.is_inference() || c10::InferenceMode::is_enabled()) return it->second;
+    slot.erase(it);
+  }
   if (prefetcher_ && prefetcher_->pending(layer)) {
     for (auto& [prefetched, tensor] : prefetcher_->take(layer)) slot.try_emplace(prefetched, std::move(tensor));
     if (auto it = slot.find(name); it != slot.end()) {

@@ -1,7 +1,5 @@
 #include "headwise/arch/qwen_hybrid.hpp"
 
-#include <c10/core/InferenceMode.h>
-
 #include <cmath>
 
 #include "headwise/arch/ops.hpp"
@@ -35,7 +33,6 @@ at::Tensor QwenHybridModel::norm(const at::Tensor& x, const at::Tensor& weight) 
 }
 
 at::Tensor QwenHybridModel::embed(const at::Tensor& input_ids) {
-  c10::InferenceMode inference;
   if (input_ids.dim() != 2)
     throw_input_error("input_ids must be [batch, tokens], got {}", shape_string(input_ids.sizes()));
   if (input_ids.numel() > 0) {
@@ -50,14 +47,12 @@ at::Tensor QwenHybridModel::embed(const at::Tensor& input_ids) {
 }
 
 at::Tensor QwenHybridModel::logits(const at::Tensor& hidden) {
-  c10::InferenceMode inference;
   const at::Tensor normed = norm(hidden, weight(-1, prefix_ + "norm.weight"));
   return arch::linear(normed, weight(-1, lm_head_name())).to(at::kFloat);
 }
 
 at::Tensor QwenHybridModel::run_layer(int64_t layer, const at::Tensor& hidden,
                                       const LayerRun& run) {
-  c10::InferenceMode inference;
   HEADWISE_CHECK(layer >= 0 && layer < config_.num_layers, "layer {} of {}", layer,
                  config_.num_layers);
   const at::Tensor mixer_in = norm(hidden, layer_weight(layer, "input_layernorm.weight"));

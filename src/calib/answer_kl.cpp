@@ -85,12 +85,22 @@ int64_t last_attention_layer(const arch::ModelSpec& spec) {
 DistortionMeasure parse_distortion_measure(const std::string& text) {
   if (text == "block-mse") return DistortionMeasure::kBlockMse;
   if (text == "answer-kl") return DistortionMeasure::kAnswerKl;
-  throw_input_error("--distortion: '{}' is not one of answer-kl, block-mse", text);
+  if (text == "answer-grad") return DistortionMeasure::kAnswerGrad;
+  throw_input_error("--distortion: '{}' is not one of answer-kl, answer-grad, block-mse", text);
+}
+
+const char* distortion_measure_name(DistortionMeasure measure) {
+  switch (measure) {
+    case DistortionMeasure::kBlockMse: return "block-mse";
+    case DistortionMeasure::kAnswerKl: return "answer-kl";
+    case DistortionMeasure::kAnswerGrad: return "answer-grad";
+  }
+  return "?";
 }
 
 AnswerKl::AnswerKl(arch::DecoderModel& model, const std::vector<std::vector<int64_t>>& sequences,
                    const std::vector<std::vector<int64_t>>& answers, int64_t micro_batch, int64_t sink_tokens)
-    : model_(model), sink_tokens_(sink_tokens) {
+    : model_(model), sink_tokens_(sink_tokens), micro_batch_(micro_batch) {
   HEADWISE_CHECK(micro_batch > 0 && !sequences.empty(), "empty calibration batch");
   if (answers.size() != sequences.size()) {
     throw_input_error("answer-kl: {} answer lists for {} calibration sequences", answers.size(), sequences.size());
@@ -126,6 +136,32 @@ AnswerKl::AnswerKl(arch::DecoderModel& model, const std::vector<std::vector<int6
     const at::Tensor embedded = model.embed(token_batch(sequences, begin, end).to(model.device()));
     reference_.push_back(output_log_probs(static_cast<int64_t>(m), run_layers_from(0, embedded, checked, true)));
   }
+}
+
+AnswerKl AnswerKl::prefix(int64_t sequences) const {
+  HEADWISE_CHECK(sequences > 0, "answer-kl: empty prefix");
+  AnswerKl out = *this;
+  out.cache_ = LevelCache{};
+  out.evaluations_ = 0;
+  out.batch_index_.clear();
+  out.position_index_.clear();
+  out.reference_.clear();
+  out.answers_ = 0;
+  out.first_answer_ = std::numeric_limits<int64_t>::max();
+  for (size_t m = 0; m < reference_.size() && static_cast<int64_t>(m) * micro_batch_ < sequences; ++m) {
+    // Rows of this micro-batch that belong to the prefix (rows are sorted by sequence).
+    const int64_t rows = std::min(micro_batch_, sequences - static_cast<int64_t>(m) * micro_batch_);
+    const at::Tensor keep = at::nonzero(batch_index_[m] < rows).squeeze(1);
+    out.batch_index_.push_back(batch_index_[m].index_select(0, keep));
+    out.position_index_.push_back(position_index_[m].index_select(0, keep));
+    out.reference_.push_back(reference_[m].index_select(0, keep));
+    out.answers_ += keep.size(0);
+    if (keep.size(0) > 0) {
+      out.first_answer_ = std::min(out.first_answer_, out.position_index_.back().min().item<int64_t>());
+    }
+  }
+  if (out.answers_ == 0) throw_input_error("--distortion answer-kl: the probe sequences have no answer positions");
+  return out;
 }
 
 at::Tensor AnswerKl::run_layers_from(int64_t first, at::Tensor hidden, arch::AttentionCore& core, bool check) {
@@ -165,6 +201,13 @@ double AnswerKl::evaluate_policy(ActivationStream& embedded, const std::map<int6
   double total = 0.0;
   int64_t m = 0;
   embedded.visit([&](const at::Tensor& entering) { total += kl_sum(m++, run_layers_from(0, entering, core, false)); });
+  return total / static_cast<double>(answers_);
+}
+
+double AnswerKl::evaluate_final(ActivationStream& final_hidden) {
+  double total = 0.0;
+  int64_t m = 0;
+  final_hidden.visit([&](const at::Tensor& hidden) { total += kl_sum(m++, hidden); });
   return total / static_cast<double>(answers_);
 }
 

@@ -2,6 +2,7 @@
 
 #include <spdlog/spdlog.h>
 
+#include <ATen/core/grad_mode.h>
 #include <c10/core/InferenceMode.h>
 
 #include <algorithm>
@@ -14,6 +15,7 @@
 
 #include "headwise/arch/attention.hpp"
 #include "headwise/calib/activations.hpp"
+#include "headwise/calib/answer_grad.hpp"
 #include "headwise/calib/walk_state.hpp"
 #include "finite_checks.hpp"
 #include "headwise/core/error.hpp"
@@ -110,9 +112,14 @@ class SeqCalibRun {
     reset_peak_device_bytes(model_.device());
     validate();
     if (answer_aware()) {
-      spdlog::info("answer-kl: full-KV reference at the answer positions ({} sequences)", sequences_.size());
+      spdlog::info("{}: full-KV reference at the answer positions ({} sequences)",
+                   distortion_measure_name(options_.measure), sequences_.size());
       answer_kl_ = std::make_unique<AnswerKl>(model_, sequences_, options_.answer_positions, options_.micro_batch,
                                               options_.sink_tokens);
+      if (gradient_measure()) {
+        sensitivity_ = std::make_unique<AnswerSensitivity>(model_, *answer_kl_, options_.ladder.levels, options_.sink_tokens);
+      }
+      if (gradient_measure() && options_.validate_measure) result_.validation.emplace();
     }
     if (options_.resume) {
       restore(*options_.resume);
@@ -122,7 +129,11 @@ class SeqCalibRun {
     if (!options_.conditioned) plan_unconditioned();
     walk();
     complete();
-    if (answer_aware()) measure_completion_effect();
+    if (answer_aware()) {
+      measure_completion_effect();
+      if (options_.conditioned) rewalk_while_completion_moves_lower_layers();
+    }
+    if (result_.validation) summarise_validation();
     result_.total_seconds = seconds_since(start);
     result_.peak_rss_bytes = read_peak_rss_bytes();
     result_.peak_device_bytes = peak_device_bytes(model_.device());
@@ -139,7 +150,63 @@ class SeqCalibRun {
     }
   }
 
-  bool answer_aware() const { return options_.measure == DistortionMeasure::kAnswerKl; }
+  bool answer_aware() const { return calib::answer_aware(options_.measure); }
+  bool gradient_measure() const { return options_.measure == DistortionMeasure::kAnswerGrad; }
+
+  void summarise_validation() {
+    auto& v = *result_.validation;
+    std::vector<double> predicted, measured;
+    for (const auto& p : v.pairs) {
+      predicted.push_back(p.predicted);
+      measured.push_back(p.measured);
+    }
+    v.spearman = spearman(predicted, measured);
+    spdlog::info("answer-grad against answer-kl: Spearman {:.3f} over {} (head, level) pairs", v.spearman,
+                 v.pairs.size());
+    for (const auto& j : v.joint_decisions) {
+      spdlog::info("layer {} decision [{}]: predicted added answer KL {:.4g}, measured {:.4g}", j.layer_id,
+                   fmt::join(j.windows, ","), j.predicted, j.measured);
+    }
+  }
+
+  // The layer's joint windows → added answer KL: predicted (answer-grad, prepared on `stream`
+  // here) or measured (answer-kl, memoised in `memo`).
+  std::function<double(const std::vector<size_t>&)> layer_measure(AnswerKl& exact, AnswerSensitivity* sensitivity,
+                                                                   int64_t layer_id, ActivationStream& stream,
+                                                                   std::map<std::vector<size_t>, double>& memo) const {
+    if (sensitivity == nullptr) return joint_measure(exact, layer_id, stream, memo);
+    sensitivity->prepare(layer_id, stream);
+    return [sensitivity](const std::vector<size_t>& levels) { return sensitivity->predict(levels); };
+  }
+
+  // Validation: the probe's predicted (head, level) pairs against the exact measure.
+  void validate_probe_pairs(AnswerKl& exact, int64_t layer_id, ActivationStream& stream,
+                            const std::vector<solve::Group>& predicted) {
+    const auto start = Clock::now();
+    const std::vector<solve::Group> measured = answer_probe_groups(exact, nullptr, layer_id, stream);
+    const size_t top = options_.ladder.size() - 1;
+    for (size_t h = 0; h < predicted.size(); ++h) {
+      for (size_t l = 0; l < top; ++l) {
+        const int64_t window = options_.ladder.levels[l];
+        result_.validation->pairs.push_back({layer_id, static_cast<int64_t>(h), {window},
+                                             predicted[h].options[l].distortion, measured[h].options[l].distortion});
+      }
+    }
+    result_.validation->seconds += seconds_since(start);
+  }
+
+  // Validation: the chosen joint windows' predicted added KL against the measured one.
+  void validate_joint_decision(int64_t layer_id, ActivationStream& stream, const std::vector<size_t>& assign,
+                               const std::function<double(const std::vector<size_t>&)>& predicted) {
+    const auto start = Clock::now();
+    std::map<std::vector<size_t>, double> memo;
+    const auto exact = joint_measure(*answer_kl_, layer_id, stream, memo);
+    const std::vector<size_t> all_top(assign.size(), options_.ladder.size() - 1);
+    result_.validation->joint_decisions.push_back(
+        {layer_id, -1, windows_of(assign), predicted(assign) - predicted(all_top), exact(assign) - exact(all_top)});
+    result_.answer_kl_evaluations += static_cast<int64_t>(memo.size());
+    result_.validation->seconds += seconds_since(start);
+  }
 
   // The windows of one layer for a ladder-level index per head.
   std::vector<int64_t> windows_of(const std::vector<size_t>& levels) const {
@@ -188,11 +255,12 @@ class SeqCalibRun {
     };
   }
 
-  std::vector<solve::Group> answer_probe_groups(AnswerKl& measure, int64_t layer_id, ActivationStream& stream) const {
+  std::vector<solve::Group> answer_probe_groups(AnswerKl& measure, AnswerSensitivity* sensitivity, int64_t layer_id,
+                                               ActivationStream& stream) const {
     std::map<std::vector<size_t>, double> memo;
     const auto heads = static_cast<size_t>(spec_.layer(layer_id).attention->num_kv_heads);
     return marginal_groups(layer_id, std::vector<size_t>(heads, options_.ladder.size() - 1),
-                           joint_measure(measure, layer_id, stream, memo));
+                           layer_measure(measure, sensitivity, layer_id, stream, memo));
   }
 
   // Unconditioned curves: every global layer measured with full KV below.
@@ -215,15 +283,16 @@ class SeqCalibRun {
   }
 
   void answer_probe(ActivationStream& stream, const std::vector<std::vector<int64_t>>& probe_sequences) {
-    const std::vector<std::vector<int64_t>> answers(options_.answer_positions.begin(),
-                                                    options_.answer_positions.begin() +
-                                                        static_cast<std::ptrdiff_t>(probe_sequences.size()));
-    AnswerKl measure(model_, probe_sequences, answers, options_.micro_batch, options_.sink_tokens);
+    AnswerKl measure = answer_kl_->prefix(static_cast<int64_t>(probe_sequences.size()));
+    std::optional<AnswerSensitivity> sensitivity;
+    if (gradient_measure()) sensitivity.emplace(model_, measure, options_.ladder.levels, options_.sink_tokens);
     arch::ExactAttentionCore exact(model_.attention_chunk());
-    Progress progress("probe (full KV, answer-kl)", spec_.num_layers());
+    Progress progress(fmt::format("probe (full KV, {})", distortion_measure_name(options_.measure)),
+                      spec_.num_layers());
     for (int64_t i = 0; i < spec_.num_layers(); ++i) {
       if (spec_.layer(i).is_global()) {
-        probe_groups_[i] = answer_probe_groups(measure, i, stream);
+        probe_groups_[i] = answer_probe_groups(measure, sensitivity ? &*sensitivity : nullptr, i, stream);
+        if (result_.validation) validate_probe_pairs(measure, i, stream, probe_groups_[i]);
         append(result_.probe_curves, to_curves(probe_groups_[i]));
       }
       stream.apply([&](const at::Tensor& h) {
@@ -349,10 +418,14 @@ class SeqCalibRun {
                                  ? fmt::format("layer {} global: {} spent, lambda {:.3g}", i,
                                                format_bytes(spent_), report.lambda)
                                  : fmt::format("layer {} {}", i, report.kind));
-      if (spec_.layer(i).is_global() && options_.checkpoint) options_.checkpoint(state_after(i));
-      if (spec_.layer(i).is_global() && options_.after_global_layer) options_.after_global_layer(i);
+      // A re-walk is not checkpointed: a resumed run redoes it from the first walk's state.
+      if (spec_.layer(i).is_global() && options_.checkpoint && !rewalking_) options_.checkpoint(state_after(i));
+      if (spec_.layer(i).is_global() && options_.after_global_layer && !rewalking_) options_.after_global_layer(i);
     }
     progress.finish();
+    // The stream has passed every layer under the walk's windows: its end-to-end answer KL costs
+    // no further run.
+    if (answer_aware()) result_.answer_kl_walk = answer_kl_->evaluate_final(stream);
   }
 
   // Records a layer's decision: its curves, choice and bytes.
@@ -385,7 +458,7 @@ class SeqCalibRun {
   std::vector<int64_t> decide_jointly(int64_t layer_id, ActivationStream& stream, LayerReport& report) {
     if (!options_.conditioned) return record_decision(probe_groups_.at(layer_id), unconditioned_plan_.at(layer_id), report);
     std::map<std::vector<size_t>, double> memo;
-    const auto joint = joint_measure(*answer_kl_, layer_id, stream, memo);
+    const auto joint = layer_measure(*answer_kl_, sensitivity_.get(), layer_id, stream, memo);
     const auto& layer = spec_.layer(layer_id);
     const auto heads = static_cast<size_t>(layer.attention->num_kv_heads);
     std::vector<size_t> assign(heads, options_.ladder.size() - 1);
@@ -393,6 +466,7 @@ class SeqCalibRun {
     const int64_t allowance = price_layer(layer_id, groups, report);
     if (options_.joint_heads) {
       assign = greedy_joint_descent(groups, allowance, joint);
+      if (sensitivity_) relinearise_and_improve(layer_id, stream, groups, allowance, assign, joint);
       groups = marginal_groups(layer_id, assign, joint);
     } else {
       assign = solve::solve_exact(groups, allowance).choice;
@@ -400,6 +474,7 @@ class SeqCalibRun {
     result_.answer_kl_evaluations += static_cast<int64_t>(memo.size());
     spdlog::debug("layer {}: windows [{}], joint answer KL {:.6g} ({} evaluations)", layer_id,
                   fmt::join(windows_of(assign), ","), joint(assign), memo.size());
+    if (result_.validation) validate_joint_decision(layer_id, stream, assign, joint);
     return record_decision(groups, assign, report);
   }
 
@@ -454,6 +529,61 @@ class SeqCalibRun {
     return assign;
   }
 
+  // answer-grad: the prediction is a linearisation at full KV, blind to heads whose redundancy
+  // saturates (cutting one of two changes nothing to first order, cutting both is predicted free
+  // as well). Re-linearise at the decision and take the moves the new prediction says help, until
+  // none does or kRelinearisations passes.
+  static constexpr int kRelinearisations = 3;
+  void relinearise_and_improve(int64_t layer_id, ActivationStream& stream, const std::vector<solve::Group>& groups,
+                               int64_t allowance, std::vector<size_t>& assign,
+                               const std::function<double(const std::vector<size_t>&)>& predicted) const {
+    for (int pass = 0; pass < kRelinearisations; ++pass) {
+      sensitivity_->prepare(layer_id, stream, windows_of(assign));
+      bool improved = false;
+      while (best_swap(groups, assign, allowance, predicted)) improved = true;
+      if (!improved) break;
+    }
+  }
+
+  // The best move of one head, or of two heads at once, that keeps the layer within `allowance`
+  // and lowers `measure`; applied, returns true. Ties: the first found (heads, then levels, in
+  // order), so the result is deterministic.
+  static bool best_swap(const std::vector<solve::Group>& groups, std::vector<size_t>& assign, int64_t allowance,
+                        const std::function<double(const std::vector<size_t>&)>& measure) {
+    const double here = measure(assign);
+    double best = here;
+    std::optional<std::vector<size_t>> chosen;
+    const auto consider = [&](const std::vector<size_t>& candidate) {
+      if (layer_bytes(groups, candidate) > allowance) return;
+      const double value = measure(candidate);
+      // Relative margin: a move must beat rounding, or two equal choices would alternate.
+      if (value < best - 1e-12 * std::max(1.0, std::abs(best))) {
+        best = value;
+        chosen = candidate;
+      }
+    };
+    for (size_t h = 0; h < assign.size(); ++h) {
+      for (size_t l = 0; l < groups[h].options.size(); ++l) {
+        if (l == assign[h]) continue;
+        std::vector<size_t> one = assign;
+        one[h] = l;
+        consider(one);
+        for (size_t g = 0; g < assign.size(); ++g) {
+          if (g == h) continue;
+          for (size_t m = 0; m < groups[g].options.size(); ++m) {
+            if (m == assign[g]) continue;
+            std::vector<size_t> two = one;
+            two[g] = m;
+            consider(two);
+          }
+        }
+      }
+    }
+    if (!chosen) return false;
+    assign = *chosen;
+    return true;
+  }
+
   void run_global_layer(int64_t i, ActivationStream& stream, PolicyAttentionCore& policy_core, LayerReport& report) {
     if (answer_aware()) {
       result_.windows[i] = decide_jointly(i, stream, report);
@@ -501,22 +631,100 @@ class SeqCalibRun {
                  format_bytes(options_.global_budget_bytes));
   }
 
+  // Fresh conditioning: the completion may lengthen windows of a layer below other global layers,
+  // which were decided on the narrower stream. Re-walk the layers above the lowest one it moved,
+  // the layers up to it fixed at their completed windows, then complete again; keep the re-walk
+  // only if it lowers the end-to-end answer KL (measured), and stop when the completion moves
+  // nothing below a global layer or after kRewalks passes.
+  static constexpr int kRewalks = 2;
+  void rewalk_while_completion_moves_lower_layers() {
+    result_.answer_kl_by_pass = {result_.answer_kl_policy};
+    for (int pass = 0; pass < kRewalks; ++pass) {
+      const std::optional<int64_t> lowest = lowest_moved_layer_below_a_global_layer();
+      if (!lowest) return;
+      const auto kept_result = result_;
+      const auto kept = std::make_tuple(decided_groups_, decided_choice_, spent_, replay_until_);
+      spdlog::info("re-walk {}: the completion moved windows of layer {}; re-deciding the layers above it", pass + 1,
+                   *lowest);
+      fix_layers_up_to(*lowest);
+      rewalking_ = true;
+      walk();
+      rewalking_ = false;
+      complete();
+      measure_completion_effect();
+      const double kl = result_.answer_kl_policy;
+      if (!(kl < kept_result.answer_kl_policy)) {
+        spdlog::info("re-walk {}: answer KL {:.6g}, not below {:.6g}: kept the previous policy", pass + 1, kl,
+                     kept_result.answer_kl_policy);
+        result_ = kept_result;
+        std::tie(decided_groups_, decided_choice_, spent_, replay_until_) = kept;
+        result_.answer_kl_by_pass.push_back(kl);
+        return;
+      }
+      result_.answer_kl_by_pass = kept_result.answer_kl_by_pass;
+      result_.answer_kl_by_pass.push_back(kl);
+      result_.rewalks = pass + 1;
+      spdlog::info("re-walk {}: answer KL {:.6g} (was {:.6g})", pass + 1, kl, kept_result.answer_kl_policy);
+    }
+  }
+
+  // The lowest global layer whose windows the completion changed, when a global layer lies above it.
+  std::optional<int64_t> lowest_moved_layer_below_a_global_layer() const {
+    const auto walked = walk_windows();
+    const int64_t top = spec_.global_layer_ids().back();
+    for (const auto& [layer, windows] : walked) {
+      if (layer < top && windows != result_.windows.at(layer)) return layer;
+    }
+    return std::nullopt;
+  }
+
+  std::map<int64_t, std::vector<int64_t>> walk_windows() const {
+    std::map<int64_t, std::vector<int64_t>> windows;
+    for (size_t g = 0; g < decided_groups_.size(); ++g) {
+      windows[decided_groups_[g].layer_id].push_back(decided_groups_[g].options[decided_choice_[g]].window);
+    }
+    return windows;
+  }
+
+  // The layers up to `layer` become decided at their completed windows (replayed by the next
+  // walk); everything above is forgotten.
+  void fix_layers_up_to(int64_t layer) {
+    std::vector<solve::Group> groups;
+    std::vector<size_t> choice;
+    spent_ = 0;
+    std::vector<size_t> next_head;
+    for (const auto& group : decided_groups_) {
+      if (group.layer_id > layer) break;
+      const int64_t window = result_.windows.at(group.layer_id).at(static_cast<size_t>(group.kv_head));
+      size_t level = 0;
+      while (group.options[level].window != window) ++level;
+      groups.push_back(group);
+      choice.push_back(level);
+      spent_ += group.options[level].bytes;
+    }
+    decided_groups_ = std::move(groups);
+    decided_choice_ = std::move(choice);
+    std::erase_if(result_.windows, [layer](const auto& entry) { return entry.first > layer; });
+    std::erase_if(result_.curves, [layer](const HeadCurve& c) { return c.layer_id > layer; });
+    std::erase_if(result_.layers, [layer](const LayerReport& r) { return r.layer_id > layer; });
+    result_.expected_distortion.clear();
+    replay_until_ = layer;
+  }
+
   // Upper layers were measured on the stream of the walk's windows; the completion may lengthen
   // some of them afterwards. Measure what that does end to end instead of assuming it.
   void measure_completion_effect() {
-    std::map<int64_t, std::vector<int64_t>> walk_windows;
-    for (size_t g = 0; g < decided_groups_.size(); ++g) {
-      walk_windows[decided_groups_[g].layer_id].push_back(decided_groups_[g].options[decided_choice_[g]].window);
-    }
-    for (const auto& [layer, windows] : walk_windows) {
+    result_.windows_moved_by_completion = 0;
+    for (const auto& [layer, windows] : walk_windows()) {
       const auto& final_windows = result_.windows.at(layer);
       for (size_t h = 0; h < windows.size(); ++h) result_.windows_moved_by_completion += windows[h] != final_windows[h];
     }
-    ActivationStream embedded(model_, sequences_, options_.micro_batch, options_.activations);
-    result_.answer_kl_walk = answer_kl_->evaluate_policy(embedded, walk_windows);
-    result_.answer_kl_policy = result_.windows_moved_by_completion == 0
-                                   ? result_.answer_kl_walk
-                                   : answer_kl_->evaluate_policy(embedded, result_.windows);
+    if (result_.windows_moved_by_completion == 0) {
+      result_.answer_kl_policy = result_.answer_kl_walk;
+    } else {
+      ActivationStream embedded(model_, sequences_, options_.micro_batch, options_.activations);
+      result_.answer_kl_policy = answer_kl_->evaluate_policy(embedded, result_.windows);
+    }
     spdlog::info("answer KL end to end: {:.6g} after the walk, {:.6g} after completion ({} windows moved)",
                  result_.answer_kl_walk, result_.answer_kl_policy, result_.windows_moved_by_completion);
   }
@@ -532,7 +740,9 @@ class SeqCalibRun {
   std::vector<size_t> decided_choice_;
   int64_t spent_ = 0;
   int64_t replay_until_ = -1;  // resume: layers 0..replay_until_ were decided before
-  std::unique_ptr<AnswerKl> answer_kl_;  // answer-kl only
+  bool rewalking_ = false;
+  std::unique_ptr<AnswerKl> answer_kl_;  // answer-aware measures only
+  std::unique_ptr<AnswerSensitivity> sensitivity_;  // answer-grad only
 };
 
 }  // namespace
@@ -553,7 +763,10 @@ int64_t effective_probe_samples(int64_t requested, int64_t sequences) {
 
 SeqCalibResult run_seqcalib(arch::DecoderModel& model, const std::vector<std::vector<int64_t>>& sequences,
                             const SeqCalibOptions& options) {
-  c10::InferenceMode inference;
+  // answer-grad back-propagates through the layers above: no inference tensors then. Everything
+  // else runs without a graph (the measure opens one where it needs it).
+  const c10::InferenceMode inference(options.measure != DistortionMeasure::kAnswerGrad);
+  const at::NoGradGuard no_grad;
   return SeqCalibRun(model, sequences, options).run();
 }
 

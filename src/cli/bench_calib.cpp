@@ -128,7 +128,7 @@ nlohmann::json bench_seqcalib(const BenchArgs& args, int64_t samples, int64_t st
 
   // The answer-aware measure over the same tokens (random tokens: the tail rule's positions).
   nlohmann::json by_measure = {{"block-mse", seqcalib_ms / forward_ms}};
-  nlohmann::json answer_kl = nullptr;
+  nlohmann::json answer_kl = nullptr, answer_grad = nullptr;
   if (!args.skip_answer_kl) {
     o.measure = calib::DistortionMeasure::kAnswerKl;
     o.answer_positions = calib::tail_answer_positions(seqs, calib::kAnswerTailPositions);
@@ -139,10 +139,19 @@ nlohmann::json bench_seqcalib(const BenchArgs& args, int64_t samples, int64_t st
                  {"probe_seconds", answer.probe_seconds},
                  {"evaluations", answer.answer_kl_evaluations},
                  {"peak_rss_bytes", answer.peak_rss_bytes}};
+    o.measure = calib::DistortionMeasure::kAnswerGrad;
+    calib::SeqCalibResult gradient;
+    const double gradient_ms = bench::best_ms(device, 1, [&] { gradient = calib::run_seqcalib(*model, seqs, o); });
+    by_measure["answer-grad"] = gradient_ms / forward_ms;
+    answer_grad = {{"seconds", gradient_ms / 1000},
+                   {"probe_seconds", gradient.probe_seconds},
+                   {"exact_evaluations", gradient.answer_kl_evaluations},
+                   {"peak_rss_bytes", gradient.peak_rss_bytes}};
   }
   return {{"seqcalib_over_forward", seqcalib_ms / forward_ms},
           {"seqcalib_over_forward_by_measure", by_measure},
           {"answer_kl", answer_kl},
+          {"answer_grad", answer_grad},
           {"seqcalib_over_forward_with_head", seqcalib_ms / forward_head_ms},
           {"forward_seconds", forward_ms / 1000},
           {"forward_with_head_seconds", forward_head_ms / 1000},
@@ -216,7 +225,7 @@ const RegisterCommand kRegister{"bench-calib", [](CLI::App& root) {
   cmd->add_option("--attention-steps", args.attention_steps, "T of the multi-window timing")->capture_default_str();
   cmd->add_option("--attention-head-dim", args.attention_head_dim, "head_dim of the multi-window timing");
   cmd->add_flag("--skip-seqcalib", args.skip_seqcalib, "Only the attention and solver timings");
-  cmd->add_flag("--skip-answer-kl", args.skip_answer_kl, "Time SeqCalib with block-mse only");
+  cmd->add_flag("--skip-answer-kl", args.skip_answer_kl, "Time SeqCalib with block-mse only (not answer-kl, answer-grad)");
   add_common_flags(cmd, args.flags, /*with_json=*/true);
   cmd->callback([] { run(args); });
 }};

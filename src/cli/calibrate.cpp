@@ -87,12 +87,17 @@ const RegisterCommand kRegister{"calibrate", [](CLI::App& root) {
                   "quarter (at least 2k), so every level is measured")
       ->capture_default_str();
   root.add_option("--distortion", args.request.distortion,
-                  "What a window costs: answer-kl (KL to the full model at the answer positions, heads of a layer "
-                  "decided jointly) or block-mse (the attention block's output error over all positions)")
+                  "What a window costs: answer-kl (KL to the full model at the answer positions, measured by running "
+                  "the layers above; heads of a layer decided jointly), answer-grad (the same KL predicted to second "
+                  "order from gradients: one backward pass per probe instead of a run per assignment) or block-mse "
+                  "(the attention block's output error over all positions)")
       ->capture_default_str();
   root.add_flag("--independent-heads", args.request.independent_heads,
-                "answer-kl: decide a layer's heads from curves measured with the other heads at full (the ablation "
-                "of the joint decision)");
+                "answer-kl/answer-grad: decide a layer's heads from curves measured with the other heads at full "
+                "(the ablation of the joint decision)");
+  root.add_flag("--validate-measure", args.request.validate_measure,
+                "answer-grad: also measure every probe (head, level) and each layer's decision exactly (answer-kl) "
+                "and report the prediction against it (report.json: measure_validation)");
   root.add_option("--extrapolate", args.request.extrapolate,
                   "Rule for --windows levels >= --seq-len: none (refuse) or as-full (read as full KV's cost)")
       ->capture_default_str();

@@ -160,6 +160,10 @@ CalibrationJob::CalibrationJob(const CalibrationRequest& request, const fs::path
   s.seq_len = request.seq_len == "auto" ? auto_calibration_length(s.ladder.levels, s.mem.context)
                                         : parse_token_count(request.seq_len, "--seq-len");
   s.measure = calib::parse_distortion_measure(request.distortion);
+  if (request.validate_measure && s.measure != calib::DistortionMeasure::kAnswerGrad) {
+    throw_input_error("--validate-measure checks --distortion answer-grad against answer-kl; got --distortion {}",
+                      request.distortion);
+  }
   if (request.extrapolate != "none" && request.extrapolate != "as-full") {
     throw_input_error("--extrapolate: '{}' is not one of none, as-full", request.extrapolate);
   }
@@ -262,6 +266,7 @@ CalibrationOutcome CalibrationJob::run(const RunControl& control) {
   options.measure = s.measure;
   options.answer_positions = s.data.answer_positions;
   options.joint_heads = !r.independent_heads;
+  options.validate_measure = r.validate_measure;
   options.activations = parse_placement(r.activations);
   options.resume = resume ? &*resume : nullptr;
   if (!control.checkpoint.empty()) {
@@ -294,7 +299,8 @@ CalibrationOutcome CalibrationJob::run(const RunControl& control) {
   policy.calibration = {
       {"tool", fmt::format("headwise-calc {}", HEADWISE_VERSION)},
       {"method", options.conditioned ? "seqcalib" : "unconditioned"},
-      {"distortion_measure", s.measure == calib::DistortionMeasure::kAnswerKl ? "answer-kl" : "block_output_relative_mse"},
+      {"distortion_measure", calib::answer_aware(s.measure) ? calib::distortion_measure_name(s.measure)
+                                                            : "block_output_relative_mse"},
       {"dataset", s.data.description},
       {"dataset_sha256", s.data.sha256},
       {"samples", static_cast<int64_t>(s.data.sequences.size())},
@@ -303,7 +309,7 @@ CalibrationOutcome CalibrationJob::run(const RunControl& control) {
       {"probe_samples", calib::effective_probe_samples(r.probe_samples, static_cast<int64_t>(s.data.sequences.size()))},
       {"inputs_sha256", s.inputs_hash},
   };
-  if (s.measure == calib::DistortionMeasure::kAnswerKl) {
+  if (calib::answer_aware(s.measure)) {
     policy.calibration["answer_positions"] = s.data.answer_rule;
     policy.calibration["heads"] = r.independent_heads ? "independent" : "joint";
   }

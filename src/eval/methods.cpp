@@ -77,8 +77,9 @@ memory::HeadWindows unconditioned(arch::DecoderModel& model, const BaselineInput
   calib::SeqCalibOptions o;
   // The ablation of the policy: the same measure, only the conditioning removed. The answer of
   // each sample (cut to the common length from the front) is what answer-kl scores.
-  if (in.policy.calibration.value("distortion_measure", "") == "answer-kl") {
-    o.measure = calib::DistortionMeasure::kAnswerKl;
+  if (const std::string measure = in.policy.calibration.value("distortion_measure", "");
+      measure == "answer-kl" || measure == "answer-grad") {
+    o.measure = calib::parse_distortion_measure(measure);
     for (const auto& s : calibration) {
       std::vector<int64_t> positions;
       for (size_t i = 0; i < s.answer.size(); ++i) positions.push_back(static_cast<int64_t>(len - s.answer.size() + i) - 1);

@@ -38,6 +38,26 @@ nlohmann::json curves_json(const std::vector<calib::HeadCurve>& curves) {
   return heads;
 }
 
+nlohmann::json measure_checks_json(const std::vector<calib::MeasureCheck>& checks) {
+  nlohmann::json out = nlohmann::json::array();
+  for (const auto& c : checks) {
+    nlohmann::json windows = nlohmann::json::array();
+    for (int64_t w : c.windows) windows.push_back(window_json(w));
+    out.push_back({{"layer", c.layer_id}, {"kv_head", c.kv_head}, {"windows", windows},
+                   {"predicted", c.predicted}, {"measured", c.measured}});
+  }
+  return out;
+}
+
+// answer-grad's predictions against the exact answer-kl measure: the probe's (head, level) pairs
+// with their rank correlation, and each layer's chosen joint windows.
+nlohmann::json measure_validation_json(const calib::MeasureValidation& v) {
+  return {{"spearman", std::isfinite(v.spearman) ? nlohmann::json(v.spearman) : nlohmann::json(nullptr)},
+          {"pairs", measure_checks_json(v.pairs)},
+          {"joint_decisions", measure_checks_json(v.joint_decisions)},
+          {"exact_seconds", v.seconds}};
+}
+
 nlohmann::json rate_distortion_curve(const std::vector<calib::HeadCurve>& probe_curves, int points) {
   const auto groups = to_groups(probe_curves);
   nlohmann::json curve = nlohmann::json::array();
@@ -78,8 +98,12 @@ nlohmann::json calibration_report(const calib::SeqCalibResult& r, const ReportCo
     answer = {{"end_to_end_after_walk", r.answer_kl_walk},
               {"end_to_end_after_completion", r.answer_kl_policy},
               {"windows_moved_by_completion", r.windows_moved_by_completion},
+              {"rewalks", r.rewalks},
+              {"end_to_end_by_pass", r.answer_kl_by_pass},
               {"evaluations", r.answer_kl_evaluations}};
   }
+  nlohmann::json validation = nullptr;
+  if (r.validation) validation = measure_validation_json(*r.validation);
   return {
       {"schema", "headwise/calibration-report/v1"},
       {"model_name", c.model_name},
@@ -98,6 +122,7 @@ nlohmann::json calibration_report(const calib::SeqCalibResult& r, const ReportCo
       {"provenance", c.provenance},
       {"extrapolated_levels", extrapolated},
       {"answer_kl", answer},
+      {"measure_validation", validation},
       {"layers", layers},
       {"heads", curves_json(r.curves)},
       {"probe_heads", curves_json(r.probe_curves)},

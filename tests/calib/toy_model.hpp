@@ -75,9 +75,10 @@ class ToyModel final : public arch::DecoderModel {
 
   at::Tensor embed(const at::Tensor& ids) override { return embedding_.index_select(0, ids.flatten()).view({ids.size(0), ids.size(1), kToyHidden}); }
   at::Tensor logits(const at::Tensor& hidden) override {
-    at::Tensor out = hidden.to(at::kFloat).clone();
-    out.select(-1, 2).copy_(at::clamp_max(out.select(-1, 2), readout_.retrieved_cap) * readout_.retrieved_gain);
-    return out;
+    // Out of place: the answer-grad measure back-propagates through this.
+    const at::Tensor h = hidden.to(at::kFloat);
+    const at::Tensor retrieved = at::clamp_max(h.slice(-1, 2, 3), readout_.retrieved_cap) * readout_.retrieved_gain;
+    return at::cat({h.slice(-1, 0, 2), retrieved, h.slice(-1, 3)}, -1);
   }
   std::vector<arch::WeightRequirement> required_weights() const override { return {}; }
 

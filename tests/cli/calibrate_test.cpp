@@ -95,6 +95,7 @@ TEST_CASE("calibrate refuses bad input with one line and writes nothing", "[cli]
       {with({{"--windows", "8,128,full"}, {"-o", out}}), 1, "--windows levels 128 are >= --seq-len 96"},
       {with({{"--distortion", "mse"}, {"-o", out}}), 1, "--distortion"},
       {with({{"--extrapolate", "linear"}, {"-o", out}}), 1, "--extrapolate"},
+      {with({{"-o", out}}) + " --validate-measure", 1, "--validate-measure"},  // checks answer-grad only
   };
   for (const auto& c : cases) {
     INFO(c.args);
@@ -131,4 +132,25 @@ TEST_CASE("--seq-len auto measures every finite level; unmeasured levels need a 
   INFO(auto_run.err);
   REQUIRE(auto_run.status == 0);
   CHECK(policy::read_policy(out).calibration["seq_len"] == 512);
+}
+
+TEST_CASE("answer-grad on the default model ranks (head, level) costs like the exact measure", "[cli][slow]") {
+  // The issue's validation: Spearman between the gradient prediction and the exact answer KL over
+  // every probe (head, level) pair of the shipped default model, and each layer's joint decision
+  // measured exactly against its prediction (report.json: measure_validation).
+  TempDir dir("calibrate-answer-grad");
+  const auto model = std::filesystem::path(HEADWISE_SOURCE_DIR) / "models/tiny-qwen3-next";
+  const auto report = dir / "report.json";
+  const auto run = run_cli("-q --model " + model.string() + " --context 2k --budget 561152 --windows 64,256,1k,full " +
+                           "--samples 4 --seed 0 --distortion answer-grad --validate-measure -o " +
+                           (dir / "p.yaml").string() + " --report " + report.string());
+  INFO(run.err);
+  REQUIRE(run.status == 0);
+  const auto j = nlohmann::json::parse(read_text_file(report));
+  const auto& v = j.at("measure_validation");
+  CHECK(v.at("pairs").size() == 2 * 4 * 3);  // 2 global layers x 4 KV heads x 3 finite levels
+  CHECK(v.at("joint_decisions").size() == 2);
+  INFO("Spearman " << v.at("spearman").dump());
+  CHECK(v.at("spearman").get<double>() >= 0.8);
+  CHECK(policy::read_policy(dir / "p.yaml").calibration["distortion_measure"] == "answer-grad");
 }

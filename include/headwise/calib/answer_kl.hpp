@@ -24,10 +24,14 @@ namespace headwise::calib {
 
 class ActivationStream;
 
-enum class DistortionMeasure { kBlockMse, kAnswerKl };
+enum class DistortionMeasure { kBlockMse, kAnswerKl, kAnswerGrad };
 
-// "block-mse" or "answer-kl"; InputError naming --distortion otherwise.
+// "block-mse", "answer-kl" or "answer-grad"; InputError naming --distortion otherwise.
 DistortionMeasure parse_distortion_measure(const std::string& text);
+// The name parse_distortion_measure() reads.
+const char* distortion_measure_name(DistortionMeasure measure);
+// Whether the measure scores answer positions (and needs them).
+inline bool answer_aware(DistortionMeasure m) { return m != DistortionMeasure::kBlockMse; }
 
 class AnswerKl {
  public:
@@ -36,6 +40,10 @@ class AnswerKl {
   // like ActivationStream's). InputError when no sequence has an answer position.
   AnswerKl(arch::DecoderModel& model, const std::vector<std::vector<int64_t>>& sequences,
            const std::vector<std::vector<int64_t>>& answers, int64_t micro_batch, int64_t sink_tokens);
+
+  // The same measure over the first `sequences` sequences only (the probe's), micro-batched the
+  // same way: the reference is sliced from this one instead of recomputed.
+  AnswerKl prefix(int64_t sequences) const;
 
   // Mean KL(full || run) per answer position, where `run` takes every micro-batch of `stream`
   // (hidden states entering `layer`) through `layer` with its KV heads at `windows` and through
@@ -47,11 +55,25 @@ class AnswerKl {
   // embeddings (hidden states entering layer 0), every global layer runs at `windows`.
   double evaluate_policy(ActivationStream& embedded, const std::map<int64_t, std::vector<int64_t>>& windows);
 
+  // Mean KL(full || run) per answer position of hidden states that have passed every layer
+  // already (a walk's stream after its last layer): no layer runs.
+  double evaluate_final(ActivationStream& final_hidden);
+
   int64_t answer_count() const { return answers_; }
   int64_t evaluations() const { return evaluations_; }
 
- private:
+  // Log-probs [answers of the micro-batch, vocab] at its answer positions of `final_hidden`
+  // (hidden states after the last layer), and the full-KV reference there.
   at::Tensor output_log_probs(int64_t micro_batch, const at::Tensor& final_hidden);
+  const at::Tensor& reference(int64_t micro_batch) const { return reference_.at(static_cast<size_t>(micro_batch)); }
+  // The sequence (row of the micro-batch) of each of its answer positions, on the model's device.
+  const at::Tensor& answer_rows(int64_t micro_batch) const { return batch_index_.at(static_cast<size_t>(micro_batch)); }
+  // The position of each of its answer positions, on the model's device.
+  const at::Tensor& answer_columns(int64_t micro_batch) const {
+    return position_index_.at(static_cast<size_t>(micro_batch));
+  }
+
+ private:
   double kl_sum(int64_t micro_batch, const at::Tensor& final_hidden);
   // Runs layers [first, num_layers) on `hidden` with `core`, each layer's weights released after
   // it; with `check`, every layer's output is checked finite (named by layer).
@@ -79,6 +101,7 @@ class AnswerKl {
   std::vector<at::Tensor> reference_;       // per micro-batch: [answers, vocab] full-KV log-probs
   int64_t answers_ = 0;
   int64_t evaluations_ = 0;
+  int64_t micro_batch_ = 1;
 };
 
 }  // namespace headwise::calib

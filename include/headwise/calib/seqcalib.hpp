@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -49,6 +50,9 @@ struct SeqCalibOptions {
   // answer-kl: decide a layer's heads jointly (greedy descent on the layer's measured joint answer
   // KL); false: from per-head curves measured with the other heads at the top level (ablation).
   bool joint_heads = true;
+  // answer-grad: also measure exactly (answer-kl) every probe (head, level) pair and each joint
+  // layer decision, and report the prediction against it (SeqCalibResult::validation).
+  bool validate_measure = false;
   ActivationPlacement activations = ActivationPlacement::kAuto;
   // Called after each global layer is decided (progress, checkpoints, the kill hook of tests).
   std::function<void(int64_t layer_id)> after_global_layer;
@@ -76,6 +80,25 @@ struct LayerReport {
   int64_t planned_ahead = 0;     // bytes the plan keeps for the layers above
 };
 
+// One prediction of the answer-grad measure against the exact answer-kl measure of the same
+// windows: a probe (head, level) pair (other heads at the top level, full KV below) or a layer's
+// chosen joint windows on the conditioned stream (kv_head = -1). Both are the added mean answer
+// KL over the layer at the top level.
+struct MeasureCheck {
+  int64_t layer_id = 0;
+  int64_t kv_head = -1;
+  std::vector<int64_t> windows;
+  double predicted = 0.0;
+  double measured = 0.0;
+};
+
+struct MeasureValidation {
+  std::vector<MeasureCheck> pairs;            // every probe (head, finite level)
+  std::vector<MeasureCheck> joint_decisions;  // each walked layer's decision
+  double spearman = 0.0;                      // over `pairs`; NaN when undefined
+  double seconds = 0.0;                       // the exact measurements' time
+};
+
 struct SeqCalibResult {
   std::map<int64_t, std::vector<int64_t>> windows;  // global layer → window per KV head
   std::map<int64_t, std::vector<double>> expected_distortion;  // at the chosen windows
@@ -92,7 +115,13 @@ struct SeqCalibResult {
   double answer_kl_walk = -1.0;
   double answer_kl_policy = -1.0;
   int64_t windows_moved_by_completion = 0;
+  // Fresh conditioning: re-walks kept (the layers above the lowest one the completion moved,
+  // re-decided on the completed stream), and the end-to-end answer KL of the first walk's policy
+  // and of each re-walk tried (a last one not below its predecessor was discarded).
+  int64_t rewalks = 0;
+  std::vector<double> answer_kl_by_pass;
   int64_t answer_kl_evaluations = 0;
+  std::optional<MeasureValidation> validation;  // answer-grad with validate_measure
   int64_t peak_device_bytes = 0;        // CUDA allocator peak, 0 on CPU
   int64_t peak_rss_bytes = 0;
   double probe_seconds = 0.0;

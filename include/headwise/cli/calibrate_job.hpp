@@ -25,6 +25,7 @@ struct CalibrationRequest {
   std::string seq_len = "auto";  // auto: long enough to measure every finite ladder level
   std::string distortion = "answer-kl";
   bool independent_heads = false;
+  bool validate_measure = false;  // answer-grad against answer-kl, in the report
   std::string extrapolate = "none";  // rule for levels the sequences cannot measure
   int64_t block_size = 16;
   int64_t batch = 1;
