@@ -99,7 +99,8 @@ const RegisterCommand kRegister{"calibrate", [](CLI::App& root) {
                 "answer-grad: also measure every probe (head, level) and each layer's decision exactly (answer-kl) "
                 "and report the prediction against it (report.json: measure_validation)");
   root.add_option("--extrapolate", args.request.extrapolate,
-                  "Rule for --windows levels >= --seq-len: none (refuse) or as-full (read as full KV's cost)")
+                  "Rule for --windows levels >= --seq-len: none (refuse), power-law (each head's curve fitted over its "
+                  "measured levels, capped at the largest) or as-full (read as full KV's cost)")
       ->capture_default_str();
   root.add_option("--block-size", args.request.block_size, "Paged-cache block in tokens (1 = unpaged)")->capture_default_str();
   root.add_option("--batch", args.request.batch, "Sequences served at once")->capture_default_str();

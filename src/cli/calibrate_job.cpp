@@ -63,12 +63,18 @@ void refuse_unmeasured_levels(const std::vector<int64_t>& blind, int64_t seq_len
   if (rule == "none") {
     throw_input_error("--windows levels {} are >= --seq-len {}: calibration sequences that short cannot measure them; "
                       "use --seq-len auto (or longer than {}), drop them from --windows, or choose a rule with "
-                      "--extrapolate as-full",
+                      "--extrapolate power-law or as-full",
                       fmt::join(names, ","), seq_len, format_tokens(blind.back()));
   }
-  spdlog::warn("window levels {} are >= --seq-len {}: not measured; --extrapolate as-full gives them full KV's "
-               "distortion (0), so the solver picks them only with spare bytes",
-               fmt::join(names, ","), seq_len);
+  if (rule == "as-full") {
+    spdlog::warn("window levels {} are >= --seq-len {}: not measured; --extrapolate as-full gives them full KV's "
+                 "distortion (0): the solver prefers them to full KV",
+                 fmt::join(names, ","), seq_len);
+  } else {
+    spdlog::warn("window levels {} are >= --seq-len {}: not measured; --extrapolate {} reads each head's cost there "
+                 "off a power law fitted to its measured levels",
+                 fmt::join(names, ","), seq_len, rule);
+  }
 }
 
 // Test-only (documented in docs/resume.md): HEADWISE_TEST_ABORT_AFTER_LAYER=k kills the
@@ -164,9 +170,7 @@ CalibrationJob::CalibrationJob(const CalibrationRequest& request, const fs::path
     throw_input_error("--validate-measure checks --distortion answer-grad against answer-kl; got --distortion {}",
                       request.distortion);
   }
-  if (request.extrapolate != "none" && request.extrapolate != "as-full") {
-    throw_input_error("--extrapolate: '{}' is not one of none, as-full", request.extrapolate);
-  }
+  calib::parse_extrapolation(request.extrapolate);  // InputError naming --extrapolate
   s.unmeasured = unmeasured_levels(s.ladder.levels, s.seq_len, s.mem.context);
   refuse_unmeasured_levels(s.unmeasured, s.seq_len, request.extrapolate);
   if (request.samples <= 0) throw_input_error("--samples must be positive, got {}", request.samples);
@@ -267,6 +271,8 @@ CalibrationOutcome CalibrationJob::run(const RunControl& control) {
   options.answer_positions = s.data.answer_positions;
   options.joint_heads = !r.independent_heads;
   options.validate_measure = r.validate_measure;
+  options.unmeasured_levels = s.unmeasured;
+  options.extrapolation = calib::parse_extrapolation(r.extrapolate);
   options.activations = parse_placement(r.activations);
   options.resume = resume ? &*resume : nullptr;
   if (!control.checkpoint.empty()) {

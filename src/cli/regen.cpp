@@ -1,7 +1,8 @@
 // `headwise-calc regen --manifest FILE [--check] [--only NAME] [--quiet]`: rebuilds the
 // policies a manifest lists with the main command's own calibration code path.
 //  - without --check: an entry whose policy records the same inputs_sha256 as the entry now
-//    hashes to is skipped (it would come out the same); others are recalibrated and written
+//    hashes to is skipped (it would come out the same with the same tool); others, and every
+//    entry with --force (the tool's calibration changed), are recalibrated and written
 //    atomically (with a resume checkpoint, like the main command);
 //  - with --check: every entry is recalibrated, nothing is written, and any committed policy
 //    that differs from what its entry produces is printed as a diff; exit 1 if any differs.
@@ -29,6 +30,7 @@ namespace fs = std::filesystem;
 struct RegenArgs {
   std::string manifest;
   bool check = false;
+  bool force = false;
   std::vector<std::string> only;
   CommonFlags flags;
 };
@@ -122,7 +124,7 @@ void run_regen(const RegenArgs& args) {
       if (!compare(entry, job->run(RunControl{}), args.flags.quiet)) stale.push_back(entry.name);
       continue;
     }
-    if (recorded_inputs_hash(entry.output) == job->inputs_hash()) {
+    if (!args.force && recorded_inputs_hash(entry.output) == job->inputs_hash()) {
       if (!args.flags.quiet) std::cout << fmt::format("{}: {} skipped: inputs unchanged (inputs_sha256 {})\n", entry.name, entry.output.string(),
                                job->inputs_hash().substr(0, 12));
       continue;
@@ -136,8 +138,9 @@ void run_regen(const RegenArgs& args) {
     if (!args.flags.quiet) std::cout << fmt::format("{}: {} regenerated in {:.1f}s\n", entry.name, entry.output.string(), out.seconds);
   }
   if (!stale.empty()) {
-    throw_input_error("regen --check: {} of {} policies differ from {} ({}); run `headwise-calc regen --manifest {}` "
-                      "and commit the result",
+    // --force: the inputs may be unchanged and the tool not (then a plain regen would skip them).
+    throw_input_error("regen --check: {} of {} policies differ from {} ({}); run `headwise-calc regen --manifest {} "
+                      "--force --only NAME` for each and commit the result",
                       stale.size(), considered, args.manifest, fmt::join(stale, ", "), args.manifest);
   }
 }
@@ -151,6 +154,7 @@ const RegisterCommand kRegister{"regen", [](CLI::App& root) {
   app->add_flag("--check", args.check, "Recalibrate every entry, write nothing, exit 1 and print a diff when a committed "
                                        "policy differs");
   app->add_option("--only", args.only, "Only the entry with this name (repeatable)");
+  app->add_flag("--force", args.force, "Recalibrate even entries whose inputs are unchanged (after a change of the tool)");
   add_common_flags(app, args.flags, /*with_json=*/false);
   app->callback([] { run_regen(args); });
 }};

@@ -26,12 +26,17 @@ std::vector<solve::Group> to_groups(const std::vector<calib::HeadCurve>& curves)
 
 }  // namespace
 
-nlohmann::json curves_json(const std::vector<calib::HeadCurve>& curves) {
+// Each option says whether its distortion was measured or read off the extrapolation rule.
+nlohmann::json curves_json(const std::vector<calib::HeadCurve>& curves, const std::vector<int64_t>& extrapolated) {
   nlohmann::json heads = nlohmann::json::array();
   for (const auto& c : curves) {
     nlohmann::json options = nlohmann::json::array();
     for (size_t l = 0; l < c.windows.size(); ++l) {
-      options.push_back({{"window", window_json(c.windows[l])}, {"bytes", c.bytes[l]}, {"distortion", c.distortion[l]}});
+      const bool rule = std::find(extrapolated.begin(), extrapolated.end(), c.windows[l]) != extrapolated.end();
+      options.push_back({{"window", window_json(c.windows[l])},
+                         {"bytes", c.bytes[l]},
+                         {"distortion", c.distortion[l]},
+                         {"extrapolated", rule}});
     }
     heads.push_back({{"layer_id", c.layer_id}, {"kv_head", c.kv_head}, {"options", options}});
   }
@@ -92,7 +97,11 @@ nlohmann::json calibration_report(const calib::SeqCalibResult& r, const ReportCo
   // Every (head, level) is either measured on the calibration sequences or given by the rule
   // named in the provenance (`extrapolation`); the levels it covers are listed here.
   nlohmann::json extrapolated = nlohmann::json::array();
-  if (c.provenance.contains("extrapolated_levels")) extrapolated = c.provenance["extrapolated_levels"];
+  std::vector<int64_t> extrapolated_levels;
+  if (c.provenance.contains("extrapolated_levels")) {
+    extrapolated = c.provenance["extrapolated_levels"];
+    extrapolated_levels = extrapolated.get<std::vector<int64_t>>();
+  }
   nlohmann::json answer = nullptr;
   if (r.answer_kl_walk >= 0) {
     answer = {{"end_to_end_after_walk", r.answer_kl_walk},
@@ -124,8 +133,8 @@ nlohmann::json calibration_report(const calib::SeqCalibResult& r, const ReportCo
       {"answer_kl", answer},
       {"measure_validation", validation},
       {"layers", layers},
-      {"heads", curves_json(r.curves)},
-      {"probe_heads", curves_json(r.probe_curves)},
+      {"heads", curves_json(r.curves, extrapolated_levels)},
+      {"probe_heads", curves_json(r.probe_curves, extrapolated_levels)},
       {"probe_rate_distortion", rate_distortion_curve(r.probe_curves, 16)},
       {"timing", {{"probe_seconds", r.probe_seconds}, {"total_seconds", r.total_seconds}}},
       {"memory", {{"peak_rss_bytes", r.peak_rss_bytes}, {"peak_device_bytes", r.peak_device_bytes},

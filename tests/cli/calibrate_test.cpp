@@ -127,6 +127,24 @@ TEST_CASE("--seq-len auto measures every finite level; unmeasured levels need a 
   CHECK(p.calibration["extrapolated_levels"] == nlohmann::json::array({128}));
   CHECK(p.calibration["distortion_measure"] == "answer-kl");
 
+  // The fitted rule: the policy names it, and every head's curve at 128 is read off its measured
+  // levels (here only 8 is measured below full: no decay assumed, so 128 costs what 8 costs).
+  const auto report = dir / "report.json";
+  const auto fitted = run_cli(with({{"--windows", "8,128,full"}, {"--extrapolate", "power-law"}, {"-o", out.string()},
+                                    {"--report", report.string()}}));
+  INFO(fitted.err);
+  REQUIRE(fitted.status == 0);
+  CHECK(policy::read_policy(out).calibration["extrapolation"] == "power-law");
+  const auto j = nlohmann::json::parse(read_text_file(report));
+  CHECK(j.at("extrapolated_levels") == nlohmann::json::array({128}));
+  for (const auto& head : j.at("probe_heads")) {
+    INFO(head.dump());
+    const auto& options = head.at("options");
+    CHECK(options[1].at("distortion").get<double>() == options[0].at("distortion").get<double>());
+    CHECK(options[1].at("extrapolated") == true);
+    CHECK(options[0].at("extrapolated") == false);
+  }
+
   // auto: 128 + 32 rounded up to 1K, at least 2K, at most the context (512).
   const auto auto_run = run_cli(with({{"--windows", "8,128,full"}, {"--seq-len", "auto"}, {"-o", out.string()}}));
   INFO(auto_run.err);

@@ -82,7 +82,14 @@ TEST_CASE("regen writes, skips what is up to date, and --check catches a hand ed
   CHECK(r.out.find("memory.total_bytes: ") != std::string::npos);
   CHECK(r.err.find("regen --check: 1 of 1 policies differ") != std::string::npos);
   CHECK(std::count(r.err.begin(), r.err.end(), '\n') == 1);
+  CHECK(r.err.find("--force") != std::string::npos);  // the advice that fixes it
   CHECK(read_text_file(policy_file) == edited_text);  // --check writes nothing
+
+  // --force recalibrates although the inputs are unchanged (a changed tool): the edit is undone.
+  r = run_cli_with(regen + " --force");
+  CHECK(r.status == 0);
+  CHECK(read_text_file(policy_file) == first);
+  policy::write_policy(policy_file, edited);
 
   // The edit kept inputs_sha256, so plain regen would skip it: --check is what catches edits.
   // A changed input (the seed) is recalibrated.

@@ -16,6 +16,7 @@
 
 #include "headwise/arch/model.hpp"
 #include "headwise/calib/answer_kl.hpp"
+#include "headwise/calib/extrapolation.hpp"
 #include "headwise/measure/distortion.hpp"
 #include "headwise/measure/window_ladder.hpp"
 
@@ -53,6 +54,10 @@ struct SeqCalibOptions {
   // answer-grad: also measure exactly (answer-kl) every probe (head, level) pair and each joint
   // layer decision, and report the prediction against it (SeqCalibResult::validation).
   bool validate_measure = false;
+  // Ladder levels the calibration sequences cannot tell from full KV, and the rule that prices
+  // them in every curve (calib/extrapolation.hpp).
+  std::vector<int64_t> unmeasured_levels;
+  Extrapolation extrapolation = Extrapolation::kNone;
   ActivationPlacement activations = ActivationPlacement::kAuto;
   // Called after each global layer is decided (progress, checkpoints, the kill hook of tests).
   std::function<void(int64_t layer_id)> after_global_layer;
