@@ -84,6 +84,15 @@ def verdict(r):
                 word = "tied"
             parts.append(f"{t}: {word} ({a:.2f} vs {b:.2f})")
         lines.append(f"- vs **{name}**: " + "; ".join(parts))
+        paired = r.get("paired_vs_headwise", {}).get(name)
+        if paired:
+            lo, hi = paired["accuracy_difference_ci95"]
+            lines.append(
+                f"  - paired on the same {paired['samples']} samples: accuracy headwise − {name} = "
+                f"{paired['accuracy_difference']:+.3f} [{lo:+.3f}, {hi:+.3f}] (right only with headwise "
+                f"{paired['right_only_first']}, only with {name} {paired['right_only_second']}; exact McNemar "
+                f"p = {paired['mcnemar_p']:.3g}); KL headwise − {name} = {paired['kl_difference']:+.4f} "
+                f"± {paired['kl_difference_ci95_half_width']:.4f}")
     return "\n".join(lines)
 
 
@@ -150,7 +159,8 @@ samples per task of {r["seq_len"]} tokens (the policy's context), seed {r["seed"
 
 {table(r)}
 
-Headwise against each baseline (accuracy; "better"/"worse" only where the 95% intervals do not overlap):
+Headwise against each baseline (accuracy; "better"/"worse" only where the 95% intervals do not overlap;
+then the paired test on the same samples, which each sample's difficulty does not blur):
 
 {verdict(r)}
 

@@ -164,6 +164,14 @@ void run_eval(const EvalArgs& args) {
   if (args.flags.json) {
     nlohmann::json methods_json = nlohmann::json::array();
     for (const auto& r : results) methods_json.push_back(eval::to_json(r, spec));
+    // headwise against each other method on the same samples (first = headwise).
+    nlohmann::json paired = nlohmann::json::object();
+    const auto policy_result = std::find_if(results.begin(), results.end(), [](const auto& r) { return r.name == "headwise"; });
+    if (policy_result != results.end()) {
+      for (const auto& r : results) {
+        if (r.name != "headwise") paired[r.name] = eval::to_json(eval::paired_comparison(*policy_result, r));
+      }
+    }
     std::cout << nlohmann::json{{"model", dir.string()},       {"policy", args.policy},
                                 {"context", options.context},  {"batch", options.batch},
                                 {"kv_dtype", dtype_name(options.kv_dtype)},
@@ -171,7 +179,8 @@ void run_eval(const EvalArgs& args) {
                                 {"seed", args.seed},           {"tasks", tasks},
                                 {"policy_global_kv_bytes", eval::global_kv_bytes(spec, pol.head_windows(), options)},
                                 {"one_block_per_head_bytes", eval::one_block_per_head(spec, options)},
-                                {"methods", methods_json}}
+                                {"methods", methods_json},
+                                {"paired_vs_headwise", paired}}
                          .dump(2)
               << "\n";
     return;

@@ -80,8 +80,10 @@ MethodResult run_method(arch::DecoderModel& model, const MethodWindows& method, 
       r.kl_per_sample.push_back(sample_kl / static_cast<double>(k));
     }
     auto& [right, total] = correct[s.task];
-    right += at::equal(generated.view({-1}), at::tensor(s.answer, long_opts)) ? 1 : 0;
+    const bool exact = at::equal(generated.view({-1}), at::tensor(s.answer, long_opts));
+    right += exact ? 1 : 0;
     ++total;
+    r.correct_per_sample.push_back(exact ? 1 : 0);
   }
   r.cache_bytes_measured = decoder.cache().allocated_bytes();
   r.correct = correct;
@@ -112,6 +114,58 @@ std::pair<double, double> mean_and_ci95(const std::vector<double>& values) {
   double ss = 0;
   for (double v : values) ss += (v - mean) * (v - mean);
   return {mean, 1.959963984540054 * std::sqrt(ss / (n - 1) / n)};
+}
+
+namespace {
+
+// P(X <= k) for X ~ Binomial(n, 1/2), in log space (n up to many thousands).
+double binomial_half_cdf(int64_t k, int64_t n) {
+  double total = 0.0;
+  for (int64_t i = 0; i <= k; ++i) {
+    const double log_term = std::lgamma(static_cast<double>(n) + 1) - std::lgamma(static_cast<double>(i) + 1) -
+                            std::lgamma(static_cast<double>(n - i) + 1) - static_cast<double>(n) * std::log(2.0);
+    total += std::exp(log_term);
+  }
+  return total;
+}
+
+}  // namespace
+
+PairedComparison paired_comparison(const MethodResult& a, const MethodResult& b) {
+  HEADWISE_CHECK(a.correct_per_sample.size() == b.correct_per_sample.size(), "paired comparison of {} and {} samples",
+                 a.correct_per_sample.size(), b.correct_per_sample.size());
+  PairedComparison c;
+  c.samples = static_cast<int64_t>(a.correct_per_sample.size());
+  for (size_t i = 0; i < a.correct_per_sample.size(); ++i) {
+    c.only_a += a.correct_per_sample[i] && !b.correct_per_sample[i];
+    c.only_b += b.correct_per_sample[i] && !a.correct_per_sample[i];
+  }
+  if (c.samples > 0) {
+    const auto n = static_cast<double>(c.samples);
+    const auto diff = static_cast<double>(c.only_a - c.only_b);
+    c.accuracy_difference = diff / n;
+    const double half = 1.959963984540054 * std::sqrt(std::max(0.0, static_cast<double>(c.only_a + c.only_b) - diff * diff / n)) / n;
+    c.accuracy_difference_ci95 = {c.accuracy_difference - half, c.accuracy_difference + half};
+  }
+  const int64_t discordant = c.only_a + c.only_b;
+  if (discordant > 0) c.mcnemar_p = std::min(1.0, 2.0 * binomial_half_cdf(std::min(c.only_a, c.only_b), discordant));
+  if (a.kl_per_sample.size() == b.kl_per_sample.size() && !a.kl_per_sample.empty()) {
+    std::vector<double> d;
+    for (size_t i = 0; i < a.kl_per_sample.size(); ++i) d.push_back(a.kl_per_sample[i] - b.kl_per_sample[i]);
+    std::tie(c.kl_difference, c.kl_difference_ci95_half_width) = mean_and_ci95(d);
+  }
+  return c;
+}
+
+nlohmann::json to_json(const PairedComparison& c) {
+  return {{"samples", c.samples},
+          {"right_only_first", c.only_a},
+          {"right_only_second", c.only_b},
+          {"accuracy_difference", c.accuracy_difference},
+          {"accuracy_difference_ci95", {c.accuracy_difference_ci95.first, c.accuracy_difference_ci95.second}},
+          {"mcnemar_p", c.mcnemar_p},
+          {"kl_difference", c.kl_difference},
+          {"kl_difference_ci95_half_width", c.kl_difference_ci95_half_width}};
 }
 
 int64_t largest_finite_window(const memory::HeadWindows& windows) {

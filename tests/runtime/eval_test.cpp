@@ -156,6 +156,14 @@ TEST_CASE("eval --json: every method, measured == estimated bytes, full has KL 0
     }
   }
   CHECK(j["methods"][0]["cache_bytes_estimated"] == p.memory.total_bytes);
+  // headwise against every other method on the same samples.
+  for (const auto& name : {"full", "uniform", "unconditioned"}) {
+    INFO(name);
+    const auto& paired = j.at("paired_vs_headwise").at(name);
+    CHECK(paired.at("samples").get<int64_t>() > 0);
+    CHECK(paired.at("mcnemar_p").get<double>() <= 1.0);
+  }
+  CHECK_FALSE(j.at("paired_vs_headwise").contains("headwise"));
 }
 
 TEST_CASE("eval bad input: one line naming the flag, non-zero exit", "[runtime]") {
@@ -265,4 +273,29 @@ TEST_CASE("Wilson intervals and sample spreads", "[runtime]") {
   CHECK(mean == 2.5);
   CHECK(half == Approx(1.959964 * std::sqrt(1.6666667 / 4)).epsilon(1e-6));
   CHECK(eval::largest_finite_window({{1, {64, policy::kFull}}, {3, {128, 16}}}) == 128);
+}
+
+TEST_CASE("paired comparison on the same samples: exact McNemar and the paired difference", "[runtime]") {
+  // 100 samples: both right on 50, only a on 10, only b on 2, neither on 38.
+  eval::MethodResult a, b;
+  for (int i = 0; i < 100; ++i) {
+    a.correct_per_sample.push_back(i < 60 ? 1 : 0);
+    b.correct_per_sample.push_back(i < 50 || (i >= 60 && i < 62) ? 1 : 0);
+    a.kl_per_sample.push_back(0.1);
+    b.kl_per_sample.push_back(0.3 + 0.01 * (i % 2));
+  }
+  const auto c = eval::paired_comparison(a, b);
+  CHECK(c.only_a == 10);
+  CHECK(c.only_b == 2);
+  CHECK(c.accuracy_difference == Approx(0.08));
+  // Two-sided exact binomial on 12 discordant samples, 2 the other way: 2 * 79 / 4096
+  // (scipy.stats.binomtest(2, 12).pvalue).
+  CHECK(c.mcnemar_p == Approx(0.0385742).margin(1e-7));
+  const double half = 1.959964 * std::sqrt(12.0 - 64.0 / 100.0) / 100.0;
+  CHECK(c.accuracy_difference_ci95.first == Approx(0.08 - half).margin(1e-6));
+  CHECK(c.kl_difference == Approx(-0.205));
+  // Equal methods: no discordant sample, p = 1, difference 0.
+  const auto same = eval::paired_comparison(a, a);
+  CHECK(same.mcnemar_p == 1.0);
+  CHECK(same.accuracy_difference == 0.0);
 }

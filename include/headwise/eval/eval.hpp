@@ -58,6 +58,7 @@ struct MethodResult {
   int64_t cache_bytes_measured = 0;   // storage the decoder's cache holds after the run
   std::map<std::string, double> accuracy;  // per task
   std::map<std::string, std::pair<int64_t, int64_t>> correct;  // per task: (right, total)
+  std::vector<uint8_t> correct_per_sample;  // 1 where the answer was exact, in sample order
   std::vector<double> kl_per_sample;   // mean KL per compared position, one per sample
   std::vector<double> nll_per_sample;  // mean NLL per prompt token, one per sample
   double kl_vs_full = 0.0;     // mean KL(full || method) per compared position
@@ -80,6 +81,21 @@ std::pair<double, double> wilson_interval(int64_t right, int64_t total);
 
 // Mean and the half-width of its 95% normal interval (1.96 standard errors), over samples.
 std::pair<double, double> mean_and_ci95(const std::vector<double>& values);
+
+// Two methods on the *same* samples: paired tests see differences that two independent
+// intervals hide (each sample's difficulty cancels).
+struct PairedComparison {
+  int64_t samples = 0;
+  int64_t only_a = 0;               // samples a answers and b does not
+  int64_t only_b = 0;
+  double accuracy_difference = 0;   // accuracy(a) - accuracy(b)
+  std::pair<double, double> accuracy_difference_ci95;  // Wald interval of a paired difference
+  double mcnemar_p = 1.0;           // exact two-sided McNemar (binomial on the discordant samples)
+  double kl_difference = 0;         // mean over samples of kl(a) - kl(b)
+  double kl_difference_ci95_half_width = 0;
+};
+PairedComparison paired_comparison(const MethodResult& a, const MethodResult& b);
+nlohmann::json to_json(const PairedComparison& c);
 
 // Largest finite window of any head (0 when every head is full).
 int64_t largest_finite_window(const memory::HeadWindows& windows);
