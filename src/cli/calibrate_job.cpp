@@ -26,6 +26,11 @@ namespace {
 namespace fs = std::filesystem;
 
 constexpr std::string_view kCheckpointSchema = "headwise/calib-checkpoint/v1";
+// Bumped whenever the same inputs can give another policy (the measure, the descent, the
+// completion changed): it is part of inputs_sha256, so a plain `regen` recalibrates policies an
+// older calibration wrote instead of skipping them as unchanged.
+//   2: lambda-priced joint descent, re-walks after the completion (2026-12-01).
+constexpr int64_t kCalibrationRevision = 2;
 
 calib::ActivationPlacement parse_placement(const std::string& text) {
   if (text == "auto") return calib::ActivationPlacement::kAuto;
@@ -197,6 +202,7 @@ CalibrationJob::CalibrationJob(const CalibrationRequest& request, const fs::path
   // only moves the same tensors between device and host memory.
   const nlohmann::json inputs = {
       {"tool", fmt::format("headwise-calc {}", HEADWISE_VERSION)},
+      {"calibration_revision", kCalibrationRevision},
       {"model_config_sha256", s.fingerprint.config_sha256},
       {"model_weights_headers_sha256", s.fingerprint.weights_headers_sha256.value_or("")},
       {"model_path", s.model_path},

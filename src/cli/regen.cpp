@@ -1,8 +1,8 @@
 // `headwise-calc regen --manifest FILE [--check] [--only NAME] [--quiet]`: rebuilds the
 // policies a manifest lists with the main command's own calibration code path.
 //  - without --check: an entry whose policy records the same inputs_sha256 as the entry now
-//    hashes to is skipped (it would come out the same with the same tool); others, and every
-//    entry with --force (the tool's calibration changed), are recalibrated and written
+//    hashes to is skipped (the hash covers the tool's calibration revision, so it would come out
+//    the same); others, and every entry with --force, are recalibrated and written
 //    atomically (with a resume checkpoint, like the main command);
 //  - with --check: every entry is recalibrated, nothing is written, and any committed policy
 //    that differs from what its entry produces is printed as a diff; exit 1 if any differs.
