@@ -51,23 +51,12 @@ class LeafCore final : public arch::AttentionCore {
         ladder_(ladder),
         at_windows_(at_windows),
         level_(std::move(level)),
-        chunk_(chunk) {}
+        exact_(chunk) {}
 
   at::Tensor attend(const arch::AttentionInputs& in) override {
-    if (in.layer_id != layer_ || in.sliding_window > 0) {
-      const int64_t window = in.sliding_window > 0 ? in.sliding_window : kFullWindow;
-      return arch::windowed_attention(in, window, 0, chunk_);
-    }
+    if (in.layer_id != layer_ || in.sliding_window > 0) return exact_.attend(in);
     const at::NoGradGuard no_grad;
-    // Each head's attention depends on its own window only: compose the linearisation point head
-    // by head from the single-window outputs.
-    const int64_t num_kv = in.k.size(1), group = in.q.size(1) / num_kv;
-    at::Tensor base;
-    for (int64_t h = 0; h < num_kv; ++h) {
-      const at::Tensor level = level_(in, at_windows_[static_cast<size_t>(h)]);
-      if (!base.defined()) base = at::empty_like(level);
-      base.slice(2, h * group, (h + 1) * group).copy_(level.slice(2, h * group, (h + 1) * group));
-    }
+    const at::Tensor base = compose_heads(at_windows_, [&](int64_t window) { return level_(in, window); });
     deltas_.clear();
     for (int64_t window : ladder_) {
       const bool unchanged = std::all_of(at_windows_.begin(), at_windows_.end(),
@@ -87,7 +76,7 @@ class LeafCore final : public arch::AttentionCore {
   const std::vector<int64_t>& ladder_;
   const std::vector<int64_t>& at_windows_;
   LevelFn level_;
-  int64_t chunk_;
+  arch::ExactAttentionCore exact_;  // every other layer: exact, or sliding where it slides
   at::Tensor leaf_;
   std::vector<at::Tensor> deltas_;
 };
@@ -135,10 +124,8 @@ void AnswerSensitivity::prepare(int64_t layer, ActivationStream& stream,
   const auto& spec = model_.spec().layer(layer);
   HEADWISE_CHECK(spec.is_global(), "answer-grad: layer {} is not a global attention layer", layer);
   // A new layer or a new stream (prepare at full KV starts each): the single-window outputs change.
-  if (layer != layer_ || at_windows.empty()) {
-    levels_cache_.clear();
-    levels_cache_bytes_ = 0;
-  }
+  if (at_windows.empty()) levels_cache_.clear();
+  levels_cache_.use_layer(layer);
   layer_ = layer;
   heads_ = static_cast<size_t>(spec.attention->num_kv_heads);
   at_windows_ = at_windows.empty() ? std::vector<int64_t>(heads_, kFullWindow) : at_windows;
@@ -197,28 +184,21 @@ AnswerSensitivity::Slots AnswerSensitivity::answer_slots(int64_t micro_batch,
 void AnswerSensitivity::accumulate(int64_t micro_batch, const at::Tensor& entering) {
   const int64_t num_layers = model_.spec().num_layers();
   const auto level = [this, micro_batch](const arch::AttentionInputs& in, int64_t window) {
-    const auto key = std::make_pair(micro_batch, window);
-    if (const auto it = levels_cache_.find(key); it != levels_cache_.end()) return it->second;
+    if (const at::Tensor* cached = levels_cache_.find(micro_batch, window)) return *cached;
     const int64_t chunk = model_.attention_chunk();
     // Every level in one pass over the keys (measure/multiwindow.hpp) when they fit the cache.
     const auto one = static_cast<int64_t>(in.q.numel() * static_cast<int64_t>(sizeof(float)));
     const bool in_ladder = std::find(ladder_.begin(), ladder_.end(), window) != ladder_.end();
-    if (in_ladder && levels_cache_bytes_ + one * static_cast<int64_t>(ladder_.size()) <=
-                         AnswerKl::kLevelCacheBytes) {
+    if (in_ladder && levels_cache_.fits(one * static_cast<int64_t>(ladder_.size()))) {
       const at::Tensor all =
           measure::all_window_outputs(in, measure::WindowLadder{ladder_}, sink_tokens_, chunk);
-      for (size_t l = 0; l < ladder_.size(); ++l)
-        levels_cache_.emplace(std::make_pair(micro_batch, ladder_[l]),
-                              all[static_cast<int64_t>(l)]);
-      levels_cache_bytes_ += one * static_cast<int64_t>(ladder_.size());
-      return levels_cache_.at(key);
+      for (size_t l = 0; l < ladder_.size(); ++l) {
+        levels_cache_.keep(micro_batch, ladder_[l], all[static_cast<int64_t>(l)]);
+      }
+      return *levels_cache_.find(micro_batch, window);
     }
-    at::Tensor out = arch::windowed_attention(in, window, sink_tokens_, chunk).to(at::kFloat);
-    if (levels_cache_bytes_ + one <= AnswerKl::kLevelCacheBytes) {
-      levels_cache_.emplace(key, out);
-      levels_cache_bytes_ += one;
-    }
-    return out;
+    return levels_cache_.keep(micro_batch, window,
+                              arch::windowed_attention(in, window, sink_tokens_, chunk).to(at::kFloat));
   };
   LeafCore core(layer_, ladder_, at_windows_, level, model_.attention_chunk());
   at::Tensor out;

@@ -21,7 +21,7 @@ namespace {
 class OneLayerWindowsCore final : public arch::AttentionCore {
  public:
   OneLayerWindowsCore(int64_t layer, std::span<const int64_t> windows, int64_t sink_tokens, int64_t chunk,
-                      int64_t last_layer, int64_t first_answer, AnswerKl::LevelCache& cache)
+                      int64_t last_layer, int64_t first_answer, LevelCache& cache)
       : layer_(layer), windows_(windows), sink_tokens_(sink_tokens), chunk_(chunk), last_layer_(last_layer),
         first_answer_(first_answer), cache_(cache) {}
 
@@ -40,28 +40,13 @@ class OneLayerWindowsCore final : public arch::AttentionCore {
 
  private:
   at::Tensor level_output(const arch::AttentionInputs& in, int64_t window) {
-    const auto key = std::make_pair(micro_batch_, window);
-    if (const auto it = cache_.outputs.find(key); it != cache_.outputs.end()) return it->second;
-    const std::vector<int64_t> same(static_cast<size_t>(in.k.size(1)), window);
-    at::Tensor out = arch::windowed_attention(in, same, sink_tokens_, chunk_);
-    const auto bytes = static_cast<int64_t>(out.nbytes());
-    if (cache_.bytes + bytes <= AnswerKl::kLevelCacheBytes) {
-      cache_.outputs.emplace(key, out);
-      cache_.bytes += bytes;
-    }
-    return out;
+    if (const at::Tensor* cached = cache_.find(micro_batch_, window)) return *cached;
+    return cache_.keep(micro_batch_, window, arch::windowed_attention(in, window, sink_tokens_, chunk_));
   }
 
   at::Tensor composed(const arch::AttentionInputs& in) {
-    if (cache_.layer != layer_) cache_ = AnswerKl::LevelCache{layer_, 0, {}};
-    const int64_t num_kv = in.k.size(1), group = in.q.size(1) / num_kv;
-    at::Tensor out;
-    for (int64_t h = 0; h < num_kv; ++h) {
-      const at::Tensor level = level_output(in, windows_[static_cast<size_t>(h)]);
-      if (!out.defined()) out = at::empty_like(level);
-      out.slice(2, h * group, (h + 1) * group).copy_(level.slice(2, h * group, (h + 1) * group));
-    }
-    return out;
+    cache_.use_layer(layer_);
+    return compose_heads(windows_, [&](int64_t window) { return level_output(in, window); });
   }
 
   int64_t layer_;
@@ -70,7 +55,7 @@ class OneLayerWindowsCore final : public arch::AttentionCore {
   int64_t chunk_;
   int64_t last_layer_;
   int64_t first_answer_;
-  AnswerKl::LevelCache& cache_;
+  LevelCache& cache_;
   int64_t micro_batch_ = 0;
 };
 
@@ -81,6 +66,21 @@ int64_t last_attention_layer(const arch::ModelSpec& spec) {
 }
 
 }  // namespace
+
+at::Tensor compose_heads(std::span<const int64_t> windows, const std::function<at::Tensor(int64_t window)>& level) {
+  const auto num_kv = static_cast<int64_t>(windows.size());
+  at::Tensor out;
+  int64_t group = 0;
+  for (int64_t h = 0; h < num_kv; ++h) {
+    const at::Tensor one = level(windows[static_cast<size_t>(h)]);
+    if (!out.defined()) {
+      out = at::empty_like(one);
+      group = one.size(2) / num_kv;
+    }
+    out.slice(2, h * group, (h + 1) * group).copy_(one.slice(2, h * group, (h + 1) * group));
+  }
+  return out;
+}
 
 DistortionMeasure parse_distortion_measure(const std::string& text) {
   if (text == "block-mse") return DistortionMeasure::kBlockMse;
@@ -141,7 +141,7 @@ AnswerKl::AnswerKl(arch::DecoderModel& model, const std::vector<std::vector<int6
 AnswerKl AnswerKl::prefix(int64_t sequences) const {
   HEADWISE_CHECK(sequences > 0, "answer-kl: empty prefix");
   AnswerKl out = *this;
-  out.cache_ = LevelCache{};
+  out.cache_.clear();
   out.evaluations_ = 0;
   out.batch_index_.clear();
   out.position_index_.clear();

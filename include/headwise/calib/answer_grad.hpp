@@ -95,9 +95,7 @@ class AnswerSensitivity {
   size_t heads_ = 0;
   size_t levels_ = 0;
   std::vector<Answer> answers_;
-  std::map<std::pair<int64_t, int64_t>, at::Tensor>
-      levels_cache_;  // (micro-batch, window) → output
-  int64_t levels_cache_bytes_ = 0;
+  LevelCache levels_cache_;  // fp32 single-window outputs of the measured layer
   int64_t backward_passes_ = 0;
 };
 

@@ -13,6 +13,7 @@
 #include <ATen/ATen.h>
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <span>
 #include <string>
@@ -32,6 +33,45 @@ DistortionMeasure parse_distortion_measure(const std::string& text);
 const char* distortion_measure_name(DistortionMeasure measure);
 // Whether the measure scores answer positions (and needs them).
 inline bool answer_aware(DistortionMeasure m) { return m != DistortionMeasure::kBlockMse; }
+
+// The measured layer's attention output with every head at one window, per (micro-batch,
+// window): a joint assignment is then composed head by head (compose_heads) instead of
+// recomputed. Both answer measures keep one; outputs are kept while they fit in kBytes.
+class LevelCache {
+ public:
+  static constexpr int64_t kBytes = int64_t{1} << 30;
+  // Forgets everything when `layer` is not the layer cached so far.
+  void use_layer(int64_t layer) {
+    if (layer != layer_) clear();
+    layer_ = layer;
+  }
+  void clear() {
+    outputs_.clear();
+    bytes_ = 0;
+  }
+  const at::Tensor* find(int64_t micro_batch, int64_t window) const {
+    const auto it = outputs_.find({micro_batch, window});
+    return it == outputs_.end() ? nullptr : &it->second;
+  }
+  bool fits(int64_t bytes) const { return bytes_ + bytes <= kBytes; }
+  // Keeps `output` when it fits; either way returns it.
+  const at::Tensor& keep(int64_t micro_batch, int64_t window, const at::Tensor& output) {
+    const auto bytes = static_cast<int64_t>(output.nbytes());
+    if (!fits(bytes)) return output;
+    bytes_ += bytes;
+    return outputs_.insert_or_assign({micro_batch, window}, output).first->second;
+  }
+
+ private:
+  int64_t layer_ = -1;
+  int64_t bytes_ = 0;
+  std::map<std::pair<int64_t, int64_t>, at::Tensor> outputs_;  // → [B, T, heads, hd]
+};
+
+// The attention output with KV head h at windows[h], its GQA group of query heads (contiguous)
+// copied from level(windows[h]) ([B, T, heads, hd], every head at that window): each head's
+// attention depends on its own window only.
+at::Tensor compose_heads(std::span<const int64_t> windows, const std::function<at::Tensor(int64_t window)>& level);
 
 class AnswerKl {
  public:
@@ -80,15 +120,7 @@ class AnswerKl {
   at::Tensor run_layers_from(int64_t first, at::Tensor hidden, arch::AttentionCore& core, bool check);
 
  public:
-  // The measured layer's attention output with every head at one window, per micro-batch: a
-  // joint assignment is then composed head by head instead of recomputed (each head's attention
-  // depends only on its own window). Kept while they fit in `kLevelCacheBytes`.
-  struct LevelCache {
-    int64_t layer = -1;
-    int64_t bytes = 0;
-    std::map<std::pair<int64_t, int64_t>, at::Tensor> outputs;  // (micro-batch, window) → [B, T, H, hd]
-  };
-  static constexpr int64_t kLevelCacheBytes = int64_t{1} << 30;
+  static constexpr int64_t kLevelCacheBytes = LevelCache::kBytes;
 
  private:
   LevelCache cache_;
