@@ -174,6 +174,9 @@ void DecoderModel::prefetch_layer(int64_t layer) {
 
 void DecoderModel::release_layer(int64_t layer) {
   resident_.erase(layer);
+  // A prefetch of this layer may still be reading its pages on another thread: let it finish
+  // before the pages are dropped (and drop what it loaded).
+  if (prefetcher_ && prefetcher_->pending(layer)) prefetcher_->take(layer);
   // Streamed layers [0, L) only: embeddings and the head are shared and read again at the end.
   if (layer < 0 || layer >= spec_.num_layers()) return;
   for (const auto& req : weights_of(layer)) drop_mapped_pages(checkpoint_->bytes(req.name));

@@ -124,9 +124,11 @@ std::shared_ptr<const SafetensorsFile> SafetensorsFile::open(const std::filesyst
     ::close(fd);
     throw_input_error("{}: {} bytes is too short for a safetensors file (truncated?)", label, file_size);
   }
-  // MAP_PRIVATE + PROT_WRITE: torch may write into a tensor we hand out; such writes go to
-  // private copy-on-write pages and never reach the checkpoint on disk.
-  void* mapping = ::mmap(nullptr, file_size, PROT_READ | PROT_WRITE, MAP_PRIVATE, fd, 0);
+  // Read-only: a write into a mapped weight would live in a private copy-on-write page, and the
+  // layer streaming's MADV_DONTNEED would later drop it and silently bring back the file's bytes
+  // (a result that depends on timing). Every weight is copied before use (DecoderModel::weight),
+  // so nothing writes; PROT_READ turns a future mistake into a fault instead of a wrong answer.
+  void* mapping = ::mmap(nullptr, file_size, PROT_READ, MAP_PRIVATE, fd, 0);
   ::close(fd);
   if (mapping == MAP_FAILED) throw_input_error("{}: mmap failed: {}", label, std::strerror(errno));
 

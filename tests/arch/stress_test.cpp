@@ -1,0 +1,135 @@
+// Determinism under load: the same forward (and the same calibration) must give the same bits
+// while the machine is busy. A forward that changes under load can flip a near-tie in SeqCalib
+// on a busy CI runner, and then `regen --check` and `--resume` break. The test makes its own
+// load (spinning threads and a GEMM loop with its own OpenMP team), runs every forward family
+// at two intra-op threads, with the layer streaming's prefetch thread and page drops active,
+// and asks for bit-identical logits every time, within parity tolerance of transformers.
+#include <catch2/catch.hpp>
+
+#include <ATen/Parallel.h>
+#include <c10/core/InferenceMode.h>
+
+#include <atomic>
+#include <cmath>
+#include <thread>
+#include <vector>
+
+#include "../cli/cli_helpers.hpp"
+#include "fixture_reference.hpp"
+#include "headwise/arch/attention.hpp"
+#include "headwise/arch/model.hpp"
+
+using namespace headwise;
+using namespace headwise::testing;
+
+namespace {
+
+// Keeps every core busy until destroyed: plain floating-point spinners (more threads than
+// cores, so the forward's threads are preempted mid-work) and a GEMM loop whose own OpenMP
+// team competes with the forward's.
+class MachineLoad {
+ public:
+  explicit MachineLoad(int spinners) {
+    const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+    for (int i = 0; i < spinners * cores; ++i) threads_.emplace_back([this, i] { spin(i); });
+    threads_.emplace_back([this] { multiply(); });
+  }
+  ~MachineLoad() {
+    stop_ = true;
+    for (auto& t : threads_) t.join();
+  }
+  MachineLoad(const MachineLoad&) = delete;
+  MachineLoad& operator=(const MachineLoad&) = delete;
+
+ private:
+  void spin(int seed) {
+    double x = 1.0 + seed;
+    while (!stop_) {
+      for (int k = 0; k < 100000; ++k) x = std::sqrt(x * 1.0000001 + 1e-9);
+    }
+    sink_ = x;
+  }
+  void multiply() {
+    const at::Tensor a = at::rand({256, 256});
+    while (!stop_) sink_ = (a.mm(a)).sum().item<double>();
+  }
+
+  std::atomic<bool> stop_{false};
+  std::atomic<double> sink_{0};
+  std::vector<std::thread> threads_;
+};
+
+// Sets the intra-op thread count for one scope (tools/test.sh runs suites at one thread).
+class IntraOpThreads {
+ public:
+  explicit IntraOpThreads(int n) : saved_(at::get_num_threads()) { at::set_num_threads(n); }
+  ~IntraOpThreads() { at::set_num_threads(saved_); }
+
+ private:
+  int saved_;
+};
+
+// The fixture's logits with every layer streamed: the next layer prefetched on its thread
+// while this one computes, each layer released (its mapped pages dropped) after use.
+at::Tensor streamed_logits(const std::filesystem::path& fixture, const at::Tensor& ids) {
+  c10::InferenceMode inference;
+  auto model = arch::load_model(fixture, {});
+  at::Tensor hidden = model->embed(ids);
+  arch::ExactAttentionCore exact;
+  for (int64_t i = 0; i < model->spec().num_layers(); ++i) {
+    model->prefetch_layer(i + 1);
+    hidden = model->run_layer(i, hidden, {&exact, nullptr, 0});
+    model->release_layer(i);
+  }
+  return model->logits(hidden);
+}
+
+constexpr int kRunsPerFamily = 12;
+
+}  // namespace
+
+TEST_CASE("every family's forward gives the same bits under load, within parity of transformers", "[stress]") {
+  const IntraOpThreads threads(2);
+  const MachineLoad load(/*spinners=*/1);
+  // One fixture per family with a forward; gemma3_gqa4's sliding window (23) is shorter than
+  // its sequence (96), so the sliding mask is exercised.
+  for (const char* name : {"gemma3_gqa4", "gemma3_softcap", "qwen3_next_tiny", "qwen3_5_text_tiny", "qwen3_sliding",
+                           "llama_rope3", "llama_bias_tied", "qwen3_gqa"}) {
+    INFO(name);
+    const auto dir = fixture_dir(name);
+    const at::Tensor ids = read_reference(dir, "input_ids");
+    const at::Tensor reference = read_reference(dir, "logits_fp32");
+    const at::Tensor first = run_fixture(dir, {});
+    const ParityError parity = compare(first, reference);
+    CHECK(parity.error <= 1e-4 * parity.scale);
+    int differing = 0;
+    for (int run = 0; run < kRunsPerFamily; ++run) {
+      const at::Tensor again = run % 2 == 0 ? run_fixture(dir, {}) : streamed_logits(dir, ids);
+      if (!at::equal(again, first)) {
+        ++differing;
+        UNSCOPED_INFO("run " << run << " differs by " << max_abs_diff(again, first));
+      }
+    }
+    CHECK(differing == 0);
+  }
+}
+
+TEST_CASE("a calibration under load writes the same policy bytes every time", "[stress]") {
+  const MachineLoad load(/*spinners=*/1);
+  TempDir dir("stress");
+  const std::string model = fixture_dir("qwen3_next_tiny").string();
+  // A binding budget (full KV is 256 KiB here), so the policy's windows come from the measured
+  // distortions and a changed bit in them can show.
+  const std::string base = "--model " + model +
+                           " --context 512 --windows 8,32,full --seq-len 96 --samples 2 --budget 200k -q -o ";
+  std::string first;
+  for (int run = 0; run < 3; ++run) {
+    const auto out = dir / ("p" + std::to_string(run) + ".yaml");
+    const auto result = run_cli_with(base + out.string(), "OMP_NUM_THREADS=2");
+    INFO(result.err);
+    REQUIRE(result.status == 0);
+    const std::string policy = read_text_file(out);
+    if (run == 0) first = policy;
+    CHECK(policy == first);
+  }
+}
