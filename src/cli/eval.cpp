@@ -23,11 +23,12 @@ struct EvalArgs {
   std::string model;
   std::string policy;
   std::string tasks;
-  std::string baselines = "full,uniform,pyramid,duo,random,unconditioned";
+  std::string baselines = "full,uniform,pyramid,retrieval-score,duo,random,unconditioned";
   int64_t samples = 100;
   std::string seq_len = "context";  // the policy's context
   bool allow_short_seq_len = false;
   int64_t calib_samples = 4;
+  int64_t duo_steps = eval::DuoTrainingOptions{}.steps;
   uint64_t seed = 0;
   int64_t prefill_chunk = 256;
   int64_t kl_positions = 512;
@@ -131,12 +132,13 @@ void run_eval(const EvalArgs& args) {
   }
   refuse_short_sequences(pol, seq_len, args.allow_short_seq_len);
   if (args.calib_samples <= 0) throw_input_error("--calib-samples must be positive, got {}", args.calib_samples);
+  if (args.duo_steps <= 0) throw_input_error("--duo-steps must be positive, got {}", args.duo_steps);
   if (args.prefill_chunk <= 0) throw_input_error("--prefill-chunk must be positive, got {}", args.prefill_chunk);
   if (args.kl_positions <= 0) throw_input_error("--kl-positions must be positive, got {}", args.kl_positions);
 
   eval::TaskRequest request{split_list(args.tasks), args.samples, seq_len, args.seed};
   const auto samples = eval::make_eval_samples(dir, spec.vocab_size, request);
-  // Calibration samples for duo/unconditioned come from another seed: never the evaluated ones.
+  // Calibration samples for retrieval-score/duo/unconditioned come from another seed: never the evaluated ones.
   eval::TaskRequest calib_request = request;
   calib_request.samples = args.calib_samples;
   calib_request.seed = args.seed + 0x9e3779b97f4a7c15ull;
@@ -145,7 +147,9 @@ void run_eval(const EvalArgs& args) {
   arch::ModelOptions model_options;
   model_options.device = args.device;
   auto model = arch::load_model(dir, model_options);
-  const auto methods = eval::build_methods(*model, {pol, options, args.seed}, baselines, calibration);
+  eval::BaselineInputs baseline_inputs{pol, options, args.seed};
+  baseline_inputs.duo.steps = args.duo_steps;
+  const auto methods = eval::build_methods(*model, baseline_inputs, baselines, calibration);
   warn_full_in_effect(methods, seq_len);
 
   eval::RunOptions run{args.prefill_chunk, args.kl_positions};
@@ -163,7 +167,11 @@ void run_eval(const EvalArgs& args) {
   }
   if (args.flags.json) {
     nlohmann::json methods_json = nlohmann::json::array();
-    for (const auto& r : results) methods_json.push_back(eval::to_json(r, spec));
+    for (size_t i = 0; i < results.size(); ++i) {
+      nlohmann::json m = eval::to_json(results[i], spec);
+      if (!methods[i].details.empty()) m["details"] = methods[i].details;
+      methods_json.push_back(std::move(m));
+    }
     // headwise against each other method on the same samples (first = headwise).
     nlohmann::json paired = nlohmann::json::object();
     const auto policy_result = std::find_if(results.begin(), results.end(), [](const auto& r) { return r.name == "headwise"; });
@@ -201,7 +209,9 @@ const RegisterCommand kRegister{"eval", [](CLI::App& root) {
                 "Evaluate on samples not longer than the policy's largest finite window (a warning says why that "
                 "comparison is unfair)");
   cmd->add_option("--baselines", args.baselines, "Comma-separated baselines")->capture_default_str();
-  cmd->add_option("--calib-samples", args.calib_samples, "Samples per task for duo scores / unconditioned curves")
+  cmd->add_option("--calib-samples", args.calib_samples, "Samples per task for retrieval scores, duo gate training and unconditioned curves")
+      ->capture_default_str();
+  cmd->add_option("--duo-steps", args.duo_steps, "Adam steps of the duo baseline's gate training (one sample each)")
       ->capture_default_str();
   cmd->add_option("--seed", args.seed, "Seed of the samples and of the random baseline")->capture_default_str();
   cmd->add_option("--prefill-chunk", args.prefill_chunk, "Tokens per prefill chunk")->capture_default_str();

@@ -143,15 +143,15 @@ memory::HeadWindows random_baseline(const arch::ModelSpec& spec, const memory::M
   return windows;
 }
 
-memory::HeadWindows duo_baseline(const arch::ModelSpec& spec, const memory::MemoryOptions& o, int64_t budget,
-                                 const HeadScores& scores, int64_t short_window) {
+memory::HeadWindows ranked_full_baseline(const arch::ModelSpec& spec, const memory::MemoryOptions& o, int64_t budget,
+                                         const HeadScores& scores, int64_t short_window, const char* name) {
   auto heads = all_heads(spec);
   const auto score = [&](const HeadRef& h) { return scores.at(h.layer).at(h.head); };
   // Highest score first; ties by position so the ranking is deterministic.
   std::stable_sort(heads.begin(), heads.end(), [&](const HeadRef& a, const HeadRef& b) { return score(a) > score(b); });
   memory::HeadWindows windows;
   for (const auto& h : all_heads(spec)) windows[h.layer].push_back(short_window);
-  require_fits(global_kv_bytes(spec, windows, o), budget, "duo");
+  require_fits(global_kv_bytes(spec, windows, o), budget, name);
   int64_t spent = global_kv_bytes(spec, windows, o);
   size_t promoted = 0;
   // In rank order, stopping at the first head that does not fit: the ranking, not the byte

@@ -7,6 +7,7 @@
 #include "headwise/arch/attention.hpp"
 #include "headwise/calib/seqcalib.hpp"
 #include "headwise/core/error.hpp"
+#include "headwise/eval/duo_attention.hpp"
 #include "headwise/eval/eval.hpp"
 
 namespace headwise::eval {
@@ -59,6 +60,13 @@ std::vector<int64_t> needle_positions(const EvalSample& s) {
   return out;
 }
 
+// {"layer": [score per KV head]} for the eval JSON.
+nlohmann::json scores_json(const HeadScores& scores) {
+  nlohmann::json out = nlohmann::json::object();
+  for (const auto& [layer, heads] : scores) out[std::to_string(layer)] = heads;
+  return out;
+}
+
 int64_t budget_of(const arch::ModelSpec& spec, const BaselineInputs& in) {
   return global_kv_bytes(spec, in.policy.head_windows(), in.options);
 }
@@ -98,7 +106,7 @@ memory::HeadWindows unconditioned(arch::DecoderModel& model, const BaselineInput
 }  // namespace
 
 const std::vector<std::string>& method_names() {
-  static const std::vector<std::string> names{"headwise", "full", "uniform", "pyramid", "duo", "random", "unconditioned"};
+  static const std::vector<std::string> names{"headwise", "full", "uniform", "pyramid", "retrieval-score", "duo", "random", "unconditioned"};
   return names;
 }
 
@@ -148,14 +156,31 @@ std::vector<MethodWindows> build_methods(arch::DecoderModel& model, const Baseli
   std::vector<MethodWindows> out{{"headwise", in.policy.head_windows()}};
   for (const auto& name : names) {
     memory::HeadWindows w;
+    nlohmann::json details = nlohmann::json::object();
     if (name == "full") {
       w = memory::full_kv_windows(spec);
     } else if (name == "uniform") {
       w = uniform_baseline(spec, in.options, budget);
     } else if (name == "pyramid") {
       w = pyramid_baseline(spec, in.options, budget);
+    } else if (name == "retrieval-score") {
+      const HeadScores scores = retrieval_scores(model, calibration);
+      w = ranked_full_baseline(spec, in.options, budget, scores, in.policy.window_levels.front(), "retrieval-score");
+      details["scores"] = scores_json(scores);
     } else if (name == "duo") {
-      w = duo_baseline(spec, in.options, budget, retrieval_scores(model, calibration), in.policy.window_levels.front());
+      DuoTrainingOptions duo = in.duo;
+      duo.streaming_window = in.policy.window_levels.front();
+      duo.sink_tokens = in.options.sink_tokens;
+      const DuoGates trained = train_duo_gates(model, calibration, duo);
+      w = ranked_full_baseline(spec, in.options, budget, trained.gates, duo.streaming_window, "duo");
+      details = {{"gates", scores_json(trained.gates)},
+                 {"steps", duo.steps},
+                 {"learning_rate", duo.learning_rate},
+                 {"l1_weight", duo.l1_weight},
+                 {"streaming_window", duo.streaming_window},
+                 {"sink_tokens", duo.sink_tokens},
+                 {"loss_first", trained.step_loss.front()},
+                 {"loss_last", trained.step_loss.back()}};
     } else if (name == "random") {
       w = random_baseline(spec, in.options, budget, in.policy.window_levels, in.seed);
     } else if (name == "unconditioned") {
@@ -165,7 +190,7 @@ std::vector<MethodWindows> build_methods(arch::DecoderModel& model, const Baseli
       for (const auto& n : baseline_names()) have += (have.empty() ? "" : ", ") + n;
       throw_input_error("--baselines {}: unknown baseline (have: {})", name, have);
     }
-    out.push_back({name, std::move(w)});
+    out.push_back({name, std::move(w), std::move(details)});
   }
   return out;
 }

@@ -92,7 +92,7 @@ TEST_CASE("eval baselines spend the policy's bytes to within one block per head"
           {"uniform", eval::uniform_baseline(spec, o, budget)},
           {"pyramid", eval::pyramid_baseline(spec, o, budget)},
           {"random", eval::random_baseline(spec, o, budget, ladder, 17 + trial)},
-          {"duo", eval::duo_baseline(spec, o, budget, scores, ladder.front())}};
+          {"ranked-full", eval::ranked_full_baseline(spec, o, budget, scores, ladder.front(), "ranked-full")}};
       for (const auto& [name, windows] : baselines) {
         INFO(file << " trial " << trial << " " << name << " budget " << budget);
         memory::validate_windows(spec, windows);
@@ -135,7 +135,8 @@ TEST_CASE("eval --json: every method, measured == estimated bytes, full has KL 0
   const auto j = nlohmann::json::parse(r.out);
   std::vector<std::string> names;
   for (const auto& m : j["methods"]) names.push_back(m["name"]);
-  CHECK(names == std::vector<std::string>{"headwise", "full", "uniform", "pyramid", "duo", "random", "unconditioned"});
+  CHECK(names == std::vector<std::string>{"headwise", "full", "uniform", "pyramid", "retrieval-score", "duo", "random",
+                                         "unconditioned"});
   const int64_t budget = j["policy_global_kv_bytes"], tolerance = j["one_block_per_head_bytes"];
   for (const auto& m : j["methods"]) {
     INFO(m.dump());

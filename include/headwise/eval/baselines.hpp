@@ -30,10 +30,12 @@ memory::HeadWindows pyramid_baseline(const arch::ModelSpec& spec, const memory::
 memory::HeadWindows random_baseline(const arch::ModelSpec& spec, const memory::MemoryOptions& options, int64_t budget,
                                     const std::vector<int64_t>& ladder, uint64_t seed);
 
-// DuoAttention-style: heads ranked by retrieval score get full KV while that fits with the
-// rest at `short_window`; the rest share the longest short window the remaining bytes allow.
+// Retrieval heads and streaming heads (the retrieval-score and duo baselines): heads ranked by
+// `scores` (highest first) get full KV while that fits with the rest at `short_window`; the rest
+// share the longest short window the remaining bytes allow. `name` names the baseline in errors.
 using HeadScores = std::map<int64_t, std::vector<double>>;  // global layer → score per KV head
-memory::HeadWindows duo_baseline(const arch::ModelSpec& spec, const memory::MemoryOptions& options, int64_t budget,
-                                 const HeadScores& scores, int64_t short_window);
+memory::HeadWindows ranked_full_baseline(const arch::ModelSpec& spec, const memory::MemoryOptions& options,
+                                         int64_t budget, const HeadScores& scores, int64_t short_window,
+                                         const char* name);
 
 }  // namespace headwise::eval

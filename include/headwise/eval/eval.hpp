@@ -2,6 +2,7 @@
 // `eval`: the policy and its baselines run through the runtime decoder (windows applied
 // physically), each at the same global-KV bytes as the policy, on the same samples.
 #include <ATen/ATen.h>
+#include <nlohmann/json.hpp>
 
 #include <cstdint>
 #include <filesystem>
@@ -11,6 +12,7 @@
 
 #include "headwise/arch/model.hpp"
 #include "headwise/eval/baselines.hpp"
+#include "headwise/eval/duo_attention.hpp"
 #include "headwise/eval/tasks.hpp"
 #include "headwise/memory/memory_model.hpp"
 #include "headwise/policy/policy.hpp"
@@ -24,23 +26,26 @@ const std::vector<std::string>& baseline_names();  // method_names() without "he
 struct MethodWindows {
   std::string name;
   memory::HeadWindows windows;
+  nlohmann::json details = nlohmann::json::object();  // how a baseline chose (scores, gates, training)
 };
 
 struct BaselineInputs {
   const policy::Policy& policy;
   memory::MemoryOptions options;  // the policy's, as eval runs them
   uint64_t seed = 0;              // the random baseline's
+  DuoTrainingOptions duo;         // the duo baseline's gate training (its window: the ladder's first)
 };
 
-// DuoAttention's retrieval score, measured without training: the attention mass each KV head's
-// query heads put on the needle (the answer's occurrence in the prompt) while producing the
+// The retrieval score (the HeadKV / RazorAttention family), measured without training: the
+// attention mass each KV head's query heads put on the needle (the answer's occurrence in the prompt) while producing the
 // answer, with full KV, averaged over samples. Samples whose answer never occurs in the prompt
 // do not count.
 HeadScores retrieval_scores(arch::DecoderModel& model, const std::vector<EvalSample>& samples);
 
 // Windows for each requested method (headwise first, then the baselines in `names` order).
-// `calibration` samples (drawn apart from the evaluated ones) give duo its retrieval scores and
-// unconditioned its curves (prompt + answer, cut to the shortest so SeqCalib gets equal lengths).
+// `calibration` samples (drawn apart from the evaluated ones) give retrieval-score its scores, duo
+// its gate training and unconditioned its curves (prompt + answer, cut to the shortest so
+// SeqCalib gets equal lengths).
 std::vector<MethodWindows> build_methods(arch::DecoderModel& model, const BaselineInputs& inputs,
                                          const std::vector<std::string>& names,
                                          const std::vector<EvalSample>& calibration);

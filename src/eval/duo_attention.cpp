@@ -1,0 +1,121 @@
+#include "headwise/eval/duo_attention.hpp"
+
+#include <ATen/core/grad_mode.h>
+#include <c10/core/InferenceMode.h>
+#include <spdlog/spdlog.h>
+#include <torch/optim/adam.h>
+
+#include "headwise/arch/attention.hpp"
+#include "headwise/core/error.hpp"
+
+namespace headwise::eval {
+namespace {
+
+// Global layers mix full and streaming attention per KV head by the layer's gates; sliding
+// layers run as they always do.
+class GatedCore final : public arch::AttentionCore {
+ public:
+  GatedCore(const std::map<int64_t, at::Tensor>& gates, const DuoTrainingOptions& o, int64_t chunk)
+      : gates_(gates), options_(o), chunk_(chunk), exact_(chunk) {}
+
+  at::Tensor attend(const arch::AttentionInputs& in) override {
+    const auto it = gates_.find(in.layer_id);
+    if (in.sliding_window > 0 || it == gates_.end()) return exact_.attend(in);
+    const at::Tensor full = arch::windowed_attention(in, kFullWindow, 0, chunk_);
+    const at::Tensor streaming = arch::windowed_attention(in, options_.streaming_window, options_.sink_tokens, chunk_);
+    const int64_t group = in.q.size(1) / in.k.size(1);
+    // [num_kv] → one gate per query head, broadcast over [B, T, heads, head_dim].
+    const at::Tensor alpha = it->second.repeat_interleave(group).view({1, 1, -1, 1}).to(full.scalar_type());
+    return streaming + alpha * (full - streaming);
+  }
+
+ private:
+  const std::map<int64_t, at::Tensor>& gates_;
+  const DuoTrainingOptions& options_;
+  int64_t chunk_;
+  arch::ExactAttentionCore exact_;
+};
+
+struct Supervised {
+  at::Tensor ids;        // [1, T]: prompt + answer without its last token (teacher forcing)
+  at::Tensor rows;       // positions whose outputs are the answer tokens
+  at::Tensor reference;  // full KV's hidden states there [rows, hidden], no graph
+};
+
+at::Tensor final_hidden(arch::DecoderModel& model, const at::Tensor& ids, arch::AttentionCore& core) {
+  at::Tensor hidden = model.embed(ids);
+  arch::LayerRun run;
+  run.attention = &core;
+  for (int64_t i = 0; i < model.spec().num_layers(); ++i) hidden = model.run_layer(i, hidden, run);
+  return hidden;
+}
+
+std::vector<Supervised> supervise(arch::DecoderModel& model, const std::vector<EvalSample>& samples) {
+  const at::NoGradGuard no_grad;
+  const auto long_opts = at::TensorOptions().dtype(at::kLong).device(model.device());
+  arch::ExactAttentionCore exact(model.attention_chunk());
+  std::vector<Supervised> out;
+  for (const auto& s : samples) {
+    if (s.answer.empty() || s.prompt.empty()) throw_input_error("duo: a {} sample has no prompt or no answer", s.task);
+    std::vector<int64_t> seq = s.prompt;
+    seq.insert(seq.end(), s.answer.begin(), s.answer.end() - 1);
+    Supervised sup;
+    sup.ids = at::tensor(seq, long_opts).view({1, -1});
+    sup.rows = at::arange(static_cast<int64_t>(s.prompt.size()) - 1, static_cast<int64_t>(seq.size()), long_opts);
+    sup.reference = final_hidden(model, sup.ids, exact)[0].index_select(0, sup.rows).to(at::kFloat);
+    out.push_back(std::move(sup));
+  }
+  return out;
+}
+
+}  // namespace
+
+DuoGates train_duo_gates(arch::DecoderModel& model, const std::vector<EvalSample>& samples,
+                         const DuoTrainingOptions& options) {
+  if (samples.empty()) throw_input_error("duo: no samples to train the gates on");
+  if (options.steps <= 0) throw_input_error("duo: steps must be positive, got {}", options.steps);
+  if (options.streaming_window <= 0) {
+    throw_input_error("duo: the streaming window must be positive, got {}", options.streaming_window);
+  }
+  // Gradients flow through every layer: no inference tensors anywhere on this path.
+  const c10::InferenceMode not_inference(false);
+  const at::AutoGradMode grad(true);
+  const std::vector<Supervised> data = supervise(model, samples);
+
+  std::map<int64_t, at::Tensor> gates;
+  std::vector<at::Tensor> parameters;
+  for (int64_t id : model.spec().global_layer_ids()) {
+    gates[id] = at::ones({model.spec().layer(id).attention->num_kv_heads}, at::TensorOptions().dtype(at::kFloat))
+                    .to(model.device())
+                    .requires_grad_(true);
+    parameters.push_back(gates[id]);
+  }
+  torch::optim::Adam adam(parameters, torch::optim::AdamOptions(options.learning_rate));
+  GatedCore core(gates, options, model.attention_chunk());
+
+  DuoGates out;
+  for (int64_t step = 0; step < options.steps; ++step) {
+    const Supervised& s = data[static_cast<size_t>(step) % data.size()];
+    adam.zero_grad();
+    const at::Tensor hidden = final_hidden(model, s.ids, core)[0].index_select(0, s.rows).to(at::kFloat);
+    const at::Tensor distill = (hidden - s.reference).pow(2).sum() / s.reference.pow(2).sum().clamp_min(1e-12);
+    const at::Tensor l1 = at::cat(parameters).abs().mean();
+    const at::Tensor loss = distill + options.l1_weight * l1;
+    loss.backward();
+    adam.step();
+    {
+      const at::NoGradGuard no_grad;
+      for (auto& p : parameters) p.clamp_(0.0, 1.0);
+    }
+    out.step_loss.push_back(loss.item<double>());
+    spdlog::debug("duo: step {}/{} loss {:.5f} (distill {:.5f})", step + 1, options.steps, out.step_loss.back(),
+                  distill.item<double>());
+  }
+  for (const auto& [id, g] : gates) {
+    const at::Tensor values = g.detach().to(at::kDouble).cpu().contiguous();
+    out.gates[id].assign(values.data_ptr<double>(), values.data_ptr<double>() + values.numel());
+  }
+  return out;
+}
+
+}  // namespace headwise::eval
