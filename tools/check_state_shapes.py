@@ -2,7 +2,7 @@
 """Prints the decode-state shapes and dtypes the reference HF caches really hold.
 
 For every config-level family headwise models (and the ones with forwards), builds a tiny
-random model from the fact-sheet config (docs/hybrid-architectures.md §6), runs a prefill
+random model from a tiny config of that family (below), runs a prefill
 longer than any sliding window plus two decode steps in bfloat16 on the torch path, and prints
 for each layer the cache class, the key/value shapes and every conv/recurrent state with its
 dtype. tests/arch/state_shapes_test.cpp encodes these facts; rerun this script when pinning a

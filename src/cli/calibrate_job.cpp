@@ -3,7 +3,6 @@
 
 #include <spdlog/spdlog.h>
 
-#include <csignal>
 #include <cstdlib>
 #include <optional>
 
@@ -80,18 +79,6 @@ void refuse_unmeasured_levels(const std::vector<int64_t>& blind, int64_t seq_len
                  "off a power law fitted to its measured levels",
                  fmt::join(names, ","), seq_len, rule);
   }
-}
-
-// Test-only (documented in docs/resume.md): HEADWISE_TEST_ABORT_AFTER_LAYER=k kills the
-// process with SIGKILL right after global layer k's checkpoint is written, exactly like an
-// out-of-memory kill or a pre-empted job, so tests can exercise --resume.
-std::optional<int64_t> abort_after_layer() {
-  const char* text = std::getenv("HEADWISE_TEST_ABORT_AFTER_LAYER");
-  if (text == nullptr || *text == '\0') return std::nullopt;
-  char* end = nullptr;
-  const long long layer = std::strtoll(text, &end, 10);
-  if (*end != '\0') throw_input_error("HEADWISE_TEST_ABORT_AFTER_LAYER: '{}' is not a layer id", text);
-  return layer;
 }
 
 std::optional<calib::WalkState> read_checkpoint(const fs::path& path, const std::string& inputs_hash) {
@@ -238,7 +225,6 @@ const std::string& CalibrationJob::inputs_hash() const { return state_->inputs_h
 CalibrationOutcome CalibrationJob::run(const RunControl& control) {
   const State& s = *state_;
   const CalibrationRequest& r = s.request;
-  const std::optional<int64_t> abort_layer = abort_after_layer();
   std::optional<calib::WalkState> resume;
   if (control.resume && !control.checkpoint.empty()) resume = read_checkpoint(control.checkpoint, s.inputs_hash);
   if (!control.resume && !control.checkpoint.empty() && fs::exists(control.checkpoint)) {
@@ -288,12 +274,6 @@ CalibrationOutcome CalibrationJob::run(const RunControl& control) {
       write_file_atomically(control.checkpoint, j.dump() + "\n");
     };
   }
-  options.after_global_layer = [abort_layer](int64_t layer_id) {
-    if (abort_layer && *abort_layer == layer_id) {
-      spdlog::warn("HEADWISE_TEST_ABORT_AFTER_LAYER={}: killing the run (test hook)", layer_id);
-      std::raise(SIGKILL);
-    }
-  };
   const calib::SeqCalibResult result = calib::run_seqcalib(*model, s.data.sequences, options);
 
   CalibrationOutcome out;

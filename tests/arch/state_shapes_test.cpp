@@ -1,5 +1,5 @@
 // Decode-state facts of the config-level architectures, as tools/check_state_shapes.py printed
-// them from transformers 5.17's real caches (tiny configs of docs/hybrid-architectures.md §6,
+// them from transformers 5.17's real caches (the tiny configs in tools/check_state_shapes.py,
 // bfloat16, torch path): conv states keep K inputs in the model dtype, SSM/recurrent states are
 // float32, sliding layers hold their window.
 #include <catch2/catch.hpp>

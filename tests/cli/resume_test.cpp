@@ -1,5 +1,5 @@
-// Resumable calibration end to end: a run killed after a global layer (the test-only
-// HEADWISE_TEST_ABORT_AFTER_LAYER hook, SIGKILL) leaves its checkpoint and no policy;
+// Resumable calibration end to end: a run killed after a global layer's checkpoint (SIGKILL from
+// a hook the test preloads, support/kill_after_checkpoint.c) leaves its checkpoint and no policy;
 // --resume finishes it byte-identically to an uninterrupted run and deletes the checkpoint;
 // a checkpoint from other inputs is refused with a clear error.
 #include <catch2/catch.hpp>
@@ -40,6 +40,11 @@ std::string calibrate_args(const fs::path& output, const std::string& seed = "3"
          " --windows 16,64,256,full --seq-len 320 --samples 2 --seed " + seed + " -o " + output.string() + " --quiet";
 }
 
+// The environment that kills the child right after its n-th checkpoint write.
+std::string kill_after_checkpoints(int n) {
+  return std::string("LD_PRELOAD=") + HEADWISE_KILL_HOOK + " HEADWISE_KILL_AFTER_CHECKPOINTS=" + std::to_string(n);
+}
+
 }  // namespace
 
 TEST_CASE("calibrate --resume after a kill gives a byte-identical policy", "[cli]") {
@@ -52,14 +57,16 @@ TEST_CASE("calibrate --resume after a kill gives a byte-identical policy", "[cli
   REQUIRE(uninterrupted.status == 0);
   CHECK_FALSE(testing::exists(dir.path() / "whole.yaml.ckpt.json"));  // deleted on success
 
-  for (const char* layer : {"1", "2"}) {  // kill mid-way, resume, kill again, resume
-    const CliRun killed = run_cli_with(calibrate_args(resumed) + (std::string(layer) == "2" ? " --resume" : ""),
-                                       std::string("HEADWISE_TEST_ABORT_AFTER_LAYER=") + layer);
+  // Kill after global layer 1 (the second checkpoint), resume and kill after layer 2 (the
+  // resumed run's first), then resume to the end.
+  for (const auto& [layer, checkpoints] : {std::pair{1, 2}, std::pair{2, 1}}) {
+    const CliRun killed = run_cli_with(calibrate_args(resumed) + (layer == 2 ? " --resume" : ""),
+                                       kill_after_checkpoints(checkpoints));
     INFO(killed.err);
     REQUIRE(killed.status == -SIGKILL);
     CHECK_FALSE(testing::exists(resumed));
     REQUIRE(testing::exists(checkpoint));
-    CHECK(read_json_file(checkpoint)["state"]["last_layer"] == std::stoi(layer));
+    CHECK(read_json_file(checkpoint)["state"]["last_layer"] == layer);
   }
   const CliRun finished = run_cli_with(calibrate_args(resumed) + " --resume");
   INFO(finished.err);
@@ -71,7 +78,7 @@ TEST_CASE("calibrate --resume after a kill gives a byte-identical policy", "[cli
 TEST_CASE("calibrate --resume refuses a checkpoint written for other inputs", "[cli]") {
   testing::TempDir dir;
   const fs::path output = dir.path() / "p.yaml";
-  const CliRun killed = run_cli_with(calibrate_args(output, "3"), "HEADWISE_TEST_ABORT_AFTER_LAYER=0");
+  const CliRun killed = run_cli_with(calibrate_args(output, "3"), kill_after_checkpoints(1));
   REQUIRE(killed.status == -SIGKILL);
   const CliRun other = run_cli_with(calibrate_args(output, "4") + " --resume");
   CHECK(other.status == 1);

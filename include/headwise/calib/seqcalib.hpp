@@ -4,7 +4,7 @@
 // the layers below running under their chosen windows*, choose the layer's windows with a
 // Lagrangian controller that keeps (bytes spent + bytes planned for the layers ahead) within
 // the budget, then run the layer under those windows for the next one. An exact knapsack
-// completion spends what is left. See docs/design.md.
+// completion spends what is left. See docs/seqcalib.md.
 #include <ATen/ATen.h>
 
 #include <cstdint>
