@@ -14,7 +14,7 @@ namespace fs = std::filesystem;
 
 namespace {
 
-const fs::path kRoot = fs::path(HEADWISE_FIXTURES_DIR) / ".." / "..";
+const fs::path kRoot = fs::weakly_canonical(fs::path(HEADWISE_FIXTURES_DIR) / ".." / "..");
 
 bool is_text_source(const fs::path& p) {
   static const std::set<std::string> kinds{".md", ".cpp", ".hpp", ".c", ".cu", ".cuh", ".py", ".sh", ".txt", ".yaml", ".cmake"};
