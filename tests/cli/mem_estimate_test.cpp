@@ -33,6 +33,18 @@ fs::path model_dir(const std::string& config, bool with_weights = false) {
   return dir;
 }
 
+// Each (arguments, expected text): exit 1, nothing on stdout, one line on stderr naming it.
+void expect_one_line_errors(const std::vector<std::pair<std::string, std::string>>& cases) {
+  for (const auto& [args, expected] : cases) {
+    const Run r = run_cli("mem-estimate" + args);
+    INFO(args << " → " << r.err);
+    CHECK(r.status == 1);
+    CHECK(r.out.empty());
+    CHECK(r.err.find(expected) != std::string::npos);
+    CHECK(std::count(r.err.begin(), r.err.end(), '\n') == 1);
+  }
+}
+
 }  // namespace
 
 TEST_CASE("mem-estimate --json: full KV on bamba tiny", "[cli]") {
@@ -131,14 +143,7 @@ TEST_CASE("mem-estimate bad input: one line, exit 1, nothing on stdout", "[cli]"
       {" --full-kv --context 1k --model /nonexistent/model", "/nonexistent/model"},
       {" --config /nonexistent/policy.yaml", "/nonexistent/policy.yaml"},
   };
-  for (const auto& [args, expected] : cases) {
-    const Run r = run_cli("mem-estimate" + args);
-    INFO(args << " → " << r.err);
-    CHECK(r.status == 1);
-    CHECK(r.out.empty());
-    CHECK(r.err.find(expected) != std::string::npos);
-    CHECK(std::count(r.err.begin(), r.err.end(), '\n') == 1);
-  }
+  expect_one_line_errors(cases);
   std::ofstream(dir / "broken.yaml") << "schema: headwise/policy/v1\nmodel_name: [oops\n";
   const Run r = run_cli("mem-estimate --config " + (dir / "broken.yaml").string());
   CHECK(r.status == 1);
@@ -221,12 +226,5 @@ TEST_CASE("mem-estimate --engine bad input: one line, exit 1, nothing on stdout"
       {m + " --context 1k --max-num-batched-tokens 4096", "--engine"},
       {m + " --context 1k --engine both --sink-tokens 4", "--sink-tokens"},
   };
-  for (const auto& [args, expected] : cases) {
-    const Run r = run_cli("mem-estimate" + args);
-    INFO(args << " → " << r.err);
-    CHECK(r.status == 1);
-    CHECK(r.out.empty());
-    CHECK(r.err.find(expected) != std::string::npos);
-    CHECK(std::count(r.err.begin(), r.err.end(), '\n') == 1);
-  }
+  expect_one_line_errors(cases);
 }
