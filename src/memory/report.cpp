@@ -249,7 +249,7 @@ std::string vllm_header(const Report& r) {
   const VllmEstimate& e = r.vllm->estimate;
   return fmt::format(
       "vLLM {} allocation rules: max_model_len {}, max_num_batched_tokens {}, mamba_cache_mode {}\n"
-      "  attention block {} tokens (asked {}), page {} B, {} KV cache groups of {} slots, padding pages {}\n",
+      "  attention block {} tokens (asked {}), page {} B, {} KV cache groups of {} slots, page padding {}\n",
       vllm_rules_version(), e.options.context, e.vllm.max_num_batched_tokens, mamba_cache_mode_name(e.vllm.mamba_cache_mode),
       e.block_size, e.options.block_size, e.page_bytes, e.groups.size(), e.group_size, format_bytes(e.page_padding_bytes));
 }
