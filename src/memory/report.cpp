@@ -291,8 +291,11 @@ std::string both_table(const Report& r, bool per_layer) {
   out += vllm_header(r) + "\n";
   out += fmt::format("  {:<20} {:>14} {:>14} {:>14}  {}\n", "component", "headwise", "vLLM", "vLLM - headwise", "why");
   for (const auto& d : differences(r)) {
-    out += fmt::format("  {:<20} {:>14} {:>14} {:>14}  {}\n", d.component, format_bytes(d.headwise), format_bytes(d.vllm),
-                       d.vllm == d.headwise ? "0 B" : format_bytes(d.vllm - d.headwise), d.vllm == d.headwise ? "" : d.why);
+    std::string row = fmt::format("  {:<20} {:>14} {:>14} {:>14}  {}", d.component, format_bytes(d.headwise),
+                                  format_bytes(d.vllm), d.vllm == d.headwise ? "0 B" : format_bytes(d.vllm - d.headwise),
+                                  d.vllm == d.headwise ? "" : d.why);
+    row.erase(row.find_last_not_of(' ') + 1);  // no trailing blanks where there is nothing to explain
+    out += row + "\n";
   }
   out += fmt::format("\n  exact bytes: headwise {}, vLLM {}; full KV: headwise {}, vLLM {}\n", r.estimate.total_bytes,
                      r.vllm->estimate.total_bytes, r.full_kv_total_bytes, r.vllm->full_kv_total_bytes);

@@ -122,10 +122,10 @@ TEST_CASE("vLLM: gpt-oss-20b at 128K", "[memory]") {
   // 12 + 12 specs: group size 12, no padding; 12 * 32768 * (8192 + 521) = 3426091008
   CHECK(e.padding_layer_bytes == 0);
   CHECK(e.total_bytes == int64_t{3426091008});
-  // a smaller batch budget: max_num_batched_tokens 2048 → cdiv(127 + 2048, 16) + 1 = 137 + 1 = 138
+  // a smaller batch budget: max_num_batched_tokens 2048 → cdiv(127 + 2048, 16) + 1 = 136 + 1 = 137
   VllmOptions small;
   small.max_num_batched_tokens = 2048;
-  CHECK(memory::vllm_estimate(oss, memory::full_kv_windows(oss), at_128k(), small).layers[0].bytes == 138 * 32768);
+  CHECK(memory::vllm_estimate(oss, memory::full_kv_windows(oss), at_128k(), small).layers[0].bytes == 137 * 32768);
 }
 
 TEST_CASE("vLLM: Qwen3-Next-80B-A3B at 128K, hybrid block alignment and Mamba modes", "[memory]") {
