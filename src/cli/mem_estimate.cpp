@@ -22,6 +22,7 @@ struct MemEstimateArgs {
   std::string uniform_window;
   std::string context, batch, block_size, kv_dtype, sink_tokens, state_dtype;
   std::string gpu_memory, reserve, weights_bytes;
+  std::string engine, max_num_batched_tokens, max_model_len, mamba_cache_mode;  // --engine vllm / both
   bool per_layer = false;
 };
 
@@ -55,6 +56,14 @@ void check_fingerprint(const policy::Policy& p, const fs::path& dir, std::string
 // Applies --context ... over `o` (the policy's values or defaults).
 void apply_overrides(const MemEstimateArgs& a, memory::MemoryOptions& o) {
   if (!a.context.empty()) o.context = parse_token_count(a.context, "--context");
+  // vLLM's max_model_len is our context: one setting under two names.
+  if (!a.max_model_len.empty()) {
+    const int64_t len = parse_token_count(a.max_model_len, "--max-model-len");
+    if (!a.context.empty() && len != o.context) {
+      throw_input_error("--max-model-len: {} conflicts with --context {}; they are the same setting, give one", len, o.context);
+    }
+    o.context = len;
+  }
   if (!a.batch.empty()) o.batch = parse_token_count(a.batch, "--batch");
   if (!a.block_size.empty()) o.block_size = parse_token_count(a.block_size, "--block-size");
   if (!a.sink_tokens.empty()) {
@@ -62,7 +71,7 @@ void apply_overrides(const MemEstimateArgs& a, memory::MemoryOptions& o) {
   }
   if (!a.kv_dtype.empty()) o.kv_dtype = parse_dtype(a.kv_dtype, "--kv-dtype");
   if (!a.state_dtype.empty()) o.state_dtype = parse_dtype(a.state_dtype, "--state-dtype");
-  if (o.context <= 0) throw_input_error("--context: required with --model (e.g. --context 128k)");
+  if (o.context <= 0) throw_input_error("--context: required with --model (e.g. --context 128k or --max-model-len 128k)");
   memory::validate_options(o);
 }
 
@@ -83,6 +92,30 @@ memory::GpuFit gpu_fit(const MemEstimateArgs& a, const arch::ModelSpec& spec, co
   return g;
 }
 
+memory::VllmOptions vllm_options(const MemEstimateArgs& a) {
+  memory::VllmOptions v;
+  if (!a.max_num_batched_tokens.empty()) {
+    v.max_num_batched_tokens = parse_token_count(a.max_num_batched_tokens, "--max-num-batched-tokens");
+  }
+  if (!a.mamba_cache_mode.empty()) v.mamba_cache_mode = memory::parse_mamba_cache_mode(a.mamba_cache_mode);
+  memory::validate_vllm_options(v);
+  return v;
+}
+
+// What vLLM's allocator reserves for the same windows; its capacity under the same budget.
+memory::VllmReport vllm_report(const MemEstimateArgs& a, const arch::ModelSpec& spec, const memory::HeadWindows& windows,
+                               const memory::MemoryOptions& o, const std::optional<memory::GpuFit>& gpu) {
+  const memory::VllmOptions v = vllm_options(a);
+  memory::VllmReport out;
+  out.estimate = memory::vllm_estimate(spec, windows, o, v);
+  out.full_kv_total_bytes = memory::vllm_estimate(spec, memory::full_kv_windows(spec), o, v).total_bytes;
+  if (gpu) {
+    out.gpu_full_kv = memory::vllm_capacity(spec, memory::full_kv_windows(spec), o, v, gpu->cache_budget_bytes);
+    out.gpu_policy = memory::vllm_capacity(spec, windows, o, v, gpu->cache_budget_bytes);
+  }
+  return out;
+}
+
 void run(const MemEstimateArgs& a) {
   apply_logging(a.common);
   const int modes = (!a.config.empty()) + a.full_kv + (!a.uniform_window.empty());
@@ -95,6 +128,11 @@ void run(const MemEstimateArgs& a) {
   const arch::ModelSpec spec = arch::load_model_spec(dir);
 
   memory::Report report;
+  report.engine = a.engine.empty() ? memory::Engine::kHeadwise : memory::parse_engine(a.engine);
+  if (report.engine == memory::Engine::kHeadwise &&
+      !(a.max_num_batched_tokens.empty() && a.mamba_cache_mode.empty())) {
+    throw_input_error("--max-num-batched-tokens/--mamba-cache-mode: only with --engine vllm or both");
+  }
   report.model = pol && !pol->model_name.empty() ? pol->model_name : dir.filename().string();
   memory::MemoryOptions o;
   memory::HeadWindows windows;
@@ -122,6 +160,7 @@ void run(const MemEstimateArgs& a) {
   if (checkpoint->has_weights()) report.weights_bytes = checkpoint->weight_bytes();
   if (!a.gpu_memory.empty()) report.gpu = gpu_fit(a, spec, windows, o, report.weights_bytes);
   else if (!a.reserve.empty() || !a.weights_bytes.empty()) throw_input_error("--reserve/--weights-bytes: only with --gpu-memory");
+  if (report.engine != memory::Engine::kHeadwise) report.vllm = vllm_report(a, spec, windows, o, report.gpu);
   // Everything is computed: only now print, so an error never leaves half a report.
   if (a.common.json) std::cout << memory::report_json(report).dump(1) << "\n";
   else std::cout << memory::report_table(report, a.per_layer);
@@ -143,10 +182,19 @@ void setup(CLI::App& root) {
   app->add_option("--kv-dtype", args->kv_dtype, "KV element type: bf16, fp16, fp32, fp8 (default: model dtype)");
   app->add_option("--sink-tokens", args->sink_tokens, "Sink tokens every windowed head keeps (default 0)");
   app->add_option("--state-dtype", args->state_dtype,
-                  "Override the dtype of every recurrent/conv state (default: as the architecture keeps them)");
+                  "Override the dtype of every recurrent/conv state (default: as the architecture keeps them); "
+                  "with --engine vllm: its mamba_ssm_cache_dtype (conv states stay at the model dtype)");
   app->add_option("--gpu-memory", args->gpu_memory, "GPU memory (e.g. 80g = 80 GiB): report the largest context and batch that fit");
   app->add_option("--reserve", args->reserve, "Bytes kept free for activations/runtime with --gpu-memory (e.g. 2g)");
   app->add_option("--weights-bytes", args->weights_bytes, "Weight bytes when the folder has no safetensors (e.g. 54g)");
+  app->add_option("--engine", args->engine,
+                  "Whose allocation to report: headwise (default: the grouped cache), vllm (vLLM's allocator, "
+                  "rules of the release pinned in versions.env) or both side by side");
+  app->add_option("--max-model-len", args->max_model_len, "vLLM's name for --context (give either; equal if both)");
+  app->add_option("--max-num-batched-tokens", args->max_num_batched_tokens,
+                  "vLLM's max_num_batched_tokens (default 8192: vllm serve on a >= 70 GiB GPU)");
+  app->add_option("--mamba-cache-mode", args->mamba_cache_mode,
+                  "vLLM's mamba_cache_mode: none (default), align or all (prefix caching of Mamba/linear states)");
   app->add_flag("--per-layer", args->per_layer, "List every layer in the table");
   add_common_flags(app, args->common, /*with_json=*/true);
   app->callback([args] { run(*args); });

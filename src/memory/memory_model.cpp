@@ -4,24 +4,10 @@
 
 #include "headwise/core/error.hpp"
 #include "headwise/core/units.hpp"
+#include "checked.hpp"
 
 namespace headwise::memory {
 namespace {
-
-// Sizes come from user input (context, batch): overflow must be an error, never a wrap.
-int64_t checked_mul(int64_t a, int64_t b) {
-  int64_t out = 0;
-  if (__builtin_mul_overflow(a, b, &out)) {
-    throw_input_error("memory size overflows 64 bits ({} x {}): context or batch is too large", a, b);
-  }
-  return out;
-}
-
-int64_t checked_add(int64_t a, int64_t b) {
-  int64_t out = 0;
-  if (__builtin_add_overflow(a, b, &out)) throw_input_error("memory size overflows 64 bits: context or batch is too large");
-  return out;
-}
 
 // Bytes of K and V for `slots` tokens of `heads` heads, one sequence.
 int64_t kv_bytes(int64_t slots, int64_t heads, int64_t head_dim, const MemoryOptions& options) {
@@ -157,8 +143,8 @@ int64_t fixed_bytes(const arch::ModelSpec& spec, const MemoryOptions& options) {
   return e.total_bytes - e.components.global_kv_bytes;
 }
 
-Capacity capacity(const arch::ModelSpec& spec, const HeadWindows& windows, const MemoryOptions& options,
-                  int64_t cache_budget_bytes, int64_t context_limit) {
+Capacity capacity_search(const TotalBytes& total_bytes, const MemoryOptions& options, int64_t cache_budget_bytes,
+                         int64_t context_limit) {
   validate_options(options);
   Capacity out;
   if (cache_budget_bytes <= 0) {
@@ -169,7 +155,7 @@ Capacity capacity(const arch::ModelSpec& spec, const HeadWindows& windows, const
     MemoryOptions o = options;
     o.context = context;
     try {
-      return estimate(spec, windows, o).total_bytes <= cache_budget_bytes;
+      return total_bytes(o) <= cache_budget_bytes;
     } catch (const InputError&) {  // past 2^63 bytes: certainly does not fit
       return false;
     }
@@ -188,9 +174,15 @@ Capacity capacity(const arch::ModelSpec& spec, const HeadWindows& windows, const
   }
   MemoryOptions one = options;
   one.batch = 1;
-  const int64_t per_sequence = estimate(spec, windows, one).total_bytes;
+  const int64_t per_sequence = total_bytes(one);
   out.max_batch = per_sequence == 0 ? 0 : cache_budget_bytes / per_sequence;
   return out;
+}
+
+Capacity capacity(const arch::ModelSpec& spec, const HeadWindows& windows, const MemoryOptions& options,
+                  int64_t cache_budget_bytes, int64_t context_limit) {
+  return capacity_search([&](const MemoryOptions& o) { return estimate(spec, windows, o).total_bytes; }, options,
+                         cache_budget_bytes, context_limit);
 }
 
 }  // namespace headwise::memory

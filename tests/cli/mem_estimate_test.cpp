@@ -33,6 +33,18 @@ fs::path model_dir(const std::string& config, bool with_weights = false) {
   return dir;
 }
 
+// Each (arguments, expected text): exit 1, nothing on stdout, one line on stderr naming it.
+void expect_one_line_errors(const std::vector<std::pair<std::string, std::string>>& cases) {
+  for (const auto& [args, expected] : cases) {
+    const Run r = run_cli("mem-estimate" + args);
+    INFO(args << " → " << r.err);
+    CHECK(r.status == 1);
+    CHECK(r.out.empty());
+    CHECK(r.err.find(expected) != std::string::npos);
+    CHECK(std::count(r.err.begin(), r.err.end(), '\n') == 1);
+  }
+}
+
 }  // namespace
 
 TEST_CASE("mem-estimate --json: full KV on bamba tiny", "[cli]") {
@@ -131,14 +143,7 @@ TEST_CASE("mem-estimate bad input: one line, exit 1, nothing on stdout", "[cli]"
       {" --full-kv --context 1k --model /nonexistent/model", "/nonexistent/model"},
       {" --config /nonexistent/policy.yaml", "/nonexistent/policy.yaml"},
   };
-  for (const auto& [args, expected] : cases) {
-    const Run r = run_cli("mem-estimate" + args);
-    INFO(args << " → " << r.err);
-    CHECK(r.status == 1);
-    CHECK(r.out.empty());
-    CHECK(r.err.find(expected) != std::string::npos);
-    CHECK(std::count(r.err.begin(), r.err.end(), '\n') == 1);
-  }
+  expect_one_line_errors(cases);
   std::ofstream(dir / "broken.yaml") << "schema: headwise/policy/v1\nmodel_name: [oops\n";
   const Run r = run_cli("mem-estimate --config " + (dir / "broken.yaml").string());
   CHECK(r.status == 1);
@@ -149,4 +154,77 @@ TEST_CASE("mem-estimate --help says sizes are powers of 1024", "[cli]") {
   const Run r = run_cli("mem-estimate --help");
   CHECK(r.status == 0);
   CHECK(r.out.find("powers of 1024") != std::string::npos);
+}
+
+TEST_CASE("mem-estimate --engine: headwise unchanged, vllm figures, both side by side", "[cli]") {
+  const auto dir = model_dir("gpt_oss_20b.json");
+  const std::string base = "mem-estimate --model " + dir.string() + " --full-kv --context 128k";
+  // the default engine is headwise, byte for byte
+  const Run plain = run_cli(base + " --json");
+  const Run headwise = run_cli(base + " --json --engine headwise");
+  REQUIRE(plain.status == 0);
+  CHECK(headwise.out == plain.out);
+  CHECK(run_cli(base + " --engine headwise").out == run_cli(base).out);
+  CHECK(nlohmann::json::parse(plain.out).count("engine") == 0);
+
+  // vLLM v0.25.1 rules: 12 * 32768 B * (8192 + 521) pages, hand-computed in vllm_model_test
+  Run r = run_cli(base + " --engine vllm --json");
+  REQUIRE(r.status == 0);
+  auto j = nlohmann::json::parse(r.out);
+  CHECK(j["engine"] == "vllm");
+  CHECK(j["vllm_rules_version"] == "v0.25.1");
+  CHECK(j["total_bytes"] == int64_t{3426091008});
+  CHECK(j["max_num_batched_tokens"] == 8192);
+  CHECK(j["mamba_cache_mode"] == "none");
+  CHECK(j["max_model_len"] == 131072);
+  CHECK(j["layers"][0]["bytes"] == 521 * 32768);
+  CHECK(j["kv_cache_groups"].size() == 2);
+  // --max-model-len is --context under vLLM's name
+  CHECK(run_cli("mem-estimate --model " + dir.string() + " --full-kv --max-model-len 128k --engine vllm --json").out == r.out);
+  // a smaller batch budget: sliding layers reserve cdiv(127 + 2048, 16) + 1 = 137 pages
+  r = run_cli(base + " --engine vllm --max-num-batched-tokens 2048 --json");
+  REQUIRE(r.status == 0);
+  CHECK(nlohmann::json::parse(r.out)["layers"][0]["bytes"] == 137 * 32768);
+
+  r = run_cli(base + " --engine both --json");
+  REQUIRE(r.status == 0);
+  j = nlohmann::json::parse(r.out);
+  CHECK(j["engine"] == "both");
+  CHECK(j["headwise"] == nlohmann::json::parse(plain.out));
+  CHECK(j["vllm"]["total_bytes"] == int64_t{3426091008});
+  REQUIRE(j["difference"].is_array());
+  for (const auto& d : j["difference"]) {
+    INFO(d.dump());
+    CHECK(d["difference_bytes"] == d["vllm_bytes"].get<int64_t>() - d["headwise_bytes"].get<int64_t>());
+    CHECK(d["why"].is_null() == (d["difference_bytes"] == 0));
+  }
+  CHECK(j["difference"][1]["component"] == "local (sliding) KV");
+  // headwise keeps 127 tokens -> 128 slots * 2048 B per sliding layer; vLLM 521 pages of 32768 B
+  CHECK(j["difference"][1]["headwise_bytes"] == 12 * 128 * 2048);
+  CHECK(j["difference"][1]["vllm_bytes"] == 12 * 521 * 32768);
+
+  r = run_cli(base + " --engine both");
+  REQUIRE(r.status == 0);
+  CHECK(r.out.find("vLLM v0.25.1 allocation rules") != std::string::npos);
+  CHECK(r.out.find("chunked prefill") != std::string::npos);
+
+  // --gpu-memory answers for the chosen engine: 2 requests fit a budget of twice the reservation
+  r = run_cli(base + " --engine vllm --gpu-memory " + std::to_string(int64_t{3426091008} * 2 + 100) +
+              " --weights-bytes 100 --json");
+  REQUIRE(r.status == 0);
+  CHECK(nlohmann::json::parse(r.out)["gpu_fit"]["full_kv"]["max_batch"] == 2);
+}
+
+TEST_CASE("mem-estimate --engine bad input: one line, exit 1, nothing on stdout", "[cli]") {
+  const auto dir = model_dir("gpt_oss_20b.json");
+  const std::string m = " --model " + dir.string() + " --full-kv";
+  const std::vector<std::pair<std::string, std::string>> cases{
+      {m + " --context 1k --engine sglang", "--engine"},
+      {m + " --context 1k --max-model-len 2k --engine vllm", "--max-model-len"},
+      {m + " --context 1k --engine vllm --max-num-batched-tokens 0", "--max-num-batched-tokens"},
+      {m + " --context 1k --engine vllm --mamba-cache-mode sometimes", "--mamba-cache-mode"},
+      {m + " --context 1k --max-num-batched-tokens 4096", "--engine"},
+      {m + " --context 1k --engine both --sink-tokens 4", "--sink-tokens"},
+  };
+  expect_one_line_errors(cases);
 }

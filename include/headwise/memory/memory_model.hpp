@@ -8,6 +8,7 @@
 //   total = B * sum of the above.
 // runtime::GroupedCache allocates exactly these bytes; tests hold the two equal to the byte.
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <optional>
 #include <string>
@@ -92,5 +93,9 @@ struct Capacity {
 inline constexpr int64_t kContextSearchLimit = int64_t{1} << 30;
 Capacity capacity(const arch::ModelSpec& spec, const HeadWindows& windows, const MemoryOptions& options,
                   int64_t cache_budget_bytes, int64_t context_limit = kContextSearchLimit);
+// The same search for any engine's total: `total_bytes` must grow with context and be linear in batch.
+using TotalBytes = std::function<int64_t(const MemoryOptions&)>;
+Capacity capacity_search(const TotalBytes& total_bytes, const MemoryOptions& options, int64_t cache_budget_bytes,
+                         int64_t context_limit = kContextSearchLimit);
 
 }  // namespace headwise::memory
