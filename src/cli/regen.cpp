@@ -14,6 +14,7 @@
 #include <algorithm>
 #include <iostream>
 #include <optional>
+#include <set>
 
 #include "headwise/arch/registry.hpp"
 #include "headwise/cli/command.hpp"
@@ -97,6 +98,21 @@ bool compare(const regen::ManifestEntry& entry, const CalibrationOutcome& produc
   return false;
 }
 
+// Policies in the manifest's folder that no entry lists: `--check` cannot vouch for them, so a
+// committed policy would silently go stale. A file is a policy when its schema line says so.
+std::vector<std::string> unlisted_policies(const regen::Manifest& manifest, const fs::path& manifest_path) {
+  std::set<fs::path> listed{fs::weakly_canonical(manifest_path)};
+  for (const auto& e : manifest.entries) listed.insert(fs::weakly_canonical(manifest.folder / e.output));
+  std::vector<std::string> out;
+  for (const auto& entry : fs::directory_iterator(manifest.folder)) {
+    const fs::path& p = entry.path();
+    if (!entry.is_regular_file() || p.extension() != ".yaml" || listed.contains(fs::weakly_canonical(p))) continue;
+    if (read_text_file(p).find("schema: headwise/policy/") != std::string::npos) out.push_back(p.filename().string());
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
 void run_regen(const RegenArgs& args) {
   apply_logging(args.flags);
   const regen::Manifest manifest = regen::read_manifest(args.manifest);
@@ -105,6 +121,13 @@ void run_regen(const RegenArgs& args) {
       std::vector<std::string> names;
       for (const auto& e : manifest.entries) names.push_back(e.name);
       throw_input_error("--only: no entry '{}' in {} (entries: {})", name, args.manifest, fmt::join(names, ", "));
+    }
+  }
+  if (args.check && args.only.empty()) {
+    if (const auto unlisted = unlisted_policies(manifest, args.manifest); !unlisted.empty()) {
+      throw_input_error("regen --check: {} in {} {} not listed in {}: add an entry for it or move it elsewhere",
+                        fmt::join(unlisted, ", "), manifest.folder.string(), unlisted.size() == 1 ? "is a policy" : "are policies",
+                        args.manifest);
     }
   }
   const WorkingDirectory in_manifest_folder(manifest.folder);

@@ -103,6 +103,15 @@ TEST_CASE("regen writes, skips what is up to date, and --check catches a hand ed
   CHECK(r.status == 1);
   CHECK(r.err.find("--only: no entry 'nope'") != std::string::npos);
 
+  // A policy in the manifest's folder that no entry lists fails --check (it could go stale).
+  fs::copy_file(policy_file, dir.path() / "stray.yaml");
+  r = run_cli_with(regen + " --check");
+  CHECK(r.status == 1);
+  CHECK(r.err.find("stray.yaml") != std::string::npos);
+  CHECK(r.err.find("not listed in") != std::string::npos);
+  CHECK(std::count(r.err.begin(), r.err.end(), '\n') == 1);
+  fs::remove(dir.path() / "stray.yaml");
+
   fs::remove(policy_file);
   r = run_cli_with(regen + " --check");
   CHECK(r.status == 1);
