@@ -5,6 +5,7 @@
 #include <mutex>
 #include <set>
 
+#include "headwise/core/data_dir.hpp"
 #include "headwise/core/error.hpp"
 #include "headwise/core/files.hpp"
 
@@ -93,7 +94,7 @@ const Haystack& load_haystack(const fs::path& dir) {
   static std::mutex mutex;
   static std::map<fs::path, Haystack> cache;
   std::lock_guard lock(mutex);
-  const fs::path resolved = dir.empty() ? fs::path(HEADWISE_SOURCE_DIR) / "calib-data" / "haystack" : dir;
+  const fs::path resolved = dir.empty() ? data_dir() / "calib-data" / "haystack" : dir;
   auto it = cache.find(resolved);
   if (it == cache.end()) it = cache.emplace(resolved, read_haystack(resolved)).first;
   return it->second;

@@ -35,7 +35,7 @@ struct GeneratorRequest {
   int64_t length = 0;   // target tokens per record (records never exceed it)
   int64_t samples = 0;
   uint64_t seed = 0;
-  std::filesystem::path haystack_dir;  // empty: calib-data/haystack of the source tree
+  std::filesystem::path haystack_dir;  // empty: calib-data/haystack of data_dir() (core/data_dir.hpp)
 };
 
 const std::vector<std::string>& generator_tasks();
