@@ -323,8 +323,9 @@ CalibrationOutcome CalibrationJob::run(const RunControl& control) {
   if (control.want_report) out.report_json = report::calibration_report(result, context).dump(2) + "\n";
   if (control.want_plot) {
     out.svg = report::window_heatmap_svg(s.spec, result.windows, s.ladder,
-                                         fmt::format("{}: KV-head windows at {} tokens, {} budget", policy.model_name,
-                                                     format_tokens(s.mem.context), format_bytes(s.budget)));
+                                         fmt::format("{}: KV-head windows at {} tokens, {} of the {} budget",
+                                                     policy.model_name, format_tokens(s.mem.context),
+                                                     format_bytes(policy.memory.total_bytes), format_bytes(s.budget)));
   }
   return out;
 }

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <iterator>
 
 #include "headwise/core/units.hpp"
 #include "headwise/core/window.hpp"
@@ -142,10 +143,22 @@ nlohmann::json calibration_report(const calib::SeqCalibResult& r, const ReportCo
   };
 }
 
+namespace {
+
+// One hue from dark (the smallest window) to pale (full), evenly spread over the ladder: a
+// sequential scale reads as "more memory" at a glance, a rainbow does not. ColorBrewer's Blues.
+std::string ladder_colour(size_t level, size_t levels) {
+  static const char* kBlues[] = {"#08306b", "#08519c", "#2171b5", "#4292c6", "#6baed6", "#9ecae1", "#c6dbef", "#deebf7"};
+  constexpr size_t kLast = std::size(kBlues) - 1;
+  if (levels <= 1) return kBlues[kLast];
+  return kBlues[(std::min(level, levels - 1) * kLast + (levels - 1) / 2) / (levels - 1)];
+}
+
+}  // namespace
+
 std::string window_heatmap_svg(const arch::ModelSpec& spec, const std::map<int64_t, std::vector<int64_t>>& windows,
                                const measure::WindowLadder& ladder, const std::string& title) {
-  // Short windows dark red, full pale: memory-hungry heads stand out as light cells.
-  static const char* kPalette[] = {"#7f0000", "#c0392b", "#e67e22", "#f1c40f", "#a9dfbf", "#d6eaf8", "#ecf0f1"};
+  // Short windows dark, full pale: memory-hungry heads stand out as light cells.
   const int cell = 22, left = 90, top = 50, legend_w = 150;
   int64_t max_heads = 1;
   for (const auto& [id, w] : windows) max_heads = std::max<int64_t>(max_heads, static_cast<int64_t>(w.size()));
@@ -166,7 +179,6 @@ std::string window_heatmap_svg(const arch::ModelSpec& spec, const std::map<int64
     const auto it = std::find(ladder.levels.begin(), ladder.levels.end(), w);
     return static_cast<size_t>(it - ladder.levels.begin());
   };
-  const size_t palette_offset = 7 - std::min<size_t>(7, ladder.size());
   int row = 0;
   for (const auto& [layer_id, heads] : windows) {
     const int y = top + row * cell;
@@ -175,7 +187,7 @@ std::string window_heatmap_svg(const arch::ModelSpec& spec, const std::map<int64
       const size_t level = level_of(heads[h]);
       svg += fmt::format("<rect x=\"{}\" y=\"{}\" width=\"{}\" height=\"{}\" fill=\"{}\" stroke=\"white\"><title>layer {} "
                          "head {}: {}</title></rect>\n",
-                         left + static_cast<int>(h) * cell, y, cell, cell, kPalette[std::min<size_t>(6, palette_offset + level)],
+                         left + static_cast<int>(h) * cell, y, cell, cell, ladder_colour(level, ladder.size()),
                          layer_id, h, window_label(heads[h]));
     }
     ++row;
@@ -184,7 +196,7 @@ std::string window_heatmap_svg(const arch::ModelSpec& spec, const std::map<int64
   for (size_t l = 0; l < ladder.size(); ++l) {
     const int y = top + static_cast<int>(l) * cell;
     svg += fmt::format("<rect x=\"{}\" y=\"{}\" width=\"{}\" height=\"{}\" fill=\"{}\"/><text x=\"{}\" y=\"{}\">{}</text>\n", lx,
-                       y, cell - 4, cell - 4, kPalette[std::min<size_t>(6, palette_offset + l)], lx + cell + 2, y + 13,
+                       y, cell - 4, cell - 4, ladder_colour(l, ladder.size()), lx + cell + 2, y + 13,
                        ladder.levels[l] == kFullWindow ? std::string("full") : format_tokens(ladder.levels[l]));
   }
   svg += fmt::format("<text x=\"8\" y=\"{}\" fill=\"#555\">{} global of {} layers; other layers keep their native cache</text>\n",

@@ -8,6 +8,7 @@
 #include "../support/temp_dir.hpp"
 #include "headwise/cli/calibrate_job.hpp"
 #include "headwise/core/files.hpp"
+#include "headwise/core/units.hpp"
 #include "headwise/core/window.hpp"
 #include "headwise/policy/policy.hpp"
 
@@ -57,7 +58,10 @@ TEST_CASE("calibrate writes a policy, report and heat map within the budget, byt
   CHECK(report["heads"].size() == 4);
   CHECK(report["probe_heads"].size() == 4);
   CHECK(report["global_bytes"].get<int64_t>() <= report["global_budget_bytes"].get<int64_t>());
-  CHECK_THAT(read_text_file(dir / "windows.svg"), Catch::StartsWith("<svg") && Catch::Contains("layer 3"));
+  const std::string svg = read_text_file(dir / "windows.svg");
+  CHECK_THAT(svg, Catch::StartsWith("<svg") && Catch::Contains("layer 3"));
+  // The title states the bytes used against the budget.
+  CHECK_THAT(svg, Catch::Contains(format_bytes(policy.memory.total_bytes) + " of the " + format_bytes(300 * 1024) + " budget"));
 
   // The report's curves re-solve with `solve` at another budget.
   const auto solved = run_cli("solve --curves " + (dir / "report.json").string() + " --budget 200k --json");
