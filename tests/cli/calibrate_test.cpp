@@ -2,6 +2,8 @@
 // the budget never exceeded, and bad input (one line, non-zero exit, nothing written).
 #include <catch2/catch.hpp>
 
+#include <algorithm>
+#include <functional>
 #include <map>
 #include <nlohmann/json.hpp>
 
@@ -67,6 +69,23 @@ TEST_CASE("calibrate writes a policy, report and heat map within the budget, byt
   const auto solved = run_cli("solve --curves " + (dir / "report.json").string() + " --budget 200k --json");
   REQUIRE(solved.status == 0);
   CHECK(nlohmann::json::parse(solved.out)["approximate"] == true);
+}
+
+TEST_CASE("calibrate a hybrid at a binding budget: heads of a layer differ, bytes within it, rerun identical", "[cli]") {
+  // Full KV here is 256 KiB of global KV plus 7 KiB of DeltaNet state: 200k binds.
+  TempDir dir("calibrate");
+  REQUIRE(run_cli(calibrate(dir, "a", "--budget 200k")).status == 0);
+  REQUIRE(run_cli(calibrate(dir, "b", "--budget 200k")).status == 0);
+  CHECK(read_text_file(dir / "a.yaml") == read_text_file(dir / "b.yaml"));
+  const auto policy = policy::read_policy(dir / "a.yaml");
+  CHECK(policy.memory.total_bytes <= 200 * 1024);
+  CHECK(policy.memory.total_bytes < policy.memory.full_kv_total_bytes);
+  bool heads_differ = false;
+  for (const auto& layer : policy.per_layer_policies) {
+    const auto& w = layer.kv_head_windows;
+    heads_differ |= std::adjacent_find(w.begin(), w.end(), std::not_equal_to<>()) != w.end();
+  }
+  CHECK(heads_differ);
 }
 
 TEST_CASE("calibrate: a budget at full KV gives full everywhere", "[cli]") {
