@@ -80,17 +80,21 @@ DecoderModel::DecoderModel(ModelSpec spec, std::shared_ptr<const io::Checkpoint>
 
 DecoderModel::~DecoderModel() = default;  // after LayerPrefetcher is complete: it waits for its job
 
-at::Tensor DecoderModel::forward(const at::Tensor& input_ids) {
-  c10::InferenceMode inference;
+at::Tensor DecoderModel::hidden_states(const at::Tensor& input_ids, AttentionCore& core) {
   at::Tensor hidden = embed(input_ids);
-  ExactAttentionCore exact(options_.attention_chunk);
   LayerRun run;
-  run.attention = &exact;
+  run.attention = &core;
   for (int64_t i = 0; i < spec_.num_layers(); ++i) {
     prefetch_layer(i + 1);
     hidden = run_layer(i, hidden, run);
   }
-  return logits(hidden);
+  return hidden;
+}
+
+at::Tensor DecoderModel::forward(const at::Tensor& input_ids) {
+  c10::InferenceMode inference;
+  ExactAttentionCore exact(options_.attention_chunk);
+  return logits(hidden_states(input_ids, exact));
 }
 
 ConfigReader DecoderModel::text_config_reader() const {

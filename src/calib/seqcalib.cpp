@@ -423,7 +423,6 @@ class SeqCalibRun {
                                  : fmt::format("layer {} {}", i, report.kind));
       // A re-walk is not checkpointed: a resumed run redoes it from the first walk's state.
       if (spec_.layer(i).is_global() && options_.checkpoint && !rewalking_) options_.checkpoint(state_after(i));
-      if (spec_.layer(i).is_global() && options_.after_global_layer && !rewalking_) options_.after_global_layer(i);
     }
     progress.finish();
     // The stream has passed every layer under the walk's windows: its end-to-end answer KL costs

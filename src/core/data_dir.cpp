@@ -2,8 +2,6 @@
 
 #include <algorithm>
 #include <cstdlib>
-#include <string>
-#include <vector>
 
 #include "headwise/core/error.hpp"
 
@@ -36,17 +34,17 @@ fs::path data_dir() {
     if (!holds_data(env)) throw_input_error("HEADWISE_DATA_DIR={}: has no calib-data/ folder", env);
     return env;
   }
-  std::vector<std::string> looked;
   const fs::path binary = running_binary();
-  if (!binary.empty()) {
-    const fs::path installed = binary.parent_path().parent_path() / "share" / "headwise";
-    if (holds_data(installed)) return installed;
-    looked.push_back(installed.string());
-    // A binary in its build tree (the tests, a developer's build) reads the source tree.
-    if (is_inside(binary, HEADWISE_BUILD_DIR) && holds_data(HEADWISE_SOURCE_DIR)) return HEADWISE_SOURCE_DIR;
+  if (binary.empty()) {
+    throw_input_error("headwise's data (calib-data/) not found (/proc/self/exe unreadable); set HEADWISE_DATA_DIR to the "
+                      "folder holding calib-data/");
   }
+  const fs::path installed = binary.parent_path().parent_path() / "share" / "headwise";
+  if (holds_data(installed)) return installed;
+  // A binary in its build tree (the tests, a developer's build) reads the source tree.
+  if (is_inside(binary, HEADWISE_BUILD_DIR) && holds_data(HEADWISE_SOURCE_DIR)) return HEADWISE_SOURCE_DIR;
   throw_input_error("headwise's data (calib-data/) not found (looked in {}); set HEADWISE_DATA_DIR to the folder "
-                    "holding calib-data/", looked.empty() ? std::string("nothing: /proc/self/exe unreadable") : looked.front());
+                    "holding calib-data/", installed.string());
 }
 
 }  // namespace headwise

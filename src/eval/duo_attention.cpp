@@ -42,14 +42,6 @@ struct Supervised {
   at::Tensor reference;  // full KV's hidden states there [rows, hidden], no graph
 };
 
-at::Tensor final_hidden(arch::DecoderModel& model, const at::Tensor& ids, arch::AttentionCore& core) {
-  at::Tensor hidden = model.embed(ids);
-  arch::LayerRun run;
-  run.attention = &core;
-  for (int64_t i = 0; i < model.spec().num_layers(); ++i) hidden = model.run_layer(i, hidden, run);
-  return hidden;
-}
-
 std::vector<Supervised> supervise(arch::DecoderModel& model, const std::vector<EvalSample>& samples) {
   const at::NoGradGuard no_grad;
   const auto long_opts = at::TensorOptions().dtype(at::kLong).device(model.device());
@@ -57,12 +49,11 @@ std::vector<Supervised> supervise(arch::DecoderModel& model, const std::vector<E
   std::vector<Supervised> out;
   for (const auto& s : samples) {
     if (s.answer.empty() || s.prompt.empty()) throw_input_error("duo: a {} sample has no prompt or no answer", s.task);
-    std::vector<int64_t> seq = s.prompt;
-    seq.insert(seq.end(), s.answer.begin(), s.answer.end() - 1);
+    const TeacherForced seq = teacher_forced(s);
     Supervised sup;
-    sup.ids = at::tensor(seq, long_opts).view({1, -1});
-    sup.rows = at::arange(static_cast<int64_t>(s.prompt.size()) - 1, static_cast<int64_t>(seq.size()), long_opts);
-    sup.reference = final_hidden(model, sup.ids, exact)[0].index_select(0, sup.rows).to(at::kFloat);
+    sup.ids = at::tensor(seq.tokens, long_opts).view({1, -1});
+    sup.rows = at::arange(seq.first_answer_row, static_cast<int64_t>(seq.tokens.size()), long_opts);
+    sup.reference = model.hidden_states(sup.ids, exact)[0].index_select(0, sup.rows).to(at::kFloat);
     out.push_back(std::move(sup));
   }
   return out;
@@ -97,7 +88,7 @@ DuoGates train_duo_gates(arch::DecoderModel& model, const std::vector<EvalSample
   for (int64_t step = 0; step < options.steps; ++step) {
     const Supervised& s = data[static_cast<size_t>(step) % data.size()];
     adam.zero_grad();
-    const at::Tensor hidden = final_hidden(model, s.ids, core)[0].index_select(0, s.rows).to(at::kFloat);
+    const at::Tensor hidden = model.hidden_states(s.ids, core)[0].index_select(0, s.rows).to(at::kFloat);
     const at::Tensor distill = (hidden - s.reference).pow(2).sum() / s.reference.pow(2).sum().clamp_min(1e-12);
     const at::Tensor l1 = at::cat(parameters).abs().mean();
     const at::Tensor loss = distill + options.l1_weight * l1;

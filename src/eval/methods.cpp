@@ -126,15 +126,10 @@ HeadScores retrieval_scores(arch::DecoderModel& model, const std::vector<EvalSam
   for (const auto& s : samples) {
     const auto needles = needle_positions(s);
     if (needles.empty()) continue;
-    std::vector<int64_t> seq = s.prompt;
-    seq.insert(seq.end(), s.answer.begin(), s.answer.end() - 1);  // teacher-forced, last answer token unused
-    const auto prompt_len = static_cast<int64_t>(s.prompt.size());
-    RetrievalScoreCore core(at::arange(prompt_len - 1, static_cast<int64_t>(seq.size()), long_opts),
+    const TeacherForced seq = teacher_forced(s);
+    RetrievalScoreCore core(at::arange(seq.first_answer_row, static_cast<int64_t>(seq.tokens.size()), long_opts),
                             at::tensor(needles, long_opts), model.attention_chunk());
-    at::Tensor hidden = model.embed(at::tensor(seq, long_opts).view({1, -1}));
-    arch::LayerRun run;
-    run.attention = &core;
-    for (int64_t i = 0; i < model.spec().num_layers(); ++i) hidden = model.run_layer(i, hidden, run);
+    (void)model.hidden_states(at::tensor(seq.tokens, long_opts).view({1, -1}), core);
     for (auto& [layer, heads] : sum) {
       for (size_t h = 0; h < heads.size(); ++h) heads[h] += core.mass.at(layer).at(h);
     }

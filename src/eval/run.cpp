@@ -95,9 +95,13 @@ MethodResult run_method(arch::DecoderModel& model, const MethodWindows& method, 
   return r;
 }
 
+namespace {
+constexpr double kZ95 = 1.959963984540054;  // two-sided 95% quantile of the standard normal
+}  // namespace
+
 std::pair<double, double> wilson_interval(int64_t right, int64_t total) {
   if (total <= 0) return {0.0, 1.0};
-  constexpr double z = 1.959963984540054;
+  constexpr double z = kZ95;
   const double n = static_cast<double>(total), p = static_cast<double>(right) / n, z2 = z * z;
   const double centre = (p + z2 / (2 * n)) / (1 + z2 / n);
   const double half = z * std::sqrt(p * (1 - p) / n + z2 / (4 * n * n)) / (1 + z2 / n);
@@ -113,7 +117,7 @@ std::pair<double, double> mean_and_ci95(const std::vector<double>& values) {
   if (values.size() < 2) return {mean, 0.0};
   double ss = 0;
   for (double v : values) ss += (v - mean) * (v - mean);
-  return {mean, 1.959963984540054 * std::sqrt(ss / (n - 1) / n)};
+  return {mean, kZ95 * std::sqrt(ss / (n - 1) / n)};
 }
 
 namespace {
@@ -144,7 +148,7 @@ PairedComparison paired_comparison(const MethodResult& a, const MethodResult& b)
     const auto n = static_cast<double>(c.samples);
     const auto diff = static_cast<double>(c.only_a - c.only_b);
     c.accuracy_difference = diff / n;
-    const double half = 1.959963984540054 * std::sqrt(std::max(0.0, static_cast<double>(c.only_a + c.only_b) - diff * diff / n)) / n;
+    const double half = kZ95 * std::sqrt(std::max(0.0, static_cast<double>(c.only_a + c.only_b) - diff * diff / n)) / n;
     c.accuracy_difference_ci95 = {c.accuracy_difference - half, c.accuracy_difference + half};
   }
   const int64_t discordant = c.only_a + c.only_b;

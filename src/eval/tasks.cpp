@@ -132,6 +132,14 @@ std::vector<std::string> default_tasks(const fs::path& model_dir) {
   return default_tasks_for(&tokenizer);
 }
 
+TeacherForced teacher_forced(const EvalSample& s) {
+  TeacherForced out;
+  out.tokens = s.prompt;
+  out.tokens.insert(out.tokens.end(), s.answer.begin(), s.answer.end() - 1);
+  out.first_answer_row = static_cast<int64_t>(s.prompt.size()) - 1;
+  return out;
+}
+
 std::vector<EvalSample> make_eval_samples(const fs::path& model_dir, int64_t vocab_size, const TaskRequest& request) {
   if (request.samples <= 0) throw_input_error("--samples must be positive, got {}", request.samples);
   if (request.seq_len <= 0) throw_input_error("--seq-len must be positive, got {}", request.seq_len);

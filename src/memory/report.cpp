@@ -42,7 +42,7 @@ std::string layers_table(const std::vector<LayerMemory>& layers, bool per_layer)
       std::string windows;
       if (l.kv_head_windows) {
         std::vector<std::string> names;
-        for (int64_t w : *l.kv_head_windows) names.push_back(w == kFullWindow ? "full" : std::to_string(w));
+        for (int64_t w : *l.kv_head_windows) names.push_back(window_label(w));
         windows = fmt::format("[{}]", fmt::join(names, ", "));
       }
       out += fmt::format("  {:>5} {:<18} {:>16}  {}\n", l.layer_id, arch::layer_kind_name(l.kind), l.bytes, windows);

@@ -91,6 +91,9 @@ class DecoderModel {
   // hidden [B, T, H] → logits [B, T, V] float32 (final norm, head, soft-capping)
   virtual at::Tensor logits(const at::Tensor& hidden) = 0;
 
+  // Embeddings and every layer, attention through `core` (prefetching the next layer's weights):
+  // [B, T] → hidden [B, T, H] before the final norm. Runs in the caller's autograd mode.
+  at::Tensor hidden_states(const at::Tensor& input_ids, AttentionCore& core);
   // Plain prefill with exact attention: [B, T] → [B, T, V] float32.
   at::Tensor forward(const at::Tensor& input_ids);
 

@@ -59,11 +59,9 @@ struct SeqCalibOptions {
   std::vector<int64_t> unmeasured_levels;
   Extrapolation extrapolation = Extrapolation::kNone;
   ActivationPlacement activations = ActivationPlacement::kAuto;
-  // Called after each global layer is decided (progress, checkpoints, the kill hook of tests).
-  std::function<void(int64_t layer_id)> after_global_layer;
   // Resume: given, the probe is skipped and the layers up to resume->last_layer are replayed
   // under their recorded windows instead of measured. `checkpoint` receives the state after
-  // each global layer (before after_global_layer), for writing the resume checkpoint.
+  // each global layer, for writing the resume checkpoint.
   const WalkState* resume = nullptr;
   std::function<void(const WalkState& state)> checkpoint;
 };

@@ -37,9 +37,9 @@ struct BaselineInputs {
 };
 
 // The retrieval score (the HeadKV / RazorAttention family), measured without training: the
-// attention mass each KV head's query heads put on the needle (the answer's occurrence in the prompt) while producing the
-// answer, with full KV, averaged over samples. Samples whose answer never occurs in the prompt
-// do not count.
+// attention mass each KV head's query heads put on the needle (the answer's occurrence in the
+// prompt) while producing the answer, with full KV, averaged over samples. Samples whose answer
+// never occurs in the prompt do not count.
 HeadScores retrieval_scores(arch::DecoderModel& model, const std::vector<EvalSample>& samples);
 
 // Windows for each requested method (headwise first, then the baselines in `names` order).

@@ -16,6 +16,14 @@ struct EvalSample {
   std::vector<int64_t> answer;  // non-empty
 };
 
+// A sample as one teacher-forced sequence: the prompt and the answer without its last token;
+// the outputs at positions first_answer_row.. are the answer tokens.
+struct TeacherForced {
+  std::vector<int64_t> tokens;
+  int64_t first_answer_row = 0;
+};
+TeacherForced teacher_forced(const EvalSample& sample);
+
 struct TaskRequest {
   std::vector<std::string> tasks;  // empty: default_tasks()
   int64_t samples = 8;             // per task
