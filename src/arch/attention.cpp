@@ -4,7 +4,7 @@
 #include <vector>
 
 #include "headwise/core/error.hpp"
-#include "headwise/measure/multiwindow_cuda.hpp"
+#include "headwise/arch/attention_cuda.hpp"
 
 namespace headwise::arch {
 
@@ -42,8 +42,8 @@ at::Tensor windowed_attention(const AttentionInputs& in, std::span<const int64_t
 #ifdef HEADWISE_WITH_CUDA
   // The fused kernel visits only each head's window (no masked work) and needs no O(chunk x T)
   // score workspace; inputs it does not cover take the ATen path below, which runs on CUDA too.
-  if (first_query == 0 && measure::cuda_multiwindow_supported(in, 0)) {
-    return measure::cuda_windowed_attention(in, kv_windows, sink_tokens);
+  if (first_query == 0 && cuda_multiwindow_supported(in, 0)) {
+    return cuda_windowed_attention(in, kv_windows, sink_tokens);
   }
 #endif
   const bool all_bounded = std::all_of(kv_windows.begin(), kv_windows.end(), [](int64_t w) { return w != kFullWindow; });

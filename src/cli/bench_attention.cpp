@@ -10,7 +10,7 @@
 #include "bench.hpp"
 #include "headwise/arch/attention.hpp"
 #include "headwise/measure/multiwindow.hpp"
-#include "headwise/measure/multiwindow_cuda.hpp"
+#include "headwise/arch/attention_cuda.hpp"
 
 namespace headwise::cli::bench {
 
@@ -65,7 +65,7 @@ nlohmann::json bench_multiwindow(const AttentionBenchShape& s, const at::Device&
 #ifdef HEADWISE_WITH_CUDA
   if (device.is_cuda()) {
     // The same calls through the ATen path (cuBLAS products, masked softmax), for comparison.
-    measure::set_cuda_kernels_enabled(false);
+    arch::set_cuda_kernels_enabled(false);
     aten["aten_multiwindow_masked_ms"] = best_ms(device, s.repeats, [&] {
       for (int64_t w : ladder.levels) (void)arch::windowed_attention(in, w, 0, s.chunk);
     });
@@ -75,7 +75,7 @@ nlohmann::json bench_multiwindow(const AttentionBenchShape& s, const at::Device&
     aten["aten_full_attention_ms"] = best_ms(device, s.repeats, [&] {
       (void)arch::windowed_attention(in, kFullWindow, 0, s.chunk);
     });
-    measure::set_cuda_kernels_enabled(true);
+    arch::set_cuda_kernels_enabled(true);
   }
 #endif
   nlohmann::json result = {{"multiwindow_speedup", masked / onepass},

@@ -1,5 +1,5 @@
 // The main job: `headwise-calc --model DIR --context 160k --budget 48g [-o policy.yaml]`.
-// Calibrates per-KV-head windows with SeqCalib (calibrate_job.cpp, shared with `regen`) and
+// Calibrates per-KV-head windows with SeqCalib (calib/calibration_job.cpp, shared with `regen`) and
 // writes the policy, a JSON report and an SVG heat map. All outputs are written atomically;
 // nothing is written on failure. A checkpoint next to the policy (<output>.ckpt.json) is
 // rewritten after each global layer so `--resume` can continue a killed run; it is deleted
@@ -9,7 +9,7 @@
 #include <filesystem>
 #include <iostream>
 
-#include "headwise/cli/calibrate_job.hpp"
+#include "headwise/calib/calibration_job.hpp"
 #include "headwise/cli/command.hpp"
 #include "headwise/core/error.hpp"
 #include "headwise/core/files.hpp"
@@ -20,7 +20,7 @@ namespace {
 namespace fs = std::filesystem;
 
 struct CalibrateArgs {
-  CalibrationRequest request;
+  calib::CalibrationRequest request;
   std::string output = "policy.yaml";
   std::string report;
   std::string plot;
@@ -39,13 +39,13 @@ void check_outputs_writable(const CalibrateArgs& args) {
 void run_calibrate(const CalibrateArgs& args) {
   apply_logging(args.flags);
   check_outputs_writable(args);
-  CalibrationJob job(args.request, args.output);
-  RunControl control;
-  control.checkpoint = checkpoint_path_for(args.output);
+  calib::CalibrationJob job(args.request, args.output);
+  calib::RunControl control;
+  control.checkpoint = calib::checkpoint_path_for(args.output);
   control.resume = args.resume;
   control.want_report = !args.report.empty();
   control.want_plot = !args.plot.empty();
-  const CalibrationOutcome out = job.run(control);
+  const calib::CalibrationOutcome out = job.run(control);
   const policy::Policy& policy = out.policy;
   const int64_t budget = parse_byte_size(args.request.budget, "--budget");
 

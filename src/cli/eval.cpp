@@ -4,6 +4,7 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <optional>
 #include <iostream>
 #include <sstream>
 
@@ -22,6 +23,7 @@ namespace fs = std::filesystem;
 struct EvalArgs {
   std::string model;
   std::string policy;
+  std::string unconditioned_policy;
   std::string tasks;
   std::string baselines = "full,uniform,pyramid,retrieval-score,duo,random,unconditioned";
   int64_t samples = 100;
@@ -47,16 +49,17 @@ std::vector<std::string> split_list(const std::string& text) {
 
 // A policy carries its model's fingerprint; quality numbers for another model's policy would
 // be meaningless, so refuse before any work.
-void check_policy_matches(const policy::Policy& p, const fs::path& dir, const arch::ModelSpec& spec, const std::string& where) {
+void check_policy_matches(const policy::Policy& p, const fs::path& dir, const arch::ModelSpec& spec, const std::string& where,
+                          const char* flag = "--policy") {
   const auto fp = policy::fingerprint_model(dir);
   if (p.fingerprint.config_sha256 != fp.config_sha256) {
-    throw_input_error("--policy {}: model_fingerprint.config_sha256 does not match {} (a policy for another model)", where,
+    throw_input_error("{} {}: model_fingerprint.config_sha256 does not match {} (a policy for another model)", flag, where,
                       (dir / "config.json").string());
   }
   if (p.fingerprint.weights_headers_sha256 && fp.weights_headers_sha256 &&
       *p.fingerprint.weights_headers_sha256 != *fp.weights_headers_sha256) {
-    throw_input_error("--policy {}: model_fingerprint.weights_headers_sha256 does not match the safetensors in {} "
-                      "(recalibrate for these weights)", where, dir.string());
+    throw_input_error("{} {}: model_fingerprint.weights_headers_sha256 does not match the safetensors in {} "
+                      "(recalibrate for these weights)", flag, where, dir.string());
   }
   policy::validate_against_model(p, spec, where);
 }
@@ -147,7 +150,14 @@ void run_eval(const EvalArgs& args) {
   arch::ModelOptions model_options;
   model_options.device = args.device;
   auto model = arch::load_model(dir, model_options);
-  eval::BaselineInputs baseline_inputs{pol, options, args.seed};
+  eval::BaselineInputs baseline_inputs{pol, options, args.seed, {}, nullptr};
+  std::optional<policy::Policy> ablation;
+  if (!args.unconditioned_policy.empty()) {
+    ablation = policy::read_policy(args.unconditioned_policy);
+    check_policy_matches(*ablation, dir, spec, args.unconditioned_policy, "--unconditioned-policy");
+    eval::check_unconditioned_ablation(pol, *ablation, args.unconditioned_policy);
+    baseline_inputs.unconditioned_policy = &*ablation;
+  }
   baseline_inputs.duo.steps = args.duo_steps;
   const auto methods = eval::build_methods(*model, baseline_inputs, baselines, calibration);
   warn_full_in_effect(methods, seq_len);
@@ -201,6 +211,9 @@ const RegisterCommand kRegister{"eval", [](CLI::App& root) {
   auto* cmd = root.add_subcommand("eval", "Policy vs baselines at equal bytes through the runtime decoder");
   cmd->add_option("--model", args.model, "Model folder (config.json + safetensors)")->required();
   cmd->add_option("--policy", args.policy, "policy.yaml made for this model")->required();
+  cmd->add_option("--unconditioned-policy", args.unconditioned_policy,
+                  "The policy's calibration rerun with --no-conditioning: the `unconditioned` baseline then differs "
+                  "from the policy only in conditioning (default: calibrated in eval on the eval tasks' samples)");
   cmd->add_option("--tasks", args.tasks, "Comma-separated tasks (default: needle tasks for the model)");
   cmd->add_option("--samples", args.samples, "Samples per task")->capture_default_str();
   cmd->add_option("--seq-len", args.seq_len, "Tokens per sample, prompt + answer (k = 1024); default: the policy's context")

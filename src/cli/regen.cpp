@@ -17,6 +17,7 @@
 #include <set>
 
 #include "headwise/arch/registry.hpp"
+#include "headwise/calib/calibration_job.hpp"
 #include "headwise/cli/command.hpp"
 #include "headwise/core/error.hpp"
 #include "headwise/core/files.hpp"
@@ -64,7 +65,7 @@ std::optional<std::string> recorded_inputs_hash(const fs::path& output) {
 }
 
 // Prints how the committed policy differs from `produced`; returns false when it does.
-bool compare(const regen::ManifestEntry& entry, const CalibrationOutcome& produced, bool quiet) {
+bool compare(const regen::ManifestEntry& entry, const calib::CalibrationOutcome& produced, bool quiet) {
   std::error_code ec;
   if (!fs::exists(entry.output, ec)) {
     std::cout << fmt::format("{}: {} is missing (run `headwise-calc regen` to create it)\n", entry.name,
@@ -136,7 +137,7 @@ void run_regen(const RegenArgs& args) {
   for (const auto& entry : manifest.entries) {
     if (!args.only.empty() && std::find(args.only.begin(), args.only.end(), entry.name) == args.only.end()) continue;
     ++considered;
-    std::optional<CalibrationJob> job;
+    std::optional<calib::CalibrationJob> job;
     try {
       job.emplace(entry.request, entry.output);
     } catch (const InputError& e) {
@@ -144,7 +145,7 @@ void run_regen(const RegenArgs& args) {
       throw_input_error("{}: entry '{}': {}", args.manifest, entry.name, e.what());
     }
     if (args.check) {
-      if (!compare(entry, job->run(RunControl{}), args.flags.quiet)) stale.push_back(entry.name);
+      if (!compare(entry, job->run(calib::RunControl{}), args.flags.quiet)) stale.push_back(entry.name);
       continue;
     }
     if (!args.force && recorded_inputs_hash(entry.output) == job->inputs_hash()) {
@@ -152,9 +153,9 @@ void run_regen(const RegenArgs& args) {
                                job->inputs_hash().substr(0, 12));
       continue;
     }
-    RunControl control;
-    control.checkpoint = checkpoint_path_for(entry.output);
-    const CalibrationOutcome out = job->run(control);
+    calib::RunControl control;
+    control.checkpoint = calib::checkpoint_path_for(entry.output);
+    const calib::CalibrationOutcome out = job->run(control);
     write_file_atomically(entry.output, out.policy_yaml);
     std::error_code ec;
     fs::remove(control.checkpoint, ec);

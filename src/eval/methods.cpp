@@ -105,6 +105,32 @@ memory::HeadWindows unconditioned(arch::DecoderModel& model, const BaselineInput
 
 }  // namespace
 
+void check_unconditioned_ablation(const policy::Policy& policy, const policy::Policy& ablation, const std::string& where) {
+  const std::string method = ablation.calibration.value("method", "");
+  if (method != "unconditioned") {
+    throw_input_error("--unconditioned-policy {}: calibration.method is '{}', not 'unconditioned' (calibrate it with "
+                      "--no-conditioning)", where, method);
+  }
+  const auto differs = [&](const char* field) {
+    throw_input_error("--unconditioned-policy {}: {} differs from --policy's; it must be the same calibration with only "
+                      "--no-conditioning added", where, field);
+  };
+  if (ablation.window_levels != policy.window_levels) differs("window_levels");
+  if (ablation.context != policy.context) differs("context");
+  if (ablation.batch != policy.batch) differs("batch");
+  if (ablation.dtype != policy.dtype) differs("dtype");
+  if (ablation.block_size != policy.block_size) differs("block_size");
+  if (ablation.sink_tokens != policy.sink_tokens) differs("sink_tokens");
+  if (ablation.budget_gb != policy.budget_gb) differs("budget_gb");
+  for (const char* key : {"dataset_sha256", "samples", "seq_len", "seed", "distortion_measure", "heads", "probe_samples"}) {
+    const auto a = ablation.calibration.find(key);
+    const auto p = policy.calibration.find(key);
+    const bool in_a = a != ablation.calibration.end();
+    const bool in_p = p != policy.calibration.end();
+    if (in_a != in_p || (in_a && *a != *p)) differs((std::string("calibration.") + key).c_str());
+  }
+}
+
 const std::vector<std::string>& method_names() {
   static const std::vector<std::string> names{"headwise", "full", "uniform", "pyramid", "retrieval-score", "duo", "random", "unconditioned"};
   return names;
@@ -178,8 +204,14 @@ std::vector<MethodWindows> build_methods(arch::DecoderModel& model, const Baseli
                  {"loss_last", trained.step_loss.back()}};
     } else if (name == "random") {
       w = random_baseline(spec, in.options, budget, in.policy.window_levels, in.seed);
+    } else if (name == "unconditioned" && in.unconditioned_policy != nullptr) {
+      w = in.unconditioned_policy->head_windows();
+      details = {{"source", "the policy's calibration rerun with --no-conditioning (same data and options)"},
+                 {"dataset_sha256", in.unconditioned_policy->calibration.value("dataset_sha256", "")}};
     } else if (name == "unconditioned") {
       w = unconditioned(model, in, calibration);
+      details = {{"source", "calibrated in eval without conditioning on the eval tasks' calibration samples (its data "
+                            "differs from the policy's; pass --unconditioned-policy for the exact ablation)"}};
     } else {
       std::string have;
       for (const auto& n : baseline_names()) have += (have.empty() ? "" : ", ") + n;

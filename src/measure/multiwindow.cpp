@@ -4,7 +4,7 @@
 #include <limits>
 
 #include "headwise/core/error.hpp"
-#include "headwise/measure/multiwindow_cuda.hpp"
+#include "headwise/arch/attention_cuda.hpp"
 
 namespace headwise::measure {
 namespace {
@@ -120,7 +120,7 @@ void cuda_chunks(const arch::AttentionInputs& in, const WindowLadder& ladder, co
   const int64_t kv = in.k.size(1), group = in.q.size(1) / kv;
   for (int64_t t0 = 0; t0 < steps; t0 += chunk) {
     const int64_t t1 = std::min(steps, t0 + chunk);
-    const at::Tensor all = cuda_multiwindow_levels(in, edges, sink_tokens, t0, t1);  // [E+1, B, H, tc, hd]
+    const at::Tensor all = arch::cuda_multiwindow_levels(in, edges, sink_tokens, t0, t1);  // [E+1, B, H, tc, hd]
     std::vector<at::Tensor> levels;
     for (int64_t e = 0; e < all.size(0); ++e) levels.push_back(all[e].view({batch, kv, group, t1 - t0, hd}));
     const at::Tensor full = levels.back();
@@ -142,7 +142,7 @@ void for_each_chunk_levels(const arch::AttentionInputs& in, const WindowLadder& 
     if (w != kFullWindow) edges.push_back(w);
   }
 #ifdef HEADWISE_WITH_CUDA
-  if (cuda_multiwindow_supported(in, edges.size())) return cuda_chunks(in, ladder, edges, sink_tokens, chunk, fn);
+  if (arch::cuda_multiwindow_supported(in, edges.size())) return cuda_chunks(in, ladder, edges, sink_tokens, chunk, fn);
 #endif
   const at::Tensor q = (in.q.to(at::kFloat) * in.scaling).view({batch, kv, group, steps, hd});
   const at::Tensor k = in.k.to(at::kFloat).contiguous();

@@ -95,7 +95,7 @@ ManifestEntry parse_entry(const YAML::Node& node, size_t index, std::string_view
 
   ManifestEntry e;
   e.name = r.text(node, "name");
-  cli::CalibrationRequest& q = e.request;
+  calib::CalibrationRequest& q = e.request;
   q.model = resolve(base, r.text(node, "model"));
   q.context = r.text(node, "context");
   q.budget = r.text(node, "budget");

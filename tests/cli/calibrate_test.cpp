@@ -8,7 +8,7 @@
 #include <nlohmann/json.hpp>
 
 #include "../support/temp_dir.hpp"
-#include "headwise/cli/calibrate_job.hpp"
+#include "headwise/calib/calibration_job.hpp"
 #include "headwise/core/files.hpp"
 #include "headwise/core/units.hpp"
 #include "headwise/core/window.hpp"
@@ -132,13 +132,13 @@ TEST_CASE("calibrate refuses bad input with one line and writes nothing", "[cli]
 
 TEST_CASE("--seq-len auto measures every finite level; unmeasured levels need a stated rule", "[cli]") {
   const std::vector<int64_t> ladder{1024, 4096, 16384, 65536, kFullWindow};
-  CHECK(cli::auto_calibration_length(ladder, 163840) == 81920);  // 64k + 16k
-  CHECK(cli::auto_calibration_length({64, 256, 1024, kFullWindow}, 32768) == 2048);
-  CHECK(cli::auto_calibration_length({8, 32, kFullWindow}, 512) == 512);  // never beyond the context
-  CHECK(cli::auto_calibration_length({kFullWindow}, 4096) == 2048);
-  CHECK(cli::unmeasured_levels(ladder, 8192, 163840) == std::vector<int64_t>{16384, 65536});
-  CHECK(cli::unmeasured_levels(ladder, 81920, 163840).empty());
-  CHECK(cli::unmeasured_levels(ladder, 2048, 4096).empty());  // 4096 and above are full KV there
+  CHECK(calib::auto_calibration_length(ladder, 163840) == 81920);  // 64k + 16k
+  CHECK(calib::auto_calibration_length({64, 256, 1024, kFullWindow}, 32768) == 2048);
+  CHECK(calib::auto_calibration_length({8, 32, kFullWindow}, 512) == 512);  // never beyond the context
+  CHECK(calib::auto_calibration_length({kFullWindow}, 4096) == 2048);
+  CHECK(calib::unmeasured_levels(ladder, 8192, 163840) == std::vector<int64_t>{16384, 65536});
+  CHECK(calib::unmeasured_levels(ladder, 81920, 163840).empty());
+  CHECK(calib::unmeasured_levels(ladder, 2048, 4096).empty());  // 4096 and above are full KV there
 
   TempDir dir("calibrate-levels");
   const auto out = dir / "p.yaml";

@@ -1,4 +1,4 @@
-// The CUDA kernel (src/measure/multiwindow_cuda.cu) against the CPU path. Without a GPU every
+// The CUDA kernel (src/arch/attention_cuda.cu) against the CPU path. Without a GPU every
 // case returns early with a warning (Catch2 v2 has no SKIP); tools/gpu-check.sh runs them on
 // the GPU machine.
 #include <catch2/catch.hpp>

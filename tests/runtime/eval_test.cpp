@@ -10,6 +10,7 @@
 
 #include "../arch/fixture_reference.hpp"
 #include "../test_configs.hpp"
+#include "headwise/core/error.hpp"
 #include "headwise/eval/baselines.hpp"
 #include "headwise/eval/eval.hpp"
 #include "headwise/eval/tasks.hpp"
@@ -299,4 +300,65 @@ TEST_CASE("paired comparison on the same samples: exact McNemar and the paired d
   const auto same = eval::paired_comparison(a, a);
   CHECK(same.mcnemar_p == 1.0);
   CHECK(same.accuracy_difference == 0.0);
+}
+
+TEST_CASE("eval --unconditioned-policy: the exact ablation is used as given, and only a true ablation is accepted",
+          "[runtime]") {
+  headwise::testing::TempDir tmp;
+  const auto dir = headwise::testing::fixture_dir("qwen3_next_tiny");
+  const auto spec = arch::load_model_spec(dir);
+  std::mt19937_64 rng(8);
+  const nlohmann::json provenance = {{"method", "seqcalib"},          {"dataset_sha256", "ab12"}, {"samples", 4},
+                                     {"seq_len", 256},                {"seed", 0},                {"probe_samples", 2},
+                                     {"distortion_measure", "answer-kl"}, {"heads", "joint"}};
+  auto policy = fixture_policy(dir, random_policy_windows(spec, {8, 32, policy::kFull}, rng));
+  policy.calibration = provenance;
+  auto ablation = fixture_policy(dir, random_policy_windows(spec, {8, 32, policy::kFull}, rng));
+  ablation.calibration = provenance;
+  ablation.calibration["method"] = "unconditioned";
+  CHECK_NOTHROW(eval::check_unconditioned_ablation(policy, ablation, "a.yaml"));
+
+  const auto refused = [&](const policy::Policy& bad, const std::string& field) {
+    INFO(field);
+    try {
+      eval::check_unconditioned_ablation(policy, bad, "a.yaml");
+      FAIL("accepted");
+    } catch (const InputError& e) {
+      CHECK(std::string(e.what()).find("--unconditioned-policy a.yaml") != std::string::npos);
+      CHECK(std::string(e.what()).find(field) != std::string::npos);
+    }
+  };
+  refused(policy, "'seqcalib'");  // the policy itself is not its own ablation
+  for (const char* key : {"dataset_sha256", "samples", "seed", "heads"}) {
+    auto bad = ablation;
+    bad.calibration[key] = "other";
+    refused(bad, std::string("calibration.") + key);
+  }
+  auto other_ladder = ablation;
+  other_ladder.window_levels = {8, policy::kFull};
+  refused(other_ladder, "window_levels");
+  auto other_budget = ablation;
+  other_budget.budget_gb = 2;
+  refused(other_budget, "budget_gb");
+
+  // Through the CLI: the unconditioned row has the given policy's windows.
+  policy::write_policy(tmp.path() / "policy.yaml", policy);
+  policy::write_policy(tmp.path() / "ablation.yaml", ablation);
+  const Run r = run_cli("eval --model " + dir.string() + " --policy " + (tmp.path() / "policy.yaml").string() +
+                            " --unconditioned-policy " + (tmp.path() / "ablation.yaml").string() +
+                            " --baselines unconditioned --samples 1 --seq-len 120 --json --quiet",
+                        tmp.path());
+  INFO(r.err);
+  REQUIRE(r.status == 0);
+  const auto j = nlohmann::json::parse(r.out);
+  REQUIRE(j["methods"].size() == 2);
+  const auto& row = j["methods"][1];
+  CHECK(row["name"] == "unconditioned");
+  CHECK(row["details"]["dataset_sha256"] == "ab12");
+  for (const auto& [layer, heads] : ablation.head_windows()) {
+    for (size_t h = 0; h < heads.size(); ++h) {
+      const auto& w = row["windows"][std::to_string(layer)][h];
+      CHECK((heads[h] == policy::kFull ? w == "full" : w == heads[h]));
+    }
+  }
 }

@@ -34,7 +34,16 @@ struct BaselineInputs {
   memory::MemoryOptions options;  // the policy's, as eval runs them
   uint64_t seed = 0;              // the random baseline's
   DuoTrainingOptions duo;         // the duo baseline's gate training (its window: the ladder's first)
+  // The policy's own calibration rerun with --no-conditioning (same data, measure, ladder and
+  // budget; checked by check_unconditioned_ablation). When absent, `unconditioned` is calibrated
+  // inside eval on the eval tasks' calibration samples, which also changes the data.
+  const policy::Policy* unconditioned_policy = nullptr;
 };
+
+// Refuses (InputError naming `where`) an --unconditioned-policy that is not `policy`'s
+// calibration with only the conditioning removed: method `unconditioned`, and the same ladder,
+// serving shape, budget, dataset (sha256), samples, sequence length, seed, measure and heads.
+void check_unconditioned_ablation(const policy::Policy& policy, const policy::Policy& ablation, const std::string& where);
 
 // The retrieval score (the HeadKV / RazorAttention family), measured without training: the
 // attention mass each KV head's query heads put on the needle (the answer's occurrence in the

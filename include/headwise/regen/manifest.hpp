@@ -23,13 +23,13 @@
 #include <string_view>
 #include <vector>
 
-#include "headwise/cli/calibrate_job.hpp"
+#include "headwise/calib/calibration_job.hpp"
 
 namespace headwise::regen {
 
 struct ManifestEntry {
   std::string name;
-  cli::CalibrationRequest request;  // model and calib: relative to `base` (see below)
+  calib::CalibrationRequest request;  // model and calib: relative to `base` (see below)
   std::filesystem::path output;     // idem
 };
 

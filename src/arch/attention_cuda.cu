@@ -30,9 +30,9 @@
 // under nvcc.
 
 #include "headwise/core/window.hpp"
-#include "headwise/measure/multiwindow_cuda.hpp"
+#include "headwise/arch/attention_cuda.hpp"
 
-namespace headwise::measure {
+namespace headwise::arch {
 namespace {
 
 constexpr int kWarpsPerBlock = 4;
@@ -257,4 +257,4 @@ at::Tensor cuda_windowed_attention(const arch::AttentionInputs& in, std::span<co
   return out;
 }
 
-}  // namespace headwise::measure
+}  // namespace headwise::arch

@@ -12,7 +12,7 @@
 
 #include "headwise/policy/policy.hpp"
 
-namespace headwise::cli {
+namespace headwise::calib {
 
 // Every option of the main command that shapes the policy, with its defaults and flag names.
 struct CalibrationRequest {
@@ -88,4 +88,4 @@ class CalibrationJob {
   std::unique_ptr<State> state_;
 };
 
-}  // namespace headwise::cli
+}  // namespace headwise::calib

@@ -1,5 +1,5 @@
-// The main command's calibration, factored out so `regen` runs exactly the same code.
-#include "headwise/cli/calibrate_job.hpp"
+// The main command's calibration as a library job, so the CLI and `regen` run exactly the same code.
+#include "headwise/calib/calibration_job.hpp"
 
 #include <spdlog/spdlog.h>
 
@@ -20,7 +20,7 @@
 #include "headwise/memory/memory_model.hpp"
 #include "headwise/report/calib_report.hpp"
 
-namespace headwise::cli {
+namespace headwise::calib {
 namespace {
 namespace fs = std::filesystem;
 
@@ -31,10 +31,10 @@ constexpr std::string_view kCheckpointSchema = "headwise/calib-checkpoint/v1";
 //   2: lambda-priced joint descent, re-walks after the completion (2026-12-01).
 constexpr int64_t kCalibrationRevision = 2;
 
-calib::ActivationPlacement parse_placement(const std::string& text) {
-  if (text == "auto") return calib::ActivationPlacement::kAuto;
-  if (text == "device") return calib::ActivationPlacement::kDevice;
-  if (text == "host") return calib::ActivationPlacement::kHost;
+ActivationPlacement parse_placement(const std::string& text) {
+  if (text == "auto") return ActivationPlacement::kAuto;
+  if (text == "device") return ActivationPlacement::kDevice;
+  if (text == "host") return ActivationPlacement::kHost;
   throw_input_error("--activations: '{}' is not one of auto, device, host", text);
 }
 
@@ -50,7 +50,7 @@ std::string model_path_for(const fs::path& model_dir, const fs::path& policy_pat
   return fs::absolute(model_dir).lexically_normal().lexically_relative(policy_dir.lexically_normal()).string();
 }
 
-void refuse_if_it_cannot_fit(const calib::MemoryPlan& plan) {
+void refuse_if_it_cannot_fit(const MemoryPlan& plan) {
   spdlog::info("calibration memory: {}", plan.describe());
   if (plan.available_bytes && plan.device_peak_bytes() > *plan.available_bytes) {
     throw InfeasibleError(fmt::format("calibration needs about {} but only {} is available; lower --samples, --seq-len or "
@@ -81,7 +81,7 @@ void refuse_unmeasured_levels(const std::vector<int64_t>& blind, int64_t seq_len
   }
 }
 
-std::optional<calib::WalkState> read_checkpoint(const fs::path& path, const std::string& inputs_hash) {
+std::optional<WalkState> read_checkpoint(const fs::path& path, const std::string& inputs_hash) {
   std::error_code ec;
   if (!fs::exists(path, ec)) {
     spdlog::info("--resume: no checkpoint at {}; starting from the beginning", path.string());
@@ -98,7 +98,7 @@ std::optional<calib::WalkState> read_checkpoint(const fs::path& path, const std:
                       "calibration data, options or tool version changed); rerun without --resume to start over",
                       path.string(), recorded.substr(0, 12), inputs_hash.substr(0, 12));
   }
-  return calib::walk_state_from_json(j["state"], path.string());
+  return walk_state_from_json(j["state"], path.string());
 }
 
 }  // namespace
@@ -132,9 +132,9 @@ struct CalibrationJob::State {
   int64_t fixed = 0;
   measure::WindowLadder ladder;
   int64_t seq_len = 0;
-  calib::DistortionMeasure measure = calib::DistortionMeasure::kAnswerKl;
+  DistortionMeasure measure = DistortionMeasure::kAnswerKl;
   std::vector<int64_t> unmeasured;
-  calib::CalibrationData data;
+  CalibrationData data;
   policy::ModelFingerprint fingerprint;
   std::string model_path;
   std::string inputs_hash;
@@ -157,12 +157,12 @@ CalibrationJob::CalibrationJob(const CalibrationRequest& request, const fs::path
   s.ladder = measure::parse_window_ladder(request.windows, "--windows");
   s.seq_len = request.seq_len == "auto" ? auto_calibration_length(s.ladder.levels, s.mem.context)
                                         : parse_token_count(request.seq_len, "--seq-len");
-  s.measure = calib::parse_distortion_measure(request.distortion);
-  if (request.validate_measure && s.measure != calib::DistortionMeasure::kAnswerGrad) {
+  s.measure = parse_distortion_measure(request.distortion);
+  if (request.validate_measure && s.measure != DistortionMeasure::kAnswerGrad) {
     throw_input_error("--validate-measure checks --distortion answer-grad against answer-kl; got --distortion {}",
                       request.distortion);
   }
-  calib::parse_extrapolation(request.extrapolate);  // InputError naming --extrapolate
+  parse_extrapolation(request.extrapolate);  // InputError naming --extrapolate
   s.unmeasured = unmeasured_levels(s.ladder.levels, s.seq_len, s.mem.context);
   refuse_unmeasured_levels(s.unmeasured, s.seq_len, request.extrapolate);
   if (request.samples <= 0) throw_input_error("--samples must be positive, got {}", request.samples);
@@ -181,7 +181,7 @@ CalibrationJob::CalibrationJob(const CalibrationRequest& request, const fs::path
                                       format_bytes(s.budget), format_bytes(minimum), minimum, format_bytes(s.fixed),
                                       s.ladder.levels.front(), s.mem.context));
   }
-  s.data = calib::load_calibration_data(request.calib, s.dir, s.spec.vocab_size, request.samples, s.seq_len, request.seed);
+  s.data = load_calibration_data(request.calib, s.dir, s.spec.vocab_size, request.samples, s.seq_len, request.seed);
   s.fingerprint = policy::fingerprint_model(s.dir);
   s.model_path = model_path_for(s.dir, output);
 
@@ -225,7 +225,7 @@ const std::string& CalibrationJob::inputs_hash() const { return state_->inputs_h
 CalibrationOutcome CalibrationJob::run(const RunControl& control) {
   const State& s = *state_;
   const CalibrationRequest& r = s.request;
-  std::optional<calib::WalkState> resume;
+  std::optional<WalkState> resume;
   if (control.resume && !control.checkpoint.empty()) resume = read_checkpoint(control.checkpoint, s.inputs_hash);
   if (!control.resume && !control.checkpoint.empty() && fs::exists(control.checkpoint)) {
     spdlog::warn("{} exists and will be replaced: pass --resume to continue that run instead", control.checkpoint.string());
@@ -238,17 +238,17 @@ CalibrationOutcome CalibrationJob::run(const RunControl& control) {
   auto model = arch::load_model(s.dir, model_options);
 
   const int64_t micro_batch = r.micro_batch > 0 ? r.micro_batch : static_cast<int64_t>(s.data.sequences.size());
-  calib::CalibrationShape shape{static_cast<int64_t>(s.data.sequences.size()), s.seq_len, micro_batch, r.attention_chunk,
+  CalibrationShape shape{static_cast<int64_t>(s.data.sequences.size()), s.seq_len, micro_batch, r.attention_chunk,
                                 static_cast<int64_t>(s.ladder.size()), static_cast<int64_t>(c10::elementSize(model->dtype()))};
   const bool cpu = model->device().is_cpu();
-  refuse_if_it_cannot_fit(calib::plan_calibration_memory(
+  refuse_if_it_cannot_fit(plan_calibration_memory(
       s.spec, model->checkpoint(), shape, cpu || r.activations != "host",
-      cpu ? calib::available_host_bytes() : calib::free_device_bytes(model->device())));
+      cpu ? available_host_bytes() : free_device_bytes(model->device())));
   spdlog::info("calibrating {} ({} layers, {} global) on {} sequences x {} tokens, ladder {}, budget {} ({} fixed)",
                s.dir.string(), s.spec.num_layers(), s.spec.global_layer_ids().size(), s.data.sequences.size(), s.seq_len,
                s.ladder.to_string(), format_bytes(s.budget), format_bytes(s.fixed));
 
-  calib::SeqCalibOptions options;
+  SeqCalibOptions options;
   options.ladder = s.ladder;
   options.global_budget_bytes = s.budget - s.fixed;
   options.sink_tokens = r.sink_tokens;
@@ -264,17 +264,17 @@ CalibrationOutcome CalibrationJob::run(const RunControl& control) {
   options.joint_heads = !r.independent_heads;
   options.validate_measure = r.validate_measure;
   options.unmeasured_levels = s.unmeasured;
-  options.extrapolation = calib::parse_extrapolation(r.extrapolate);
+  options.extrapolation = parse_extrapolation(r.extrapolate);
   options.activations = parse_placement(r.activations);
   options.resume = resume ? &*resume : nullptr;
   if (!control.checkpoint.empty()) {
-    options.checkpoint = [&](const calib::WalkState& state) {
+    options.checkpoint = [&](const WalkState& state) {
       const nlohmann::json j = {{"schema", kCheckpointSchema}, {"inputs_sha256", s.inputs_hash},
-                                {"state", calib::walk_state_to_json(state)}};
+                                {"state", walk_state_to_json(state)}};
       write_file_atomically(control.checkpoint, j.dump() + "\n");
     };
   }
-  const calib::SeqCalibResult result = calib::run_seqcalib(*model, s.data.sequences, options);
+  const SeqCalibResult result = run_seqcalib(*model, s.data.sequences, options);
 
   CalibrationOutcome out;
   policy::Policy& policy = out.policy;
@@ -291,17 +291,17 @@ CalibrationOutcome CalibrationJob::run(const RunControl& control) {
   policy.calibration = {
       {"tool", fmt::format("headwise-calc {}", HEADWISE_VERSION)},
       {"method", options.conditioned ? "seqcalib" : "unconditioned"},
-      {"distortion_measure", calib::answer_aware(s.measure) ? calib::distortion_measure_name(s.measure)
+      {"distortion_measure", answer_aware(s.measure) ? distortion_measure_name(s.measure)
                                                             : "block_output_relative_mse"},
       {"dataset", s.data.description},
       {"dataset_sha256", s.data.sha256},
       {"samples", static_cast<int64_t>(s.data.sequences.size())},
       {"seq_len", s.seq_len},
       {"seed", r.seed},
-      {"probe_samples", calib::effective_probe_samples(r.probe_samples, static_cast<int64_t>(s.data.sequences.size()))},
+      {"probe_samples", effective_probe_samples(r.probe_samples, static_cast<int64_t>(s.data.sequences.size()))},
       {"inputs_sha256", s.inputs_hash},
   };
-  if (calib::answer_aware(s.measure)) {
+  if (answer_aware(s.measure)) {
     policy.calibration["answer_positions"] = s.data.answer_rule;
     policy.calibration["heads"] = r.independent_heads ? "independent" : "joint";
   }
@@ -330,4 +330,4 @@ CalibrationOutcome CalibrationJob::run(const RunControl& control) {
   return out;
 }
 
-}  // namespace headwise::cli
+}  // namespace headwise::calib
