@@ -5,27 +5,18 @@
 
 #include "headwise/core/error.hpp"
 #include "headwise/arch/attention_cuda.hpp"
+#include "headwise/arch/visible_keys.hpp"
 
 namespace headwise::arch {
 
 at::Tensor window_mask(int64_t q_begin, int64_t q_len, int64_t k_begin, int64_t k_len,
                        std::span<const int64_t> kv_windows, int64_t sink_tokens, const at::Device& device) {
   const auto long_opts = at::TensorOptions().dtype(at::kLong).device(device);
-  const at::Tensor q_pos = at::arange(q_begin, q_begin + q_len, long_opts).view({q_len, 1});
-  const at::Tensor k_pos = at::arange(k_begin, k_begin + k_len, long_opts).view({1, k_len});
-  const at::Tensor distance = q_pos - k_pos;  // [Tq, Tk]
-  const at::Tensor causal = distance >= 0;
-  const at::Tensor is_sink = (k_pos < sink_tokens).expand({q_len, k_len});
+  const at::Tensor q_pos = at::arange(q_begin, q_begin + q_len, long_opts);
+  const at::Tensor k_pos = at::arange(k_begin, k_begin + k_len, long_opts);
   std::vector<at::Tensor> masks;
   masks.reserve(kv_windows.size());
-  for (int64_t w : kv_windows) {
-    HEADWISE_CHECK(w > 0, "window {} must be positive", w);
-    if (w == kFullWindow) {
-      masks.push_back(causal);
-    } else {
-      masks.push_back(causal & ((distance < w) | is_sink));
-    }
-  }
+  for (int64_t w : kv_windows) masks.push_back(visible_keys(q_pos, k_pos, w, sink_tokens));
   return at::stack(masks);  // [nkv, Tq, Tk]
 }
 
@@ -69,17 +60,8 @@ at::Tensor windowed_attention(const AttentionInputs& in, std::span<const int64_t
                                            kv_windows, sink_tokens, scores.device())
                                    .unsqueeze(1);  // [nkv, 1, tc, kc]
     at::Tensor logits = scores.to(at::kFloat).masked_fill(allowed.logical_not(), -std::numeric_limits<float>::infinity());
-    at::Tensor probs;
-    if (in.sink_logits.defined()) {
-      // gpt-oss: a learned per-head logit joins the softmax and is dropped afterwards.
-      const at::Tensor sink = in.sink_logits.to(at::kFloat).view({1, num_kv, group, 1, 1}).expand(
-          {batch, num_kv, group, t1 - t0, 1});
-      at::Tensor combined = at::cat({logits, sink}, -1);
-      combined = combined - std::get<0>(combined.max(-1, /*keepdim=*/true));
-      probs = at::softmax(combined, -1).slice(-1, 0, t1 - k_begin);
-    } else {
-      probs = at::softmax(logits, -1);
-    }
+    const at::Tensor sink = in.sink_logits.defined() ? in.sink_logits.view({1, num_kv, group, 1, 1}) : at::Tensor();
+    const at::Tensor probs = softmax_with_sink_logit(logits, sink);
     const at::Tensor chunk_out = at::matmul(probs.to(in.v.scalar_type()), vc);  // [B, nkv, g, tc, hd]
     out.slice(1, t0, t1).copy_(chunk_out.reshape({batch, num_heads, t1 - t0, head_dim}).transpose(1, 2));
   }

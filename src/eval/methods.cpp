@@ -5,6 +5,7 @@
 #include <limits>
 
 #include "headwise/arch/attention.hpp"
+#include "headwise/arch/visible_keys.hpp"
 #include "headwise/calib/seqcalib.hpp"
 #include "headwise/core/error.hpp"
 #include "headwise/eval/duo_attention.hpp"
@@ -33,9 +34,11 @@ class RetrievalScoreCore final : public arch::AttentionCore {
     const at::Tensor q = in.q.index_select(2, rows_).view({batch, num_kv, group, rows, head_dim});
     at::Tensor scores = at::matmul(q, in.k.unsqueeze(2).transpose(-1, -2)) * in.scaling;  // [B, nkv, g, r, T]
     if (in.logit_softcap > 0) scores = at::tanh(scores / in.logit_softcap) * in.logit_softcap;
-    const at::Tensor k_pos = at::arange(keys, rows_.options()).view({1, keys});
-    const at::Tensor future = k_pos > (rows_ + in.position_offset).view({rows, 1});
-    const at::Tensor probs = at::softmax(scores.to(at::kFloat).masked_fill(future, -std::numeric_limits<float>::infinity()), -1);
+    const at::Tensor visible = arch::visible_keys(rows_ + in.position_offset, at::arange(keys, rows_.options()),
+                                                  kFullWindow, 0);
+    const at::Tensor sink = in.sink_logits.defined() ? in.sink_logits.view({1, num_kv, group, 1, 1}) : at::Tensor();
+    const at::Tensor probs = arch::softmax_with_sink_logit(
+        scores.to(at::kFloat).masked_fill(visible.logical_not(), -std::numeric_limits<float>::infinity()), sink);
     const at::Tensor per_head = probs.index_select(-1, needles_).sum(-1).mean({0, 2, 3}).to(at::kDouble).cpu();
     auto& out = mass[in.layer_id];
     out.assign(per_head.data_ptr<double>(), per_head.data_ptr<double>() + num_kv);

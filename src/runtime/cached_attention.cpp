@@ -2,6 +2,7 @@
 #include <algorithm>
 #include <limits>
 
+#include "headwise/arch/visible_keys.hpp"
 #include "headwise/core/error.hpp"
 #include "headwise/runtime/decoder.hpp"
 
@@ -56,36 +57,26 @@ struct KeySet {
   at::Tensor position;  // [N] absolute positions
 };
 
-// Softmax attention of q [B, hk, g, T, hd] (positions q_begin..) over an explicit key set,
-// keys allowed when causal and within `window` (or a sink). Numerics as windowed_attention:
+// Softmax attention of q [B, hk, g, T, hd] (positions q_begin..) over an explicit key set, the
+// keys arch::visible_keys allows (causal, within `window`, or a sink). Numerics as windowed_attention:
 // scores in the activation dtype, softmax in fp32, probabilities cast back before V.
 at::Tensor attend_keys(const at::Tensor& q, const KeySet& keys, int64_t q_begin, int64_t window, int64_t sinks,
                        const arch::AttentionInputs& in, const at::Tensor& sink_logits, int64_t chunk) {
-  const int64_t batch = q.size(0), hk = q.size(1), group = q.size(2), steps = q.size(3);
-  const int64_t n = keys.k.size(2);
+  const int64_t hk = q.size(1), group = q.size(2), steps = q.size(3);
   const at::Tensor k = keys.k.unsqueeze(2);  // [B, hk, 1, N, hd]
   const at::Tensor v = keys.v.unsqueeze(2);
-  const at::Tensor k_pos = keys.position.view({1, n});
   const auto long_opts = at::TensorOptions().dtype(at::kLong).device(q.device());
   at::Tensor out = at::empty(q.sizes(), q.options());
   for (int64_t t0 = 0; t0 < steps; t0 += chunk) {
     const int64_t t1 = std::min(steps, t0 + chunk);
     at::Tensor scores = at::matmul(q.slice(3, t0, t1), k.transpose(-1, -2)) * in.scaling;  // [B, hk, g, tc, N]
     if (in.logit_softcap > 0) scores = at::tanh(scores / in.logit_softcap) * in.logit_softcap;
-    const at::Tensor distance = at::arange(q_begin + t0, q_begin + t1, long_opts).view({t1 - t0, 1}) - k_pos;
-    at::Tensor allowed = distance >= 0;
-    if (window != kFullWindow) allowed = allowed & ((distance < window) | (k_pos < sinks));
-    at::Tensor logits = scores.to(at::kFloat).masked_fill(allowed.logical_not(), -std::numeric_limits<float>::infinity());
-    at::Tensor probs;
-    if (sink_logits.defined()) {
-      // gpt-oss: a learned per-head logit joins the softmax and is dropped afterwards.
-      const at::Tensor sink = sink_logits.to(at::kFloat).view({1, hk, group, 1, 1}).expand({batch, hk, group, t1 - t0, 1});
-      at::Tensor combined = at::cat({logits, sink}, -1);
-      combined = combined - std::get<0>(combined.max(-1, /*keepdim=*/true));
-      probs = at::softmax(combined, -1).slice(-1, 0, n);
-    } else {
-      probs = at::softmax(logits, -1);
-    }
+    const at::Tensor allowed = arch::visible_keys(at::arange(q_begin + t0, q_begin + t1, long_opts), keys.position,
+                                                  window, sinks);
+    const at::Tensor logits =
+        scores.to(at::kFloat).masked_fill(allowed.logical_not(), -std::numeric_limits<float>::infinity());
+    const at::Tensor probs =
+        arch::softmax_with_sink_logit(logits, sink_logits.defined() ? sink_logits.view({1, hk, group, 1, 1}) : at::Tensor());
     out.slice(3, t0, t1).copy_(at::matmul(probs.to(v.scalar_type()), v));
   }
   return out;

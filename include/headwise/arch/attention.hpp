@@ -10,8 +10,8 @@
 
 namespace headwise::arch {
 
-// Window semantics (design.md): a query at position t sees keys at positions
-// [t - w + 1, t], plus the first `sink_tokens` positions. kFullWindow means unbounded.
+// Window semantics: arch/visible_keys.hpp (a query at position t sees keys at positions
+// [t - w + 1, t], plus the first `sink_tokens` positions; kFullWindow means unbounded).
 // `kv_windows` has one entry per KV head; all query heads of a GQA group share it.
 // Numerics follow HF eager attention: scores in the activation dtype, softmax in fp32,
 // probabilities cast back before multiplying V.
@@ -23,8 +23,8 @@ at::Tensor windowed_attention(const AttentionInputs& inputs, std::span<const int
 // Same window for every KV head.
 at::Tensor windowed_attention(const AttentionInputs& inputs, int64_t window, int64_t sink_tokens, int64_t chunk);
 
-// Boolean mask [num_kv_heads, Tq, Tk] of allowed (query, key) pairs for positions
-// q_begin.. and k_begin.. (absolute), used by the reference and the tests.
+// Boolean mask [num_kv_heads, Tq, Tk] of visible (query, key) pairs (visible_keys per head) for
+// positions q_begin.. and k_begin.. (absolute).
 at::Tensor window_mask(int64_t q_begin, int64_t q_len, int64_t k_begin, int64_t k_len,
                        std::span<const int64_t> kv_windows, int64_t sink_tokens, const at::Device& device);
 

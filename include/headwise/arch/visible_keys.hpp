@@ -1,0 +1,34 @@
+#pragma once
+// What a KV head with window w and s sink tokens sees: the one definition every attention path
+// implements (the forward's windowed attention, calibration's masks and multi-window bands, the
+// runtime's ring buffers, eval's scores, the CUDA kernels). tests/arch/visible_keys_test.cpp holds
+// each path to it on one table of cases.
+//
+//   a query at position q sees the key at position p  <=>  p <= q  and  (w = full  or  q - p < w  or  p < s)
+//
+// So window w keeps the last w positions including the query's own, sinks keep the first s
+// positions whatever the distance, and nothing ever sees the future. A sliding layer is the same
+// rule with its sliding window and no sinks; full (kFullWindow) is plain causal attention.
+#include <ATen/ATen.h>
+
+#include <cstdint>
+
+#include "headwise/core/window.hpp"
+
+namespace headwise::arch {
+
+constexpr bool key_visible(int64_t query, int64_t key, int64_t window, int64_t sinks) {
+  return key <= query && (window == kFullWindow || query - key < window || key < sinks);
+}
+
+// Boolean [Tq, Tk]: key_visible(query_positions[i], key_positions[j], window, sinks), on the
+// positions' device. Positions are absolute (int64).
+at::Tensor visible_keys(const at::Tensor& query_positions, const at::Tensor& key_positions, int64_t window,
+                        int64_t sinks);
+
+// Softmax over the last dimension of fp32 `logits` [..., N]. With `sink_logit` defined (gpt-oss's
+// learned per-head logit, broadcastable to [..., 1]) it joins the normalisation and is dropped
+// afterwards, so the probabilities of the N keys sum to less than one.
+at::Tensor softmax_with_sink_logit(const at::Tensor& logits, const at::Tensor& sink_logit);
+
+}  // namespace headwise::arch
