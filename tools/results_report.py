@@ -14,7 +14,8 @@ import sys
 
 Z = 1.959963984540054
 COLOURS = {"headwise": "#c0392b", "full": "#2c3e50", "uniform": "#2980b9", "pyramid": "#8e44ad",
-           "retrieval-score": "#27ae60", "duo": "#16a085", "random": "#7f8c8d", "unconditioned": "#e67e22"}
+           "retrieval-score": "#27ae60", "duo": "#16a085", "random": "#7f8c8d", "unconditioned": "#e67e22",
+           "snapkv": "#d35400", "h2o": "#f1c40f", "adakv": "#6d4c41"}
 
 
 def wilson(right, total):
@@ -46,11 +47,26 @@ def table(r):
             cells.append(f'{m["tasks"][t]:.2f} [{lo:.2f}, {hi:.2f}]')
         acc, (lo, hi) = mean_accuracy(m, tasks)
         cells.append(f'**{acc:.3f}** [{lo:.2f}, {hi:.2f}]')
-        cells.append(f'{m["kl_vs_full"]:.4f} ± {m["kl_vs_full_ci95_half_width"]:.4f}')
+        kl = f'{m["kl_vs_full"]:.4f} ± {m["kl_vs_full_ci95_half_width"]:.4f}'
+        # SnapKV/AdaKV compute the prompt with full attention and compress after it.
+        cells.append(kl + " (prompt at full KV)" if "prompt_logits" in m.get("details", {}) else kl)
         ppl = m["perplexity_ci95"]
         cells.append(f'{m["perplexity"]:.3f} [{ppl[0]:.3f}, {ppl[1]:.3f}]' if ppl else f'{m["perplexity"]:.3f}')
         rows.append("| " + " | ".join(cells) + " |")
     return "\n".join(rows)
+
+
+def eviction_bookkeeping(r):
+    """The eviction methods' bytes that are not KV: auxiliary buffers and the prefill staging peak."""
+    parts = []
+    for m in r["methods"]:
+        d = m.get("details", {})
+        if "auxiliary_bytes_measured" in d:
+            parts.append(f'{m["name"]} {d["auxiliary_bytes_measured"]:,} B auxiliary, '
+                         f'{d["prefill_staged_peak_bytes_measured"]:,} B prompt K/V staged at the prefill peak')
+    if not parts:
+        return ""
+    return ("Eviction bookkeeping, measured, not in the cache bytes above: " + "; ".join(parts) + ".\n")
 
 
 def verdict(r):
@@ -159,6 +175,7 @@ samples per task of {r["seq_len"]} tokens (the policy's context), seed {r["seed"
 
 {table(r)}
 
+{eviction_bookkeeping(r)}
 Headwise against each baseline (accuracy; "better"/"worse" only where the 95% intervals do not overlap;
 then the paired test on the same samples, which each sample's difficulty does not blur):
 
@@ -181,7 +198,20 @@ per KV head mixing full and streaming attention (the ladder's first window), tra
 on the final hidden states at the answer positions of the calibration samples with an L1 penalty
 (lr 0.02, penalty 0.05, as in its paper; the steps are in the eval JSON), heads ranked by gate.
 Both give full KV to their top heads while it fits and the first window to the rest, lengthened
-as far as the leftover bytes allow. Accuracy: the greedy
+as far as the leftover bytes allow. `snapkv`, `h2o` and `adakv` are the classic online eviction
+methods, run in the runtime decoder with exactly the policy's slots per KV head of the global
+layers (the same bytes to the byte) but choosing which tokens fill them. `snapkv` (SnapKV) lets
+the last 32 prompt queries score every prompt key (attention summed over those queries and the
+head's query heads, max-pooled over positions with kernel 7) and keeps each head's top keys plus
+that observation window; `adakv` (AdaKV) uses the same scores but re-divides a layer's slots
+among its KV heads by the top scores across the layer (each head at least 20% of the mean
+per-head budget). Both stage the whole prompt's K/V during prefill and compress at its end, so
+their prefill peak is full KV, and their prompt logits are full attention: their KL and
+perplexity equal full KV's by construction and only accuracy shows the eviction; each generated
+token then displaces the lowest-scored kept key. `h2o` (H2O) keeps heavy hitters by accumulated
+attention plus the most recent tokens, half the slots each, evicting during chunked prefill and
+decode (bounded throughout). Their score and position buffers are bookkeeping, not KV, and are
+listed under each table. Accuracy: the greedy
 continuation equals the answer tokens exactly, with its 95% Wilson interval; "mean" pools both
 tasks. KL: mean KL(full || method) per position over the last prompt positions, ± the half-width
 of its 95% interval over samples. Cache bytes: estimated by the memory model and measured from

@@ -25,7 +25,7 @@ struct EvalArgs {
   std::string policy;
   std::string unconditioned_policy;
   std::string tasks;
-  std::string baselines = "full,uniform,pyramid,retrieval-score,duo,random,unconditioned";
+  std::string baselines = "full,uniform,pyramid,retrieval-score,duo,random,unconditioned,snapkv,h2o,adakv";
   int64_t samples = 100;
   std::string seq_len = "context";  // the policy's context
   bool allow_short_seq_len = false;
@@ -179,7 +179,9 @@ void run_eval(const EvalArgs& args) {
     nlohmann::json methods_json = nlohmann::json::array();
     for (size_t i = 0; i < results.size(); ++i) {
       nlohmann::json m = eval::to_json(results[i], spec);
-      if (!methods[i].details.empty()) m["details"] = methods[i].details;
+      nlohmann::json details = methods[i].details;
+      details.update(results[i].runtime_details);
+      if (!details.empty()) m["details"] = details;
       methods_json.push_back(std::move(m));
     }
     // headwise against each other method on the same samples (first = headwise).

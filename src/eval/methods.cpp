@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <limits>
+#include <optional>
 
 #include "headwise/arch/attention.hpp"
 #include "headwise/arch/visible_keys.hpp"
@@ -106,6 +107,58 @@ memory::HeadWindows unconditioned(arch::DecoderModel& model, const BaselineInput
   return calib::run_seqcalib(model, sequences, o).windows;
 }
 
+// The online eviction baselines: the policy's slots per head, filled by the method's choice.
+std::optional<runtime::EvictionOptions> eviction_method(const std::string& name) {
+  runtime::EvictionOptions o;
+  if (name == "snapkv") {
+    o.method = runtime::EvictionMethod::kSnapKV;
+  } else if (name == "h2o") {
+    o.method = runtime::EvictionMethod::kH2O;
+  } else if (name == "adakv") {
+    o.method = runtime::EvictionMethod::kAdaKV;
+  } else {
+    return std::nullopt;
+  }
+  return o;
+}
+
+// What the eviction baseline did, with its parameters, for the eval JSON.
+nlohmann::json eviction_details(const runtime::EvictionOptions& o) {
+  nlohmann::json d = {
+      {"method", runtime::eviction_method_name(o.method)},
+      {"capacity", "per KV head, the policy's slots round_up(min(window + sink_tokens, context), block_size): "
+                   "KV bytes equal the policy's to the byte; only global layers evict"},
+      {"ties", "keep the more recent position"},
+      {"auxiliary_bytes", "positions (int64) and keep scores (float32) per slot plus the region table: bookkeeping, "
+                          "not KV, reported apart as auxiliary_bytes_measured"}};
+  if (o.method == runtime::EvictionMethod::kH2O) {
+    d["rule"] = "heavy hitters by attention accumulated over every query so far (summed over the KV head's query "
+                "heads) plus the most recent tokens, half the capacity each; evicts during chunked prefill and decode";
+    d["prefill"] = "bounded: the cache never exceeds the capacity (a prefill chunk's own keys are activations)";
+    return d;
+  }
+  d["observation_window"] = o.observation_window;
+  d["pooling"] = runtime::pooling_name(o.pooling);
+  d["pooling_kernel"] = o.pooling_kernel;
+  d["prefill"] = "full KV of the whole prompt is staged during prefill and compressed at its end (the method needs "
+                 "every prompt key): the prefill peak is full KV, reported as prefill_staged_peak_bytes_measured";
+  d["prompt_logits"] = "computed with full attention before compressing: KL and perplexity on prompt positions equal "
+                       "full KV's by construction; accuracy (the answer decoded from the compressed cache) shows the "
+                       "eviction";
+  d["decode"] = "each generated token displaces the lowest-scored kept prefix key (the observation window and "
+                "generated tokens go last, oldest first): the cache stays at the policy's bytes";
+  if (o.method == runtime::EvictionMethod::kSnapKV) {
+    d["rule"] = "per KV head: the observation window plus the top (capacity - window) prefix keys by the window's "
+                "attention (summed over its queries and the head's query heads), pooled along positions";
+  } else {
+    d["floor"] = o.adakv_floor;
+    d["rule"] = "SnapKV's scores; the layer's slots (sum of its heads' capacities) re-divided: every head keeps the "
+                "observation window, each gets floor x the mean per-head prefix budget, the rest goes to the top "
+                "scores across the layer's KV heads, flattened";
+  }
+  return d;
+}
+
 }  // namespace
 
 void check_unconditioned_ablation(const policy::Policy& policy, const policy::Policy& ablation, const std::string& where) {
@@ -135,7 +188,8 @@ void check_unconditioned_ablation(const policy::Policy& policy, const policy::Po
 }
 
 const std::vector<std::string>& method_names() {
-  static const std::vector<std::string> names{"headwise", "full", "uniform", "pyramid", "retrieval-score", "duo", "random", "unconditioned"};
+  static const std::vector<std::string> names{"headwise", "full",          "uniform", "pyramid", "retrieval-score", "duo",
+                                              "random",   "unconditioned", "snapkv",  "h2o",     "adakv"};
   return names;
 }
 
@@ -181,6 +235,11 @@ std::vector<MethodWindows> build_methods(arch::DecoderModel& model, const Baseli
   for (const auto& name : names) {
     memory::HeadWindows w;
     nlohmann::json details = nlohmann::json::object();
+    if (const auto eviction = eviction_method(name)) {
+      // The policy's own slots, spent by the eviction rule instead of a window.
+      out.push_back({name, in.policy.head_windows(), eviction_details(*eviction), eviction});
+      continue;
+    }
     if (name == "full") {
       w = memory::full_kv_windows(spec);
     } else if (name == "uniform") {

@@ -40,7 +40,8 @@ MethodResult run_method(arch::DecoderModel& model, const MethodWindows& method, 
   r.windows = method.windows;
   r.global_kv_bytes = global_kv_bytes(model.spec(), method.windows, options);
   r.cache_bytes_estimated = memory::estimate(model.spec(), method.windows, options).total_bytes;
-  runtime::Decoder decoder(model, method.windows, options);
+  runtime::Decoder decoder = method.eviction ? runtime::Decoder(model, method.windows, options, *method.eviction)
+                                              : runtime::Decoder(model, method.windows, options);
   const auto long_opts = at::TensorOptions().dtype(at::kLong);
   std::map<std::string, std::pair<int64_t, int64_t>> correct;  // task → (right, total)
   double prefill_s = 0, decode_s = 0, nll = 0, kl = 0;
@@ -85,7 +86,11 @@ MethodResult run_method(arch::DecoderModel& model, const MethodWindows& method, 
     ++total;
     r.correct_per_sample.push_back(exact ? 1 : 0);
   }
-  r.cache_bytes_measured = decoder.cache().allocated_bytes();
+  r.cache_bytes_measured = decoder.cache_bytes();
+  if (const runtime::EvictionCache* ev = decoder.eviction_cache()) {
+    r.runtime_details = {{"auxiliary_bytes_measured", ev->auxiliary_bytes()},
+                         {"prefill_staged_peak_bytes_measured", ev->peak_staged_bytes()}};
+  }
   r.correct = correct;
   for (const auto& [task, counts] : correct) r.accuracy[task] = static_cast<double>(counts.first) / static_cast<double>(counts.second);
   r.kl_vs_full = kl_count > 0 ? kl / static_cast<double>(kl_count) : 0.0;

@@ -12,6 +12,19 @@ Decoder::Decoder(arch::DecoderModel& model, const memory::HeadWindows& windows, 
       cache_(GroupedCache::allocate(model.spec(), windows, options, model.device())),
       core_(model.spec(), cache_, model.attention_chunk()) {}
 
+Decoder::Decoder(arch::DecoderModel& model, const memory::HeadWindows& windows, const memory::MemoryOptions& options,
+                 const EvictionOptions& eviction)
+    : model_(model),
+      cache_(GroupedCache::allocate(model.spec(), windows, options, model.device(), /*global_kv=*/false)),
+      core_(model.spec(), cache_, model.attention_chunk()),
+      eviction_(std::make_unique<EvictionCache>(
+          EvictionCache::allocate(model.spec(), windows, options, eviction, model.device()))),
+      eviction_core_(std::make_unique<EvictionAttentionCore>(*eviction_, model.attention_chunk())) {}
+
+int64_t Decoder::cache_bytes() const {
+  return cache_.allocated_bytes() + (eviction_ ? eviction_->kv_bytes() : 0);
+}
+
 void Decoder::reset() {
   c10::InferenceMode inference;
   // In place: the storage the memory test measures must be the storage that serves every sequence.
@@ -24,6 +37,10 @@ void Decoder::reset() {
     if (layer.v.defined()) layer.v.zero_();
     // Zero recurrent/conv states are exactly a fresh sequence (HF starts from zeros too).
     for (const auto& [name, state] : layer.states) state.zero_();
+  }
+  if (eviction_) {
+    eviction_->reset();
+    eviction_core_->forget_prompt();
   }
   position_ = 0;
   last_logits_ = at::Tensor();
@@ -39,7 +56,9 @@ at::Tensor Decoder::run_chunk(const at::Tensor& ids) {
   for (int64_t i = 0; i < model_.spec().num_layers(); ++i) {
     LayerCache& layer = cache_.layer(i);
     arch::LayerRun run;
-    run.attention = &core_;
+    // Global layers go to the eviction core when there is one; the rest keep their rings/states.
+    const bool evicting = eviction_core_ && model_.spec().layer(i).is_global();
+    run.attention = evicting ? static_cast<arch::AttentionCore*>(eviction_core_.get()) : &core_;
     run.state = layer.states.empty() ? nullptr : &layer.states;
     run.position_offset = position_;
     hidden = model_.run_layer(i, hidden, run);
@@ -55,6 +74,8 @@ at::Tensor Decoder::prefill(const at::Tensor& ids, int64_t chunk) {
   HEADWISE_CHECK(ids.dim() == 2 && ids.size(0) == cache_.options().batch && ids.size(1) > 0,
                  "prefill ids {} for a cache of batch {}", arch::shape_string(ids.sizes()), cache_.options().batch);
   if (chunk <= 0) throw_input_error("prefill chunk must be positive, got {}", chunk);
+  // SnapKV/AdaKV choose from the whole prompt: tell them where it ends.
+  if (eviction_core_) eviction_core_->begin_prompt(position_, position_ + ids.size(1));
   std::vector<at::Tensor> parts;
   for (int64_t t0 = 0; t0 < ids.size(1); t0 += chunk) parts.push_back(run_chunk(ids.slice(1, t0, t0 + chunk)));
   return parts.size() == 1 ? parts.front() : at::cat(parts, 1);

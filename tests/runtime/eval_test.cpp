@@ -137,7 +137,7 @@ TEST_CASE("eval --json: every method, measured == estimated bytes, full has KL 0
   std::vector<std::string> names;
   for (const auto& m : j["methods"]) names.push_back(m["name"]);
   CHECK(names == std::vector<std::string>{"headwise", "full", "uniform", "pyramid", "retrieval-score", "duo", "random",
-                                         "unconditioned"});
+                                         "unconditioned", "snapkv", "h2o", "adakv"});
   const int64_t budget = j["policy_global_kv_bytes"], tolerance = j["one_block_per_head_bytes"];
   for (const auto& m : j["methods"]) {
     INFO(m.dump());
@@ -150,6 +150,15 @@ TEST_CASE("eval --json: every method, measured == estimated bytes, full has KL 0
       CHECK(m["kl_vs_full"].get<double>() == 0.0);
     } else if (m["name"] == "headwise") {
       CHECK(bytes == budget);
+    } else if (m["name"] == "snapkv" || m["name"] == "h2o" || m["name"] == "adakv") {
+      // The policy's own slots per head, filled by the eviction rule: its bytes exactly.
+      CHECK(bytes == budget);
+      CHECK(m["cache_bytes_estimated"] == j["methods"][0]["cache_bytes_estimated"]);
+      const auto& d = m.at("details");
+      CHECK(d.at("method") == m["name"]);
+      CHECK(d.at("auxiliary_bytes_measured").get<int64_t>() > 0);
+      // SnapKV/AdaKV stage the prompt's K/V before compressing (full KV at the prefill peak).
+      CHECK((d.at("prefill_staged_peak_bytes_measured").get<int64_t>() > 0) == (m["name"] != "h2o"));
     } else if (m["name"] == "unconditioned") {
       CHECK(bytes <= budget);  // ladder levels only, like the policy itself
     } else {
@@ -180,7 +189,7 @@ TEST_CASE("eval bad input: one line naming the flag, non-zero exit", "[runtime]"
       {base + " --model " + headwise::testing::fixture_dir("qwen3_next_tiny_b").string(), "--policy"},
       {base + " --model " + dir.string() + " --seq-len 120 --tasks needle_single,bogus", "--tasks bogus"},
       {base + " --model " + dir.string() + " --seq-len 120 --tasks niah_single", "tokenizer.json"},
-      {base + " --model " + dir.string() + " --seq-len 120 --baselines uniform,h2o", "--baselines h2o"},
+      {base + " --model " + dir.string() + " --seq-len 120 --baselines uniform,bogus", "--baselines bogus"},
       {base + " --model " + dir.string() + " --seq-len 300", "--seq-len"},
       {"eval --model " + dir.string() + " --policy " + (tmp.path() / "missing.yaml").string(), "missing.yaml"}};
   for (const auto& [args, needle] : cases) {

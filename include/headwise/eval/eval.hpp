@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <filesystem>
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -16,6 +17,7 @@
 #include "headwise/eval/tasks.hpp"
 #include "headwise/memory/memory_model.hpp"
 #include "headwise/policy/policy.hpp"
+#include "headwise/runtime/eviction_cache.hpp"
 
 namespace headwise::eval {
 
@@ -27,6 +29,9 @@ struct MethodWindows {
   std::string name;
   memory::HeadWindows windows;
   nlohmann::json details = nlohmann::json::object();  // how a baseline chose (scores, gates, training)
+  // Set for the online eviction baselines (snapkv, h2o, adakv): every global KV head gets the
+  // slots `windows` (the policy's) give it, and the method chooses which tokens fill them.
+  std::optional<runtime::EvictionOptions> eviction = std::nullopt;
 };
 
 struct BaselineInputs {
@@ -80,6 +85,9 @@ struct MethodResult {
   double prefill_tokens_per_s = 0.0;
   double decode_tokens_per_s = 0.0;
   std::vector<at::Tensor> logprobs;  // per sample [kl positions, vocab], kept for the full method
+  // Measured by the run, merged into the method's JSON details: for eviction methods the
+  // auxiliary bytes (not KV) and the most prompt K/V ever staged (SnapKV/AdaKV's prefill peak).
+  nlohmann::json runtime_details = nlohmann::json::object();
 };
 
 // Runs every sample. `reference`: the full method's result (its logprobs), or null when this

@@ -9,7 +9,10 @@
 
 #include "headwise/arch/model.hpp"
 #include "headwise/memory/memory_model.hpp"
+#include "headwise/runtime/eviction_cache.hpp"
 #include "headwise/runtime/grouped_cache.hpp"
+
+#include <memory>
 
 namespace headwise::runtime {
 
@@ -40,6 +43,10 @@ class Decoder {
   // Allocates the grouped cache for `windows` at `options` on the model's device. The model
   // must outlive the decoder.
   Decoder(arch::DecoderModel& model, const memory::HeadWindows& windows, const memory::MemoryOptions& options);
+  // The same slots per head, but global layers choose their tokens online (SnapKV / H2O / AdaKV,
+  // eviction_cache.hpp) instead of keeping a window; other layers are as above.
+  Decoder(arch::DecoderModel& model, const memory::HeadWindows& windows, const memory::MemoryOptions& options,
+          const EvictionOptions& eviction);
   // The attention core refers to the cache member: neither may move.
   Decoder(const Decoder&) = delete;
   Decoder& operator=(const Decoder&) = delete;
@@ -57,7 +64,13 @@ class Decoder {
   at::Tensor generate(int64_t n);
 
   int64_t position() const { return position_; }
+  // Under eviction the grouped cache holds only the non-global layers' buffers and states.
   const GroupedCache& cache() const { return cache_; }
+  // Null unless constructed with EvictionOptions.
+  const EvictionCache* eviction_cache() const { return eviction_.get(); }
+  // Storage of every KV buffer and state the decoder holds (grouped cache + eviction pools):
+  // memory::estimate's total. Eviction's auxiliary buffers and prompt staging are not in it.
+  int64_t cache_bytes() const;
   arch::DecoderModel& model() { return model_; }
 
  private:
@@ -66,6 +79,8 @@ class Decoder {
   arch::DecoderModel& model_;
   GroupedCache cache_;
   CachedAttentionCore core_;
+  std::unique_ptr<EvictionCache> eviction_;                // global layers under eviction, or null
+  std::unique_ptr<EvictionAttentionCore> eviction_core_;
   int64_t position_ = 0;
   at::Tensor last_logits_;  // [batch, vocab] of the last fed token
 };

@@ -46,8 +46,10 @@ struct LayerCache {
 class GroupedCache {
  public:
   // Validates the options and windows (InputError) and allocates zeroed buffers on `device`.
+  // `global_kv` false leaves the global layers' head groups out (an EvictionCache holds them).
   static GroupedCache allocate(const arch::ModelSpec& spec, const memory::HeadWindows& windows,
-                               const memory::MemoryOptions& options, at::Device device = at::kCPU);
+                               const memory::MemoryOptions& options, at::Device device = at::kCPU,
+                               bool global_kv = true);
 
   const memory::MemoryOptions& options() const { return options_; }
   LayerCache& layer(int64_t layer_id);

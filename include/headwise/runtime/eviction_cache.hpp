@@ -1,0 +1,161 @@
+#pragma once
+// Online KV eviction (SnapKV, H2O, AdaKV) at a policy's bytes: the classic methods that keep a
+// fixed number of entries per KV head and choose *which* tokens by attention, instead of a
+// window of the most recent ones.
+//
+// Storage. Every global layer holds one K and one V pool [batch, sum_h capacity_h, head_dim] in
+// the KV dtype, where capacity_h = memory::global_head_slots(window_h) is exactly what the
+// grouped cache gives head h under the policy (round_up(min(w + S, C), b); the S sink slots and
+// the block padding are ordinary slots here). So the KV bytes equal memory::estimate's global KV
+// to the byte. Each (sequence, KV head) owns a contiguous region of its layer's pool; SnapKV and
+// H2O keep the regions at the capacities, AdaKV moves the boundaries within a layer (same total).
+// Kept entries stay with their original post-RoPE keys, so positions are preserved.
+//
+// Auxiliary buffers, not KV bytes, reported apart (auxiliary_bytes): the position held in each
+// slot (int64), a keep priority per slot (float32: H2O's accumulated attention, SnapKV/AdaKV's
+// pooled score) and the region table. SnapKV/AdaKV also *stage* the whole prompt's keys and
+// values during prefill and compress at its end — that is how they work (prefill peak = full KV
+// of the prompt); peak_staged_bytes() reports it. H2O never stages: its cache is bounded throughout.
+//
+// Rules (ties always keep the more recent position, so every choice is deterministic):
+//  - SnapKV (Li et al., 2024): at the end of the prompt, the last `obs` prompt queries (the
+//    observation window) attend over every prompt key; each prefix key's probability is summed
+//    over those queries and over the KV head's query heads, pooled along positions (1-D max or
+//    avg pooling, kernel 7, stride 1, as in its code), and the head keeps the observation window
+//    plus the top (capacity - obs) prefix keys.
+//  - AdaKV (Feng et al., 2024): SnapKV's scores, but the layer's prefix budget (sum of the
+//    heads' capacities minus every head's observation window) goes to the highest scores across
+//    all KV heads of the layer, flattened, after each head got its safeguard floor
+//    (floor(alpha * mean per-head prefix budget), alpha 0.2). AdaKV's code adds the floor to
+//    (1 - alpha) x the flattened counts; giving the floor first and the rest by flattened top-k
+//    keeps the layer's total exact and each head within its candidates.
+//  - Decode under SnapKV/AdaKV: published SnapKV appends generated tokens without bound; at a
+//    fixed byte budget each new token displaces the lowest-scored kept prefix key (observation
+//    window and generated tokens score +inf, so they go last, oldest first).
+//  - H2O (Zhang et al., 2023): every key accumulates the attention probability it receives
+//    (summed over the queries so far and the KV head's query heads); when a head overflows, it
+//    keeps the capacity/2 most recent tokens plus the highest accumulated scores among the rest.
+//    Evicts during chunked prefill and decode: a chunk's queries see the held keys plus the
+//    chunk's own (activations, as in the grouped cache); token-by-token it is exactly H2O.
+#include <ATen/ATen.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "headwise/arch/model.hpp"
+#include "headwise/memory/memory_model.hpp"
+
+namespace headwise::runtime {
+
+enum class EvictionMethod { kSnapKV, kH2O, kAdaKV };
+enum class ScorePooling { kMax, kAvg };
+
+struct EvictionOptions {
+  EvictionMethod method = EvictionMethod::kSnapKV;
+  int64_t observation_window = 32;  // SnapKV/AdaKV: prompt queries that score the prefix (fewer if the prompt is shorter)
+  int64_t pooling_kernel = 7;       // SnapKV/AdaKV: odd 1-D pooling kernel over positions (1 = none)
+  ScorePooling pooling = ScorePooling::kMax;
+  double adakv_floor = 0.2;         // AdaKV: each head's prefix budget is at least this share of the mean
+};
+
+// "snapkv", "h2o", "adakv"; "max", "avg".
+std::string eviction_method_name(EvictionMethod method);
+std::string pooling_name(ScorePooling pooling);
+// Throws InputError naming the bad parameter.
+void validate_eviction_options(const EvictionOptions& options);
+
+// One global layer under eviction. Regions and counts are per sequence and KV head.
+struct EvictionLayer {
+  int64_t layer_id = 0;
+  int64_t num_kv_heads = 0;
+  std::vector<int64_t> capacity;  // per KV head: the policy's slots
+  at::Tensor k, v;                // [batch, sum(capacity), head_dim]: the KV bytes
+  at::Tensor position;            // [batch, sum(capacity)] int64: the position in each slot, -1 unused (aux)
+  at::Tensor score;               // [batch, sum(capacity)] float32: keep priority (aux)
+  std::vector<std::vector<int64_t>> offset, length, held;  // [batch][head]: region start, length, entries used
+  // SnapKV/AdaKV prefill staging (transient; freed when the layer compresses at the prompt's end).
+  at::Tensor staged_k, staged_v;  // [batch, kv_heads, n, head_dim] in the KV dtype: prompt positions staged_begin..
+  at::Tensor observed_q;          // [batch, kv_heads, group, m, head_dim]: the observation window's queries
+  int64_t staged_begin = 0;
+};
+
+class EvictionCache {
+ public:
+  // Validates (InputError) and allocates zeroed pools on `device` for every global layer.
+  static EvictionCache allocate(const arch::ModelSpec& spec, const memory::HeadWindows& windows,
+                                const memory::MemoryOptions& options, const EvictionOptions& eviction,
+                                at::Device device = at::kCPU);
+
+  const memory::MemoryOptions& options() const { return options_; }
+  const EvictionOptions& eviction() const { return eviction_; }
+  EvictionLayer& layer(int64_t layer_id);
+  const std::map<int64_t, EvictionLayer>& layers() const { return layers_; }
+  std::map<int64_t, EvictionLayer>& layers() { return layers_; }
+
+  // Storage of the K/V pools: equals memory::estimate's global KV bytes for the windows.
+  int64_t kv_bytes() const;
+  // Position and score buffers plus the region table: bookkeeping, not KV.
+  int64_t auxiliary_bytes() const;
+  // Bytes staged now (prompt K/V and observation queries) and the most ever staged at once.
+  int64_t staged_bytes() const;
+  int64_t peak_staged_bytes() const { return peak_staged_bytes_; }
+  void note_staged() { peak_staged_bytes_ = std::max(peak_staged_bytes_, staged_bytes()); }
+
+  // A fresh sequence: pools zeroed in place, regions back to the capacities, staging dropped
+  // (the peak is kept: it is a property of the whole run).
+  void reset();
+
+  // Positions (sequence b, KV head) holds at `layer_id`, ascending; and the most it may hold now.
+  std::vector<int64_t> held_positions(int64_t layer_id, int64_t b, int64_t head) const;
+  int64_t region_length(int64_t layer_id, int64_t b, int64_t head) const;
+
+ private:
+  memory::MemoryOptions options_;
+  EvictionOptions eviction_;
+  std::map<int64_t, EvictionLayer> layers_;
+  int64_t peak_staged_bytes_ = 0;
+};
+
+// Frees a layer's prompt staging.
+void drop_staging(EvictionLayer& layer);
+
+// ---- Selection rules (pure functions on 1-D tensors; the core applies them per head) ----
+
+// Indices of the candidates to keep, ascending by position: the `recent` most recent, then the
+// others by score (higher first, ties to the more recent position), `keep` in all. Every
+// candidate when there are at most `keep`.
+at::Tensor keep_indices(const at::Tensor& position, const at::Tensor& score, int64_t keep, int64_t recent);
+
+// SnapKV's pooling of per-key scores given in position order: stride 1, padding kernel/2
+// (max pooling pads with -inf, avg pooling counts the zero padding, as torch's defaults do).
+at::Tensor pool_scores(const at::Tensor& score, int64_t kernel, ScorePooling pooling);
+
+// AdaKV's prefix budgets for the heads of one layer: each head first gets min(floor, its
+// candidates), then the remaining of `total` goes to the highest scores across all heads
+// (ties: more recent position, then lower head). scores[h]/positions[h] are head h's prefix
+// candidates. The budgets sum to min(total, all candidates).
+std::vector<int64_t> adakv_budgets(const std::vector<at::Tensor>& scores, const std::vector<at::Tensor>& positions,
+                                   int64_t total, int64_t floor);
+
+// Attention over an EvictionCache at global layers (the decoder routes only those here).
+class EvictionAttentionCore final : public arch::AttentionCore {
+ public:
+  EvictionAttentionCore(EvictionCache& cache, int64_t query_chunk) : cache_(cache), query_chunk_(query_chunk) {}
+  // The prompt about to be prefilled spans positions [begin, end): SnapKV/AdaKV stage it and
+  // each layer compresses when its chunk reaches `end`. Decode steps come after it.
+  void begin_prompt(int64_t begin, int64_t end);
+  // No prompt in progress (a fresh sequence): every step attends and evicts online.
+  void forget_prompt();
+  at::Tensor attend(const arch::AttentionInputs& inputs) override;
+
+ private:
+  EvictionCache& cache_;
+  int64_t query_chunk_;
+  int64_t prompt_begin_ = 0;
+  int64_t prompt_end_ = 0;
+};
+
+}  // namespace headwise::runtime

@@ -1,0 +1,282 @@
+// EvictionAttentionCore: attention over what each KV head of an EvictionCache holds, and the
+// SnapKV / H2O / AdaKV updates after it. See eviction_cache.hpp for the rules.
+//
+// Each (sequence, KV head) is handled on its own: heads hold different tokens (and under AdaKV
+// different counts), so there is no shared key axis to batch over. Scores are computed one query
+// chunk at a time over at most (held + staged or new) keys: never a T x T matrix.
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <numeric>
+
+#include "headwise/core/error.hpp"
+#include "headwise/runtime/eviction_cache.hpp"
+
+namespace headwise::runtime {
+namespace {
+
+constexpr float kInf = std::numeric_limits<float>::infinity();
+
+// Keys a head attends over, with what decides their fate.
+struct Entries {
+  at::Tensor k, v;      // [n, head_dim] in the activation dtype
+  at::Tensor position;  // [n] int64
+  at::Tensor score;     // [n] float32 keep priority
+};
+
+Entries concat(const Entries& a, const Entries& b) {
+  return {at::cat({a.k, b.k}), at::cat({a.v, b.v}), at::cat({a.position, b.position}), at::cat({a.score, b.score})};
+}
+
+Entries select(const Entries& e, const at::Tensor& idx) {
+  return {e.k.index_select(0, idx), e.v.index_select(0, idx), e.position.index_select(0, idx), e.score.index_select(0, idx)};
+}
+
+Entries held_entries(const EvictionLayer& l, int64_t b, int64_t h, at::ScalarType dtype) {
+  const auto bi = static_cast<size_t>(b), hi = static_cast<size_t>(h);
+  const int64_t off = l.offset[bi][hi], n = l.held[bi][hi];
+  return {l.k[b].narrow(0, off, n).to(dtype), l.v[b].narrow(0, off, n).to(dtype), l.position[b].narrow(0, off, n),
+          l.score[b].narrow(0, off, n)};
+}
+
+// Rewrites a head's region with `e` (at most the region's length), ascending by position.
+void write_region(EvictionLayer& l, int64_t b, int64_t h, const Entries& e) {
+  const auto bi = static_cast<size_t>(b), hi = static_cast<size_t>(h);
+  const int64_t off = l.offset[bi][hi], len = l.length[bi][hi], n = e.k.size(0);
+  HEADWISE_CHECK(n <= len, "layer {} head {}: {} entries for a region of {} slots", l.layer_id, h, n, len);
+  l.k[b].narrow(0, off, n).copy_(e.k);
+  l.v[b].narrow(0, off, n).copy_(e.v);
+  l.position[b].narrow(0, off, n).copy_(e.position);
+  l.score[b].narrow(0, off, n).copy_(e.score);
+  l.position[b].narrow(0, off + n, len - n).fill_(-1);
+  l.score[b].narrow(0, off + n, len - n).zero_();
+  l.held[bi][hi] = n;
+}
+
+// Softmax probabilities [g, t, n] (fp32) of queries q [g, t, hd] at positions q_begin.. over
+// `keys`, causal. Numerics as the grouped cache's attention: scores in the activation dtype,
+// softmax in fp32; a gpt-oss sink logit per query head joins the softmax and is dropped.
+at::Tensor attention_probs(const at::Tensor& q, int64_t q_begin, const Entries& keys, const arch::AttentionInputs& in,
+                           const at::Tensor& sink_logits) {
+  const int64_t g = q.size(0), t = q.size(1), n = keys.k.size(0);
+  at::Tensor scores = at::matmul(q, keys.k.transpose(0, 1)) * in.scaling;  // [g, t, n]
+  if (in.logit_softcap > 0) scores = at::tanh(scores / in.logit_softcap) * in.logit_softcap;
+  const at::Tensor q_pos = at::arange(q_begin, q_begin + t, keys.position.options()).view({t, 1});
+  const at::Tensor future = keys.position.view({1, n}) > q_pos;
+  const at::Tensor logits = scores.to(at::kFloat).masked_fill(future, -kInf);
+  if (!sink_logits.defined()) return at::softmax(logits, -1);
+  const at::Tensor sink = sink_logits.to(at::kFloat).view({g, 1, 1}).expand({g, t, 1});
+  at::Tensor combined = at::cat({logits, sink}, -1);
+  combined = combined - std::get<0>(combined.max(-1, /*keepdim=*/true));
+  return at::softmax(combined, -1).slice(-1, 0, n);
+}
+
+// Attention output [g, t, hd] of one KV head's queries, `chunk` queries at a time; when
+// `received` is given, the probability each key got, summed over queries and query heads (H2O).
+at::Tensor attend_head(const at::Tensor& q, int64_t q_begin, const Entries& keys, const arch::AttentionInputs& in,
+                       const at::Tensor& sink_logits, int64_t chunk, at::Tensor* received) {
+  const int64_t t = q.size(1);
+  at::Tensor out = at::empty(q.sizes(), q.options());
+  if (received != nullptr) *received = at::zeros({keys.k.size(0)}, keys.score.options());
+  for (int64_t t0 = 0; t0 < t; t0 += chunk) {
+    const int64_t t1 = std::min(t, t0 + chunk);
+    const at::Tensor probs = attention_probs(q.slice(1, t0, t1), q_begin + t0, keys, in, sink_logits);
+    out.slice(1, t0, t1).copy_(at::matmul(probs.to(keys.v.scalar_type()), keys.v));
+    if (received != nullptr) *received += probs.sum(at::IntArrayRef{0, 1});
+  }
+  return out;
+}
+
+// SnapKV's score for every candidate: the observation queries' probabilities (summed over them
+// and the query heads) pooled along positions over the prefix; the observation window itself
+// scores +inf (always kept, and last to go). Candidates are ascending by position.
+at::Tensor snapkv_scores(const at::Tensor& observed_q, int64_t observed_begin, const Entries& candidates,
+                         const arch::AttentionInputs& in, const at::Tensor& sink_logits, const EvictionOptions& o) {
+  const at::Tensor received = attention_probs(observed_q, observed_begin, candidates, in, sink_logits).sum(at::IntArrayRef{0, 1});
+  const int64_t prefix = (candidates.position < observed_begin).sum().item<int64_t>();
+  const at::Tensor pooled = pool_scores(received.slice(0, 0, prefix), o.pooling_kernel, o.pooling);
+  return at::cat({pooled, at::full({candidates.k.size(0) - prefix}, kInf, received.options())});
+}
+
+// Splits `total` slots evenly over `heads` (the first heads take the remainder).
+std::vector<int64_t> even_split(int64_t total, int64_t heads) {
+  std::vector<int64_t> out(static_cast<size_t>(heads), total / heads);
+  for (int64_t h = 0; h < total % heads; ++h) ++out[static_cast<size_t>(h)];
+  return out;
+}
+
+}  // namespace
+
+void EvictionAttentionCore::begin_prompt(int64_t begin, int64_t end) {
+  HEADWISE_CHECK(0 <= begin && begin < end, "prompt [{}, {})", begin, end);
+  forget_prompt();
+  prompt_begin_ = begin;
+  prompt_end_ = end;
+}
+
+void EvictionAttentionCore::forget_prompt() {
+  // A prompt left half-staged (an interrupted prefill) must not leak into the next one.
+  for (auto& [id, l] : cache_.layers()) drop_staging(l);
+  prompt_begin_ = prompt_end_ = 0;
+}
+
+namespace {
+
+// What one attend() call works on.
+struct Step {
+  const arch::AttentionInputs& in;
+  at::Tensor q;         // [B, kv_heads, group, T, hd]
+  at::Tensor new_k;     // [B, kv_heads, T, hd] through the cache dtype, in the activation dtype
+  at::Tensor new_v;
+  int64_t first = 0;    // position of the step's first token
+  int64_t steps = 0;
+  at::Tensor sink_logits(int64_t h) const {
+    return in.sink_logits.defined() ? in.sink_logits.view({q.size(1), q.size(2)})[h] : at::Tensor();
+  }
+};
+
+// Appends this chunk to the layer's staged prompt, and the observation window's queries.
+void stage(EvictionLayer& l, const Step& s, at::ScalarType kv_dtype, int64_t observed_begin) {
+  if (!l.staged_k.defined()) {
+    l.staged_begin = s.first;
+    l.staged_k = s.new_k.to(kv_dtype);
+    l.staged_v = s.new_v.to(kv_dtype);
+  } else {
+    HEADWISE_CHECK(l.staged_begin + l.staged_k.size(2) == s.first, "layer {}: staged up to {}, chunk at {}", l.layer_id,
+                   l.staged_begin + l.staged_k.size(2), s.first);
+    l.staged_k = at::cat({l.staged_k, s.new_k.to(kv_dtype)}, 2);
+    l.staged_v = at::cat({l.staged_v, s.new_v.to(kv_dtype)}, 2);
+  }
+  const int64_t from = std::max(observed_begin, s.first), to = s.first + s.steps;
+  if (from >= to) return;
+  const at::Tensor q = s.q.slice(3, from - s.first, to - s.first);
+  l.observed_q = l.observed_q.defined() ? at::cat({l.observed_q, q}, 3) : q.clone();
+}
+
+Entries staged_entries(const EvictionLayer& l, int64_t b, int64_t h, at::ScalarType dtype) {
+  const int64_t n = l.staged_k.size(2);
+  return {l.staged_k[b][h].to(dtype), l.staged_v[b][h].to(dtype),
+          at::arange(l.staged_begin, l.staged_begin + n, l.position.options()), at::zeros({n}, l.score.options())};
+}
+
+Entries new_entries(const Step& s, const EvictionLayer& l, int64_t b, int64_t h) {
+  return {s.new_k[b][h], s.new_v[b][h], at::arange(s.first, s.first + s.steps, l.position.options()),
+          at::zeros({s.steps}, l.score.options())};
+}
+
+// SnapKV at a prompt's end: each head keeps its observation window and the best prefix keys.
+void compress_snapkv(EvictionLayer& l, const Step& s, int64_t b, const std::vector<Entries>& candidates,
+                     int64_t observed_begin, const EvictionOptions& o) {
+  for (int64_t h = 0; h < l.num_kv_heads; ++h) {
+    Entries c = candidates[static_cast<size_t>(h)];
+    c.score = snapkv_scores(l.observed_q[b][h], observed_begin, c, s.in, s.sink_logits(h), o);
+    write_region(l, b, h, select(c, keep_indices(c.position, c.score, l.length[static_cast<size_t>(b)][static_cast<size_t>(h)], 0)));
+  }
+}
+
+// AdaKV at a prompt's end: the layer's slots are re-divided among its heads — every head keeps
+// the observation window, the prefix budget goes by AdaKV's flattened selection.
+void compress_adakv(EvictionLayer& l, const Step& s, int64_t b, std::vector<Entries> candidates,
+                    int64_t observed_begin, const EvictionOptions& o) {
+  const auto bi = static_cast<size_t>(b);
+  const int64_t heads = l.num_kv_heads;
+  const int64_t total = std::accumulate(l.length[bi].begin(), l.length[bi].end(), int64_t{0});
+  // A budget too small for every head's window keeps each head's most recent share of it.
+  const int64_t observed = s.first + s.steps - observed_begin;
+  const int64_t window = std::min(observed, total / heads);
+  const int64_t prefix_total = total - heads * window;
+  std::vector<at::Tensor> scores, positions;
+  for (int64_t h = 0; h < heads; ++h) {
+    Entries& c = candidates[static_cast<size_t>(h)];
+    c.score = snapkv_scores(l.observed_q[b][h], observed_begin, c, s.in, s.sink_logits(h), o);
+    const int64_t prefix = (c.position < observed_begin).sum().item<int64_t>();
+    scores.push_back(c.score.slice(0, 0, prefix));
+    positions.push_back(c.position.slice(0, 0, prefix));
+  }
+  const auto floor = static_cast<int64_t>(std::floor(o.adakv_floor * static_cast<double>(prefix_total) / static_cast<double>(heads)));
+  const std::vector<int64_t> budget = adakv_budgets(scores, positions, prefix_total, floor);
+  // Slots no candidate needs (a prompt shorter than the budget) stay free for decoding, evenly.
+  const int64_t used = std::accumulate(budget.begin(), budget.end(), int64_t{0});
+  const std::vector<int64_t> spare = even_split(prefix_total - used, heads);
+  int64_t offset = 0;
+  for (int64_t h = 0; h < heads; ++h) {
+    const auto hi = static_cast<size_t>(h);
+    const int64_t keep = window + budget[hi];
+    l.offset[bi][hi] = offset;
+    l.length[bi][hi] = keep + spare[hi];
+    offset += l.length[bi][hi];
+    const Entries& c = candidates[hi];
+    write_region(l, b, h, select(c, keep_indices(c.position, c.score, keep, 0)));
+  }
+  HEADWISE_CHECK(offset == total, "AdaKV regions {} != the layer's {} slots", offset, total);
+}
+
+// After attending (not staging): the new tokens join the head, evicting down to its region.
+// H2O keeps half the region for the most recent tokens; SnapKV/AdaKV score new tokens +inf, so
+// the lowest-scored prefix key makes room.
+void insert(EvictionLayer& l, int64_t b, int64_t h, const Entries& held_and_new, const at::Tensor& received,
+            EvictionMethod method) {
+  Entries e = held_and_new;
+  const int64_t held = l.held[static_cast<size_t>(b)][static_cast<size_t>(h)];
+  if (method == EvictionMethod::kH2O) {
+    e.score = e.score + received;  // new entries start at 0
+  } else {
+    e.score = at::cat({e.score.slice(0, 0, held), at::full({e.k.size(0) - held}, kInf, e.score.options())});
+  }
+  const int64_t length = l.length[static_cast<size_t>(b)][static_cast<size_t>(h)];
+  const int64_t recent = method == EvictionMethod::kH2O ? length / 2 : 0;
+  write_region(l, b, h, select(e, keep_indices(e.position, e.score, length, recent)));
+}
+
+}  // namespace
+
+at::Tensor EvictionAttentionCore::attend(const arch::AttentionInputs& in) {
+  const int64_t batch = in.q.size(0), num_heads = in.q.size(1), steps = in.q.size(2), head_dim = in.q.size(3);
+  const int64_t num_kv = in.k.size(1), first = in.position_offset;
+  HEADWISE_CHECK(in.sliding_window == 0, "layer {} is sliding: the eviction cache serves global layers only", in.layer_id);
+  HEADWISE_CHECK(num_heads % num_kv == 0 && in.k.size(2) == steps, "attention shapes q {} k {}",
+                 arch::shape_string(in.q.sizes()), arch::shape_string(in.k.sizes()));
+  const auto& o = cache_.options();
+  HEADWISE_CHECK(batch == o.batch, "batch {} but the cache holds {} sequences", batch, o.batch);
+  HEADWISE_CHECK(first + steps <= o.context, "positions up to {} exceed the cache context {}", first + steps, o.context);
+  EvictionLayer& l = cache_.layer(in.layer_id);
+  HEADWISE_CHECK(l.num_kv_heads == num_kv, "layer {}: {} KV heads, the cache has {}", in.layer_id, num_kv, l.num_kv_heads);
+  const EvictionOptions& eo = cache_.eviction();
+  const auto dtype = in.q.scalar_type(), kv_dtype = l.k.scalar_type();
+  // New keys pass through the cache dtype: every key a query sees went through the same storage.
+  const auto through_cache = [&](const at::Tensor& t) { return kv_dtype == dtype ? t : t.to(kv_dtype).to(dtype); };
+  const Step s{in, in.q.reshape({batch, num_kv, num_heads / num_kv, steps, head_dim}), through_cache(in.k),
+               through_cache(in.v), first, steps};
+
+  // SnapKV/AdaKV see the whole prompt before choosing: stage it, compress at its last chunk.
+  const bool staging = eo.method != EvictionMethod::kH2O && first >= prompt_begin_ && first + steps <= prompt_end_;
+  const int64_t observed_begin = std::max(prompt_begin_, prompt_end_ - eo.observation_window);
+  if (staging) {
+    stage(l, s, kv_dtype, observed_begin);
+    cache_.note_staged();
+  }
+  const bool compress = staging && first + steps == prompt_end_;
+
+  at::Tensor out = at::empty(s.q.sizes(), s.q.options());
+  for (int64_t b = 0; b < batch; ++b) {
+    std::vector<Entries> candidates;
+    for (int64_t h = 0; h < num_kv; ++h) {
+      const Entries keys = concat(held_entries(l, b, h, dtype), staging ? staged_entries(l, b, h, dtype) : new_entries(s, l, b, h));
+      at::Tensor received;
+      const bool accumulate = !staging && eo.method == EvictionMethod::kH2O;
+      out[b][h].copy_(attend_head(s.q[b][h], first, keys, in, s.sink_logits(h), query_chunk_, accumulate ? &received : nullptr));
+      if (!staging) insert(l, b, h, keys, received, eo.method);
+      if (compress) candidates.push_back(keys);
+    }
+    if (!compress) continue;
+    if (eo.method == EvictionMethod::kAdaKV) {
+      compress_adakv(l, s, b, std::move(candidates), observed_begin, eo);
+    } else {
+      compress_snapkv(l, s, b, candidates, observed_begin, eo);
+    }
+  }
+  if (compress) drop_staging(l);
+  return out.reshape({batch, num_heads, steps, head_dim}).transpose(1, 2).contiguous();
+}
+
+}  // namespace headwise::runtime
