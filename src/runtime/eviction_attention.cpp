@@ -10,6 +10,7 @@
 #include <numeric>
 
 #include "headwise/core/error.hpp"
+#include "headwise/arch/visible_keys.hpp"
 #include "headwise/runtime/eviction_cache.hpp"
 
 namespace headwise::runtime {
@@ -58,17 +59,14 @@ void write_region(EvictionLayer& l, int64_t b, int64_t h, const Entries& e) {
 // softmax in fp32; a gpt-oss sink logit per query head joins the softmax and is dropped.
 at::Tensor attention_probs(const at::Tensor& q, int64_t q_begin, const Entries& keys, const arch::AttentionInputs& in,
                            const at::Tensor& sink_logits) {
-  const int64_t g = q.size(0), t = q.size(1), n = keys.k.size(0);
+  const int64_t g = q.size(0), t = q.size(1);
   at::Tensor scores = at::matmul(q, keys.k.transpose(0, 1)) * in.scaling;  // [g, t, n]
   if (in.logit_softcap > 0) scores = at::tanh(scores / in.logit_softcap) * in.logit_softcap;
-  const at::Tensor q_pos = at::arange(q_begin, q_begin + t, keys.position.options()).view({t, 1});
-  const at::Tensor future = keys.position.view({1, n}) > q_pos;
-  const at::Tensor logits = scores.to(at::kFloat).masked_fill(future, -kInf);
-  if (!sink_logits.defined()) return at::softmax(logits, -1);
-  const at::Tensor sink = sink_logits.to(at::kFloat).view({g, 1, 1}).expand({g, t, 1});
-  at::Tensor combined = at::cat({logits, sink}, -1);
-  combined = combined - std::get<0>(combined.max(-1, /*keepdim=*/true));
-  return at::softmax(combined, -1).slice(-1, 0, n);
+  // What is held was chosen by eviction, so among it only causality limits a query (a full window).
+  const at::Tensor visible =
+      arch::visible_keys(at::arange(q_begin, q_begin + t, keys.position.options()), keys.position, kFullWindow, 0);
+  const at::Tensor logits = scores.to(at::kFloat).masked_fill(visible.logical_not(), -kInf);
+  return arch::softmax_with_sink_logit(logits, sink_logits.defined() ? sink_logits.view({g, 1, 1}) : at::Tensor());
 }
 
 // Attention output [g, t, hd] of one KV head's queries, `chunk` queries at a time; when

@@ -1,8 +1,8 @@
 #pragma once
 // What a KV head with window w and s sink tokens sees: the one definition every attention path
 // implements (the forward's windowed attention, calibration's masks and multi-window bands, the
-// runtime's ring buffers, eval's scores, the CUDA kernels). tests/arch/visible_keys_test.cpp holds
-// each path to it on one table of cases.
+// runtime's ring buffers and eviction baselines, eval's scores, the CUDA kernels).
+// tests/arch/visible_keys_test.cpp holds each path to it on one table of cases.
 //
 //   a query at position q sees the key at position p  <=>  p <= q  and  (w = full  or  q - p < w  or  p < s)
 //
