@@ -199,6 +199,7 @@ def main():
     # (fixture, tokens, prefill chunk, ladder): chunks longer than the 8/24-token rings, uneven
     # chunks, one-token steps; sliding layers (gemma3) stay transformers' own.
     cases = [("qwen3_next_tiny", 200, 64, [8, 24, None]),
+             ("llama_rope3", 160, 48, [8, 24, None]),
              ("qwen3_gqa", 160, 48, [8, 24, None]),
              ("gemma3_gqa4", 160, 48, [8, 24, None])]
     with tempfile.TemporaryDirectory(prefix="headwise-hf-") as d:
