@@ -193,6 +193,7 @@ def main():
     p.add_argument("--cli", required=True, help="headwise-calc")
     p.add_argument("--fixtures", default=str(ROOT / "tests" / "fixtures"))
     p.add_argument("--only", nargs="*", help="fixture names")
+    p.add_argument("--all", action="store_true", help="also the fixtures the suite leaves out for time")
     args = p.parse_args()
     torch.set_num_threads(1)
     fixtures = pathlib.Path(args.fixtures)
@@ -202,6 +203,8 @@ def main():
              ("llama_rope3", 160, 48, [8, 24, None]),
              ("qwen3_gqa", 160, 48, [8, 24, None]),
              ("gemma3_gqa4", 160, 48, [8, 24, None])]
+    if args.all:  # more of the same paths (about 5 s each): softcapping, sliding qwen3, Qwen3.5's hybrid
+        cases += [(name, 160, 48, [8, 24, None]) for name in ("gemma3_softcap", "qwen3_sliding", "qwen3_5_text_tiny")]
     with tempfile.TemporaryDirectory(prefix="headwise-hf-") as d:
         tmp = pathlib.Path(d)
         for name, seq_len, chunk, levels in cases:
