@@ -14,6 +14,7 @@
 #include "headwise/core/units.hpp"
 #include "headwise/eval/eval.hpp"
 #include "headwise/io/checkpoint.hpp"
+#include "policy_check.hpp"
 
 namespace headwise::cli {
 namespace {
@@ -45,23 +46,6 @@ std::vector<std::string> split_list(const std::string& text) {
     if (!item.empty()) out.push_back(item);
   }
   return out;
-}
-
-// A policy carries its model's fingerprint; quality numbers for another model's policy would
-// be meaningless, so refuse before any work.
-void check_policy_matches(const policy::Policy& p, const fs::path& dir, const arch::ModelSpec& spec, const std::string& where,
-                          const char* flag = "--policy") {
-  const auto fp = policy::fingerprint_model(dir);
-  if (p.fingerprint.config_sha256 != fp.config_sha256) {
-    throw_input_error("{} {}: model_fingerprint.config_sha256 does not match {} (a policy for another model)", flag, where,
-                      (dir / "config.json").string());
-  }
-  if (p.fingerprint.weights_headers_sha256 && fp.weights_headers_sha256 &&
-      *p.fingerprint.weights_headers_sha256 != *fp.weights_headers_sha256) {
-    throw_input_error("{} {}: model_fingerprint.weights_headers_sha256 does not match the safetensors in {} "
-                      "(recalibrate for these weights)", flag, where, dir.string());
-  }
-  policy::validate_against_model(p, spec, where);
 }
 
 // A head whose window is at least the sample length truncates nothing: on samples shorter than

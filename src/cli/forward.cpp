@@ -1,7 +1,11 @@
 // `headwise-calc forward`: logits of a token list, for checking a converted checkpoint
-// against another implementation.
+// against another implementation. With --policy, the logits under that policy from the runtime
+// decoder (each global KV head keeps only its window's slots; chunked prefill as in eval), for
+// checking another implementation of the policy (python/headwise_hf) against this one.
 #include <c10/core/InferenceMode.h>
 #include <spdlog/spdlog.h>
+
+#include <optional>
 
 #include "headwise/arch/model.hpp"
 #include "headwise/cli/command.hpp"
@@ -9,6 +13,9 @@
 #include "headwise/core/files.hpp"
 #include "headwise/io/checkpoint.hpp"
 #include "headwise/io/safetensors.hpp"
+#include "headwise/policy/policy.hpp"
+#include "headwise/runtime/decoder.hpp"
+#include "policy_check.hpp"
 
 namespace headwise::cli {
 namespace {
@@ -20,6 +27,9 @@ struct ForwardArgs {
   std::string device = "cpu";
   std::string dtype;
   int64_t attention_chunk = 512;
+  std::string policy;          // policy.yaml: logits under it from the runtime decoder
+  int64_t prefill_chunk = 256;  // with --policy: tokens per prefill chunk (eval's default)
+  bool prefill_chunk_given = false;
   CommonFlags flags;
 };
 
@@ -38,17 +48,39 @@ std::vector<int64_t> read_token_list(const std::string& path, int64_t vocab_size
 
 void run_forward(const ForwardArgs& args) {
   apply_logging(args.flags);
+  if (args.policy.empty() && args.prefill_chunk_given) throw_input_error("--prefill-chunk: only with --policy");
+  if (args.prefill_chunk <= 0) throw_input_error("--prefill-chunk must be positive, got {}", args.prefill_chunk);
   c10::InferenceMode inference;
   arch::ModelOptions options;
   options.device = args.device;
   options.attention_chunk = args.attention_chunk;
   if (!args.dtype.empty()) options.compute_dtype = parse_dtype(args.dtype, "--dtype");
   const auto dir = io::resolve_model_dir(args.model);
+  std::optional<policy::Policy> pol;
+  if (!args.policy.empty()) {
+    // Checked before the weights load: a wrong policy fails fast.
+    pol = policy::read_policy(args.policy);
+    check_policy_matches(*pol, dir, arch::load_model_spec(dir), args.policy);
+  }
   auto model = arch::load_model(dir, options);
   const auto ids = read_token_list(args.tokens, model->spec().vocab_size);
   const at::Tensor input = at::tensor(ids, at::kLong).view({1, -1}).to(model->device());
-  const at::Tensor logits = model->forward(input)[0].to(at::kCPU, at::kFloat).contiguous();
-  spdlog::info("{}: {} tokens → logits [{}, {}]", dir.string(), ids.size(), logits.size(0), logits.size(1));
+  at::Tensor logits;
+  if (pol) {
+    memory::MemoryOptions o = pol->memory_options();
+    o.batch = 1;
+    if (static_cast<int64_t>(ids.size()) > o.context) {
+      throw_input_error("--tokens {}: {} tokens exceed the context of {} tokens of --policy {}", args.tokens, ids.size(),
+                        o.context, args.policy);
+    }
+    runtime::Decoder decoder(*model, pol->head_windows(), o);
+    logits = decoder.prefill(input, args.prefill_chunk)[0].to(at::kCPU, at::kFloat).contiguous();
+    spdlog::info("{}: {} tokens under {} (prefill chunks of {}, cache {} bytes) → logits [{}, {}]", dir.string(),
+                 ids.size(), args.policy, args.prefill_chunk, decoder.cache_bytes(), logits.size(0), logits.size(1));
+  } else {
+    logits = model->forward(input)[0].to(at::kCPU, at::kFloat).contiguous();
+    spdlog::info("{}: {} tokens → logits [{}, {}]", dir.string(), ids.size(), logits.size(0), logits.size(1));
+  }
   const auto* data = static_cast<const std::byte*>(logits.data_ptr());
   io::write_safetensors(args.output, {{"logits", DType::kFloat32, {logits.size(0), logits.size(1)},
                                        {data, static_cast<size_t>(logits.nbytes())}}});
@@ -63,8 +95,16 @@ const RegisterCommand kRegister{"forward", [](CLI::App& root) {
   cmd->add_option("--device", args.device, "cpu, cuda or cuda:N")->capture_default_str();
   cmd->add_option("--dtype", args.dtype, "Compute dtype (default: float32 on CPU, the checkpoint's on CUDA)");
   cmd->add_option("--attention-chunk", args.attention_chunk, "Queries per attention chunk")->capture_default_str();
+  cmd->add_option("--policy", args.policy,
+                  "policy.yaml made for this model: logits under it from the runtime decoder (windows applied "
+                  "physically, batch 1, at most the policy's context)");
+  auto* prefill = cmd->add_option("--prefill-chunk", args.prefill_chunk, "With --policy: tokens per prefill chunk")
+                      ->capture_default_str();
   add_common_flags(cmd, args.flags, /*with_json=*/false);
-  cmd->callback([] { run_forward(args); });
+  cmd->callback([prefill] {
+    args.prefill_chunk_given = prefill->count() > 0;
+    run_forward(args);
+  });
 }};
 
 }  // namespace

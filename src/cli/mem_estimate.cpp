@@ -1,6 +1,9 @@
 // headwise-calc mem-estimate: the exact cache bytes of a policy (or full KV / a uniform window)
 // for a model, from config.json alone; with --gpu-memory, the largest context and batch that fit.
 #include <iostream>
+#include <string>
+#include <string_view>
+#include <utility>
 
 #include "headwise/arch/registry.hpp"
 #include "headwise/cli/command.hpp"
@@ -24,7 +27,55 @@ struct MemEstimateArgs {
   std::string gpu_memory, reserve, weights_bytes;
   std::string engine, max_num_batched_tokens, max_model_len, mamba_cache_mode;  // --engine vllm / both
   bool per_layer = false;
+  bool prometheus = false;
 };
+
+// Prometheus label values escape backslash, double quote and newline.
+std::string label_value(std::string_view v) {
+  std::string out;
+  for (char c : v) {
+    if (c == '\\') out += "\\\\";
+    else if (c == '"') out += "\\\"";
+    else if (c == '\n') out += "\\n";
+    else out += c;
+  }
+  return out;
+}
+
+// The estimate as Prometheus exposition text (text format 0.0.4), for an exporter to serve:
+// every global KV head's window (+Inf = full), the total, each component and full KV's bytes,
+// all labelled with the model, the policy, the context and the batch.
+std::string prometheus_text(const memory::Report& r) {
+  const auto& e = r.estimate;
+  const std::string common = fmt::format("model=\"{}\",policy=\"{}\",context=\"{}\",batch=\"{}\"", label_value(r.model),
+                                         label_value(r.policy_label), e.options.context, e.options.batch);
+  std::string out;
+  const auto family = [&](std::string_view name, std::string_view help) {
+    out += fmt::format("# HELP {} {}\n# TYPE {} gauge\n", name, help, name);
+  };
+  family("headwise_kv_window_size", "Tokens a global-attention KV head keeps (+Inf: full, the whole context)");
+  for (const auto& l : e.layers) {
+    if (!l.kv_head_windows) continue;
+    for (size_t h = 0; h < l.kv_head_windows->size(); ++h) {
+      const int64_t w = (*l.kv_head_windows)[h];
+      out += fmt::format("headwise_kv_window_size{{{},layer=\"{}\",head=\"{}\"}} {}\n", common, l.layer_id, h,
+                         w == memory::kFullWindow ? std::string("+Inf") : std::to_string(w));
+    }
+  }
+  family("headwise_cache_bytes", "Exact bytes of every KV buffer and recurrent state the policy's cache holds");
+  out += fmt::format("headwise_cache_bytes{{{}}} {}\n", common, e.total_bytes);
+  family("headwise_cache_component_bytes", "The cache bytes by component");
+  const auto& c = e.components;
+  const std::pair<const char*, int64_t> components[] = {
+      {"global_kv", c.global_kv_bytes},         {"local_kv", c.local_kv_bytes}, {"linear_state", c.linear_state_bytes},
+      {"ssm_state", c.ssm_state_bytes},         {"other_state", c.other_state_bytes}};
+  for (const auto& [name, bytes] : components) {
+    out += fmt::format("headwise_cache_component_bytes{{{},component=\"{}\"}} {}\n", common, name, bytes);
+  }
+  family("headwise_full_kv_cache_bytes", "The same cache with every global KV head full, for comparison");
+  out += fmt::format("headwise_full_kv_cache_bytes{{{}}} {}\n", common, r.full_kv_total_bytes);
+  return out;
+}
 
 // The model folder: --model wins; else the policy's model_path (relative to the policy file).
 fs::path model_dir_of(const MemEstimateArgs& a, const policy::Policy* p) {
@@ -121,6 +172,10 @@ void run(const MemEstimateArgs& a) {
   const int modes = (!a.config.empty()) + a.full_kv + (!a.uniform_window.empty());
   if (modes != 1) throw_input_error("mem-estimate: give exactly one of --config POLICY, --full-kv, --uniform-window W");
   if (a.config.empty() && a.model.empty()) throw_input_error("--model: required with --full-kv / --uniform-window");
+  if (a.prometheus && a.common.json) throw_input_error("--prometheus: give either --prometheus or --json");
+  if (a.prometheus && !a.engine.empty() && a.engine != "headwise") {
+    throw_input_error("--prometheus: reports headwise's cache only (drop --engine {})", a.engine);
+  }
 
   std::optional<policy::Policy> pol;
   if (!a.config.empty()) pol = policy::read_policy(a.config);
@@ -162,7 +217,8 @@ void run(const MemEstimateArgs& a) {
   else if (!a.reserve.empty() || !a.weights_bytes.empty()) throw_input_error("--reserve/--weights-bytes: only with --gpu-memory");
   if (report.engine != memory::Engine::kHeadwise) report.vllm = vllm_report(a, spec, windows, o, report.gpu);
   // Everything is computed: only now print, so an error never leaves half a report.
-  if (a.common.json) std::cout << memory::report_json(report).dump(1) << "\n";
+  if (a.prometheus) std::cout << prometheus_text(report);
+  else if (a.common.json) std::cout << memory::report_json(report).dump(1) << "\n";
   else std::cout << memory::report_table(report, a.per_layer);
 }
 
@@ -196,6 +252,10 @@ void setup(CLI::App& root) {
   app->add_option("--mamba-cache-mode", args->mamba_cache_mode,
                   "vLLM's mamba_cache_mode: none (default), align or all (prefix caching of Mamba/linear states)");
   app->add_flag("--per-layer", args->per_layer, "List every layer in the table");
+  app->add_flag("--prometheus", args->prometheus,
+                "Print Prometheus exposition text (headwise_kv_window_size{layer,head}, headwise_cache_bytes, "
+                "headwise_cache_component_bytes{component}, headwise_full_kv_cache_bytes; model, policy, context "
+                "and batch as labels) for an exporter to serve");
   add_common_flags(app, args->common, /*with_json=*/true);
   app->callback([args] { run(*args); });
 }

@@ -1,0 +1,129 @@
+"""Reading a headwise policy (policy.yaml, schema headwise/policy/v1) for the transformers cache.
+
+Only what the cache needs is read: the serving shape (context, dtype, block size, sink tokens),
+the model fingerprint and each global layer's per-KV-head windows. headwise's C++ reader is the
+strict one; this one checks what would make the cache wrong.
+"""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import os
+from typing import Optional
+
+import torch
+import yaml
+
+SCHEMA = "headwise/policy/v1"
+FULL = None  # a `full` window
+
+_DTYPES = {
+    "bfloat16": torch.bfloat16,
+    "float16": torch.float16,
+    "float32": torch.float32,
+    "float8_e4m3fn": getattr(torch, "float8_e4m3fn", None),
+    "float8_e5m2": getattr(torch, "float8_e5m2", None),
+}
+
+
+class PolicyError(ValueError):
+    """A policy that cannot apply to this model; the message names the file and field."""
+
+
+@dataclasses.dataclass
+class Policy:
+    path: str
+    model_name: str
+    model_path: str
+    config_sha256: str
+    context: int
+    batch: int
+    dtype: str
+    block_size: int
+    sink_tokens: int
+    # layer id -> one window per KV head (None = full)
+    windows: dict[int, list[Optional[int]]]
+    memory: dict
+
+    @property
+    def kv_dtype(self) -> torch.dtype:
+        return _DTYPES[self.dtype]
+
+
+def _window(value, where: str) -> Optional[int]:
+    if value == "full":
+        return FULL
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise PolicyError(f"{where}: window {value!r} is neither a positive token count nor `full`")
+    return value
+
+
+def read_policy(path: str | os.PathLike) -> Policy:
+    path = os.fspath(path)
+    try:
+        with open(path, encoding="utf-8") as f:
+            doc = yaml.safe_load(f)
+    except OSError as e:
+        raise PolicyError(f"{path}: cannot read the policy ({e.strerror})") from None
+    except yaml.YAMLError as e:
+        raise PolicyError(f"{path}: not YAML ({str(e).splitlines()[0]})") from None
+    if not isinstance(doc, dict) or doc.get("schema") != SCHEMA:
+        raise PolicyError(f"{path}: schema: expected {SCHEMA}")
+
+    def field(name, kind):
+        if name not in doc or not isinstance(doc[name], kind) or isinstance(doc[name], bool):
+            raise PolicyError(f"{path}: {name}: missing or not a {kind.__name__}")
+        return doc[name]
+
+    dtype = field("dtype", str)
+    if _DTYPES.get(dtype) is None:
+        raise PolicyError(f"{path}: dtype: {dtype} is not a KV dtype this torch has ({', '.join(k for k, v in _DTYPES.items() if v is not None)})")
+    context, block, sinks = field("context", int), field("block_size", int), field("sink_tokens", int)
+    if context <= 0 or block <= 0 or sinks < 0:
+        raise PolicyError(f"{path}: context, block_size must be positive and sink_tokens >= 0")
+    windows: dict[int, list[Optional[int]]] = {}
+    for i, entry in enumerate(field("per_layer_policies", list)):
+        where = f"{path}: per_layer_policies[{i}]"
+        if not isinstance(entry, dict) or not isinstance(entry.get("layer_id"), int):
+            raise PolicyError(f"{where}: layer_id missing")
+        heads = entry.get("kv_head_windows")
+        if not isinstance(heads, list) or not heads:
+            raise PolicyError(f"{where}: kv_head_windows missing or empty")
+        if entry["layer_id"] in windows:
+            raise PolicyError(f"{where}: layer {entry['layer_id']} appears twice")
+        windows[entry["layer_id"]] = [_window(w, f"{where}.kv_head_windows") for w in heads]
+    fp = doc.get("model_fingerprint") or {}
+    return Policy(
+        path=path,
+        model_name=str(doc.get("model_name", "")),
+        model_path=str(doc.get("model_path", "")),
+        config_sha256=str(fp.get("config_sha256", "") or ""),
+        context=context,
+        batch=int(doc.get("batch", 1)),
+        dtype=dtype,
+        block_size=block,
+        sink_tokens=sinks,
+        windows=windows,
+        memory=dict(doc.get("memory") or {}),
+    )
+
+
+def config_sha256(model_dir: str | os.PathLike) -> Optional[str]:
+    """sha256 of a model folder's config.json bytes (the policy's model_fingerprint.config_sha256)."""
+    path = os.path.join(os.fspath(model_dir), "config.json")
+    if not os.path.isfile(path):
+        return None
+    with open(path, "rb") as f:
+        return hashlib.sha256(f.read()).hexdigest()
+
+
+def round_up(n: int, block: int) -> int:
+    return (n + block - 1) // block * block
+
+
+def head_slots(window: Optional[int], sinks: int, length: int, block: int) -> int:
+    """Slots of one KV head holding `length` positions: round_up(min(w + S, length), block)
+    (full: round_up(length, block)). At length = the policy's context this is the memory model's
+    global_head_slots, so the bytes equal mem-estimate's."""
+    tokens = length if window is FULL else min(window + sinks, length)
+    return round_up(tokens, block)

@@ -1,0 +1,224 @@
+#!/usr/bin/env python3
+"""python/headwise_hf against headwise's runtime decoder (`headwise-calc forward --policy`).
+
+For each fixture (tiny random-weight HF checkpoints in tests/fixtures) and a policy with mixed
+windows and sink tokens, chunked prefill through HeadwiseCache must give the logits
+`forward --policy` gives (<= 1e-4, fp32); with `full` everywhere both must equal the plain
+full-KV logits (transformers' and `forward`'s); the cache's K/V bytes must equal
+`mem-estimate --config policy.yaml --json` global_kv_bytes at the cached length (and at the
+policy's context with preallocate=True); generate() must run through the cache; forward
+--policy must refuse another model's policy, a context overflow and a stray --prefill-chunk.
+
+Usage: test_hf_cache.py --cli build/bin/headwise-calc [--fixtures tests/fixtures]
+Exit 0 on success, 1 on failure, 4 (ctest's SKIP_RETURN_CODE) when torch/transformers are absent.
+"""
+import argparse
+import json
+import os
+import pathlib
+import subprocess
+import sys
+import tempfile
+import time
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+TOL = 1e-4
+
+try:
+    import torch
+    import transformers  # noqa: F401
+    from safetensors.torch import load_file
+except ImportError as e:  # the suite may run without the Python stack
+    print(f"SKIP: {e}")
+    sys.exit(4)
+
+sys.path.insert(0, str(ROOT / "python"))
+from headwise_hf import HeadwiseCache  # noqa: E402
+from headwise_hf.policy import config_sha256  # noqa: E402
+
+failures = []
+
+
+def check(cond, what):
+    print(("ok   " if cond else "FAIL ") + what, flush=True)
+    if not cond:
+        failures.append(what)
+
+
+def run(cli, *args, expect_ok=True):
+    r = subprocess.run([cli, *map(str, args)], capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    if expect_ok and r.returncode != 0:
+        raise SystemExit(f"FAIL {' '.join(map(str, args))}: exit {r.returncode}: {r.stderr.strip()}")
+    return r
+
+
+def global_layers(config):
+    types = getattr(config, "layer_types", None) or ["full_attention"] * config.num_hidden_layers
+    return [i for i, t in enumerate(types) if t == "full_attention"]
+
+
+def write_policy(path, fixture_dir, windows, *, context, sinks, levels, dtype="float32", block=16):
+    """A hand-written serving policy (no memory block: headwise's reader then checks only the
+    layers and windows against the model)."""
+    name = lambda w: "full" if w is None else str(w)  # noqa: E731
+    lines = [
+        "schema: headwise/policy/v1",
+        f'model_name: "{fixture_dir.name}"',
+        f'model_path: "{fixture_dir}"',
+        "model_fingerprint:",
+        f"  config_sha256: {config_sha256(fixture_dir)}",
+        "budget_gb: 0",
+        f"context: {context}",
+        "batch: 1",
+        f"dtype: {dtype}",
+        f"block_size: {block}",
+        f"sink_tokens: {sinks}",
+        f"window_levels: [{', '.join(name(w) for w in levels)}]",
+        "per_layer_policies:",
+    ]
+    for layer, heads in sorted(windows.items()):
+        lines += [f"  - layer_id: {layer}", f"    kv_head_windows: [{', '.join(name(w) for w in heads)}]"]
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def hf_logits(model, ids, cache, chunks):
+    outs, a = [], 0
+    with torch.no_grad():
+        for c in chunks:
+            outs.append(model(ids[:, a:a + c], past_key_values=cache, use_cache=True).logits[0])
+            a += c
+    assert a == ids.shape[1]
+    return torch.cat(outs).float()
+
+
+def cli_logits(cli, fixture, ids_path, out, *extra):
+    run(cli, "forward", "--model", fixture, "--tokens", ids_path, "-o", out, "-q", *extra)
+    return load_file(str(out))["logits"]
+
+
+def estimate_global_kv(cli, policy, context=None):
+    args = ["mem-estimate", "--config", policy, "--json"] + (["--context", context] if context else [])
+    return json.loads(run(cli, *args).stdout)["components"]["global_kv_bytes"]
+
+
+def check_fixture(cli, fixture, tmp, seq_len, chunk, mixed_levels):
+    from transformers import AutoModelForCausalLM
+
+    t0 = time.time()
+    model = AutoModelForCausalLM.from_pretrained(str(fixture), dtype=torch.float32).eval()
+    config = model.config.get_text_config(decoder=True)
+    num_kv = config.num_key_value_heads
+    g = torch.Generator().manual_seed(7)
+    ids = torch.randint(0, config.vocab_size, (1, seq_len), generator=g)
+    ids_path = tmp / f"{fixture.name}.ids.json"
+    ids_path.write_text(json.dumps(ids[0].tolist()))
+    layers = global_layers(config)
+    # Mixed windows: every ladder level somewhere, rotating over (layer, head).
+    mixed = {l: [mixed_levels[(i * num_kv + h) % len(mixed_levels)] for h in range(num_kv)] for i, l in enumerate(layers)}
+    mixed_policy = write_policy(tmp / f"{fixture.name}.mixed.yaml", fixture, mixed, context=256, sinks=3,
+                                levels=mixed_levels)
+    full_policy = write_policy(tmp / f"{fixture.name}.full.yaml", fixture, {l: [None] * num_kv for l in layers},
+                               context=256, sinks=0, levels=[None])
+    chunks = [chunk] * (seq_len // chunk) + ([seq_len % chunk] if seq_len % chunk else [])
+    uneven = [1, 2, 29, 70, 5] + [seq_len - 107]
+
+    # Mixed windows and sinks: HeadwiseCache (two chunkings) vs the runtime decoder.
+    ref = cli_logits(cli, fixture, ids_path, tmp / "mixed.st", "--policy", mixed_policy, "--prefill-chunk", chunk)
+    for name, ch in (("chunks of %d" % chunk, chunks), ("uneven chunks", uneven)):
+        cache = HeadwiseCache.from_policy(mixed_policy, model)
+        got = hf_logits(model, ids, cache, ch)
+        diff = (got - ref).abs().max().item()
+        check(diff <= TOL, f"{fixture.name}: HeadwiseCache ({name}) vs forward --policy, windows {mixed}, sinks 3: "
+                           f"max |diff| {diff:.2e}")
+        est = estimate_global_kv(cli, mixed_policy, context=seq_len)
+        check(cache.kv_bytes() == est, f"{fixture.name}: K/V bytes {cache.kv_bytes()} == mem-estimate global_kv_bytes "
+                                       f"at context {seq_len} ({est})")
+    pre = HeadwiseCache.from_policy(mixed_policy, model, preallocate=True)
+    got = hf_logits(model, ids, pre, chunks)
+    est = estimate_global_kv(cli, mixed_policy)
+    check(pre.kv_bytes() == est and (got - ref).abs().max().item() <= TOL,
+          f"{fixture.name}: preallocated at the policy's context: bytes {pre.kv_bytes()} == {est}, same logits")
+    # The windows must matter on these sequences, or the comparison shows nothing.
+    plain = cli_logits(cli, fixture, ids_path, tmp / "plain.st")
+    check((ref - plain).abs().max().item() > 1e-3, f"{fixture.name}: the mixed policy changes the logits "
+                                                  f"({(ref - plain).abs().max().item():.2e} from full KV)")
+
+    # Full everywhere: both equal the plain full-KV logits.
+    full_cli = cli_logits(cli, fixture, ids_path, tmp / "full.st", "--policy", full_policy, "--prefill-chunk", chunk)
+    full_hf = hf_logits(model, ids, HeadwiseCache.from_policy(full_policy, model), chunks)
+    model.set_attn_implementation("sdpa")
+    with torch.no_grad():
+        hf_plain = model(ids).logits[0].float()
+    for name, a, b in (("forward --policy full vs forward", full_cli, plain),
+                       ("HeadwiseCache full vs forward", full_hf, plain),
+                       ("HeadwiseCache full vs transformers full KV", full_hf, hf_plain)):
+        diff = (a - b).abs().max().item()
+        check(diff <= TOL, f"{fixture.name}: {name}: max |diff| {diff:.2e}")
+
+    # generate() through the cache continues the sequence and keeps its bytes at the estimate.
+    cache = HeadwiseCache.from_policy(mixed_policy, model)
+    with torch.no_grad():
+        out = model.generate(ids[:, :100], past_key_values=cache, max_new_tokens=8, do_sample=False,
+                             pad_token_id=0, min_new_tokens=8)
+    check(out.shape[1] == 108 and cache.get_seq_length() == 107 and
+          cache.kv_bytes() == estimate_global_kv(cli, mixed_policy, context=107),
+          f"{fixture.name}: generate() through HeadwiseCache (8 new tokens, cache length {cache.get_seq_length()})")
+    print(f"     {fixture.name}: {time.time() - t0:.1f} s", flush=True)
+    return mixed_policy, ids_path
+
+
+def check_errors(cli, fixtures, tmp, mixed_policy, ids_path):
+    other = fixtures / "qwen3_next_tiny_b"
+    r = run(cli, "forward", "--model", other, "--tokens", ids_path, "-o", tmp / "x.st", "--policy", mixed_policy,
+            expect_ok=False)
+    check(r.returncode == 1 and "--policy" in r.stderr and "config_sha256" in r.stderr and len(r.stderr.strip().splitlines()) == 1,
+          f"forward --policy refuses another model's policy: {r.stderr.strip()}")
+    long_ids = tmp / "long.json"
+    long_ids.write_text(json.dumps([1] * 257))
+    r = run(cli, "forward", "--model", fixtures / "qwen3_next_tiny", "--tokens", long_ids, "-o", tmp / "x.st",
+            "--policy", mixed_policy, expect_ok=False)
+    check(r.returncode == 1 and "--tokens" in r.stderr and "context of 256" in r.stderr,
+          f"forward --policy refuses more tokens than the policy's context: {r.stderr.strip()}")
+    r = run(cli, "forward", "--model", fixtures / "qwen3_next_tiny", "--tokens", ids_path, "-o", tmp / "x.st",
+            "--prefill-chunk", "8", expect_ok=False)
+    check(r.returncode == 1 and "--prefill-chunk" in r.stderr, f"--prefill-chunk only with --policy: {r.stderr.strip()}")
+    r = run(cli, "forward", "--model", fixtures / "qwen3_next_tiny", "--tokens", ids_path, "-o", tmp / "x.st",
+            "--policy", mixed_policy, "--prefill-chunk", "0", expect_ok=False)
+    check(r.returncode == 1 and "--prefill-chunk" in r.stderr, f"--prefill-chunk 0: {r.stderr.strip()}")
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--cli", required=True, help="headwise-calc")
+    p.add_argument("--fixtures", default=str(ROOT / "tests" / "fixtures"))
+    p.add_argument("--only", nargs="*", help="fixture names")
+    p.add_argument("--all", action="store_true", help="also the fixtures the suite leaves out for time")
+    args = p.parse_args()
+    torch.set_num_threads(1)
+    fixtures = pathlib.Path(args.fixtures)
+    # (fixture, tokens, prefill chunk, ladder): chunks longer than the 8/24-token rings, uneven
+    # chunks, one-token steps; sliding layers (gemma3) stay transformers' own.
+    cases = [("qwen3_next_tiny", 200, 64, [8, 24, None]),
+             ("llama_rope3", 160, 48, [8, 24, None]),
+             ("qwen3_gqa", 160, 48, [8, 24, None]),
+             ("gemma3_gqa4", 160, 48, [8, 24, None])]
+    if args.all:  # more of the same paths (about 5 s each): softcapping, sliding qwen3, Qwen3.5's hybrid
+        cases += [(name, 160, 48, [8, 24, None]) for name in ("gemma3_softcap", "qwen3_sliding", "qwen3_5_text_tiny")]
+    with tempfile.TemporaryDirectory(prefix="headwise-hf-") as d:
+        tmp = pathlib.Path(d)
+        for name, seq_len, chunk, levels in cases:
+            if args.only and name not in args.only:
+                continue
+            mixed, ids_path = check_fixture(args.cli, fixtures / name, tmp, seq_len, chunk, levels)
+            if name == "qwen3_next_tiny":
+                check_errors(args.cli, fixtures, tmp, mixed, ids_path)
+    if failures:
+        print(f"{len(failures)} check(s) failed")
+        return 1
+    print("all checks passed")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
