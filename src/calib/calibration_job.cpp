@@ -6,6 +6,7 @@
 #include <cstdlib>
 #include <optional>
 
+#include "headwise/arch/context_guard.hpp"
 #include "headwise/arch/model.hpp"
 #include "headwise/calib/activations.hpp"
 #include "headwise/calib/calibration_data.hpp"
@@ -138,6 +139,7 @@ struct CalibrationJob::State {
   policy::ModelFingerprint fingerprint;
   std::string model_path;
   std::string inputs_hash;
+  std::optional<std::string> context_warning;  // the context exceeds the config's max_position_embeddings
 };
 
 CalibrationJob::CalibrationJob(const CalibrationRequest& request, const fs::path& output) : state_(new State) {
@@ -148,6 +150,8 @@ CalibrationJob::CalibrationJob(const CalibrationRequest& request, const fs::path
   s.spec = arch::load_model_spec(s.dir);
 
   s.mem.context = parse_token_count(request.context, "--context");
+  s.context_warning = arch::check_context(s.spec, s.mem.context, "--context", (s.dir / "config.json").string());
+  if (s.context_warning) spdlog::warn("{}", *s.context_warning);
   s.mem.batch = request.batch;
   s.mem.block_size = request.block_size;
   s.mem.sink_tokens = request.sink_tokens;
@@ -304,6 +308,10 @@ CalibrationOutcome CalibrationJob::run(const RunControl& control) {
   if (answer_aware(s.measure)) {
     policy.calibration["answer_positions"] = s.data.answer_rule;
     policy.calibration["heads"] = r.independent_heads ? "independent" : "joint";
+  }
+  if (s.context_warning) {
+    // Recorded so whoever deploys the policy sees it, not only whoever ran the calibration.
+    policy.calibration["context_beyond_max_position_embeddings"] = arch::context_limit(s.spec).max_position_embeddings;
   }
   if (!s.unmeasured.empty()) {
     policy.calibration["extrapolated_levels"] = s.unmeasured;

@@ -8,6 +8,7 @@
 #include <iostream>
 #include <sstream>
 
+#include "headwise/arch/context_guard.hpp"
 #include "headwise/arch/registry.hpp"
 #include "headwise/cli/command.hpp"
 #include "headwise/core/error.hpp"
@@ -118,6 +119,9 @@ void run_eval(const EvalArgs& args) {
     throw_input_error("--seq-len {} exceeds the policy's context of {} tokens", seq_len, options.context);
   }
   refuse_short_sequences(pol, seq_len, args.allow_short_seq_len);
+  if (const auto warning = arch::check_context(spec, options.context, "the policy's context", (dir / "config.json").string())) {
+    spdlog::warn("{}", *warning);
+  }
   if (args.calib_samples <= 0) throw_input_error("--calib-samples must be positive, got {}", args.calib_samples);
   if (args.duo_steps <= 0) throw_input_error("--duo-steps must be positive, got {}", args.duo_steps);
   if (args.prefill_chunk <= 0) throw_input_error("--prefill-chunk must be positive, got {}", args.prefill_chunk);

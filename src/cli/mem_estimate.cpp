@@ -1,10 +1,13 @@
 // headwise-calc mem-estimate: the exact cache bytes of a policy (or full KV / a uniform window)
 // for a model, from config.json alone; with --gpu-memory, the largest context and batch that fit.
+#include <spdlog/spdlog.h>
+
 #include <iostream>
 #include <string>
 #include <string_view>
 #include <utility>
 
+#include "headwise/arch/context_guard.hpp"
 #include "headwise/arch/registry.hpp"
 #include "headwise/cli/command.hpp"
 #include "headwise/core/error.hpp"
@@ -209,6 +212,9 @@ void run(const MemEstimateArgs& a) {
     }
   }
   apply_overrides(a, o);
+  if (const auto warning = arch::check_context(spec, o.context, "--context", (dir / "config.json").string())) {
+    spdlog::warn("{}", *warning);
+  }
   report.estimate = memory::estimate(spec, windows, o);
   report.full_kv_total_bytes = memory::full_kv_bytes(spec, o);
   const auto checkpoint = io::Checkpoint::open(dir, /*allow_missing_weights=*/true);

@@ -56,6 +56,8 @@ TEST_CASE("calibrate writes a policy, report and heat map within the budget, byt
   CHECK(policy.memory.total_bytes <= 300 * 1024);
   CHECK(policy.per_layer_policies.size() == 2);
   CHECK(policy.calibration["method"] == "seqcalib");
+  // Context 512 on a model whose config stops at 256 positions: the policy says so.
+  CHECK(policy.calibration["context_beyond_max_position_embeddings"] == 256);
   const auto report = read_json_file(dir / "report.json");
   CHECK(report["heads"].size() == 4);
   CHECK(report["probe_heads"].size() == 4);
