@@ -15,6 +15,7 @@
 #include "headwise/io/checkpoint.hpp"
 #include "headwise/memory/report.hpp"
 #include "headwise/policy/policy.hpp"
+#include "policy_check.hpp"
 
 namespace headwise::cli {
 namespace {
@@ -91,20 +92,6 @@ fs::path model_dir_of(const MemEstimateArgs& a, const policy::Policy* p) {
   std::error_code ec;
   if (!fs::is_directory(path, ec)) throw_input_error("{}: model_path {} is not a folder; pass --model DIR", a.config, path.string());
   return path;
-}
-
-void check_fingerprint(const policy::Policy& p, const fs::path& dir, std::string_view where) {
-  if (p.fingerprint.config_sha256.empty()) return;
-  const policy::ModelFingerprint actual = policy::fingerprint_model(dir);
-  if (actual.config_sha256 != p.fingerprint.config_sha256) {
-    throw_input_error("{}: model_fingerprint.config_sha256 does not match {}/config.json (policy compiled for "
-                      "another model?)", where, dir.string());
-  }
-  if (p.fingerprint.weights_headers_sha256 && actual.weights_headers_sha256 &&
-      *p.fingerprint.weights_headers_sha256 != *actual.weights_headers_sha256) {
-    throw_input_error("{}: model_fingerprint.weights_headers_sha256 does not match the safetensors in {}", where,
-                      dir.string());
-  }
 }
 
 // Applies --context ... over `o` (the policy's values or defaults).
@@ -195,8 +182,12 @@ void run(const MemEstimateArgs& a) {
   memory::MemoryOptions o;
   memory::HeadWindows windows;
   if (pol) {
-    check_fingerprint(*pol, dir, a.config);
-    policy::validate_against_model(*pol, spec, a.config);
+    // A hand-written policy carries no fingerprint: mem-estimate needs only the config's shapes.
+    if (pol->fingerprint.config_sha256.empty()) {
+      policy::validate_against_model(*pol, spec, a.config);
+    } else {
+      check_policy_matches(*pol, dir, spec, a.config, "--config");
+    }
     o = pol->memory_options();
     windows = pol->head_windows();
     report.policy_label = "policy " + fs::path(a.config).filename().string();
