@@ -20,6 +20,7 @@
 #include "headwise/core/error.hpp"
 #include "headwise/core/files.hpp"
 #include "headwise/io/safetensors.hpp"
+#include "headwise/memory/memory_model.hpp"
 
 #ifndef HEADWISE_SOURCE_DIR
 #define HEADWISE_SOURCE_DIR HEADWISE_FIXTURES_DIR "/../.."
@@ -29,6 +30,16 @@ namespace headwise::testing {
 
 inline std::filesystem::path fixture_dir(const std::string& name) {
   return std::filesystem::path(HEADWISE_FIXTURES_DIR) / name;
+}
+
+// A window for every KV head of every global layer: window(layer_id, head).
+inline memory::HeadWindows windows_by_head(const arch::ModelSpec& spec,
+                                           const std::function<int64_t(int64_t, int64_t)>& window) {
+  memory::HeadWindows out;
+  for (int64_t id : spec.global_layer_ids()) {
+    for (int64_t h = 0; h < spec.layer(id).attention->num_kv_heads; ++h) out[id].push_back(window(id, h));
+  }
+  return out;
 }
 
 // A tensor of <dir>/reference.safetensors, copied out of the mapping.

@@ -14,6 +14,7 @@
 
 using namespace headwise;
 using headwise::testing::fixture_dir;
+using headwise::testing::windows_by_head;
 
 namespace {
 
@@ -115,11 +116,8 @@ TEST_CASE("decoder holds exactly the estimated bytes through prefill and decode"
   for (const auto& name : {"qwen3_next_tiny", "gemma3_gqa4", "qwen3_sliding"}) {
     auto model = arch::load_model(fixture_dir(name), arch::ModelOptions{});
     const auto& spec = model->spec();
-    memory::HeadWindows windows;
-    for (int64_t id : spec.global_layer_ids()) {
-      const int64_t heads = spec.layer(id).attention->num_kv_heads;
-      for (int64_t h = 0; h < heads; ++h) windows[id].push_back(h == 0 ? kFullWindow : 3 + 5 * h);
-    }
+    const auto windows =
+        windows_by_head(spec, [](int64_t, int64_t h) -> int64_t { return h == 0 ? kFullWindow : 3 + 5 * h; });
     for (auto kv : {DType::kFloat32, DType::kBFloat16}) {
       auto o = options_for(spec, 64, 16, 2);
       o.kv_dtype = kv;

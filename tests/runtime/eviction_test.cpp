@@ -15,6 +15,7 @@
 
 using namespace headwise;
 using headwise::testing::fixture_dir;
+using headwise::testing::windows_by_head;
 using runtime::EvictionMethod;
 
 namespace {
@@ -117,11 +118,7 @@ TEST_CASE("eviction decoders hold exactly the estimated bytes and never more tha
     auto model = arch::load_model(fixture_dir(name), arch::ModelOptions{});
     const auto& spec = model->spec();
     // Binding: slots round_up(min(w + 2, 64), 4) = 8 and 16 per head, for 44 tokens.
-    memory::HeadWindows windows;
-    for (int64_t id : spec.global_layer_ids()) {
-      const int64_t heads = spec.layer(id).attention->num_kv_heads;
-      for (int64_t h = 0; h < heads; ++h) windows[id].push_back(h % 2 == 0 ? 5 : 12);
-    }
+    const auto windows = windows_by_head(spec, [](int64_t, int64_t h) -> int64_t { return h % 2 == 0 ? 5 : 12; });
     const auto ids = random_ids(spec.vocab_size, kPrompt + kDecode, 3);
     for (auto kv : {DType::kFloat32, DType::kBFloat16}) {
       auto o = options_for(spec, 64, 4, 2);
@@ -168,10 +165,7 @@ TEST_CASE("eviction with slots covering the sequence is full KV", "[runtime]") {
     runtime::Decoder full(*model, memory::full_kv_windows(spec), o);
     const at::Tensor reference = run(full, ids, kPrompt, 16);
     // Every head full, and finite windows no shorter than the sequence (sinks included).
-    memory::HeadWindows long_windows;
-    for (int64_t id : spec.global_layer_ids()) {
-      for (int64_t h = 0; h < spec.layer(id).attention->num_kv_heads; ++h) long_windows[id].push_back(h == 0 ? 44 : 60);
-    }
+    const auto long_windows = windows_by_head(spec, [](int64_t, int64_t h) -> int64_t { return h == 0 ? 44 : 60; });
     for (const auto& [label, windows] : {std::pair{"full", memory::full_kv_windows(spec)}, std::pair{"long", long_windows}}) {
       for (auto method : kMethods) {
         runtime::Decoder decoder(*model, windows, o, eviction(method));
