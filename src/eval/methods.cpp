@@ -109,17 +109,14 @@ memory::HeadWindows unconditioned(arch::DecoderModel& model, const BaselineInput
 
 // The online eviction baselines: the policy's slots per head, filled by the method's choice.
 std::optional<runtime::EvictionOptions> eviction_method(const std::string& name) {
-  runtime::EvictionOptions o;
-  if (name == "snapkv") {
-    o.method = runtime::EvictionMethod::kSnapKV;
-  } else if (name == "h2o") {
-    o.method = runtime::EvictionMethod::kH2O;
-  } else if (name == "adakv") {
-    o.method = runtime::EvictionMethod::kAdaKV;
-  } else {
-    return std::nullopt;
+  using runtime::EvictionMethod;
+  for (EvictionMethod method : {EvictionMethod::kSnapKV, EvictionMethod::kH2O, EvictionMethod::kAdaKV}) {
+    if (runtime::eviction_method_name(method) != name) continue;
+    runtime::EvictionOptions o;
+    o.method = method;
+    return o;
   }
-  return o;
+  return std::nullopt;
 }
 
 // What the eviction baseline did, with its parameters, for the eval JSON.
