@@ -11,6 +11,7 @@
 #include "headwise/calib/activations.hpp"
 #include "headwise/calib/calibration_data.hpp"
 #include "headwise/calib/memory_plan.hpp"
+#include "headwise/core/resources.hpp"
 #include "headwise/calib/seqcalib.hpp"
 #include "headwise/calib/walk_state.hpp"
 #include "headwise/core/error.hpp"
@@ -239,15 +240,18 @@ CalibrationOutcome CalibrationJob::run(const RunControl& control) {
   model_options.device = r.device;
   model_options.attention_chunk = r.attention_chunk;
   if (!r.dtype.empty()) model_options.compute_dtype = parse_dtype(r.dtype, "--dtype");
+  const int64_t rss_before_model = current_rss_bytes();
   auto model = arch::load_model(s.dir, model_options);
 
   const int64_t micro_batch = r.micro_batch > 0 ? r.micro_batch : static_cast<int64_t>(s.data.sequences.size());
   CalibrationShape shape{static_cast<int64_t>(s.data.sequences.size()), s.seq_len, micro_batch, r.attention_chunk,
                                 static_cast<int64_t>(s.ladder.size()), static_cast<int64_t>(c10::elementSize(model->dtype()))};
   const bool cpu = model->device().is_cpu();
-  refuse_if_it_cannot_fit(plan_calibration_memory(
-      s.spec, model->checkpoint(), shape, cpu || r.activations != "host",
-      cpu ? available_host_bytes() : free_device_bytes(model->device())));
+  const MemoryPlan plan = plan_calibration_memory(s.spec, model->checkpoint(), shape, cpu || r.activations != "host",
+                                                  cpu ? available_host_bytes() : free_device_bytes(model->device()));
+  refuse_if_it_cannot_fit(plan);
+  nlohmann::json memory_plan = plan.to_json();
+  memory_plan["rss_before_model_bytes"] = rss_before_model;
   spdlog::info("calibrating {} ({} layers, {} global) on {} sequences x {} tokens, ladder {}, budget {} ({} fixed)",
                s.dir.string(), s.spec.num_layers(), s.spec.global_layer_ids().size(), s.data.sequences.size(), s.seq_len,
                s.ladder.to_string(), format_bytes(s.budget), format_bytes(s.fixed));
@@ -327,7 +331,7 @@ CalibrationOutcome CalibrationJob::run(const RunControl& control) {
   out.seconds = result.total_seconds;
 
   report::ReportContext context{policy.model_name, s.mem.context, s.budget, s.fixed, policy.memory.total_bytes,
-                                policy.memory.full_kv_total_bytes, s.ladder, policy.calibration};
+                                policy.memory.full_kv_total_bytes, s.ladder, policy.calibration, memory_plan};
   if (control.want_report) out.report_json = report::calibration_report(result, context).dump(2) + "\n";
   if (control.want_plot) {
     out.svg = report::window_heatmap_svg(s.spec, result.windows, s.ladder,

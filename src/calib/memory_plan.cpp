@@ -1,5 +1,7 @@
 #include "headwise/calib/memory_plan.hpp"
 
+#include <algorithm>
+#include <filesystem>
 #include <fstream>
 #include <map>
 #include <regex>
@@ -9,7 +11,11 @@
 
 namespace headwise::calib {
 
-std::optional<int64_t> available_host_bytes() {
+namespace fs = std::filesystem;
+
+namespace {
+
+std::optional<int64_t> meminfo_available_bytes() {
   std::ifstream meminfo("/proc/meminfo");
   std::string key;
   int64_t value = 0;
@@ -20,18 +26,103 @@ std::optional<int64_t> available_host_bytes() {
   return std::nullopt;
 }
 
+std::optional<int64_t> read_integer_file(const fs::path& path) {
+  std::ifstream in(path);
+  std::string word;
+  if (!(in >> word) || word == "max") return std::nullopt;
+  try {
+    return std::stoll(word);
+  } catch (const std::exception&) {
+    return std::nullopt;
+  }
+}
+
+std::optional<int64_t> stat_field(const fs::path& path, std::string_view field) {
+  std::ifstream in(path);
+  std::string key;
+  int64_t value = 0;
+  while (in >> key >> value) {
+    if (key == field) return value;
+  }
+  return std::nullopt;
+}
+
+// A cgroup's folder: the path /proc/self/cgroup names, under the controller's mount, or the
+// mount itself when a container's namespace shows its own cgroup as "/".
+fs::path cgroup_folder(const fs::path& mount, const std::string& path) {
+  std::error_code ec;
+  const fs::path named = mount / fs::path(path).relative_path();
+  return fs::exists(named, ec) ? named : mount;
+}
+
+}  // namespace
+
+std::optional<CgroupMemory> cgroup_memory_from(const fs::path& proc_self_cgroup, const fs::path& sys_fs_cgroup) {
+  std::ifstream in(proc_self_cgroup);
+  std::string line;
+  while (std::getline(in, line)) {
+    // hierarchy-ID:controllers:path; cgroup v2 is "0::path", v1's memory hierarchy lists "memory".
+    const auto first = line.find(':');
+    const auto second = line.find(':', first + 1);
+    if (first == std::string::npos || second == std::string::npos) continue;
+    const std::string controllers = line.substr(first + 1, second - first - 1);
+    const std::string path = line.substr(second + 1);
+    std::optional<CgroupMemory> found;
+    if (controllers.empty()) {
+      const fs::path dir = cgroup_folder(sys_fs_cgroup, path);
+      if (const auto limit = read_integer_file(dir / "memory.max")) {
+        found = CgroupMemory{*limit, stat_field(dir / "memory.stat", "anon").value_or(0)};
+      }
+    } else if (("," + controllers + ",").find(",memory,") != std::string::npos) {
+      const fs::path dir = cgroup_folder(sys_fs_cgroup / "memory", path);
+      const auto limit = read_integer_file(dir / "memory.limit_in_bytes");
+      // v1 reports "no limit" as a page-rounded LONG_MAX.
+      if (limit && *limit < (int64_t{1} << 60)) {
+        found = CgroupMemory{*limit, stat_field(dir / "memory.stat", "total_rss").value_or(0)};
+      }
+    }
+    if (found) return found;
+  }
+  return std::nullopt;
+}
+
+std::optional<int64_t> available_host_bytes() {
+  auto available = meminfo_available_bytes();
+  // In a container or under systemd's MemoryMax the cgroup's limit, not the machine's free
+  // memory, is what the kernel enforces; its page cache (mapped weights) can be reclaimed, so
+  // only the anonymous memory already charged counts as used.
+  if (const auto cgroup = cgroup_memory_from("/proc/self/cgroup", "/sys/fs/cgroup")) {
+    const int64_t headroom = std::max<int64_t>(0, cgroup->limit_bytes - cgroup->anonymous_bytes);
+    available = available ? std::min(*available, headroom) : headroom;
+  }
+  return available;
+}
+
 int64_t MemoryPlan::device_peak_bytes() const {
   const int64_t activations = activations_on_device ? activation_bytes : 0;
   return largest_layer_weight_bytes + embedding_weight_bytes + activations + micro_batch_bytes + workspace_bytes;
 }
 
+nlohmann::json MemoryPlan::to_json() const {
+  nlohmann::json out{{"planned_peak_bytes", device_peak_bytes()},
+                     {"largest_layer_bytes", largest_layer_weight_bytes},
+                     {"embedding_bytes", embedding_weight_bytes},
+                     {"activation_bytes", activation_bytes},
+                     {"activations_on_device", activations_on_device},
+                     {"micro_batch_bytes", micro_batch_bytes},
+                     {"attention_workspace_bytes", workspace_bytes},
+                     {"mapped_weight_bytes", mapped_weight_bytes}};
+  out["available_bytes"] = available_bytes ? nlohmann::json(*available_bytes) : nlohmann::json(nullptr);
+  return out;
+}
+
 std::string MemoryPlan::describe() const {
   return fmt::format("planned peak {} = largest layer {} + embeddings {} + activations {} ({}) + micro-batch {} + "
-                     "attention workspace {}{}",
+                     "attention workspace {}; plus up to {} of mapped checkpoint pages (page cache, reclaimable){}",
                      format_bytes(device_peak_bytes()), format_bytes(largest_layer_weight_bytes),
                      format_bytes(embedding_weight_bytes), format_bytes(activation_bytes),
                      activations_on_device ? "on the device" : "in host memory", format_bytes(micro_batch_bytes),
-                     format_bytes(workspace_bytes),
+                     format_bytes(workspace_bytes), format_bytes(mapped_weight_bytes),
                      available_bytes ? fmt::format("; {} available", format_bytes(*available_bytes)) : "");
 }
 
@@ -43,17 +134,22 @@ MemoryPlan plan_calibration_memory(const arch::ModelSpec& spec, const io::Checkp
   // Weights are streamed per layer, converted to the compute dtype on load.
   static const std::regex kLayerIndex(R"((?:^|\.)layers\.(\d+)\.)");
   std::map<int64_t, int64_t> per_layer;
+  std::map<int64_t, int64_t> per_layer_stored;
   for (const auto& name : checkpoint.tensor_names()) {
     const auto& info = checkpoint.info(name);
     const int64_t bytes = info.numel() * shape.compute_element_size;
     std::smatch match;
     if (std::regex_search(name, match, kLayerIndex)) {
       per_layer[std::stoll(match[1].str())] += bytes;
+      per_layer_stored[std::stoll(match[1].str())] += info.nbytes();
     } else {
       plan.embedding_weight_bytes += bytes;
     }
   }
   for (const auto& [layer, bytes] : per_layer) plan.largest_layer_weight_bytes = std::max(plan.largest_layer_weight_bytes, bytes);
+  int64_t largest_stored = 0;
+  for (const auto& [layer, bytes] : per_layer_stored) largest_stored = std::max(largest_stored, bytes);
+  plan.mapped_weight_bytes = 2 * largest_stored;
   int64_t widest_heads = 1;
   for (const auto& layer : spec.layers) {
     if (layer.attention) widest_heads = std::max(widest_heads, layer.attention->num_heads);
@@ -62,9 +158,13 @@ MemoryPlan plan_calibration_memory(const arch::ModelSpec& spec, const io::Checkp
   plan.activation_bytes = shape.samples * shape.seq_len * spec.hidden_size * e;
   // Input, output and a few same-sized intermediates of a layer (norms, projections, MLP).
   plan.micro_batch_bytes = 6 * shape.micro_batch * shape.seq_len * spec.hidden_size * e;
-  // fp32 scores/probabilities of one query chunk against all keys, plus per-level outputs.
+  // fp32 scores, probabilities and masks of one query chunk against all keys, plus per-level
+  // outputs. 4.5 score-sized buffers per key is what the runs used (tools/bench-seqlen.sh and
+  // the planner test: 3.9 with block-mse, 4.3-4.5 with answer-kl, whose references and
+  // windowed reruns overlap the measurement's); docs/performance.md has the figures.
   const int64_t chunk = std::min(shape.attention_chunk, shape.seq_len);
-  plan.workspace_bytes = shape.micro_batch * widest_heads * chunk * (3 * shape.seq_len + 2 * shape.levels * 256) * 4;
+  plan.workspace_bytes =
+      shape.micro_batch * widest_heads * chunk * (9 * shape.seq_len / 2 + 2 * shape.levels * 256) * 4;
   return plan;
 }
 

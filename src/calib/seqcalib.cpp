@@ -9,7 +9,6 @@
 #include <chrono>
 #include <cmath>
 #include <limits>
-#include <fstream>
 #include <optional>
 #include <set>
 
@@ -94,15 +93,6 @@ void append(std::vector<T>& to, const std::vector<T>& from) {
   to.insert(to.end(), from.begin(), from.end());
 }
 
-int64_t read_peak_rss_bytes() {
-  std::ifstream status("/proc/self/status");
-  std::string line;
-  while (std::getline(status, line)) {
-    if (line.rfind("VmHWM:", 0) == 0) return std::stoll(line.substr(6)) * 1024;
-  }
-  return 0;
-}
-
 // The whole run: probe pass, then the conditioned walk.
 class SeqCalibRun {
  public:
@@ -137,7 +127,7 @@ class SeqCalibRun {
     }
     if (result_.validation) summarise_validation();
     result_.total_seconds = seconds_since(start);
-    result_.peak_rss_bytes = read_peak_rss_bytes();
+    result_.peak_rss_bytes = peak_rss_bytes();
     result_.peak_device_bytes = peak_device_bytes(model_.device());
     return std::move(result_);
   }

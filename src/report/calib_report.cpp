@@ -139,7 +139,7 @@ nlohmann::json calibration_report(const calib::SeqCalibResult& r, const ReportCo
       {"probe_rate_distortion", rate_distortion_curve(r.probe_curves, 16)},
       {"timing", {{"probe_seconds", r.probe_seconds}, {"total_seconds", r.total_seconds}}},
       {"memory", {{"peak_rss_bytes", r.peak_rss_bytes}, {"peak_device_bytes", r.peak_device_bytes},
-                  {"activations", r.activations}}},
+                  {"activations", r.activations}, {"plan", c.memory_plan}}},
   };
 }
 

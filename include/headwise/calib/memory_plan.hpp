@@ -1,7 +1,10 @@
 #pragma once
 // The memory a calibration run will need, said before it starts (llm-compressor #3011 is the
 // lesson): one layer's weights, the calibration activations, and the attention workspace.
+#include <nlohmann/json.hpp>
+
 #include <cstdint>
+#include <filesystem>
 #include <optional>
 #include <string>
 
@@ -28,17 +31,37 @@ struct MemoryPlan {
   int64_t activation_bytes = 0;  // all calibration hidden states
   int64_t micro_batch_bytes = 0;  // one micro-batch's hidden states and layer intermediates
   int64_t workspace_bytes = 0;    // attention scores and multi-window partials of one chunk
+  // Host memory, outside the peak: the mapped checkpoint pages of the layer being converted and of
+  // the one being prefetched. They are page cache, which the kernel reclaims (and the loader
+  // drops) under a memory limit, so they are resident when memory is free and cost nothing
+  // when it is not.
+  int64_t mapped_weight_bytes = 0;
   std::optional<int64_t> available_bytes;
   bool activations_on_device = true;
 
   int64_t device_peak_bytes() const;
   std::string describe() const;
+  // The components and the total, in bytes, for the report.
+  nlohmann::json to_json() const;
 };
+
 
 MemoryPlan plan_calibration_memory(const arch::ModelSpec& spec, const io::Checkpoint& checkpoint,
                                    const CalibrationShape& shape, bool on_device, std::optional<int64_t> available);
 
-// MemAvailable of /proc/meminfo, or nullopt.
+// Host memory this process may still use: MemAvailable of /proc/meminfo, lowered to the memory
+// cgroup's headroom (limit minus anonymous memory charged) when a limit is set; nullopt if unknown.
 std::optional<int64_t> available_host_bytes();
+
+struct CgroupMemory {
+  int64_t limit_bytes = 0;
+  int64_t anonymous_bytes = 0;
+};
+
+// The memory limit of this process's cgroup (v2 memory.max or v1 memory.limit_in_bytes), read
+// from the given /proc/self/cgroup and /sys/fs/cgroup (parameters so tests can pass fakes);
+// nullopt when no limit is set.
+std::optional<CgroupMemory> cgroup_memory_from(const std::filesystem::path& proc_self_cgroup,
+                                               const std::filesystem::path& sys_fs_cgroup);
 
 }  // namespace headwise::calib

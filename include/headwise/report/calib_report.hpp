@@ -21,6 +21,8 @@ struct ReportContext {
   int64_t full_kv_total_bytes = 0;
   measure::WindowLadder ladder;
   nlohmann::json provenance;
+  // calib::MemoryPlan::to_json() plus "rss_before_model_bytes" (null when not planned).
+  nlohmann::json memory_plan;
 };
 
 // `heads` in the curves-file layout of `headwise-calc solve` (windows as ints or "full").
