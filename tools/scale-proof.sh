@@ -56,8 +56,7 @@ flags=(--model "$model" --context 32k --budget 80m --windows 256,1k,full --seq-l
 sample_peaks() {
   local pid=$1 anon=0 file=0 a f
   while [[ -r /proc/$pid/status ]]; do
-    a=$(awk '/^RssAnon:/ {print $2}' "/proc/$pid/status" 2>/dev/null || true)
-    f=$(awk '/^RssFile:/ {print $2}' "/proc/$pid/status" 2>/dev/null || true)
+    read -r a f < <(awk '/^RssAnon:/ {a = $2} /^RssFile:/ {f = $2} END {print a, f}' "/proc/$pid/status" 2>/dev/null || true)
     [[ -n $a && $a -gt $anon ]] && anon=$a
     [[ -n $f && $f -gt $file ]] && file=$f
     sleep 0.05

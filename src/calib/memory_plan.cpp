@@ -133,22 +133,28 @@ MemoryPlan plan_calibration_memory(const arch::ModelSpec& spec, const io::Checkp
   plan.available_bytes = available;
   // Weights are streamed per layer, converted to the compute dtype on load.
   static const std::regex kLayerIndex(R"((?:^|\.)layers\.(\d+)\.)");
-  std::map<int64_t, int64_t> per_layer;
-  std::map<int64_t, int64_t> per_layer_stored;
+  struct LayerBytes {
+    int64_t converted = 0;  // in the compute dtype
+    int64_t stored = 0;     // as mapped from the checkpoint
+  };
+  std::map<int64_t, LayerBytes> per_layer;
   for (const auto& name : checkpoint.tensor_names()) {
     const auto& info = checkpoint.info(name);
     const int64_t bytes = info.numel() * shape.compute_element_size;
     std::smatch match;
     if (std::regex_search(name, match, kLayerIndex)) {
-      per_layer[std::stoll(match[1].str())] += bytes;
-      per_layer_stored[std::stoll(match[1].str())] += info.nbytes();
+      LayerBytes& layer = per_layer[std::stoll(match[1].str())];
+      layer.converted += bytes;
+      layer.stored += info.nbytes();
     } else {
       plan.embedding_weight_bytes += bytes;
     }
   }
-  for (const auto& [layer, bytes] : per_layer) plan.largest_layer_weight_bytes = std::max(plan.largest_layer_weight_bytes, bytes);
   int64_t largest_stored = 0;
-  for (const auto& [layer, bytes] : per_layer_stored) largest_stored = std::max(largest_stored, bytes);
+  for (const auto& [index, layer] : per_layer) {
+    plan.largest_layer_weight_bytes = std::max(plan.largest_layer_weight_bytes, layer.converted);
+    largest_stored = std::max(largest_stored, layer.stored);
+  }
   plan.mapped_weight_bytes = 2 * largest_stored;
   int64_t widest_heads = 1;
   for (const auto& layer : spec.layers) {

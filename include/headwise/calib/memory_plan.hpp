@@ -45,7 +45,6 @@ struct MemoryPlan {
   nlohmann::json to_json() const;
 };
 
-
 MemoryPlan plan_calibration_memory(const arch::ModelSpec& spec, const io::Checkpoint& checkpoint,
                                    const CalibrationShape& shape, bool on_device, std::optional<int64_t> available);
 
