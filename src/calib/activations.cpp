@@ -44,8 +44,9 @@ at::Tensor token_batch(const std::vector<std::vector<int64_t>>& sequences, size_
 ActivationStream::ActivationStream(arch::DecoderModel& model, const std::vector<std::vector<int64_t>>& sequences,
                                    int64_t micro_batch, ActivationPlacement placement)
     : model_(model) {
-  HEADWISE_CHECK(micro_batch > 0 && !sequences.empty(), "empty calibration batch");
-  const auto steps = static_cast<int64_t>(sequences.front().size());
+  // Empty for a rank whose shard has none of the probe's sequences: it still walks the layers.
+  HEADWISE_CHECK(micro_batch > 0, "micro-batch of {}", micro_batch);
+  const auto steps = sequences.empty() ? int64_t{0} : static_cast<int64_t>(sequences.front().size());
   const int64_t total = static_cast<int64_t>(sequences.size()) * steps * model.spec().hidden_size *
                         static_cast<int64_t>(c10::elementSize(model.dtype()));
   const auto free_bytes = free_device_bytes(model.device());

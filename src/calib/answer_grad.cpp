@@ -1,5 +1,7 @@
 #include "headwise/calib/answer_grad.hpp"
 
+#include <cstring>
+
 #include <ATen/core/grad_mode.h>
 #include <c10/core/InferenceMode.h>
 #include <torch/csrc/autograd/autograd.h>
@@ -137,6 +139,7 @@ void AnswerSensitivity::prepare(int64_t layer, ActivationStream& stream,
   const auto start = std::chrono::steady_clock::now();
   int64_t m = 0;
   stream.visit([&](const at::Tensor& entering) { accumulate(m++, entering); });
+  gather_answers_of_every_rank();
   spdlog::debug(
       "answer-grad layer {} at [{}]: {} answers, {} backward passes through the layers above, "
       "{:.2f}s",
@@ -261,20 +264,46 @@ void AnswerSensitivity::accumulate(int64_t micro_batch, const at::Tensor& enteri
   }
 }
 
+// Each rank linearised its shard's answers; predict() needs all of them. Their order does not
+// matter: predict() sums exactly.
+void AnswerSensitivity::gather_answers_of_every_rank() {
+  dist::Collective& world = reference_.world();
+  if (world.world_size() == 1) return;
+  const size_t doubles = 2 + heads_ * levels_;
+  std::string local;
+  local.reserve(answers_.size() * doubles * sizeof(double));
+  const auto put = [&local](double v) { local.append(reinterpret_cast<const char*>(&v), sizeof v); };
+  for (const Answer& a : answers_) {
+    put(a.log_odds);
+    put(a.reference);
+    for (double s : a.shift) put(s);
+  }
+  answers_.clear();
+  const auto all = world.all_gather(local, fmt::format("layer {}: answer-grad linearisation", layer_));
+  for (const std::string& bytes : all) {
+    HEADWISE_CHECK(bytes.size() % (doubles * sizeof(double)) == 0, "answer-grad: {} bytes from a rank", bytes.size());
+    std::vector<double> v(bytes.size() / sizeof(double));
+    std::memcpy(v.data(), bytes.data(), bytes.size());
+    for (size_t at = 0; at < v.size(); at += doubles) {
+      answers_.push_back({v[at], v[at + 1], std::vector<double>(v.begin() + static_cast<std::ptrdiff_t>(at + 2),
+                                                                 v.begin() + static_cast<std::ptrdiff_t>(at + doubles))});
+    }
+  }
+}
+
 double AnswerSensitivity::predict(const std::vector<size_t>& levels) const {
   HEADWISE_CHECK(layer_ >= 0 && levels.size() == heads_,
                  "answer-grad: predict for {} heads, prepared {}", levels.size(), heads_);
-  double total = 0.0;
+  ExactSum total;
   for (const Answer& a : answers_) {
     double shift = 0.0, shift_top = 0.0;
     for (size_t h = 0; h < heads_; ++h) {
       shift += a.shift[h * levels_ + levels[h]];
       shift_top += a.shift[h * levels_ + levels_ - 1];
     }
-    total += two_class_kl(a.reference, a.log_odds + shift) -
-             two_class_kl(a.reference, a.log_odds + shift_top);
+    total.add(two_class_kl(a.reference, a.log_odds + shift) - two_class_kl(a.reference, a.log_odds + shift_top));
   }
-  return std::max(0.0, total) / static_cast<double>(reference_.answer_count());
+  return std::max(0.0, total.value()) / static_cast<double>(reference_.answer_count());
 }
 
 namespace {

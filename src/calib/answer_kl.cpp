@@ -99,9 +99,10 @@ const char* distortion_measure_name(DistortionMeasure measure) {
 }
 
 AnswerKl::AnswerKl(arch::DecoderModel& model, const std::vector<std::vector<int64_t>>& sequences,
-                   const std::vector<std::vector<int64_t>>& answers, int64_t micro_batch, int64_t sink_tokens)
-    : model_(model), sink_tokens_(sink_tokens), micro_batch_(micro_batch) {
-  HEADWISE_CHECK(micro_batch > 0 && !sequences.empty(), "empty calibration batch");
+                   const std::vector<std::vector<int64_t>>& answers, int64_t micro_batch, int64_t sink_tokens,
+                   dist::Collective& world)
+    : model_(model), sink_tokens_(sink_tokens), micro_batch_(micro_batch), world_(&world) {
+  HEADWISE_CHECK(micro_batch > 0 && (!sequences.empty() || world.world_size() > 1), "empty calibration batch");
   if (answers.size() != sequences.size()) {
     throw_input_error("answer-kl: {} answer lists for {} calibration sequences", answers.size(), sequences.size());
   }
@@ -125,6 +126,7 @@ AnswerKl::AnswerKl(arch::DecoderModel& model, const std::vector<std::vector<int6
     batch_index_.push_back(at::tensor(rows, long_cpu).to(model.device()));
     position_index_.push_back(at::tensor(cols, long_cpu).to(model.device()));
   }
+  share_answer_counts("answer positions");
   if (answers_ == 0) throw_input_error("--distortion answer-kl: the calibration sequences have no answer positions");
 
   // The reference: the full model, one micro-batch at a time (no second copy of the stream).
@@ -138,8 +140,19 @@ AnswerKl::AnswerKl(arch::DecoderModel& model, const std::vector<std::vector<int6
   }
 }
 
+// Every rank scores its shard's answers; the mean is over all of them, and the last layer
+// computes its queries from the earliest answer of any shard, as one process would.
+void AnswerKl::share_answer_counts(const std::string& what) {
+  answers_ = dist::sum_all(*world_, answers_, what + ": count");
+  first_answer_ = dist::min_all(*world_, first_answer_, what + ": earliest");
+}
+
+double AnswerKl::mean_over_ranks(const ExactSum& local, const std::string& what) const {
+  return dist::sum_all(*world_, local, what).value() / static_cast<double>(answers_);
+}
+
 AnswerKl AnswerKl::prefix(int64_t sequences) const {
-  HEADWISE_CHECK(sequences > 0, "answer-kl: empty prefix");
+  HEADWISE_CHECK(sequences > 0 || world_->world_size() > 1, "answer-kl: empty prefix");
   AnswerKl out = *this;
   out.cache_.clear();
   out.evaluations_ = 0;
@@ -160,6 +173,7 @@ AnswerKl AnswerKl::prefix(int64_t sequences) const {
       out.first_answer_ = std::min(out.first_answer_, out.position_index_.back().min().item<int64_t>());
     }
   }
+  out.share_answer_counts("probe answer positions");
   if (out.answers_ == 0) throw_input_error("--distortion answer-kl: the probe sequences have no answer positions");
   return out;
 }
@@ -184,31 +198,31 @@ at::Tensor AnswerKl::output_log_probs(int64_t micro_batch, const at::Tensor& fin
 double AnswerKl::evaluate(int64_t layer, ActivationStream& stream, std::span<const int64_t> windows) {
   OneLayerWindowsCore core(layer, windows, sink_tokens_, model_.attention_chunk(), last_attention_layer(model_.spec()),
                            first_answer_, cache_);
-  double total = 0.0;
+  ExactSum total;
   int64_t m = 0;
   stream.visit([&](const at::Tensor& entering) {
     core.set_micro_batch(m);
     // The measured layer stays resident: the walk releases it once the layer is decided.
     const at::Tensor out = model_.run_layer(layer, entering, {&core, nullptr, 0});
-    total += kl_sum(m++, run_layers_from(layer + 1, out, core, false));
+    total.add(kl_sum(m++, run_layers_from(layer + 1, out, core, false)));
   });
   ++evaluations_;
-  return total / static_cast<double>(answers_);
+  return mean_over_ranks(total, fmt::format("layer {}: answer KL at windows [{}]", layer, fmt::join(windows, ",")));
 }
 
 double AnswerKl::evaluate_policy(ActivationStream& embedded, const std::map<int64_t, std::vector<int64_t>>& windows) {
   PolicyAttentionCore core(windows, sink_tokens_, model_.attention_chunk());
-  double total = 0.0;
+  ExactSum total;
   int64_t m = 0;
-  embedded.visit([&](const at::Tensor& entering) { total += kl_sum(m++, run_layers_from(0, entering, core, false)); });
-  return total / static_cast<double>(answers_);
+  embedded.visit([&](const at::Tensor& entering) { total.add(kl_sum(m++, run_layers_from(0, entering, core, false))); });
+  return mean_over_ranks(total, "the policy's end-to-end answer KL (after the last layer)");
 }
 
 double AnswerKl::evaluate_final(ActivationStream& final_hidden) {
-  double total = 0.0;
+  ExactSum total;
   int64_t m = 0;
-  final_hidden.visit([&](const at::Tensor& hidden) { total += kl_sum(m++, hidden); });
-  return total / static_cast<double>(answers_);
+  final_hidden.visit([&](const at::Tensor& hidden) { total.add(kl_sum(m++, hidden)); });
+  return mean_over_ranks(total, "the walk's end-to-end answer KL (after the last layer)");
 }
 
 double AnswerKl::kl_sum(int64_t micro_batch, const at::Tensor& final_hidden) {

@@ -103,6 +103,44 @@ std::optional<WalkState> read_checkpoint(const fs::path& path, const std::string
   return walk_state_from_json(j["state"], path.string());
 }
 
+// Distributed: rank 0 reads (and checks) the checkpoint and sends it to the others, so the
+// ranks need not share a file system.
+std::optional<WalkState> shared_checkpoint(dist::Collective& world, const fs::path& path, const std::string& inputs_hash) {
+  if (world.world_size() == 1) return read_checkpoint(path, inputs_hash);
+  std::optional<WalkState> state;
+  if (world.rank() == 0) state = read_checkpoint(path, inputs_hash);
+  const std::string text = world.all_gather(state ? walk_state_to_json(*state).dump() : std::string(),
+                                            "the resume checkpoint")[0];
+  if (world.rank() == 0 || text.empty()) return state;
+  return walk_state_from_json(nlohmann::json::parse(text), "rank 0's checkpoint " + path.string());
+}
+
+// Ranks that were given other flags or files would measure different things and deadlock or,
+// worse, agree on a policy nobody asked for.
+void refuse_ranks_with_other_inputs(dist::Collective& world, const std::string& inputs_hash) {
+  if (world.world_size() == 1) return;
+  const auto hashes = world.all_gather(inputs_hash, "the job's inputs");
+  for (size_t r = 1; r < hashes.size(); ++r) {
+    if (hashes[r] != hashes[0]) {
+      throw_input_error("rank {} was started with other inputs than rank 0 (inputs_sha256 {} against {}): every rank "
+                        "needs the same flags, model and calibration data",
+                        r, hashes[r].substr(0, 12), hashes[0].substr(0, 12));
+    }
+  }
+}
+
+// `--device cuda` on rank r of a node is cuda:<LOCAL_RANK>, as torchrun's processes expect.
+std::string rank_device(const std::string& device, const dist::Collective& world, int local_rank) {
+  if (world.world_size() > 1 && device == "cuda") return fmt::format("cuda:{}", local_rank);
+  return device;
+}
+
+// The default micro-batch is every sequence at once; distributed, each rank's share.
+int64_t effective_micro_batch(int64_t requested, int64_t sequences, const dist::Collective& world) {
+  if (requested > 0) return requested;
+  return std::max<int64_t>(1, sequences / world.world_size());
+}
+
 }  // namespace
 
 int64_t auto_calibration_length(const std::vector<int64_t>& levels, int64_t context) {
@@ -230,21 +268,27 @@ const std::string& CalibrationJob::inputs_hash() const { return state_->inputs_h
 CalibrationOutcome CalibrationJob::run(const RunControl& control) {
   const State& s = *state_;
   const CalibrationRequest& r = s.request;
+  dist::Collective& world = control.collective != nullptr ? *control.collective : dist::single_process();
+  refuse_ranks_with_other_inputs(world, s.inputs_hash);
+  const bool writer = world.rank() == 0;
+  const auto sequences = static_cast<int64_t>(s.data.sequences.size());
+  const int64_t micro_batch = effective_micro_batch(r.micro_batch, sequences, world);
+  const auto local_sequences =
+      static_cast<int64_t>(dist::shard_sequences(s.data.sequences.size(), micro_batch, world.rank(), world.world_size()).size());
   std::optional<WalkState> resume;
-  if (control.resume && !control.checkpoint.empty()) resume = read_checkpoint(control.checkpoint, s.inputs_hash);
-  if (!control.resume && !control.checkpoint.empty() && fs::exists(control.checkpoint)) {
+  if (control.resume && !control.checkpoint.empty()) resume = shared_checkpoint(world, control.checkpoint, s.inputs_hash);
+  if (writer && !control.resume && !control.checkpoint.empty() && fs::exists(control.checkpoint)) {
     spdlog::warn("{} exists and will be replaced: pass --resume to continue that run instead", control.checkpoint.string());
   }
 
   arch::ModelOptions model_options;
-  model_options.device = r.device;
+  model_options.device = rank_device(r.device, world, control.local_rank);
   model_options.attention_chunk = r.attention_chunk;
   if (!r.dtype.empty()) model_options.compute_dtype = parse_dtype(r.dtype, "--dtype");
   const int64_t rss_before_model = current_rss_bytes();
   auto model = arch::load_model(s.dir, model_options);
 
-  const int64_t micro_batch = r.micro_batch > 0 ? r.micro_batch : static_cast<int64_t>(s.data.sequences.size());
-  CalibrationShape shape{static_cast<int64_t>(s.data.sequences.size()), s.seq_len, micro_batch, r.attention_chunk,
+  CalibrationShape shape{local_sequences, s.seq_len, micro_batch, r.attention_chunk,
                                 static_cast<int64_t>(s.ladder.size()), static_cast<int64_t>(c10::elementSize(model->dtype()))};
   const bool cpu = model->device().is_cpu();
   const MemoryPlan plan = plan_calibration_memory(s.spec, model->checkpoint(), shape, cpu || r.activations != "host",
@@ -275,7 +319,8 @@ CalibrationOutcome CalibrationJob::run(const RunControl& control) {
   options.extrapolation = parse_extrapolation(r.extrapolate);
   options.activations = parse_placement(r.activations);
   options.resume = resume ? &*resume : nullptr;
-  if (!control.checkpoint.empty()) {
+  options.collective = &world;
+  if (writer && !control.checkpoint.empty()) {
     options.checkpoint = [&](const WalkState& state) {
       const nlohmann::json j = {{"schema", kCheckpointSchema}, {"inputs_sha256", s.inputs_hash},
                                 {"state", walk_state_to_json(state)}};
@@ -332,7 +377,17 @@ CalibrationOutcome CalibrationJob::run(const RunControl& control) {
 
   report::ReportContext context{policy.model_name, s.mem.context, s.budget, s.fixed, policy.memory.total_bytes,
                                 policy.memory.full_kv_total_bytes, s.ladder, policy.calibration, memory_plan};
-  if (control.want_report) out.report_json = report::calibration_report(result, context).dump(2) + "\n";
+  if (control.want_report) {
+    nlohmann::json report = report::calibration_report(result, context);
+    report["world_size"] = world.world_size();
+    report["backend"] = world.backend();
+    if (world.world_size() > 1) {
+      report["distributed"] = {{"rank_sequences", result.local_sequences},
+                               {"micro_batch", micro_batch},
+                               {"exchanged_bytes", result.exchanged_bytes}};
+    }
+    out.report_json = report.dump(2) + "\n";
+  }
   if (control.want_plot) {
     out.svg = report::window_heatmap_svg(s.spec, result.windows, s.ladder,
                                          fmt::format("{}: KV-head windows at {} tokens, {} of the {} budget",

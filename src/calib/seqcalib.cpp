@@ -97,17 +97,22 @@ void append(std::vector<T>& to, const std::vector<T>& from) {
 class SeqCalibRun {
  public:
   SeqCalibRun(arch::DecoderModel& model, const std::vector<std::vector<int64_t>>& sequences, const SeqCalibOptions& options)
-      : model_(model), spec_(model.spec()), sequences_(sequences), options_(options) {}
+      : model_(model),
+        spec_(model.spec()),
+        sequences_(sequences),
+        options_(options),
+        world_(options.collective != nullptr ? *options.collective : dist::single_process()) {}
 
   SeqCalibResult run() {
     const auto start = Clock::now();
     reset_peak_device_bytes(model_.device());
     validate();
+    take_shard();
     if (answer_aware()) {
       spdlog::info("{}: full-KV reference at the answer positions ({} sequences)",
-                   distortion_measure_name(options_.measure), sequences_.size());
-      answer_kl_ = std::make_unique<AnswerKl>(model_, sequences_, options_.answer_positions, options_.micro_batch,
-                                              options_.sink_tokens);
+                   distortion_measure_name(options_.measure), local_sequences_.size());
+      answer_kl_ = std::make_unique<AnswerKl>(model_, local_sequences_, local_answers_, options_.micro_batch,
+                                              options_.sink_tokens, world_);
       if (gradient_measure()) {
         sensitivity_ = std::make_unique<AnswerSensitivity>(model_, *answer_kl_, options_.ladder.levels, options_.sink_tokens);
       }
@@ -127,6 +132,8 @@ class SeqCalibRun {
     }
     if (result_.validation) summarise_validation();
     result_.total_seconds = seconds_since(start);
+    result_.local_sequences = static_cast<int64_t>(local_sequences_.size());
+    result_.exchanged_bytes = world_.bytes_sent();
     result_.peak_rss_bytes = peak_rss_bytes();
     result_.peak_device_bytes = peak_device_bytes(model_.device());
     return std::move(result_);
@@ -140,6 +147,36 @@ class SeqCalibRun {
     if (spec_.global_layer_ids().empty()) {
       throw_input_error("{}: the model has no global attention layers: nothing to calibrate", spec_.model_type);
     }
+  }
+
+  // This rank's micro-batches (all of them in one process), and their answer positions.
+  void take_shard() {
+    local_index_ = dist::shard_sequences(sequences_.size(), options_.micro_batch, world_.rank(), world_.world_size());
+    for (size_t i : local_index_) {
+      local_sequences_.push_back(sequences_[i]);
+      if (i < options_.answer_positions.size()) local_answers_.push_back(options_.answer_positions[i]);
+    }
+    if (world_.world_size() > 1) {
+      spdlog::info("rank {} of {}: {} of the {} sequences", world_.rank(), world_.world_size(), local_index_.size(),
+                   sequences_.size());
+    }
+  }
+
+  // The shard's sequences among the first `samples` (a prefix of the shard: shards are in order).
+  std::vector<std::vector<int64_t>> local_prefix(int64_t samples) const {
+    const auto count = std::count_if(local_index_.begin(), local_index_.end(),
+                                     [samples](size_t i) { return static_cast<int64_t>(i) < samples; });
+    return {local_sequences_.begin(), local_sequences_.begin() + count};
+  }
+
+  // Every rank's sums for one layer, merged (exactly: the result does not depend on the split).
+  measure::DistortionAccumulator merged_over_ranks(int64_t layer_id, const measure::DistortionAccumulator& local) const {
+    if (world_.world_size() == 1) return local;
+    measure::DistortionAccumulator total(local.num_kv_heads(), local.num_levels());
+    for (const auto& bytes : world_.all_gather(local.to_bytes(), fmt::format("layer {}: block-mse sums", layer_id))) {
+      total.merge(measure::DistortionAccumulator::from_bytes(bytes));
+    }
+    return total;
   }
 
   bool answer_aware() const { return calib::answer_aware(options_.measure); }
@@ -260,7 +297,7 @@ class SeqCalibRun {
   void probe() {
     const auto start = Clock::now();
     const int64_t samples = effective_probe_samples(options_.probe_samples, static_cast<int64_t>(sequences_.size()));
-    const std::vector<std::vector<int64_t>> probe_sequences(sequences_.begin(), sequences_.begin() + samples);
+    const std::vector<std::vector<int64_t>> probe_sequences = local_prefix(samples);
     ActivationStream stream(model_, probe_sequences, options_.micro_batch, options_.activations);
     if (answer_aware()) {
       answer_probe(stream, probe_sequences);
@@ -314,7 +351,11 @@ class SeqCalibRun {
       progress.update(i + 1, fmt::format("layer {} {}", i, layer_kind_name(spec_.layer(i).kind)));
     }
     progress.finish();
-    for (auto& [layer_id, acc] : accumulators) {
+    for (const int64_t layer_id : spec_.global_layer_ids()) {
+      // A rank without probe sequences measured nothing: it contributes empty sums.
+      const auto [local, inserted] = accumulators.try_emplace(
+          layer_id, spec_.layer(layer_id).attention->num_kv_heads, static_cast<int64_t>(options_.ladder.size()));
+      const measure::DistortionAccumulator acc = merged_over_ranks(layer_id, local->second);
       acc.check_finite(layer_id);
       probe_groups_[layer_id] = layer_groups(spec_.layer(layer_id), acc, options_);
       append(result_.probe_curves, to_curves(probe_groups_[layer_id]));
@@ -361,7 +402,8 @@ class SeqCalibRun {
 
   // Chooses layer `layer_id`'s windows from its curves: argmin d + lambda*r with the smallest
   // lambda at which this layer plus the probe plan of the layers above fits what is left.
-  std::vector<int64_t> decide(int64_t layer_id, const measure::DistortionAccumulator& acc, LayerReport& report) {
+  std::vector<int64_t> decide(int64_t layer_id, const measure::DistortionAccumulator& local, LayerReport& report) {
+    const measure::DistortionAccumulator acc = merged_over_ranks(layer_id, local);
     acc.check_finite(layer_id);
     if (!options_.conditioned) return record_decision(probe_groups_.at(layer_id), unconditioned_plan_.at(layer_id), report);
     const std::vector<solve::Group> groups = layer_groups(spec_.layer(layer_id), acc, options_);
@@ -383,7 +425,7 @@ class SeqCalibRun {
   }
 
   void walk() {
-    ActivationStream stream(model_, sequences_, options_.micro_batch, options_.activations);
+    ActivationStream stream(model_, local_sequences_, options_.micro_batch, options_.activations);
     result_.activations = stream.placement_name();
     PolicyAttentionCore policy_core(result_.windows, options_.sink_tokens, model_.attention_chunk());
     Progress progress(options_.conditioned ? "SeqCalib" : "calibrate (unconditioned)", spec_.num_layers());
@@ -395,6 +437,7 @@ class SeqCalibRun {
         continue;
       }
       const auto start = Clock::now();
+      const int64_t sent_before = world_.bytes_sent();
       model_.prefetch_layer(i + 1);  // loads while layer i computes
       LayerReport report{i, std::string(layer_kind_name(spec_.layer(i).kind))};
       if (spec_.layer(i).is_global()) {
@@ -406,6 +449,7 @@ class SeqCalibRun {
       }
       model_.release_layer(i);
       report.seconds = seconds_since(start);
+      report.exchanged_bytes = world_.bytes_sent() - sent_before;
       result_.layers.push_back(report);
       progress.update(i + 1, spec_.layer(i).is_global()
                                  ? fmt::format("layer {} global: {} spent, lambda {:.3g}", i,
@@ -650,7 +694,7 @@ class SeqCalibRun {
     if (result_.windows_moved_by_completion == 0) {
       result_.answer_kl_policy = result_.answer_kl_walk;
     } else {
-      ActivationStream embedded(model_, sequences_, options_.micro_batch, options_.activations);
+      ActivationStream embedded(model_, local_sequences_, options_.micro_batch, options_.activations);
       result_.answer_kl_policy = answer_kl_->evaluate_policy(embedded, result_.windows);
     }
     spdlog::info("answer KL end to end: {:.6g} after the walk, {:.6g} after completion ({} windows moved)",
@@ -661,6 +705,10 @@ class SeqCalibRun {
   const arch::ModelSpec& spec_;
   const std::vector<std::vector<int64_t>>& sequences_;
   const SeqCalibOptions& options_;
+  dist::Collective& world_;
+  std::vector<size_t> local_index_;  // this rank's sequences, in order
+  std::vector<std::vector<int64_t>> local_sequences_;
+  std::vector<std::vector<int64_t>> local_answers_;
   SeqCalibResult result_;
   std::map<int64_t, std::vector<solve::Group>> probe_groups_;
   std::map<int64_t, std::vector<size_t>> unconditioned_plan_;

@@ -14,6 +14,7 @@
 #include "headwise/core/error.hpp"
 #include "headwise/core/files.hpp"
 #include "headwise/core/units.hpp"
+#include "headwise/dist/collective.hpp"
 
 namespace headwise::cli {
 namespace {
@@ -25,6 +26,7 @@ struct CalibrateArgs {
   std::string report;
   std::string plot;
   bool resume = false;
+  dist::LaunchFlags launch;
   CommonFlags flags;
 };
 
@@ -36,18 +38,46 @@ void check_outputs_writable(const CalibrateArgs& args) {
   }
 }
 
+// Ranks other than 0 say only what goes wrong (unless --verbose), each line naming the rank.
+void apply_rank_logging(const dist::LaunchConfig& launch, const CommonFlags& flags) {
+  if (launch.world_size == 1) return;
+  spdlog::set_pattern(fmt::format("[%H:%M:%S.%e] [rank {}] [%^%l%$] %v", launch.rank));
+  if (launch.rank != 0 && !flags.verbose) spdlog::set_level(spdlog::level::warn);
+}
+
+// Runs the job as one rank; a failure is told to the other ranks before it propagates, so they
+// stop instead of waiting for this one.
+calib::CalibrationOutcome run_as_rank(calib::CalibrationJob& job, calib::RunControl control,
+                                      dist::Collective* world, const dist::LaunchConfig& launch) {
+  control.collective = world;
+  control.local_rank = launch.local_rank;
+  try {
+    return job.run(control);
+  } catch (const std::exception& e) {
+    if (world != nullptr) world->abort(e.what());
+    throw;
+  }
+}
+
 void run_calibrate(const CalibrateArgs& args) {
   apply_logging(args.flags);
+  const dist::LaunchConfig launch = dist::launch_config(args.launch);
+  apply_rank_logging(launch, args.flags);
   check_outputs_writable(args);
   calib::CalibrationJob job(args.request, args.output);
+  const std::unique_ptr<dist::Collective> world = dist::connect(launch);
   calib::RunControl control;
   control.checkpoint = calib::checkpoint_path_for(args.output);
   control.resume = args.resume;
   control.want_report = !args.report.empty();
   control.want_plot = !args.plot.empty();
-  const calib::CalibrationOutcome out = job.run(control);
+  const calib::CalibrationOutcome out = run_as_rank(job, control, world.get(), launch);
   const policy::Policy& policy = out.policy;
   const int64_t budget = parse_byte_size(args.request.budget, "--budget");
+  if (launch.rank != 0) {  // every rank holds the same policy; rank 0 writes it
+    world->finish();
+    return;
+  }
 
   // Everything is rendered; write it all, then drop the checkpoint (the run is complete).
   write_file_atomically(args.output, out.policy_yaml);
@@ -55,6 +85,7 @@ void run_calibrate(const CalibrateArgs& args) {
   if (!args.plot.empty()) write_file_atomically(args.plot, out.svg);
   std::error_code ec;
   fs::remove(control.checkpoint, ec);
+  if (world) world->finish();
 
   spdlog::info("policy: {} ({} of {} budget; full KV would need {}), calibrated in {:.1f}s", args.output,
                format_bytes(policy.memory.total_bytes), format_bytes(budget),
@@ -120,6 +151,14 @@ const RegisterCommand kRegister{"calibrate", [](CLI::App& root) {
                 "Decide from curves measured with full KV below (the ablation baseline)");
   root.add_flag("--resume", args.resume,
                 "Continue the run killed while writing this -o from its checkpoint (<output>.ckpt.json)");
+  root.add_option("--rank", args.launch.rank, "Distributed: this process's rank (default: RANK, as torchrun sets it)");
+  root.add_option("--world-size", args.launch.world_size,
+                  "Distributed: number of processes (default: WORLD_SIZE, else 1); see docs/distributed.md");
+  root.add_option("--master-addr", args.launch.master_addr, "Distributed: host of rank 0's store (default: MASTER_ADDR)");
+  root.add_option("--master-port", args.launch.master_port, "Distributed: its port (default: MASTER_PORT, else 29500)");
+  root.add_option("--dist-timeout", args.launch.timeout_seconds,
+                  "Distributed: seconds before a silent rank (no heartbeat) or an unreachable store stops the run")
+      ->capture_default_str();
   add_common_flags(&root, args.flags, /*with_json=*/true);
   root.callback([&root] {
     if (!root.get_subcommands().empty()) return;

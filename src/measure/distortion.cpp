@@ -1,26 +1,11 @@
 #include "headwise/measure/distortion.hpp"
 
 #include <cmath>
+#include <cstring>
 
 #include "headwise/core/error.hpp"
 
 namespace headwise::measure {
-
-void CompensatedSum::add(double value) {
-  const double t = sum_ + value;
-  // Neumaier: whichever operand is larger keeps its low-order bits in the compensation.
-  if (std::fabs(sum_) >= std::fabs(value)) {
-    compensation_ += (sum_ - t) + value;
-  } else {
-    compensation_ += (value - t) + sum_;
-  }
-  sum_ = t;
-}
-
-void CompensatedSum::merge(const CompensatedSum& other) {
-  add(other.sum_);
-  add(other.compensation_);
-}
 
 DistortionAccumulator::DistortionAccumulator(int64_t num_kv_heads, int64_t num_levels)
     : num_kv_heads_(num_kv_heads),
@@ -29,12 +14,12 @@ DistortionAccumulator::DistortionAccumulator(int64_t num_kv_heads, int64_t num_l
   HEADWISE_CHECK(num_kv_heads > 0 && num_levels > 0, "accumulator of {}x{}", num_kv_heads, num_levels);
 }
 
-CompensatedSum& DistortionAccumulator::error(int64_t head, int64_t level) {
+ExactSum& DistortionAccumulator::error(int64_t head, int64_t level) {
   HEADWISE_CHECK(head >= 0 && head < num_kv_heads_ && level >= 0 && level < num_levels_, "index ({}, {})", head, level);
   return errors_[static_cast<size_t>(head * num_levels_ + level)];
 }
 
-const CompensatedSum& DistortionAccumulator::error(int64_t head, int64_t level) const {
+const ExactSum& DistortionAccumulator::error(int64_t head, int64_t level) const {
   return const_cast<DistortionAccumulator*>(this)->error(head, level);
 }
 
@@ -52,6 +37,33 @@ void DistortionAccumulator::merge(const DistortionAccumulator& other) {
   for (size_t i = 0; i < errors_.size(); ++i) errors_[i].merge(other.errors_[i]);
   reference_.merge(other.reference_);
   tokens_ += other.tokens_;
+}
+
+std::string DistortionAccumulator::to_bytes() const {
+  std::string out;
+  for (int64_t v : {num_kv_heads_, num_levels_, tokens_}) out.append(reinterpret_cast<const char*>(&v), sizeof v);
+  for (const auto& e : errors_) out += e.to_bytes();
+  out += reference_.to_bytes();
+  return out;
+}
+
+DistortionAccumulator DistortionAccumulator::from_bytes(std::string_view bytes) {
+  const size_t sum_bytes = ExactSum().to_bytes().size();
+  int64_t header[3] = {};
+  if (bytes.size() < sizeof header) throw Error("distortion accumulator: truncated image");
+  std::memcpy(header, bytes.data(), sizeof header);
+  DistortionAccumulator acc;
+  acc.num_kv_heads_ = header[0];
+  acc.num_levels_ = header[1];
+  acc.tokens_ = header[2];
+  const auto sums = static_cast<size_t>(acc.num_kv_heads_ * acc.num_levels_);
+  if (acc.num_kv_heads_ < 0 || acc.num_levels_ < 0 || bytes.size() != sizeof header + (sums + 1) * sum_bytes) {
+    throw Error("distortion accumulator: malformed image");
+  }
+  size_t at = sizeof header;
+  for (size_t i = 0; i < sums; ++i, at += sum_bytes) acc.errors_.push_back(ExactSum::from_bytes(bytes.substr(at, sum_bytes)));
+  acc.reference_ = ExactSum::from_bytes(bytes.substr(at, sum_bytes));
+  return acc;
 }
 
 double DistortionAccumulator::distortion(int64_t head, int64_t level) const {

@@ -90,6 +90,7 @@ nlohmann::json calibration_report(const calib::SeqCalibResult& r, const ReportCo
       entry["lambda"] = l.lambda;
       entry["bytes_decided"] = l.bytes_spent;
       entry["bytes_planned_ahead"] = l.planned_ahead;
+      if (l.exchanged_bytes > 0) entry["exchanged_bytes"] = l.exchanged_bytes;
     }
     layers.push_back(entry);
   }

@@ -84,6 +84,7 @@ class AnswerSensitivity {
     std::vector<int64_t> position;
   };
   void accumulate(int64_t micro_batch, const at::Tensor& entering);
+  void gather_answers_of_every_rank();
   Slots answer_slots(int64_t micro_batch, const at::Tensor& final_hidden, bool separable);
 
   arch::DecoderModel& model_;

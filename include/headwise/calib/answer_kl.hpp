@@ -20,6 +20,8 @@
 #include <vector>
 
 #include "headwise/arch/model.hpp"
+#include "headwise/core/exact_sum.hpp"
+#include "headwise/dist/collective.hpp"
 
 namespace headwise::calib {
 
@@ -77,9 +79,11 @@ class AnswerKl {
  public:
   // `answers[s]`: positions of sequence s whose next-token distribution is scored. Computes the
   // full-KV reference distributions there (one exact forward, micro-batch by micro-batch, split
-  // like ActivationStream's). InputError when no sequence has an answer position.
+  // like ActivationStream's). InputError when no sequence has an answer position. `sequences` is
+  // this rank's shard; every measure below is the mean over every rank's answers (`world`).
   AnswerKl(arch::DecoderModel& model, const std::vector<std::vector<int64_t>>& sequences,
-           const std::vector<std::vector<int64_t>>& answers, int64_t micro_batch, int64_t sink_tokens);
+           const std::vector<std::vector<int64_t>>& answers, int64_t micro_batch, int64_t sink_tokens,
+           dist::Collective& world = dist::single_process());
 
   // The same measure over the first `sequences` sequences only (the probe's), micro-batched the
   // same way: the reference is sliced from this one instead of recomputed.
@@ -99,7 +103,9 @@ class AnswerKl {
   // already (a walk's stream after its last layer): no layer runs.
   double evaluate_final(ActivationStream& final_hidden);
 
+  // Answer positions over every rank.
   int64_t answer_count() const { return answers_; }
+  dist::Collective& world() const { return *world_; }
   int64_t evaluations() const { return evaluations_; }
 
   // Log-probs [answers of the micro-batch, vocab] at its answer positions of `final_hidden`
@@ -115,6 +121,8 @@ class AnswerKl {
 
  private:
   double kl_sum(int64_t micro_batch, const at::Tensor& final_hidden);
+  void share_answer_counts(const std::string& what);
+  double mean_over_ranks(const ExactSum& local, const std::string& what) const;
   // Runs layers [first, num_layers) on `hidden` with `core`, each layer's weights released after
   // it; with `check`, every layer's output is checked finite (named by layer).
   at::Tensor run_layers_from(int64_t first, at::Tensor hidden, arch::AttentionCore& core, bool check);
@@ -134,6 +142,7 @@ class AnswerKl {
   int64_t answers_ = 0;
   int64_t evaluations_ = 0;
   int64_t micro_batch_ = 1;
+  dist::Collective* world_;
 };
 
 }  // namespace headwise::calib

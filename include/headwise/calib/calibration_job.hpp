@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "headwise/dist/collective.hpp"
 #include "headwise/policy/policy.hpp"
 
 namespace headwise::calib {
@@ -46,6 +47,10 @@ struct RunControl {
   bool resume = false;               // continue from `checkpoint` when it exists
   bool want_report = false;
   bool want_plot = false;
+  // Distributed (docs/distributed.md): this process is one rank; every rank runs the same job,
+  // rank 0 alone writes the checkpoint (and the caller the outputs). nullptr: one process.
+  dist::Collective* collective = nullptr;
+  int local_rank = 0;  // `--device cuda` becomes cuda:<local_rank>
 };
 
 struct CalibrationOutcome {

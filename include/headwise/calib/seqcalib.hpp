@@ -17,6 +17,7 @@
 #include "headwise/arch/model.hpp"
 #include "headwise/calib/answer_kl.hpp"
 #include "headwise/calib/extrapolation.hpp"
+#include "headwise/dist/collective.hpp"
 #include "headwise/measure/distortion.hpp"
 #include "headwise/measure/window_ladder.hpp"
 
@@ -64,6 +65,10 @@ struct SeqCalibOptions {
   // each global layer, for writing the resume checkpoint.
   const WalkState* resume = nullptr;
   std::function<void(const WalkState& state)> checkpoint;
+  // Data parallel (dist/collective.hpp): this process measures its shard of the sequences (its
+  // micro-batches, dist::shard_sequences) and combines every sum with the other ranks, so each
+  // rank takes the decisions a single process would. nullptr: one process.
+  dist::Collective* collective = nullptr;
 };
 
 struct HeadCurve {
@@ -81,6 +86,7 @@ struct LayerReport {
   double lambda = 0.0;           // only for global layers
   int64_t bytes_spent = 0;       // global KV bytes decided for this layer before completion
   int64_t planned_ahead = 0;     // bytes the plan keeps for the layers above
+  int64_t exchanged_bytes = 0;   // distributed: what this rank sent to the others for the layer
 };
 
 // One prediction of the answer-grad measure against the exact answer-kl measure of the same
@@ -130,6 +136,8 @@ struct SeqCalibResult {
   double probe_seconds = 0.0;
   double total_seconds = 0.0;
   std::string activations;              // "device" or "host"
+  int64_t local_sequences = 0;          // this rank's shard (all of them in one process)
+  int64_t exchanged_bytes = 0;          // distributed: everything this rank sent
 };
 
 // `sequences`: calibration token ids, all of the same length.

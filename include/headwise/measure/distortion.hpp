@@ -1,24 +1,18 @@
 #pragma once
 // Mergeable distortion statistics for one global layer: for every KV head and window level,
 // the summed squared change of the attention block output caused by truncating only that
-// head, and the summed squared norm of the untruncated block output. Sums are fp64 with
-// Neumaier compensation, added in a fixed order, so results are reproducible and can be
-// merged across micro-batches (and ranks) without depending on the split.
+// head, and the summed squared norm of the untruncated block output. Sums are exact until
+// the final rounding (core/exact_sum.hpp), so they merge across micro-batches and ranks to the
+// same bits whatever the split.
 #include <cstdint>
+#include <string>
+#include <string_view>
 #include <vector>
+
+#include "headwise/core/exact_sum.hpp"
 
 namespace headwise::measure {
 
-class CompensatedSum {
- public:
-  void add(double value);
-  void merge(const CompensatedSum& other);
-  double value() const { return sum_ + compensation_; }
-
- private:
-  double sum_ = 0.0;
-  double compensation_ = 0.0;
-};
 
 class DistortionAccumulator {
  public:
@@ -34,6 +28,9 @@ class DistortionAccumulator {
   // Squared norm of the untruncated block output over `tokens` tokens.
   void add_reference(double squared_norm, int64_t tokens);
   void merge(const DistortionAccumulator& other);
+  // A byte image for sending to other ranks, and its inverse (Error when malformed).
+  std::string to_bytes() const;
+  static DistortionAccumulator from_bytes(std::string_view bytes);
 
   // d[h](w) = mean_t ||Wo_h (a_w - a_full)||^2 / mean_t ||y_full||^2.
   double distortion(int64_t head, int64_t level) const;
@@ -42,14 +39,14 @@ class DistortionAccumulator {
   void check_finite(int64_t layer_id) const;
 
  private:
-  CompensatedSum& error(int64_t head, int64_t level);
-  const CompensatedSum& error(int64_t head, int64_t level) const;
+  ExactSum& error(int64_t head, int64_t level);
+  const ExactSum& error(int64_t head, int64_t level) const;
 
   int64_t num_kv_heads_ = 0;
   int64_t num_levels_ = 0;
   int64_t tokens_ = 0;
-  std::vector<CompensatedSum> errors_;  // [head][level]
-  CompensatedSum reference_;
+  std::vector<ExactSum> errors_;  // [head][level]
+  ExactSum reference_;
 };
 
 }  // namespace headwise::measure
