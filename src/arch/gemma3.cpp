@@ -210,7 +210,8 @@ class Gemma3Model final : public DecoderModel {
     // Sliding layers use the local base frequency without scaling; global ones rope_theta
     // with rope_scaling.
     const RotaryTable table =
-        rotary_table(sliding ? local_inv_freq_ : global_inv_freq_, run.position_offset, steps, 1.0, q.scalar_type());
+        rotary_table(sliding ? local_inv_freq_ : global_inv_freq_, run.position_offset, steps,
+                     rope_attention_factor(sliding ? config_.local_rope : config_.global_rope), q.scalar_type());
 
     AttentionInputs in;
     in.layer_id = layer;

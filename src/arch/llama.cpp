@@ -158,7 +158,7 @@ class DenseModel final : public DecoderModel {
       q = rms_norm(q, w(layer, "self_attn.q_norm.weight"), config_.rms_norm_eps, NormStyle::kScaleAfterCast);
       k = rms_norm(k, w(layer, "self_attn.k_norm.weight"), config_.rms_norm_eps, NormStyle::kScaleAfterCast);
     }
-    const RotaryTable table = rotary_table(inv_freq_, run.position_offset, steps, 1.0, q.scalar_type());
+    const RotaryTable table = rotary_table(inv_freq_, run.position_offset, steps, rope_attention_factor(config_.rope), q.scalar_type());
     const bool sliding = config_.kinds[static_cast<size_t>(layer)] == LayerKind::kSlidingAttention;
 
     AttentionInputs in;

@@ -17,7 +17,8 @@ QwenHybridModel::QwenHybridModel(const ModelSpec& spec,
   prefix_ = this->checkpoint().contains("model.language_model.embed_tokens.weight")
                 ? "model.language_model."
                 : "model.";
-  inv_freq_ = default_inv_freq(config_.rope_theta, config_.rotary_dim(), device());
+  inv_freq_ = config_.rope.rope_type == "yarn" ? rope_inv_freq(config_.rope, config_.rotary_dim(), device())
+                                                : default_inv_freq(config_.rope_theta, config_.rotary_dim(), device());
 }
 
 std::string QwenHybridModel::layer_prefix(int64_t layer) const {
@@ -82,7 +83,7 @@ at::Tensor QwenHybridModel::full_attention(int64_t layer, const at::Tensor& x,
   if (run.position_offset < 0)
     throw_input_error("position offset {} is negative", run.position_offset);
   const RotaryTable table =
-      rotary_table(inv_freq_, run.position_offset, steps, 1.0, x.scalar_type());
+      rotary_table(inv_freq_, run.position_offset, steps, rope_attention_factor(config_.rope), x.scalar_type());
   q = apply_rotary(q, table);
   k = apply_rotary(k, table);
 

@@ -49,15 +49,24 @@ void read_rope(const ConfigReader& reader, QwenHybridConfig& config) {
     const ConfigReader sub(params, fmt::format("{}: field '{}'", reader.where(), key));
     const std::string type =
         sub.has("rope_type") ? sub.get_string("rope_type") : sub.get_string("type", "default");
-    if (type != "default") {
+    if (type != "default" && type != "yarn") {
       throw_unsupported(
-          "{}: field '{}' has rope_type '{}'; qwen hybrid models support only 'default'",
+          "{}: field '{}' has rope_type '{}'; qwen hybrid models support 'default' and 'yarn'",
           reader.where(), key, type);
     }
     config.rope_theta = sub.get_double("rope_theta", config.rope_theta);
     config.partial_rotary_factor =
         sub.get_double("partial_rotary_factor", config.partial_rotary_factor);
+    if (type == "yarn") {
+      // The rotary share is handled here (rotary_dim); the yarn fields read like every family's.
+      nlohmann::json yarn = params;
+      yarn.erase("partial_rotary_factor");
+      RopeParameters base;
+      base.theta = config.rope_theta;
+      config.rope = read_rope_object(reader, yarn, base, key);
+    }
   }
+  config.rope.theta = config.rope_theta;
   if (config.rope_theta <= 0) reader.fail("rope_theta", "must be positive");
   if (config.partial_rotary_factor <= 0 || config.partial_rotary_factor > 1) {
     reader.fail("partial_rotary_factor", "must be in (0, 1]");

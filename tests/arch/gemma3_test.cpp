@@ -189,7 +189,7 @@ TEST_CASE("gemma3 config errors name config.json and the field", "[arch]") {
   c["layer_types"][0] = "linear_attention";
   expect_error(c, "layer_types");
   c = config;
-  c["rope_parameters"]["full_attention"]["rope_type"] = "yarn";
+  c["rope_parameters"]["full_attention"]["rope_type"] = "longrope";
   expect_error(c, "rope_parameters.full_attention.rope_type");
   c = config;
   c["rope_parameters"]["full_attention"].erase("factor");

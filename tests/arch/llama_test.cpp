@@ -2,8 +2,11 @@
 // (tools/fixtures/llama.py), legacy rope spellings, chunked attention, bad weights, specs.
 #include <catch2/catch.hpp>
 
+#include <cmath>
+
 #include "fixture_reference.hpp"
 #include "headwise/arch/registry.hpp"
+#include "headwise/arch/rope_params.hpp"
 #include "headwise/core/error.hpp"
 #include "headwise/core/files.hpp"
 
@@ -12,7 +15,7 @@ using namespace headwise::testing;
 
 namespace {
 
-const char* const kDenseFixtures[] = {"llama_rope3", "llama_bias_tied", "qwen3_gqa", "qwen3_sliding"};
+const char* const kDenseFixtures[] = {"llama_rope3", "llama_bias_tied", "qwen3_gqa", "qwen3_sliding", "qwen3_yarn"};
 
 // bf16 against transformers' own bf16 run, relative to the logit scale: one bf16 ulp (2^-8).
 // Measured on CPU: 0 for all four fixtures, fp32 too (see gemma3_test.cpp).
@@ -64,6 +67,44 @@ TEST_CASE("llama legacy rope_theta + rope_scaling read like rope_parameters", "[
     return c;
   });
   CHECK(max_abs_diff(run_fixture(fixture, {}, dir.path()), run_fixture(fixture, {})) == 0.0);
+}
+
+TEST_CASE("qwen3 YaRN is applied: the same weights with default RoPE give other logits", "[parity]") {
+  const auto fixture = fixture_dir("qwen3_yarn");
+  TempDir dir;
+  copy_fixture(fixture, dir.path(), [](nlohmann::json c) {
+    c["rope_parameters"] = {{"rope_type", "default"}, {"rope_theta", 10000.0}};
+    return c;
+  });
+  const auto err = compare(run_fixture(fixture, {}, dir.path()), read_reference(fixture, "logits_fp32"));
+  CHECK(err.error > 1e-3 * err.scale);  // the fixture's positions reach past the original context
+}
+
+TEST_CASE("yarn's attention factor and ramp settings are read as transformers reads them", "[arch]") {
+  const auto read = [](nlohmann::json rope) {
+    const nlohmann::json config = {{"max_position_embeddings", 131072}, {"rope_scaling", rope}};
+    return arch::read_single_rope_parameters(arch::ConfigReader(config, "config.json"), 1e6);
+  };
+  // Qwen3's published long-context setting.
+  auto p = read({{"rope_type", "yarn"}, {"factor", 4.0}, {"original_max_position_embeddings", 32768}});
+  CHECK(p.original_max_position_embeddings == 32768);
+  CHECK(arch::rope_attention_factor(p) == Approx(0.1 * std::log(4.0) + 1.0).epsilon(1e-15));
+  CHECK((p.beta_fast == 32.0 && p.beta_slow == 1.0 && p.truncate));
+  // DeepSeek's spelling: the ratio of two mscales.
+  p = read({{"type", "yarn"}, {"factor", 40.0}, {"mscale", 1.0}, {"mscale_all_dim", 0.707}, {"beta_fast", 0}});
+  CHECK(arch::rope_attention_factor(p) ==
+        Approx((0.1 * std::log(40.0) + 1.0) / (0.1 * 0.707 * std::log(40.0) + 1.0)).epsilon(1e-15));
+  CHECK(p.beta_fast == 32.0);                              // HF's `or 32`
+  CHECK(p.original_max_position_embeddings == 131072);     // filled from max_position_embeddings
+  // gpt-oss: explicit attention factor, no truncation.
+  p = read({{"rope_type", "yarn"}, {"factor", 32.0}, {"attention_factor", 1.25}, {"truncate", false},
+            {"original_max_position_embeddings", 4096}});
+  CHECK((arch::rope_attention_factor(p) == 1.25 && !p.truncate));
+  CHECK(arch::rope_attention_factor(read({{"rope_type", "linear"}, {"factor", 2.0}})) == 1.0);
+  CHECK_THROWS_WITH(read({{"rope_type", "yarn"}, {"factor", 4.0}, {"truncate", "yes"}}),
+                    Catch::Contains("rope_scaling.truncate"));
+  CHECK_THROWS_WITH(read({{"rope_type", "yarn"}}), Catch::Contains("rope_scaling.factor"));
+  CHECK_THROWS_WITH(read({{"rope_type", "longrope"}, {"factor", 4.0}}), Catch::Contains("supported: default, linear, llama3, yarn"));
 }
 
 TEST_CASE("llama weights of the wrong shape or missing are named with their file", "[arch]") {

@@ -92,7 +92,7 @@ at::Tensor run_fixture(const fs::path& dir, const at::Tensor& ids,
   return model->forward(ids);
 }
 
-const char* const kFixtures[] = {"qwen3_next_tiny", "qwen3_next_tiny_b", "qwen3_5_text_tiny",
+const char* const kFixtures[] = {"qwen3_next_tiny", "qwen3_next_tiny_b", "qwen3_next_yarn", "qwen3_5_text_tiny",
                                  "qwen3_5_text_tiny_b"};
 
 }  // namespace
@@ -247,6 +247,18 @@ TEST_CASE("qwen hybrid rejects a layer state of the wrong shape", "[arch]") {
   run.state = &state;
   REQUIRE_THROWS_WITH(model->run_layer(0, model->embed(ids), run),
                       Catch::Contains("recurrent_state") && Catch::Contains("[2, 4, 16, 8]"));
+}
+
+TEST_CASE("qwen3_next YaRN is applied: the same weights with default RoPE give other logits", "[parity]") {
+  const std::string name = "qwen3_next_yarn";
+  TempDir dir("yarn");
+  nlohmann::json config = read_json(fixture(name) / "config.json");
+  config["rope_parameters"] = {{"rope_type", "default"}, {"rope_theta", 10000.0}, {"partial_rotary_factor", 0.5}};
+  write_json(dir.path() / "config.json", config);
+  fs::copy_file(fixture(name) / "model.safetensors", dir.path() / "model.safetensors");
+  const at::Tensor ids = reference(name, "input_ids");
+  const at::Tensor ref = reference(name, "logits_fp32");
+  CHECK(max_abs_error(run_fixture(dir.path(), ids), ref) > 1e-3 * ref.abs().max().item<double>());
 }
 
 TEST_CASE("qwen3_5 wrapper checkpoint gives the text model's logits", "[arch]") {

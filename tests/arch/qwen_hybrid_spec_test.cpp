@@ -154,7 +154,7 @@ TEST_CASE("Qwen hybrid config errors name the file and field", "[arch]") {
                         Catch::Contains("sliding_attention"));
   }
   SECTION("unsupported rope type") {
-    config["rope_parameters"] = {{"rope_type", "yarn"}, {"rope_theta", 1e7}, {"factor", 4.0}};
+    config["rope_parameters"] = {{"rope_type", "longrope"}, {"rope_theta", 1e7}, {"factor", 4.0}};
     REQUIRE_THROWS_AS(arch::build_model_spec(config, "m/config.json"), UnsupportedError);
   }
 }

@@ -22,7 +22,7 @@ namespace {
 // interleave with softcap, plain llama/qwen3 with and without sliding layers.
 const std::vector<std::string> kFixtures{"qwen3_next_tiny", "qwen3_next_tiny_b", "qwen3_5_text_tiny", "qwen3_5_text_tiny_b",
                                          "gemma3_gqa4",     "gemma3_softcap",    "llama_bias_tied",   "llama_rope3",
-                                         "qwen3_gqa",       "qwen3_sliding"};
+                                         "qwen3_gqa",       "qwen3_sliding",     "qwen3_yarn",        "qwen3_next_yarn"};
 
 constexpr int64_t kBatch = 2;
 constexpr int64_t kSteps = 44;   // past every fixture's sliding window (<= 24), so rings wrap

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "headwise/arch/model_spec.hpp"
+#include "headwise/arch/rope_params.hpp"
 #include "headwise/core/dtype.hpp"
 
 namespace headwise::arch {
@@ -44,6 +45,7 @@ struct QwenHybridConfig {
   int64_t head_dim = 0;
   double rope_theta = 10000.0;
   double partial_rotary_factor = 0.25;
+  RopeParameters rope;  // "default" or "yarn" (over the rotary dims only, as HF computes it)
   int64_t rotary_dim() const {
     return static_cast<int64_t>(static_cast<double>(head_dim) * partial_rotary_factor);
   }

@@ -1,8 +1,10 @@
 #pragma once
 // RoPE parameters as transformers reads them from config.json (v5 `rope_parameters`, legacy
 // `rope_theta` + `rope_scaling`), and the inverse frequencies each rope type produces.
-// Supported types: "default", "linear" (positions divided by `factor`, i.e. inv_freq / factor)
-// and "llama3" (per-band scaling). Others (yarn, dynamic, longrope) fail with the field named.
+// Supported types: "default", "linear" (positions divided by `factor`, i.e. inv_freq / factor),
+// "llama3" (per-band scaling) and "yarn" (NTK-by-parts interpolation between the original and the
+// scaled frequencies, plus an attention factor on cos/sin: Qwen3's long-context configs, gpt-oss).
+// Others (dynamic, longrope) fail with the field named.
 #include <ATen/ATen.h>
 #include <nlohmann/json.hpp>
 
@@ -20,8 +22,17 @@ struct RopeParameters {
   double factor = 1.0;            // linear, llama3
   double low_freq_factor = 1.0;   // llama3
   double high_freq_factor = 4.0;  // llama3
-  int64_t original_max_position_embeddings = 0;  // llama3
+  int64_t original_max_position_embeddings = 0;  // llama3, yarn
+  // yarn (HF's _compute_yarn_parameters): the ramp between full interpolation (below beta_slow
+  // rotations over the original context) and none (above beta_fast), and the cos/sin factor.
+  double beta_fast = 32.0;
+  double beta_slow = 1.0;
+  bool truncate = true;
+  double attention_factor = 1.0;  // explicit, or from factor / mscale / mscale_all_dim
 };
+
+// The factor HF multiplies cos and sin by (yarn's attention factor; 1 for the other types).
+double rope_attention_factor(const RopeParameters& params);
 
 // Reads one rope-parameter object on top of `base` (whose theta is the fallback when the
 // object has no `rope_theta`). `field` is the object's path in the config, for messages.
