@@ -103,12 +103,7 @@ Gemma3Config read_gemma3_config(const ConfigReader& r) {
 }
 
 ModelSpec build_gemma3_spec(const ConfigReader& r) {
-  const Gemma3Config c = read_gemma3_config(r);
-  return attention_stack_spec({.kinds = c.kinds,
-                               .attention = {c.num_heads, c.num_kv_heads, c.head_dim, 0, 0},
-                               .sliding_window = c.sliding_window,
-                               .hidden_size = c.hidden_size,
-                               .vocab_size = c.vocab_size});
+  return attention_stack_spec_of(read_gemma3_config(r));
 }
 
 class Gemma3Model final : public DecoderModel {

@@ -1,34 +1,227 @@
-// GPT-OSS (`gpt_oss`): alternating sliding (window 128) and global attention layers, MoE FFN.
-// Learned attention sinks are logits, not cached tokens: they cost no cache memory.
-// Config-level support only.
+// GPT-OSS (`gpt_oss`): alternating sliding (window 128) and global attention layers with learned
+// attention-sink logits, a top-k MoE of clamped-SwiGLU experts, YaRN RoPE. Mirrors transformers
+// 5.17 models/gpt_oss/modeling_gpt_oss.py. The sinks are logits, not cached tokens: they join
+// each head's softmax and cost no cache memory.
+//
+// Published checkpoints store the experts in MXFP4 (`*_blocks` / `*_scales`); those are refused
+// with the tensor named (dequantize with transformers first); bf16/fp32 experts load as they are.
+#include <cmath>
+#include <string>
+#include <vector>
+
 #include "headwise/arch/layer_stack.hpp"
+#include "headwise/arch/model.hpp"
+#include "headwise/arch/ops.hpp"
 #include "headwise/arch/registry.hpp"
+#include "headwise/arch/rope_params.hpp"
 #include "headwise/arch/state_shapes.hpp"
+#include "headwise/core/error.hpp"
+#include "headwise/io/checkpoint.hpp"
 
 namespace headwise::arch {
 namespace {
 
-ModelSpec build_gpt_oss_spec(const ConfigReader& config) {
-  const int64_t num_layers = config.get_positive_int("num_hidden_layers");
-  std::vector<std::string> types;
+// GptOssConfig with its class defaults.
+struct GptOssConfig {
+  int64_t vocab_size = 0, hidden_size = 0, intermediate_size = 0, num_layers = 0;
+  int64_t num_heads = 0, num_kv_heads = 0, head_dim = 0, sliding_window = 0;
+  int64_t num_experts = 0, top_k = 0;
+  double rms_norm_eps = 1e-5, swiglu_limit = 7.0;
+  bool tie_word_embeddings = false, attention_bias = true;
+  std::vector<LayerKind> kinds;
+  RopeParameters rope;
+};
+
+constexpr double kGluAlpha = 1.702;  // GptOssExperts.alpha (not in the config)
+
+std::vector<LayerKind> read_kinds(const ConfigReader& config, int64_t num_layers) {
+  std::vector<LayerKind> kinds;
   if (config.has("layer_types")) {
-    types = read_layer_types(config, "layer_types", num_layers);
-  } else {
-    // GptOssConfig default: even layers sliding, odd layers full.
-    for (int64_t i = 0; i < num_layers; ++i) types.push_back(i % 2 == 0 ? "sliding_attention" : "full_attention");
+    const auto types = read_layer_types(config, "layer_types", num_layers);
+    for (int64_t i = 0; i < num_layers; ++i) {
+      kinds.push_back(layer_kind_of_type(config, types[static_cast<size_t>(i)], i,
+                                         {{"full_attention", LayerKind::kFullAttention},
+                                          {"sliding_attention", LayerKind::kSlidingAttention}}));
+    }
+    return kinds;
   }
-  AttentionShape global = read_attention_shape(config);
-  if (!config.has("head_dim")) global.head_dim = 64;  // GptOssConfig default
-  const int64_t window = config.get_positive_int("sliding_window", 128);
-  const auto kind_of = [&](int64_t i) {
-    return layer_kind_of_type(config, types[static_cast<size_t>(i)], i,
-                              {{"full_attention", LayerKind::kFullAttention},
-                               {"sliding_attention", LayerKind::kSlidingAttention}});
-  };
-  return stack_layers(num_layers, kind_of, {.attention = global, .sliding_window = window});
+  // GptOssConfig default: even layers sliding, odd layers full.
+  for (int64_t i = 0; i < num_layers; ++i) {
+    kinds.push_back(i % 2 == 0 ? LayerKind::kSlidingAttention : LayerKind::kFullAttention);
+  }
+  return kinds;
 }
 
-const RegisterArchitecture kRegister({"gpt_oss", {"gpt_oss"}, build_gpt_oss_spec, {}});
+GptOssConfig read_config(const ConfigReader& r) {
+  GptOssConfig c;
+  c.vocab_size = r.get_positive_int("vocab_size", 201088);
+  c.hidden_size = r.get_positive_int("hidden_size", 2880);
+  c.intermediate_size = r.get_positive_int("intermediate_size", 2880);
+  c.num_layers = r.get_positive_int("num_hidden_layers", 36);
+  c.num_heads = r.get_positive_int("num_attention_heads", 64);
+  c.num_kv_heads = r.get_positive_int("num_key_value_heads", 8);
+  c.head_dim = r.get_positive_int("head_dim", 64);
+  c.sliding_window = r.get_positive_int("sliding_window", 128);
+  c.num_experts = r.get_positive_int("num_local_experts", 128);
+  c.top_k = r.get_positive_int("num_experts_per_tok", 4);
+  if (c.top_k > c.num_experts) r.fail("num_experts_per_tok", "exceeds num_local_experts");
+  if (c.num_heads % c.num_kv_heads != 0) r.fail("num_key_value_heads", "must divide num_attention_heads");
+  c.rms_norm_eps = r.get_double("rms_norm_eps", 1e-5);
+  c.swiglu_limit = r.get_double("swiglu_limit", 7.0);
+  c.tie_word_embeddings = r.get_bool("tie_word_embeddings", false);
+  c.attention_bias = r.get_bool("attention_bias", true);
+  c.kinds = read_kinds(r, c.num_layers);
+  c.rope = read_single_rope_parameters(r, 150000.0);
+  return c;
+}
+
+ModelSpec build_gpt_oss_spec(const ConfigReader& r) {
+  return attention_stack_spec_of(read_config(r));
+}
+
+class GptOssModel final : public DecoderModel {
+ public:
+  GptOssModel(ModelSpec spec, std::shared_ptr<const io::Checkpoint> checkpoint, const ModelOptions& options)
+      : DecoderModel(std::move(spec), std::move(checkpoint), options),
+        config_(read_config(text_config_reader())),
+        inv_freq_(rope_inv_freq(config_.rope, config_.head_dim, device())) {
+    refuse_quantized_experts();
+  }
+
+  at::Tensor embed(const at::Tensor& input_ids) override {
+    return at::embedding(weight(-1, "model.embed_tokens.weight"), input_ids.to(device(), at::kLong));
+  }
+
+  at::Tensor run_layer(int64_t layer, const at::Tensor& hidden, const LayerRun& run) override {
+    const double eps = config_.rms_norm_eps;
+    const at::Tensor h = hidden + attention(layer, rms_norm(hidden, w(layer, "input_layernorm.weight"), eps,
+                                                            NormStyle::kScaleInFp32), run);
+    return h + experts(layer, rms_norm(h, w(layer, "post_attention_layernorm.weight"), eps, NormStyle::kScaleInFp32));
+  }
+
+  at::Tensor logits(const at::Tensor& hidden) override {
+    const int64_t top = spec().num_layers();
+    const at::Tensor h = rms_norm(hidden, weight(top, "model.norm.weight"), config_.rms_norm_eps, NormStyle::kScaleInFp32);
+    const at::Tensor& head =
+        config_.tie_word_embeddings ? weight(-1, "model.embed_tokens.weight") : weight(top, "lm_head.weight");
+    return arch::linear(h, head).to(at::kFloat);
+  }
+
+  std::vector<WeightRequirement> required_weights() const override {
+    const int64_t h = config_.hidden_size, hd = config_.head_dim, inter = config_.intermediate_size;
+    const int64_t e = config_.num_experts, q_out = config_.num_heads * hd, kv_out = config_.num_kv_heads * hd;
+    const int64_t top = spec().num_layers();
+    std::vector<WeightRequirement> reqs{{"model.embed_tokens.weight", {config_.vocab_size, h}, -1},
+                                        {"model.norm.weight", {h}, top}};
+    if (!config_.tie_word_embeddings) reqs.push_back({"lm_head.weight", {config_.vocab_size, h}, top});
+    for (int64_t i = 0; i < config_.num_layers; ++i) {
+      auto add = [&](const std::string& name, std::vector<int64_t> shape) {
+        reqs.push_back({fmt::format("model.layers.{}.{}", i, name), std::move(shape), i});
+      };
+      auto add_proj = [&](const char* name, int64_t out, int64_t in) {
+        add(std::string(name) + ".weight", {out, in});
+        if (config_.attention_bias) add(std::string(name) + ".bias", {out});
+      };
+      add_proj("self_attn.q_proj", q_out, h);
+      add_proj("self_attn.k_proj", kv_out, h);
+      add_proj("self_attn.v_proj", kv_out, h);
+      add_proj("self_attn.o_proj", h, q_out);
+      add("self_attn.sinks", {config_.num_heads});
+      add("mlp.router.weight", {e, h});
+      add("mlp.router.bias", {e});
+      add("mlp.experts.gate_up_proj", {e, h, 2 * inter});
+      add("mlp.experts.gate_up_proj_bias", {e, 2 * inter});
+      add("mlp.experts.down_proj", {e, inter, h});
+      add("mlp.experts.down_proj_bias", {e, h});
+      add("input_layernorm.weight", {h});
+      add("post_attention_layernorm.weight", {h});
+    }
+    return reqs;
+  }
+
+ private:
+  const at::Tensor& w(int64_t layer, std::string_view name, bool keep_fp32 = false) {
+    return weight(layer, fmt::format("model.layers.{}.{}", layer, name), keep_fp32);
+  }
+
+  void refuse_quantized_experts() const {
+    const std::string blocks = "model.layers.0.mlp.experts.gate_up_proj_blocks";
+    if (has_weight(blocks)) {
+      throw_unsupported("{}: the experts are MXFP4-quantized ('{}'); headwise reads bf16/fp32 weights: dequantize "
+                        "with transformers (Mxfp4Config(dequantize=True)) and save_pretrained first",
+                        checkpoint().dir().string(), blocks);
+    }
+  }
+
+  at::Tensor proj(int64_t layer, std::string_view name, const at::Tensor& x) {
+    const at::Tensor& weight_t = w(layer, fmt::format("{}.weight", name));
+    return config_.attention_bias ? arch::linear(x, weight_t, w(layer, fmt::format("{}.bias", name)))
+                                  : arch::linear(x, weight_t);
+  }
+
+  at::Tensor attention(int64_t layer, const at::Tensor& x, const LayerRun& run) {
+    const int64_t batch = x.size(0), steps = x.size(1), hd = config_.head_dim;
+    auto heads = [&](const char* name, int64_t n) { return proj(layer, name, x).view({batch, steps, n, hd}); };
+    const RotaryTable table =
+        rotary_table(inv_freq_, run.position_offset, steps, rope_attention_factor(config_.rope), x.scalar_type());
+    const bool sliding = config_.kinds[static_cast<size_t>(layer)] == LayerKind::kSlidingAttention;
+    AttentionInputs in;
+    in.layer_id = layer;
+    in.q = apply_rotary(heads("self_attn.q_proj", config_.num_heads).transpose(1, 2), table).contiguous();
+    in.k = apply_rotary(heads("self_attn.k_proj", config_.num_kv_heads).transpose(1, 2), table).contiguous();
+    in.v = heads("self_attn.v_proj", config_.num_kv_heads).transpose(1, 2).contiguous();
+    in.scaling = std::pow(static_cast<double>(hd), -0.5);
+    in.sliding_window = sliding ? config_.sliding_window : 0;
+    in.position_offset = run.position_offset;
+    in.sink_logits = w(layer, "self_attn.sinks");
+    in.o_proj_weight = w(layer, "self_attn.o_proj.weight");
+    const at::Tensor out = attend_core(in, run);
+    return proj(layer, "self_attn.o_proj", out.reshape({batch, steps, config_.num_heads * hd}));
+  }
+
+  // GptOssMLP: router logits with bias, softmax over the top-k logits, then per routed expert
+  // (ascending, as HF walks them) the clamped SwiGLU on interleaved gate/up columns, weighted and
+  // index-added into the output in the activation dtype.
+  at::Tensor experts(int64_t layer, const at::Tensor& x) {
+    const auto shape = x.sizes().vec();
+    const at::Tensor flat = x.reshape({-1, config_.hidden_size});
+    const at::Tensor router_logits = arch::linear(flat, w(layer, "mlp.router.weight"), w(layer, "mlp.router.bias"));
+    const auto [top_values, top_experts] = router_logits.topk(config_.top_k, -1);
+    const at::Tensor routing = at::softmax(top_values, 1, top_values.scalar_type());
+    const at::Tensor& gate_up_proj = w(layer, "mlp.experts.gate_up_proj");
+    const at::Tensor& gate_up_bias = w(layer, "mlp.experts.gate_up_proj_bias");
+    const at::Tensor& down_proj = w(layer, "mlp.experts.down_proj");
+    const at::Tensor& down_bias = w(layer, "mlp.experts.down_proj_bias");
+    at::Tensor out = at::zeros_like(flat);
+    const at::Tensor hit = at::one_hot(top_experts, config_.num_experts).sum(at::IntArrayRef{0, 1}).gt(0).nonzero().flatten().cpu();
+    const double limit = config_.swiglu_limit;
+    for (int64_t i = 0; i < hit.size(0); ++i) {
+      const int64_t e = hit[i].item<int64_t>();
+      // [k, N] mask of this expert, positions in (slot, token) order like torch.where on it.
+      const auto where = at::where(top_experts.transpose(0, 1).eq(e));
+      const at::Tensor& slot = where[0];
+      const at::Tensor& token = where[1];
+      const at::Tensor gate_up = at::matmul(flat.index_select(0, token), gate_up_proj[e]) + gate_up_bias[e];
+      const at::Tensor gate = gate_up.slice(-1, 0, c10::nullopt, 2).clamp_max(limit);
+      const at::Tensor up = gate_up.slice(-1, 1, c10::nullopt, 2).clamp(-limit, limit);
+      const at::Tensor glu = gate * at::sigmoid(gate * kGluAlpha);
+      const at::Tensor expert_out = at::matmul((up + 1) * glu, down_proj[e]) + down_bias[e];
+      const at::Tensor weighted = expert_out * routing.index({token, slot}).unsqueeze(-1);
+      out.index_add_(0, token, weighted.to(flat.scalar_type()));
+    }
+    return out.view(shape);
+  }
+
+  GptOssConfig config_;
+  at::Tensor inv_freq_;
+};
+
+std::unique_ptr<DecoderModel> create_gpt_oss(const ModelSpec& spec, std::shared_ptr<const io::Checkpoint> checkpoint,
+                                             const ModelOptions& options) {
+  return std::make_unique<GptOssModel>(spec, std::move(checkpoint), options);
+}
+
+const RegisterArchitecture kRegister({"gpt_oss", {"gpt_oss"}, build_gpt_oss_spec, create_gpt_oss});
 
 }  // namespace
 }  // namespace headwise::arch

@@ -69,12 +69,7 @@ DenseConfig read_dense_config(const ConfigReader& r) {
 }
 
 ModelSpec build_dense_spec(const ConfigReader& r) {
-  const DenseConfig c = read_dense_config(r);
-  return attention_stack_spec({.kinds = c.kinds,
-                               .attention = {c.num_heads, c.num_kv_heads, c.head_dim, 0, 0},
-                               .sliding_window = c.sliding_window,
-                               .hidden_size = c.hidden_size,
-                               .vocab_size = c.vocab_size});
+  return attention_stack_spec_of(read_dense_config(r));
 }
 
 class DenseModel final : public DecoderModel {

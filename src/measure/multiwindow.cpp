@@ -90,17 +90,25 @@ Partial sink_band(const ChunkContext& c, int64_t sink_tokens) {
   return band_partial(c, 0, k1, qp < kp);
 }
 
-// [B, kv, g*tc, hd] → [B, kv, g, tc, hd], the layout callbacks receive.
-at::Tensor finish(const Partial& p, int64_t group) {
-  const at::Tensor o = p.o / p.s;
+// [B, kv, g*tc, hd] → [B, kv, g, tc, hd], the layout callbacks receive. `sink_rows` (gpt-oss's
+// learned sink logit of each row's query head, [1, kv, g*tc, 1], or undefined) joins the
+// normaliser like a key whose value is zero, as arch::softmax_with_sink_logit does.
+at::Tensor finish(const Partial& p, int64_t group, const at::Tensor& sink_rows) {
+  const at::Tensor o = sink_rows.defined() ? p.o / (p.s + at::exp(sink_rows - p.m)) : p.o / p.s;
   return o.view({o.size(0), o.size(1), group, -1, o.size(3)});
+}
+
+// The sink logit of each row of a tile ([1, kv, g*tc, 1]), undefined without sinks.
+at::Tensor tile_sink_rows(const arch::AttentionInputs& in, int64_t kv, int64_t group, int64_t rows) {
+  if (!in.sink_logits.defined()) return {};
+  return in.sink_logits.to(at::kFloat).view({1, kv, group, 1, 1}).expand({1, kv, group, rows, 1}).reshape(
+      {1, kv, group * rows, 1});
 }
 
 void check_inputs(const arch::AttentionInputs& in, const WindowLadder& ladder, int64_t sink_tokens, int64_t chunk) {
   HEADWISE_CHECK(in.q.dim() == 4 && in.k.dim() == 4 && in.v.dim() == 4, "q/k/v must be [B, heads, T, hd]");
   HEADWISE_CHECK(in.q.size(1) % in.k.size(1) == 0 && in.q.size(2) == in.k.size(2), "attention shapes");
   HEADWISE_CHECK(!ladder.levels.empty() && chunk > 0 && sink_tokens >= 0, "ladder/chunk/sinks");
-  HEADWISE_CHECK(!in.sink_logits.defined(), "learned sink logits are not supported by the multi-window pass");
 }
 
 // Query rows per tile on the CPU path. Each band reads (band width + tile - 1) keys per row,
@@ -152,17 +160,18 @@ void for_each_chunk_levels(const arch::AttentionInputs& in, const WindowLadder& 
     const int64_t t1 = std::min(steps, t0 + tile);
     const at::Tensor qc = q.slice(3, t0, t1).reshape({batch, kv, group * (t1 - t0), hd});
     ChunkContext c{in, qc, k, v, group, t0, t1};
+    const at::Tensor sink_rows = tile_sink_rows(in, kv, group, t1 - t0);
     // The running partial after edges[j] is the prefix merge of the bands below edges[j].
     Partial running = sink_band(c, sink_tokens);
     std::vector<at::Tensor> levels;
     int64_t lo = 0;
     for (int64_t edge : edges) {
       running = merge(running, distance_band(c, lo, edge, sink_tokens));
-      levels.push_back(finish(running, group));
+      levels.push_back(finish(running, group, sink_rows));
       lo = edge;
     }
     running = merge(running, distance_band(c, lo, -1, sink_tokens));
-    const at::Tensor full = finish(running, group);
+    const at::Tensor full = finish(running, group, sink_rows);
     if (ladder.has_full()) levels.push_back(full);
     fn(t0, t1, levels, full);
   }

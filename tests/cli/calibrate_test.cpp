@@ -90,6 +90,24 @@ TEST_CASE("calibrate a hybrid at a binding budget: heads of a layer differ, byte
   CHECK(heads_differ);
 }
 
+TEST_CASE("gpt-oss calibrates at a binding budget with every measure (sink logits in every path)", "[cli]") {
+  // Global KV at context 512: 2 full layers x 2 KV heads x 512 x 16 x 2 x 4 B = 256 KiB, plus the
+  // sliding layers' rings (window 8): 200k binds.
+  const std::string model = std::string(HEADWISE_FIXTURES_DIR) + "/gpt_oss_tiny";
+  TempDir dir("calibrate");
+  for (const std::string measure : {"block-mse", "answer-kl", "answer-grad"}) {
+    const auto out = dir / (measure + ".yaml");
+    const auto run = run_cli(with({{"--model", model}, {"--budget", "200k"}, {"--distortion", measure},
+                                   {"-o", out.string()}}));
+    INFO(measure << ": " << run.err);
+    REQUIRE(run.status == 0);
+    const auto policy = policy::read_policy(out);
+    CHECK(policy.memory.total_bytes <= 200 * 1024);
+    CHECK(policy.memory.total_bytes < policy.memory.full_kv_total_bytes);
+    CHECK(policy.per_layer_policies.size() == 2);  // layers 1 and 3; the sliding ones keep their window
+  }
+}
+
 TEST_CASE("calibrate: a budget at full KV gives full everywhere", "[cli]") {
   TempDir dir("calibrate");
   REQUIRE(run_cli(calibrate(dir, "p", "--budget 1m")).status == 0);

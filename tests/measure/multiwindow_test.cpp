@@ -44,6 +44,25 @@ TEST_CASE("one-pass multi-window attention equals masked attention at every leve
   }
 }
 
+TEST_CASE("the one-pass levels include learned sink logits (gpt-oss) like masked attention", "[measure]") {
+  auto in = random_inputs(2, 6, 2, 50, 8, false, 23);
+  in.sink_logits = at::randn({6}) * 2.0;  // one per query head
+  const auto ladder = measure::parse_window_ladder("4,9,20,full", "test");
+  for (int64_t chunk : {7, 64}) {
+    const at::Tensor levels = measure::all_window_outputs(in, ladder, 0, chunk);
+    for (size_t l = 0; l < ladder.size(); ++l) {
+      const at::Tensor expected = arch::windowed_attention(in, ladder.levels[l], 0, /*chunk=*/1000);
+      INFO("chunk " << chunk << " level " << l);
+      CHECK((levels[static_cast<int64_t>(l)] - expected).abs().max().item<double>() < 1e-5);
+    }
+  }
+  // The sinks change the outputs (the test would pass without them otherwise).
+  arch::AttentionInputs plain = in;
+  plain.sink_logits = at::Tensor();
+  CHECK((arch::windowed_attention(plain, 9, 0, 1000) - arch::windowed_attention(in, 9, 0, 1000)).abs().max().item<double>() >
+        1e-3);
+}
+
 TEST_CASE("a ladder without 'full' still measures against the untruncated output", "[measure]") {
   const auto in = random_inputs(1, 4, 2, 40, 8, true, 5);
   const auto ladder = measure::parse_window_ladder("8,16", "test");

@@ -204,7 +204,8 @@ def main():
              ("qwen3_gqa", 160, 48, [8, 24, None]),
              ("gemma3_gqa4", 160, 48, [8, 24, None])]
     if args.all:  # more of the same paths (about 5 s each): softcapping, sliding qwen3, Qwen3.5's hybrid
-        cases += [(name, 160, 48, [8, 24, None]) for name in ("gemma3_softcap", "qwen3_sliding", "qwen3_5_text_tiny")]
+        cases += [(name, 160, 48, [8, 24, None]) for name in ("gemma3_softcap", "qwen3_sliding", "qwen3_5_text_tiny",
+                                                              "qwen3_yarn")]
     with tempfile.TemporaryDirectory(prefix="headwise-hf-") as d:
         tmp = pathlib.Path(d)
         for name, seq_len, chunk, levels in cases:

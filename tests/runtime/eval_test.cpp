@@ -122,8 +122,11 @@ TEST_CASE("eval baselines have their shapes: uniform is one window, pyramid decr
 }
 
 TEST_CASE("eval --json: every method, measured == estimated bytes, full has KL 0", "[runtime]") {
+  // A gated-DeltaNet hybrid, and gpt-oss (sliding layers, sink logits, MoE).
+  const auto fixture = GENERATE(as<std::string>{}, "qwen3_next_tiny", "gpt_oss_tiny");
+  INFO(fixture);
   headwise::testing::TempDir tmp;
-  const auto dir = headwise::testing::fixture_dir("qwen3_next_tiny");
+  const auto dir = headwise::testing::fixture_dir(fixture);
   std::mt19937_64 rng(3);
   const auto spec = arch::load_model_spec(dir);
   const auto p = fixture_policy(dir, random_policy_windows(spec, {8, 32, policy::kFull}, rng));

@@ -157,7 +157,7 @@ TEST_CASE("eviction decoders hold exactly the estimated bytes and never more tha
 
 TEST_CASE("eviction with slots covering the sequence is full KV", "[runtime]") {
   c10::InferenceMode inference;
-  for (const auto& name : {"qwen3_next_tiny", "gemma3_gqa4", "gemma3_softcap", "qwen3_gqa"}) {
+  for (const auto& name : {"qwen3_next_tiny", "gemma3_gqa4", "gemma3_softcap", "qwen3_gqa", "gpt_oss_tiny"}) {
     auto model = arch::load_model(fixture_dir(name), arch::ModelOptions{});
     const auto& spec = model->spec();
     const auto ids = random_ids(spec.vocab_size, kPrompt + kDecode, 7);

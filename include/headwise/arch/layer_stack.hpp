@@ -39,6 +39,17 @@ struct AttentionStack {
 };
 ModelSpec attention_stack_spec(const AttentionStack& stack);
 
+// The same from an attention-only family's parsed config (Llama/Qwen3, Gemma 3, gpt-oss), whose
+// fields carry these names.
+template <typename Config>
+ModelSpec attention_stack_spec_of(const Config& c) {
+  return attention_stack_spec({.kinds = c.kinds,
+                               .attention = {c.num_heads, c.num_kv_heads, c.head_dim, 0, 0},
+                               .sliding_window = c.sliding_window,
+                               .hidden_size = c.hidden_size,
+                               .vocab_size = c.vocab_size});
+}
+
 // `layer_types` of a model with only full and sliding attention layers (Gemma 3, Qwen3): one
 // entry per layer, each full_attention or sliding_attention; `family` names the model in the
 // error.
