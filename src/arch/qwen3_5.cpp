@@ -1,7 +1,8 @@
 // Qwen3.5 text (`qwen3_5_text`, Qwen3_5ForCausalLM; also the text part of the `qwen3_5`
 // multimodal wrapper, whose config nests it under text_config and whose checkpoint keeps it
 // under model.language_model.). Same layers as Qwen3-Next but un-grouped DeltaNet projections
-// and a dense MLP. Its interleaved MRoPE reduces exactly to partial RoPE for text-only
+// and a dense MLP. Qwen3.5-MoE (`qwen3_5_moe_text`, and its `qwen3_5_moe` wrapper) is the same
+// with Qwen3-Next's sparse MoE block (renormalised top-k, gated shared expert) on every layer. Its interleaved MRoPE reduces exactly to partial RoPE for text-only
 // positions (all three position rows equal), which is what is computed here.
 #include <memory>
 
@@ -41,20 +42,26 @@ class Qwen35TextModel final : public QwenHybridModel {
   }
 };
 
-const RegisterArchitecture kRegisterQwen35{Architecture{
-    .name = "qwen3_5",
-    .model_types = {"qwen3_5_text"},
-    .build_spec =
-        [](const ConfigReader& reader) {
-          return qwen_hybrid_spec(read_qwen_hybrid_config(reader, false));
-        },
-    .create_model = [](const ModelSpec& spec, std::shared_ptr<const io::Checkpoint> checkpoint,
-                       const ModelOptions& options) -> std::unique_ptr<DecoderModel> {
-      const ConfigReader reader(spec.text_config, (checkpoint->dir() / "config.json").string());
-      return std::make_unique<Qwen35TextModel>(spec, std::move(checkpoint), options,
-                                               read_qwen_hybrid_config(reader, false));
-    },
-}};
+Architecture qwen35_architecture(std::string name, std::string model_type, QwenFeedForward feed_forward) {
+  return Architecture{
+      .name = std::move(name),
+      .model_types = {std::move(model_type)},
+      .build_spec =
+          [feed_forward](const ConfigReader& reader) {
+            return qwen_hybrid_spec(read_qwen_hybrid_config(reader, feed_forward));
+          },
+      .create_model = [feed_forward](const ModelSpec& spec, std::shared_ptr<const io::Checkpoint> checkpoint,
+                                     const ModelOptions& options) -> std::unique_ptr<DecoderModel> {
+        const ConfigReader reader(spec.text_config, (checkpoint->dir() / "config.json").string());
+        return std::make_unique<Qwen35TextModel>(spec, std::move(checkpoint), options,
+                                                 read_qwen_hybrid_config(reader, feed_forward));
+      },
+  };
+}
+
+const RegisterArchitecture kRegisterQwen35{qwen35_architecture("qwen3_5", "qwen3_5_text", QwenFeedForward::kDense)};
+const RegisterArchitecture kRegisterQwen35Moe{
+    qwen35_architecture("qwen3_5_moe", "qwen3_5_moe_text", QwenFeedForward::kEveryLayerMoe)};
 
 }  // namespace
 }  // namespace headwise::arch

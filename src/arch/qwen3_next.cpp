@@ -1,8 +1,8 @@
 // Qwen3-Next (`qwen3_next`, Qwen3NextForCausalLM): gated DeltaNet with grouped qkvz/ba
-// projections, gated full attention every few layers, sparse MoE with a shared expert.
+// projections, gated full attention every few layers, sparse MoE with a shared expert (the
+// MoE block is QwenHybridModel's, shared with Qwen3.5-MoE).
 #include <memory>
 
-#include "headwise/arch/moe.hpp"
 #include "headwise/arch/ops.hpp"
 #include "headwise/arch/qwen_hybrid.hpp"
 #include "headwise/arch/registry.hpp"
@@ -47,57 +47,6 @@ class Qwen3NextModel final : public QwenHybridModel {
                         {2 * s.key_dim() + 2 * s.value_dim(), h}),
             requirement(layer, "linear_attn.in_proj_ba.weight", {2 * s.num_v_heads, h})};
   }
-
-  at::Tensor feed_forward(int64_t layer, const at::Tensor& x) override {
-    if (!config().is_moe_layer(layer)) return QwenHybridModel::feed_forward(layer, x);
-    SparseMoeWeights w;
-    w.router = layer_weight(layer, "mlp.gate.weight");
-    w.shared_gate = layer_weight(layer, "mlp.shared_expert.gate_proj.weight");
-    w.shared_up = layer_weight(layer, "mlp.shared_expert.up_proj.weight");
-    w.shared_down = layer_weight(layer, "mlp.shared_expert.down_proj.weight");
-    w.shared_expert_gate = layer_weight(layer, "mlp.shared_expert_gate.weight");
-    const bool fused = has_fused_experts(layer);
-    w.expert = [this, layer, fused](int64_t e) {
-      ExpertWeights ew;
-      if (fused) {
-        ew.gate_up = layer_weight(layer, "mlp.experts.gate_up_proj").select(0, e);
-        ew.down = layer_weight(layer, "mlp.experts.down_proj").select(0, e);
-      } else {
-        const std::string p = fmt::format("mlp.experts.{}.", e);
-        ew.gate = layer_weight(layer, p + "gate_proj.weight");
-        ew.up = layer_weight(layer, p + "up_proj.weight");
-        ew.down = layer_weight(layer, p + "down_proj.weight");
-      }
-      return ew;
-    };
-    return sparse_moe_block(x, w, config().num_experts_per_tok, config().norm_topk_prob);
-  }
-
-  std::vector<WeightRequirement> feed_forward_weights(int64_t layer) const override {
-    if (!config().is_moe_layer(layer)) return QwenHybridModel::feed_forward_weights(layer);
-    const QwenHybridConfig& c = config();
-    const int64_t h = c.hidden_size, e = c.num_experts, i = c.moe_intermediate_size;
-    std::vector<WeightRequirement> all =
-        dense_mlp_weights(layer, "mlp.shared_expert", c.shared_expert_intermediate_size);
-    all.push_back(requirement(layer, "mlp.gate.weight", {e, h}));
-    all.push_back(requirement(layer, "mlp.shared_expert_gate.weight", {1, h}));
-    if (has_fused_experts(layer)) {
-      // transformers v5 in-memory layout, as some converted checkpoints store it.
-      all.push_back(requirement(layer, "mlp.experts.gate_up_proj", {e, 2 * i, h}));
-      all.push_back(requirement(layer, "mlp.experts.down_proj", {e, h, i}));
-      return all;
-    }
-    for (int64_t x = 0; x < e; ++x) {
-      auto per_expert = dense_mlp_weights(layer, fmt::format("mlp.experts.{}", x), i);
-      all.insert(all.end(), per_expert.begin(), per_expert.end());
-    }
-    return all;
-  }
-
- private:
-  bool has_fused_experts(int64_t layer) const {
-    return checkpoint().contains(layer_prefix(layer) + "mlp.experts.gate_up_proj");
-  }
 };
 
 const RegisterArchitecture kRegisterQwen3Next{Architecture{
@@ -105,13 +54,13 @@ const RegisterArchitecture kRegisterQwen3Next{Architecture{
     .model_types = {"qwen3_next"},
     .build_spec =
         [](const ConfigReader& reader) {
-          return qwen_hybrid_spec(read_qwen_hybrid_config(reader, true));
+          return qwen_hybrid_spec(read_qwen_hybrid_config(reader, QwenFeedForward::kSparseStep));
         },
     .create_model = [](const ModelSpec& spec, std::shared_ptr<const io::Checkpoint> checkpoint,
                        const ModelOptions& options) -> std::unique_ptr<DecoderModel> {
       const ConfigReader reader(spec.text_config, (checkpoint->dir() / "config.json").string());
       return std::make_unique<Qwen3NextModel>(spec, std::move(checkpoint), options,
-                                              read_qwen_hybrid_config(reader, true));
+                                              read_qwen_hybrid_config(reader, QwenFeedForward::kSparseStep));
     },
 }};
 

@@ -2,6 +2,7 @@
 
 #include <cmath>
 
+#include "headwise/arch/moe.hpp"
 #include "headwise/arch/ops.hpp"
 #include "headwise/core/error.hpp"
 #include "headwise/io/checkpoint.hpp"
@@ -113,9 +114,58 @@ at::Tensor QwenHybridModel::linear_attention(int64_t layer, const at::Tensor& x,
 }
 
 at::Tensor QwenHybridModel::feed_forward(int64_t layer, const at::Tensor& x) {
+  if (config_.is_moe_layer(layer)) return sparse_moe(layer, x);
   return gated_mlp(x, layer_weight(layer, "mlp.gate_proj.weight"),
                    layer_weight(layer, "mlp.up_proj.weight"),
                    layer_weight(layer, "mlp.down_proj.weight"));
+}
+
+// Qwen3-Next's sparse MoE block (also Qwen3.5-MoE's): router `mlp.gate`, experts per index or
+// fused (transformers v5 layout), a shared expert scaled by sigmoid(`mlp.shared_expert_gate` x).
+at::Tensor QwenHybridModel::sparse_moe(int64_t layer, const at::Tensor& x) {
+  SparseMoeWeights w;
+  w.router = layer_weight(layer, "mlp.gate.weight");
+  w.shared_gate = layer_weight(layer, "mlp.shared_expert.gate_proj.weight");
+  w.shared_up = layer_weight(layer, "mlp.shared_expert.up_proj.weight");
+  w.shared_down = layer_weight(layer, "mlp.shared_expert.down_proj.weight");
+  w.shared_expert_gate = layer_weight(layer, "mlp.shared_expert_gate.weight");
+  const bool fused = has_fused_experts(layer);
+  w.expert = [this, layer, fused](int64_t e) {
+    ExpertWeights ew;
+    if (fused) {
+      ew.gate_up = layer_weight(layer, "mlp.experts.gate_up_proj").select(0, e);
+      ew.down = layer_weight(layer, "mlp.experts.down_proj").select(0, e);
+    } else {
+      const std::string p = fmt::format("mlp.experts.{}.", e);
+      ew.gate = layer_weight(layer, p + "gate_proj.weight");
+      ew.up = layer_weight(layer, p + "up_proj.weight");
+      ew.down = layer_weight(layer, p + "down_proj.weight");
+    }
+    return ew;
+  };
+  return sparse_moe_block(x, w, config_.num_experts_per_tok, config_.norm_topk_prob);
+}
+
+std::vector<WeightRequirement> QwenHybridModel::sparse_moe_weights(int64_t layer) const {
+  const int64_t h = config_.hidden_size, e = config_.num_experts, i = config_.moe_intermediate_size;
+  std::vector<WeightRequirement> all = dense_mlp_weights(layer, "mlp.shared_expert", config_.shared_expert_intermediate_size);
+  all.push_back(requirement(layer, "mlp.gate.weight", {e, h}));
+  all.push_back(requirement(layer, "mlp.shared_expert_gate.weight", {1, h}));
+  if (has_fused_experts(layer)) {
+    // transformers v5 in-memory layout, as some converted checkpoints store it.
+    all.push_back(requirement(layer, "mlp.experts.gate_up_proj", {e, 2 * i, h}));
+    all.push_back(requirement(layer, "mlp.experts.down_proj", {e, h, i}));
+    return all;
+  }
+  for (int64_t x = 0; x < e; ++x) {
+    auto per_expert = dense_mlp_weights(layer, fmt::format("mlp.experts.{}", x), i);
+    all.insert(all.end(), per_expert.begin(), per_expert.end());
+  }
+  return all;
+}
+
+bool QwenHybridModel::has_fused_experts(int64_t layer) const {
+  return checkpoint().contains(layer_prefix(layer) + "mlp.experts.gate_up_proj");
 }
 
 WeightRequirement QwenHybridModel::requirement(int64_t layer, const std::string& suffix,
@@ -137,6 +187,7 @@ std::vector<WeightRequirement> QwenHybridModel::dense_mlp_weights(int64_t layer,
 }
 
 std::vector<WeightRequirement> QwenHybridModel::feed_forward_weights(int64_t layer) const {
+  if (config_.is_moe_layer(layer)) return sparse_moe_weights(layer);
   return dense_mlp_weights(layer, "mlp", config_.intermediate_size);
 }
 

@@ -95,9 +95,11 @@ GatedDeltaShape read_linear_shape(const ConfigReader& reader, double eps) {
   return s;
 }
 
-void read_feed_forward(const ConfigReader& reader, bool with_moe, QwenHybridConfig& config) {
-  config.intermediate_size = reader.get_positive_int("intermediate_size");
-  if (!with_moe) return;
+void read_feed_forward(const ConfigReader& reader, QwenFeedForward feed_forward, QwenHybridConfig& config) {
+  // Qwen3_5MoeTextConfig has no dense MLP (no intermediate_size) and no layer pattern for it.
+  const bool every_layer = feed_forward == QwenFeedForward::kEveryLayerMoe;
+  config.intermediate_size = every_layer ? reader.get_int("intermediate_size", 0) : reader.get_positive_int("intermediate_size");
+  if (feed_forward == QwenFeedForward::kDense) return;
   config.num_experts = reader.get_int("num_experts", 512);
   if (config.num_experts < 0) reader.fail("num_experts", "must not be negative");
   if (config.num_experts == 0) return;
@@ -109,6 +111,10 @@ void read_feed_forward(const ConfigReader& reader, bool with_moe, QwenHybridConf
   config.moe_intermediate_size = reader.get_positive_int("moe_intermediate_size", 512);
   config.shared_expert_intermediate_size =
       reader.get_positive_int("shared_expert_intermediate_size", 512);
+  if (every_layer) {
+    if (config.num_experts == 0) reader.fail("num_experts", "must be positive for qwen3_5_moe_text");
+    return;  // Qwen3_5MoeTopKRouter always renormalises; defaults: every layer sparse
+  }
   config.norm_topk_prob = reader.get_bool("norm_topk_prob", true);
   config.decoder_sparse_step = reader.get_positive_int("decoder_sparse_step", 1);
   if (reader.has("mlp_only_layers")) {
@@ -133,7 +139,7 @@ bool QwenHybridConfig::is_moe_layer(int64_t layer) const {
          (layer + 1) % decoder_sparse_step == 0;
 }
 
-QwenHybridConfig read_qwen_hybrid_config(const ConfigReader& reader, bool with_moe) {
+QwenHybridConfig read_qwen_hybrid_config(const ConfigReader& reader, QwenFeedForward feed_forward) {
   QwenHybridConfig c;
   c.hidden_size = reader.get_positive_int("hidden_size");
   c.vocab_size = reader.get_positive_int("vocab_size");
@@ -151,7 +157,7 @@ QwenHybridConfig read_qwen_hybrid_config(const ConfigReader& reader, bool with_m
   }
   read_rope(reader, c);
   c.linear = read_linear_shape(reader, c.rms_norm_eps);
-  read_feed_forward(reader, with_moe, c);
+  read_feed_forward(reader, feed_forward, c);
   const std::string act = reader.get_string("hidden_act", "silu");
   if (act != "silu")
     reader.fail("hidden_act", fmt::format("is '{}'; qwen hybrid models use silu", act));

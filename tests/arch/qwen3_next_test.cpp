@@ -92,7 +92,7 @@ at::Tensor run_fixture(const fs::path& dir, const at::Tensor& ids,
   return model->forward(ids);
 }
 
-const char* const kFixtures[] = {"qwen3_next_tiny", "qwen3_next_tiny_b", "qwen3_next_yarn", "qwen3_5_text_tiny",
+const char* const kFixtures[] = {"qwen3_next_tiny", "qwen3_next_tiny_b", "qwen3_next_yarn", "qwen3_5_moe_tiny", "qwen3_5_text_tiny",
                                  "qwen3_5_text_tiny_b"};
 
 }  // namespace
@@ -261,11 +261,14 @@ TEST_CASE("qwen3_next YaRN is applied: the same weights with default RoPE give o
   CHECK(max_abs_error(run_fixture(dir.path(), ids), ref) > 1e-3 * ref.abs().max().item<double>());
 }
 
-TEST_CASE("qwen3_5 wrapper checkpoint gives the text model's logits", "[arch]") {
-  const std::string name = "qwen3_5_text_tiny_b";
+TEST_CASE("qwen3_5 and qwen3_5_moe wrapper checkpoints give the text model's logits", "[arch]") {
+  const auto [name, wrapper_type, text_type] =
+      GENERATE(table<std::string, std::string, std::string>({{"qwen3_5_text_tiny_b", "qwen3_5", "qwen3_5_text"},
+                                                             {"qwen3_5_moe_tiny", "qwen3_5_moe", "qwen3_5_moe_text"}}));
+  INFO(name);
   TempDir dir("wrapper");
   nlohmann::json text = read_json(fixture(name) / "config.json");
-  nlohmann::json wrapper = {{"model_type", "qwen3_5"},
+  nlohmann::json wrapper = {{"model_type", wrapper_type},
                             {"architectures", {"Qwen3_5ForConditionalGeneration"}},
                             {"text_config", text},
                             {"vision_config", {{"depth", 1}, {"hidden_size", 32}}},
@@ -281,8 +284,8 @@ TEST_CASE("qwen3_5 wrapper checkpoint gives the text model's logits", "[arch]") 
                    {"mtp.fc.weight", at::ones({2, 2})}});
   const at::Tensor ids = reference(name, "input_ids");
   const auto spec = arch::load_model_spec(dir.path());
-  CHECK(spec.model_type == "qwen3_5_text");
-  CHECK(spec.config_model_type == "qwen3_5");
+  CHECK(spec.model_type == text_type);
+  CHECK(spec.config_model_type == wrapper_type);
   CHECK(max_abs_error(run_fixture(dir.path(), ids), run_fixture(fixture(name), ids)) == 0.0);
 }
 

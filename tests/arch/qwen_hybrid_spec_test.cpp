@@ -75,8 +75,8 @@ TEST_CASE("Qwen hybrid config: v5 and legacy spellings give the same spec", "[ar
   for (int i = 0; i < 48; ++i)
     v5["layer_types"].push_back((i + 1) % 4 == 0 ? "full_attention" : "linear_attention");
   const arch::ConfigReader a(legacy, "legacy"), b(v5, "v5");
-  const auto ca = arch::read_qwen_hybrid_config(a, true),
-             cb = arch::read_qwen_hybrid_config(b, true);
+  const auto ca = arch::read_qwen_hybrid_config(a, arch::QwenFeedForward::kSparseStep),
+             cb = arch::read_qwen_hybrid_config(b, arch::QwenFeedForward::kSparseStep);
   CHECK((ca.layer_kinds == cb.layer_kinds));
   CHECK(ca.rope_theta == cb.rope_theta);
   CHECK(ca.rotary_dim() == 64);
@@ -89,7 +89,7 @@ TEST_CASE("Qwen hybrid config: v5 and legacy spellings give the same spec", "[ar
     bare.erase("rope_theta");
     bare.erase("partial_rotary_factor");
     const arch::ConfigReader r(bare, "bare");
-    const auto c = arch::read_qwen_hybrid_config(r, true);
+    const auto c = arch::read_qwen_hybrid_config(r, arch::QwenFeedForward::kSparseStep);
     CHECK(c.rope_theta == 10000.0);
     CHECK(c.rotary_dim() == 64);
   }
@@ -98,7 +98,7 @@ TEST_CASE("Qwen hybrid config: v5 and legacy spellings give the same spec", "[ar
     mixed["mlp_only_layers"] = {0, 5};
     mixed["decoder_sparse_step"] = 2;
     const arch::ConfigReader r(mixed, "mixed");
-    const auto c = arch::read_qwen_hybrid_config(r, true);
+    const auto c = arch::read_qwen_hybrid_config(r, arch::QwenFeedForward::kSparseStep);
     CHECK_FALSE(c.is_moe_layer(0));
     CHECK(c.is_moe_layer(1));
     CHECK_FALSE(c.is_moe_layer(2));

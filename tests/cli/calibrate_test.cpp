@@ -90,21 +90,31 @@ TEST_CASE("calibrate a hybrid at a binding budget: heads of a layer differ, byte
   CHECK(heads_differ);
 }
 
-TEST_CASE("gpt-oss calibrates at a binding budget with every measure (sink logits in every path)", "[cli]") {
-  // Global KV at context 512: 2 full layers x 2 KV heads x 512 x 16 x 2 x 4 B = 256 KiB, plus the
-  // sliding layers' rings (window 8): 200k binds.
-  const std::string model = std::string(HEADWISE_FIXTURES_DIR) + "/gpt_oss_tiny";
+TEST_CASE("the newer forwards calibrate at a binding budget (gpt-oss with every measure)", "[cli]") {
+  // Global KV at context 512, fp32 (K and V): gpt-oss 2 full layers x 2 KV heads x 16 dims = 256 KiB,
+  // Qwen3.5-MoE 2 x 2 x 32 = 512 KiB, qwen3_yarn 4 x 2 x 16 = 512 KiB: 200k binds for each.
+  struct Case {
+    std::string fixture;
+    std::vector<std::string> measures;
+    size_t global_layers;
+  };
+  const std::vector<Case> cases{{"gpt_oss_tiny", {"block-mse", "answer-kl", "answer-grad"}, 2},
+                                {"qwen3_5_moe_tiny", {"answer-kl"}, 2},
+                                {"qwen3_yarn", {"answer-kl"}, 4}};
   TempDir dir("calibrate");
-  for (const std::string measure : {"block-mse", "answer-kl", "answer-grad"}) {
-    const auto out = dir / (measure + ".yaml");
-    const auto run = run_cli(with({{"--model", model}, {"--budget", "200k"}, {"--distortion", measure},
-                                   {"-o", out.string()}}));
-    INFO(measure << ": " << run.err);
-    REQUIRE(run.status == 0);
-    const auto policy = policy::read_policy(out);
-    CHECK(policy.memory.total_bytes <= 200 * 1024);
-    CHECK(policy.memory.total_bytes < policy.memory.full_kv_total_bytes);
-    CHECK(policy.per_layer_policies.size() == 2);  // layers 1 and 3; the sliding ones keep their window
+  for (const auto& c : cases) {
+    const std::string model = std::string(HEADWISE_FIXTURES_DIR) + "/" + c.fixture;
+    for (const auto& measure : c.measures) {
+      const auto out = dir / (c.fixture + "-" + measure + ".yaml");
+      const auto run = run_cli(with({{"--model", model}, {"--budget", "200k"}, {"--distortion", measure},
+                                     {"-o", out.string()}}));
+      INFO(c.fixture << " " << measure << ": " << run.err);
+      REQUIRE(run.status == 0);
+      const auto policy = policy::read_policy(out);
+      CHECK(policy.memory.total_bytes <= 200 * 1024);
+      CHECK(policy.memory.total_bytes < policy.memory.full_kv_total_bytes);
+      CHECK(policy.per_layer_policies.size() == c.global_layers);  // sliding/DeltaNet layers keep theirs
+    }
   }
 }
 

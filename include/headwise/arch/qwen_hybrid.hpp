@@ -30,7 +30,8 @@ class QwenHybridModel : public DecoderModel {
   // x = input_layernorm(h), [B, T, H] → the DeltaNet inputs (projections, architecture-specific).
   virtual GatedDeltaInputs linear_projections(int64_t layer, const at::Tensor& x) = 0;
   virtual std::vector<WeightRequirement> linear_projection_weights(int64_t layer) const = 0;
-  // Feed-forward on post_attention_layernorm(h). Default: dense SwiGLU `mlp.{gate,up,down}_proj`.
+  // Feed-forward on post_attention_layernorm(h): the sparse MoE block on the config's MoE layers,
+  // else a dense SwiGLU `mlp.{gate,up,down}_proj`.
   virtual at::Tensor feed_forward(int64_t layer, const at::Tensor& x);
   virtual std::vector<WeightRequirement> feed_forward_weights(int64_t layer) const;
 
@@ -45,6 +46,9 @@ class QwenHybridModel : public DecoderModel {
                                                    int64_t intermediate) const;
 
  private:
+  at::Tensor sparse_moe(int64_t layer, const at::Tensor& x);
+  std::vector<WeightRequirement> sparse_moe_weights(int64_t layer) const;
+  bool has_fused_experts(int64_t layer) const;
   at::Tensor full_attention(int64_t layer, const at::Tensor& x, const LayerRun& run);
   at::Tensor linear_attention(int64_t layer, const at::Tensor& x, LayerState* state);
   std::vector<WeightRequirement> attention_weights(int64_t layer) const;

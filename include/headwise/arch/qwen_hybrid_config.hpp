@@ -70,7 +70,13 @@ struct QwenHybridConfig {
 // Reads a qwen3_next (with_moe) or qwen3_5_text config. Accepts v5 `rope_parameters` and the
 // legacy top-level `rope_theta` / `partial_rotary_factor`, and `layer_types` or
 // `full_attention_interval` (HF default 4: layer i is full iff (i + 1) % 4 == 0).
-QwenHybridConfig read_qwen_hybrid_config(const ConfigReader& reader, bool with_moe);
+// How the feed-forward of a qwen hybrid family is laid out.
+enum class QwenFeedForward {
+  kDense,        // qwen3_5_text: a SwiGLU MLP on every layer
+  kSparseStep,   // qwen3_next: MoE on layers per decoder_sparse_step / mlp_only_layers, else dense
+  kEveryLayerMoe,  // qwen3_5_moe_text: MoE (normalised top-k, shared expert) on every layer
+};
+QwenHybridConfig read_qwen_hybrid_config(const ConfigReader& reader, QwenFeedForward feed_forward);
 
 // Per-layer spec: full layers get their attention shape; linear layers their decode state,
 // shaped and typed as HF's LinearAttentionLayer cache allocates it: the last K conv inputs
