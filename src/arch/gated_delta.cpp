@@ -9,14 +9,22 @@
 namespace headwise::arch {
 namespace {
 
+// Depthwise conv1d, as HF's F.conv1d(..., groups=channels) (bias optional).
+at::Tensor depthwise_conv(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias, int64_t padding) {
+  const std::vector<int64_t> stride{1}, pad{padding}, dilation{1};
+  return at::conv1d(x, weight, bias, stride, pad, dilation, x.size(1));
+}
+
 // [B, T, h, d] (or [B, T, h]) → [B, h, T, ...] float32, contiguous: the layout both HF rules use.
 at::Tensor heads_first_fp32(const at::Tensor& x) {
   return x.transpose(1, 2).to(at::kFloat).contiguous();
 }
 
+}  // namespace
+
 // Writes a final state into the caller's map: into the existing tensor when it has the same
 // shape (the runtime's buffer keeps its address and dtype), else as a new entry.
-void store_state(LayerState& state, const char* name, const at::Tensor& value) {
+void store_layer_state(LayerState& state, const char* name, const at::Tensor& value) {
   auto it = state.find(name);
   if (it != state.end() && it->second.defined() && it->second.sizes() == value.sizes()) {
     it->second.copy_(value);
@@ -25,48 +33,48 @@ void store_state(LayerState& state, const char* name, const at::Tensor& value) {
   }
 }
 
-// Depthwise conv1d without bias, as HF's F.conv1d(..., groups=channels).
-at::Tensor depthwise_conv(const at::Tensor& x, const at::Tensor& weight, int64_t padding) {
-  const std::vector<int64_t> stride{1}, pad{padding}, dilation{1};
-  return at::conv1d(x, weight, at::Tensor(), stride, pad, dilation, x.size(1));
-}
 
 // The caller's initial state, checked against the shape the spec declares (batch first).
-at::Tensor find_state(const LayerState* state, const char* name, std::vector<int64_t> expected) {
+at::Tensor find_layer_state(const LayerState* state, const char* name, std::vector<int64_t> expected) {
   if (state == nullptr) return {};
   const auto it = state->find(name);
   if (it == state->end() || !it->second.defined()) return {};
   if (it->second.sizes() != at::IntArrayRef(expected)) {
-    throw_input_error("linear-attention layer state '{}' has shape {}, expected {}", name,
+    throw_input_error("layer state '{}' has shape {}, expected {}", name,
                       shape_string(it->second.sizes()), shape_string(expected));
   }
   return it->second;
 }
 
-}  // namespace
 
 at::Tensor l2norm(const at::Tensor& x, double eps) {
   return x * at::rsqrt((x * x).sum(-1, /*keepdim=*/true) + eps);
 }
 
-at::Tensor causal_conv1d_silu(const at::Tensor& x, const at::Tensor& weight,
-                              at::Tensor* conv_state) {
+at::Tensor causal_conv1d(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias,
+                         at::Tensor* conv_state) {
   const int64_t channels = x.size(1), steps = x.size(2), kernel = weight.size(-1);
   HEADWISE_CHECK(weight.size(0) == channels, "conv weight {} for {} channels",
                  shape_string(weight.sizes()), channels);
+  const at::Tensor b = bias.defined() ? bias.to(weight.scalar_type()) : bias;
   at::Tensor out;
   at::Tensor window;  // the inputs the conv sees, for the state update
   if (conv_state != nullptr && conv_state->defined()) {
     // HF (update_conv_state + causal_conv1d_fn / causal_conv1d_update): the kept inputs are
     // prepended, and only the outputs of the new positions are kept.
     window = at::cat({conv_state->to(x.scalar_type()), x}, -1);
-    out = depthwise_conv(window.to(weight.scalar_type()), weight, 0).slice(-1, -steps);
+    out = depthwise_conv(window.to(weight.scalar_type()), weight, b, 0).slice(-1, -steps);
   } else {
-    out = depthwise_conv(x.to(weight.scalar_type()), weight, kernel - 1).slice(-1, 0, steps);
+    out = depthwise_conv(x.to(weight.scalar_type()), weight, b, kernel - 1).slice(-1, 0, steps);
     window = steps < kernel ? at::constant_pad_nd(x, {kernel - steps, 0}) : x;
   }
   if (conv_state != nullptr) *conv_state = window.slice(-1, window.size(-1) - kernel).contiguous();
-  return at::silu(out).to(x.scalar_type());
+  return out;
+}
+
+at::Tensor causal_conv1d_silu(const at::Tensor& x, const at::Tensor& weight,
+                              at::Tensor* conv_state) {
+  return at::silu(causal_conv1d(x, weight, at::Tensor(), conv_state)).to(x.scalar_type());
 }
 
 DeltaRuleOutput chunk_gated_delta_rule(const at::Tensor& q_in, const at::Tensor& k_in,
@@ -177,8 +185,8 @@ at::Tensor gated_delta_mixer(const GatedDeltaShape& shape, const GatedDeltaInput
                              const GatedDeltaWeights& w, LayerState* state) {
   const int64_t batch = in.mixed_qkv.size(0), steps = in.mixed_qkv.size(1);
   at::Tensor conv_state =
-      find_state(state, "conv_state", {batch, shape.conv_dim(), shape.conv_kernel});
-  at::Tensor recurrent_state = find_state(
+      find_layer_state(state, "conv_state", {batch, shape.conv_dim(), shape.conv_kernel});
+  at::Tensor recurrent_state = find_layer_state(
       state, "recurrent_state", {batch, shape.num_v_heads, shape.k_head_dim, shape.v_head_dim});
 
   const at::Tensor conv_out = causal_conv1d_silu(in.mixed_qkv.transpose(1, 2), w.conv1d,
@@ -205,8 +213,8 @@ at::Tensor gated_delta_mixer(const GatedDeltaShape& shape, const GatedDeltaInput
           ? recurrent_gated_delta_rule(query, key, value, g, beta, recurrent_state)
           : chunk_gated_delta_rule(query, key, value, g, beta, recurrent_state);
   if (state != nullptr) {
-    store_state(*state, "conv_state", conv_state);
-    store_state(*state, "recurrent_state", rule.final_state);
+    store_layer_state(*state, "conv_state", conv_state);
+    store_layer_state(*state, "recurrent_state", rule.final_state);
   }
   const at::Tensor normed = gated_rms_norm(rule.out.reshape({-1, shape.v_head_dim}),
                                            in.z.reshape({-1, shape.v_head_dim}), w.norm, shape.eps);

@@ -122,8 +122,8 @@ TEST_CASE("eval baselines have their shapes: uniform is one window, pyramid decr
 }
 
 TEST_CASE("eval --json: every method, measured == estimated bytes, full has KL 0", "[runtime]") {
-  // A gated-DeltaNet hybrid, and gpt-oss (sliding layers, sink logits, MoE).
-  const auto fixture = GENERATE(as<std::string>{}, "qwen3_next_tiny", "gpt_oss_tiny");
+  // A gated-DeltaNet hybrid, gpt-oss (sliding layers, sink logits, MoE), LFM2 (short convolutions).
+  const auto fixture = GENERATE(as<std::string>{}, "qwen3_next_tiny", "gpt_oss_tiny", "lfm2_tiny");
   INFO(fixture);
   headwise::testing::TempDir tmp;
   const auto dir = headwise::testing::fixture_dir(fixture);

@@ -12,12 +12,23 @@ namespace headwise::arch {
 // x * rsqrt(sum(x^2) + eps) over the last dim (FLA's l2norm, as HF copies it).
 at::Tensor l2norm(const at::Tensor& x, double eps = 1e-6);
 
-// Depthwise causal conv (no bias) + SiLU. x [B, C, T], weight [C, 1, K] → [B, C, T] in x's dtype.
-// `conv_state` [B, C, K] (null: fresh sequence, nothing kept): when defined it holds the last K
-// inputs before x and is continued from; on return it holds the last K inputs including x
-// (left zero-padded when fewer were seen), as HF's LinearAttentionLayer stores it.
+// Depthwise causal conv. x [B, C, T], weight [C, 1, K], bias [C] or undefined → [B, C, T] in the
+// weight's dtype. `conv_state` [B, C, K] (null: fresh sequence, nothing kept): when defined it
+// holds the last K inputs before x and is continued from; on return it holds the last K inputs
+// including x (left zero-padded when fewer were seen), as HF's conv caches store it. Shared by
+// the gated DeltaNet and LFM2's short convolutions.
+at::Tensor causal_conv1d(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias,
+                         at::Tensor* conv_state);
+// The same without bias, then SiLU, in x's dtype (the gated DeltaNet's).
 at::Tensor causal_conv1d_silu(const at::Tensor& x, const at::Tensor& weight,
                               at::Tensor* conv_state);
+
+// The caller's state tensor `name` (batch first), checked against `expected`; undefined when the
+// map is null or lacks it (a fresh sequence).
+at::Tensor find_layer_state(const LayerState* state, const char* name, std::vector<int64_t> expected);
+// Writes a final state into the caller's map: into the existing tensor when it has the same
+// shape (the runtime's buffer keeps its address and dtype), else as a new entry.
+void store_layer_state(LayerState& state, const char* name, const at::Tensor& value);
 
 struct DeltaRuleOutput {
   at::Tensor out;          // [B, T, nv, dv] in q's dtype
