@@ -1,37 +1,229 @@
-// Bamba (`bamba`): Mamba-2 layers with Llama attention at `attn_layer_indices`. Config-level
-// support (layer kinds and exact decode states for mem-estimate); no forward yet.
+// Bamba (`bamba`): Mamba-2 layers with Llama attention (partial RoPE) at `attn_layer_indices`,
+// a SwiGLU after every mixer. Mirrors transformers 5.17 models/bamba/modeling_bamba.py; the
+// Mamba-2 mixer is arch/mamba2.
 #include <algorithm>
+#include <cmath>
 
 #include "headwise/arch/layer_stack.hpp"
+#include "headwise/arch/mamba2.hpp"
+#include "headwise/arch/model.hpp"
+#include "headwise/arch/ops.hpp"
 #include "headwise/arch/registry.hpp"
 #include "headwise/arch/state_shapes.hpp"
+#include "headwise/core/error.hpp"
 
 namespace headwise::arch {
 namespace {
 
-ModelSpec build_bamba_spec(const ConfigReader& config) {
-  const int64_t num_layers = config.get_positive_int("num_hidden_layers");
+// BambaConfig with its class defaults (transformers 5.17).
+struct BambaConfig {
+  int64_t vocab_size = 0, hidden_size = 0, intermediate_size = 0, num_layers = 0;
+  int64_t num_heads = 0, num_kv_heads = 0, head_dim = 0, rotary_dim = 0;
+  double rms_norm_eps = 1e-5, rope_theta = 10000.0;
+  bool tie_word_embeddings = false, attention_bias = false, mlp_bias = false, proj_bias = false,
+       conv_bias = true;
+  std::vector<LayerKind> kinds;
+  Mamba2Shape mamba;
+  Mamba2Options mixer;
+};
+
+std::vector<LayerKind> bamba_layer_kinds(const ConfigReader& config, int64_t num_layers) {
   std::vector<int64_t> attention_layers;
-  if (config.has("attn_layer_indices")) attention_layers = config.get_int_list("attn_layer_indices");
+  if (config.has("attn_layer_indices") && !config.get("attn_layer_indices").is_null()) {
+    attention_layers = config.get_int_list("attn_layer_indices");
+  }
   for (int64_t i : attention_layers) {
     if (i < 0 || i >= num_layers) {
-      config.fail("attn_layer_indices", fmt::format("names layer {} but the model has {} layers", i, num_layers));
+      config.fail("attn_layer_indices",
+                  fmt::format("names layer {} but the model has {} layers", i, num_layers));
     }
   }
-  const AttentionShape attention = read_attention_shape(config);
-  // BambaMixer: intermediate = mamba_expand * hidden_size. Defaults are BambaConfig's (transformers 5.17).
-  const Mamba2Shape mamba = read_bamba_mamba2_shape(config, read_mamba_expand_intermediate(config));
-  const DType dtype = config_dtype(config);
-  const auto kind_of = [&](int64_t i) {
-    const bool is_attention = std::find(attention_layers.begin(), attention_layers.end(), i) != attention_layers.end();
-    return is_attention ? LayerKind::kFullAttention : LayerKind::kMamba;
-  };
-  // The torch scan returns float32 final states and the cache keeps them (checked in 5.17).
-  return stack_layers(num_layers, kind_of,
-                      {.attention = attention, .recurrent_states = mamba2_states(mamba, dtype, DType::kFloat32)});
+  std::vector<LayerKind> kinds;
+  for (int64_t i = 0; i < num_layers; ++i) {
+    const bool attention =
+        std::find(attention_layers.begin(), attention_layers.end(), i) != attention_layers.end();
+    kinds.push_back(attention ? LayerKind::kFullAttention : LayerKind::kMamba);
+  }
+  return kinds;
 }
 
-const RegisterArchitecture kRegister({"bamba", {"bamba"}, build_bamba_spec, {}});
+// The rope object's (or top-level) theta and partial_rotary_factor (BambaConfig default 0.5).
+void read_bamba_rope(const ConfigReader& r, BambaConfig& c) {
+  double partial = r.get_double("partial_rotary_factor", 0.5);
+  c.rope_theta = r.get_double("rope_theta", 10000.0);
+  for (const char* key : {"rope_parameters", "rope_scaling"}) {
+    if (!r.has(key) || r.get(key).is_null()) continue;
+    const ConfigReader sub(r.get(key), fmt::format("{}: field '{}'", r.where(), key));
+    const std::string type =
+        sub.has("rope_type") ? sub.get_string("rope_type") : sub.get_string("type", "default");
+    if (type != "default")
+      throw_unsupported("{}: field '{}.rope_type' is '{}'; bamba supports 'default'", r.where(),
+                        key, type);
+    c.rope_theta = sub.get_double("rope_theta", c.rope_theta);
+    partial = sub.get_double("partial_rotary_factor", partial);
+  }
+  c.rotary_dim = static_cast<int64_t>(static_cast<double>(c.head_dim) * partial);
+  if (c.rotary_dim < 2 || c.rotary_dim % 2 != 0 || c.rotary_dim > c.head_dim) {
+    r.fail("partial_rotary_factor",
+           fmt::format("gives rotary dim {} for head_dim {}", c.rotary_dim, c.head_dim));
+  }
+}
+
+BambaConfig read_bamba_config(const ConfigReader& r) {
+  BambaConfig c;
+  c.vocab_size = r.get_positive_int("vocab_size", 128000);
+  c.hidden_size = r.get_positive_int("hidden_size", 4096);
+  c.intermediate_size = r.get_positive_int("intermediate_size", 14336);
+  c.num_layers = r.get_positive_int("num_hidden_layers", 32);
+  c.num_heads = r.get_positive_int("num_attention_heads", 32);
+  c.num_kv_heads = r.get_positive_int("num_key_value_heads", 8);
+  c.head_dim = r.get_positive_int("head_dim", c.hidden_size / c.num_heads);
+  c.rms_norm_eps = r.get_double("rms_norm_eps", 1e-5);
+  c.tie_word_embeddings = r.get_bool("tie_word_embeddings", false);
+  c.attention_bias = r.get_bool("attention_bias", false);
+  c.mlp_bias = r.get_bool("mlp_bias", false);
+  c.proj_bias = r.get_bool("mamba_proj_bias", false);
+  c.conv_bias = r.get_bool("mamba_conv_bias", true);
+  if (r.get_string("hidden_act", "silu") != "silu") r.fail("hidden_act", "must be silu");
+  c.kinds = bamba_layer_kinds(r, c.num_layers);
+  read_bamba_rope(r, c);
+  c.mamba = read_bamba_mamba2_shape(r, read_mamba_expand_intermediate(r));
+  c.mixer.chunk_size = r.get_positive_int("mamba_chunk_size", 256);
+  c.mixer.norm_eps = c.rms_norm_eps;
+  if (r.has("time_step_limit") && r.get("time_step_limit").is_array() &&
+      r.get("time_step_limit").size() == 2) {
+    const auto& limit = r.get("time_step_limit");
+    // JSON has no infinity: a null or a string "inf" upper bound means none.
+    if (limit[0].is_number()) c.mixer.dt_min = limit[0].get<double>();
+    if (limit[1].is_number()) c.mixer.dt_max = limit[1].get<double>();
+  }
+  return c;
+}
+
+ModelSpec build_bamba_spec(const ConfigReader& config) {
+  const BambaConfig c = read_bamba_config(config);
+  const AttentionShape attention = read_attention_shape(config);
+  // The torch scan returns float32 final states and the cache keeps them (checked in 5.17).
+  return stack_layers(
+      c.num_layers, [&](int64_t i) { return c.kinds[static_cast<size_t>(i)]; },
+      {.attention = attention,
+       .recurrent_states = mamba2_states(c.mamba, config_dtype(config), DType::kFloat32)});
+}
+
+class BambaModel final : public DecoderModel {
+ public:
+  BambaModel(ModelSpec spec, std::shared_ptr<const io::Checkpoint> checkpoint,
+             const ModelOptions& options)
+      : DecoderModel(std::move(spec), std::move(checkpoint), options),
+        config_(read_bamba_config(text_config_reader())),
+        inv_freq_(default_inv_freq(config_.rope_theta, config_.rotary_dim, device())) {}
+
+  at::Tensor embed(const at::Tensor& input_ids) override {
+    return at::embedding(weight(-1, "model.embed_tokens.weight"),
+                         input_ids.to(device(), at::kLong));
+  }
+
+  at::Tensor run_layer(int64_t layer, const at::Tensor& hidden, const LayerRun& run) override {
+    const double eps = config_.rms_norm_eps;
+    const at::Tensor x = rms_norm(hidden, layer_tensor(layer, "input_layernorm.weight"), eps,
+                                  NormStyle::kScaleAfterCast);
+    const bool attention_layer =
+        config_.kinds[static_cast<size_t>(layer)] == LayerKind::kFullAttention;
+    const at::Tensor h =
+        hidden + (attention_layer ? attention(layer, x, run) : mamba(layer, x, run.state));
+    const at::Tensor y = rms_norm(h, layer_tensor(layer, "pre_ff_layernorm.weight"), eps,
+                                  NormStyle::kScaleAfterCast);
+    const at::Tensor gate = layer_linear(layer, "feed_forward.gate_proj", y, config_.mlp_bias);
+    return h + layer_linear(layer, "feed_forward.down_proj",
+                            arch::silu(gate) *
+                                layer_linear(layer, "feed_forward.up_proj", y, config_.mlp_bias),
+                            config_.mlp_bias);
+  }
+
+  at::Tensor logits(const at::Tensor& hidden) override {
+    const int64_t top = spec().num_layers();
+    const at::Tensor h = rms_norm(hidden, weight(top, "model.final_layernorm.weight"),
+                                  config_.rms_norm_eps, NormStyle::kScaleAfterCast);
+    const at::Tensor& head = config_.tie_word_embeddings ? weight(-1, "model.embed_tokens.weight")
+                                                         : weight(top, "lm_head.weight");
+    return arch::linear(h, head).to(at::kFloat);
+  }
+
+  std::vector<WeightRequirement> required_weights() const override {
+    const BambaConfig& c = config_;
+    const int64_t h = c.hidden_size, hd = c.head_dim, top = spec().num_layers();
+    std::vector<WeightRequirement> reqs{{"model.embed_tokens.weight", {c.vocab_size, h}, -1},
+                                        {"model.final_layernorm.weight", {h}, top}};
+    if (!c.tie_word_embeddings) reqs.push_back({"lm_head.weight", {c.vocab_size, h}, top});
+    for (int64_t i = 0; i < c.num_layers; ++i) {
+      auto add = [&](const std::string& name, std::vector<int64_t> shape) {
+        reqs.push_back({fmt::format("model.layers.{}.{}", i, name), std::move(shape), i});
+      };
+      auto add_proj = [&](const std::string& name, int64_t out, int64_t in, bool bias) {
+        add(name + ".weight", {out, in});
+        if (bias) add(name + ".bias", {out});
+      };
+      if (c.kinds[static_cast<size_t>(i)] == LayerKind::kFullAttention) {
+        add_proj("self_attn.q_proj", c.num_heads * hd, h, c.attention_bias);
+        add_proj("self_attn.k_proj", c.num_kv_heads * hd, h, c.attention_bias);
+        add_proj("self_attn.v_proj", c.num_kv_heads * hd, h, c.attention_bias);
+        add_proj("self_attn.o_proj", h, c.num_heads * hd, c.attention_bias);
+      } else {
+        for (auto& [name, shape] : mamba2_weight_shapes(c.mamba, h, c.conv_bias, c.proj_bias))
+          add("mamba." + name, shape);
+      }
+      add_proj("feed_forward.gate_proj", c.intermediate_size, h, c.mlp_bias);
+      add_proj("feed_forward.up_proj", c.intermediate_size, h, c.mlp_bias);
+      add_proj("feed_forward.down_proj", h, c.intermediate_size, c.mlp_bias);
+      add("input_layernorm.weight", {h});
+      add("pre_ff_layernorm.weight", {h});
+    }
+    return reqs;
+  }
+
+ private:
+  at::Tensor mamba(int64_t layer, const at::Tensor& x, LayerState* state) {
+    const Mamba2Weights m = mamba2_weights(
+        [&](const std::string& name) -> const at::Tensor& { return layer_tensor(layer, name); },
+        "mamba.", config_.conv_bias, config_.proj_bias);
+    return mamba2_mixer(config_.mamba, config_.mixer,
+                        layer_linear(layer, "mamba.in_proj", x, config_.proj_bias), m, state);
+  }
+
+  at::Tensor attention(int64_t layer, const at::Tensor& x, const LayerRun& run) {
+    const int64_t batch = x.size(0), steps = x.size(1), hd = config_.head_dim;
+    const bool bias = config_.attention_bias;
+    auto heads = [&](const char* name, int64_t n) {
+      return layer_linear(layer, name, x, bias).view({batch, steps, n, hd});
+    };
+    const RotaryTable table =
+        rotary_table(inv_freq_, run.position_offset, steps, 1.0, x.scalar_type());
+    AttentionInputs in;
+    in.layer_id = layer;
+    in.q = apply_rotary(heads("self_attn.q_proj", config_.num_heads).transpose(1, 2), table)
+               .contiguous();
+    in.k = apply_rotary(heads("self_attn.k_proj", config_.num_kv_heads).transpose(1, 2), table)
+               .contiguous();
+    in.v = heads("self_attn.v_proj", config_.num_kv_heads).transpose(1, 2).contiguous();
+    in.scaling = std::pow(static_cast<double>(hd), -0.5);
+    in.position_offset = run.position_offset;
+    in.o_proj_weight = layer_tensor(layer, "self_attn.o_proj.weight");
+    const at::Tensor out = attend_core(in, run);
+    return layer_linear(layer, "self_attn.o_proj",
+                        out.reshape({batch, steps, config_.num_heads * hd}), bias);
+  }
+
+  BambaConfig config_;
+  at::Tensor inv_freq_;
+};
+
+std::unique_ptr<DecoderModel> create_bamba(const ModelSpec& spec,
+                                           std::shared_ptr<const io::Checkpoint> checkpoint,
+                                           const ModelOptions& options) {
+  return std::make_unique<BambaModel>(spec, std::move(checkpoint), options);
+}
+
+const RegisterArchitecture kRegister({"bamba", {"bamba"}, build_bamba_spec, create_bamba});
 
 }  // namespace
 }  // namespace headwise::arch

@@ -65,7 +65,8 @@ GptOssConfig read_config(const ConfigReader& r) {
   c.num_experts = r.get_positive_int("num_local_experts", 128);
   c.top_k = r.get_positive_int("num_experts_per_tok", 4);
   if (c.top_k > c.num_experts) r.fail("num_experts_per_tok", "exceeds num_local_experts");
-  if (c.num_heads % c.num_kv_heads != 0) r.fail("num_key_value_heads", "must divide num_attention_heads");
+  if (c.num_heads % c.num_kv_heads != 0)
+    r.fail("num_key_value_heads", "must divide num_attention_heads");
   c.rms_norm_eps = r.get_double("rms_norm_eps", 1e-5);
   c.swiglu_limit = r.get_double("swiglu_limit", 7.0);
   c.tie_word_embeddings = r.get_bool("tie_word_embeddings", false);
@@ -81,7 +82,8 @@ ModelSpec build_gpt_oss_spec(const ConfigReader& r) {
 
 class GptOssModel final : public DecoderModel {
  public:
-  GptOssModel(ModelSpec spec, std::shared_ptr<const io::Checkpoint> checkpoint, const ModelOptions& options)
+  GptOssModel(ModelSpec spec, std::shared_ptr<const io::Checkpoint> checkpoint,
+              const ModelOptions& options)
       : DecoderModel(std::move(spec), std::move(checkpoint), options),
         config_(read_config(text_config_reader())),
         inv_freq_(rope_inv_freq(config_.rope, config_.head_dim, device())) {
@@ -89,31 +91,39 @@ class GptOssModel final : public DecoderModel {
   }
 
   at::Tensor embed(const at::Tensor& input_ids) override {
-    return at::embedding(weight(-1, "model.embed_tokens.weight"), input_ids.to(device(), at::kLong));
+    return at::embedding(weight(-1, "model.embed_tokens.weight"),
+                         input_ids.to(device(), at::kLong));
   }
 
   at::Tensor run_layer(int64_t layer, const at::Tensor& hidden, const LayerRun& run) override {
     const double eps = config_.rms_norm_eps;
-    const at::Tensor h = hidden + attention(layer, rms_norm(hidden, w(layer, "input_layernorm.weight"), eps,
-                                                            NormStyle::kScaleInFp32), run);
-    return h + experts(layer, rms_norm(h, w(layer, "post_attention_layernorm.weight"), eps, NormStyle::kScaleInFp32));
+    const at::Tensor h =
+        hidden + attention(layer,
+                           rms_norm(hidden, layer_tensor(layer, "input_layernorm.weight"), eps,
+                                    NormStyle::kScaleInFp32),
+                           run);
+    return h + experts(layer, rms_norm(h, layer_tensor(layer, "post_attention_layernorm.weight"),
+                                       eps, NormStyle::kScaleInFp32));
   }
 
   at::Tensor logits(const at::Tensor& hidden) override {
     const int64_t top = spec().num_layers();
-    const at::Tensor h = rms_norm(hidden, weight(top, "model.norm.weight"), config_.rms_norm_eps, NormStyle::kScaleInFp32);
-    const at::Tensor& head =
-        config_.tie_word_embeddings ? weight(-1, "model.embed_tokens.weight") : weight(top, "lm_head.weight");
+    const at::Tensor h = rms_norm(hidden, weight(top, "model.norm.weight"), config_.rms_norm_eps,
+                                  NormStyle::kScaleInFp32);
+    const at::Tensor& head = config_.tie_word_embeddings ? weight(-1, "model.embed_tokens.weight")
+                                                         : weight(top, "lm_head.weight");
     return arch::linear(h, head).to(at::kFloat);
   }
 
   std::vector<WeightRequirement> required_weights() const override {
     const int64_t h = config_.hidden_size, hd = config_.head_dim, inter = config_.intermediate_size;
-    const int64_t e = config_.num_experts, q_out = config_.num_heads * hd, kv_out = config_.num_kv_heads * hd;
+    const int64_t e = config_.num_experts, q_out = config_.num_heads * hd,
+                  kv_out = config_.num_kv_heads * hd;
     const int64_t top = spec().num_layers();
     std::vector<WeightRequirement> reqs{{"model.embed_tokens.weight", {config_.vocab_size, h}, -1},
                                         {"model.norm.weight", {h}, top}};
-    if (!config_.tie_word_embeddings) reqs.push_back({"lm_head.weight", {config_.vocab_size, h}, top});
+    if (!config_.tie_word_embeddings)
+      reqs.push_back({"lm_head.weight", {config_.vocab_size, h}, top});
     for (int64_t i = 0; i < config_.num_layers; ++i) {
       auto add = [&](const std::string& name, std::vector<int64_t> shape) {
         reqs.push_back({fmt::format("model.layers.{}.{}", i, name), std::move(shape), i});
@@ -140,43 +150,41 @@ class GptOssModel final : public DecoderModel {
   }
 
  private:
-  const at::Tensor& w(int64_t layer, std::string_view name, bool keep_fp32 = false) {
-    return weight(layer, fmt::format("model.layers.{}.{}", layer, name), keep_fp32);
-  }
-
   void refuse_quantized_experts() const {
     const std::string blocks = "model.layers.0.mlp.experts.gate_up_proj_blocks";
     if (has_weight(blocks)) {
-      throw_unsupported("{}: the experts are MXFP4-quantized ('{}'); headwise reads bf16/fp32 weights: dequantize "
-                        "with transformers (Mxfp4Config(dequantize=True)) and save_pretrained first",
-                        checkpoint().dir().string(), blocks);
+      throw_unsupported(
+          "{}: the experts are MXFP4-quantized ('{}'); headwise reads bf16/fp32 weights: "
+          "dequantize "
+          "with transformers (Mxfp4Config(dequantize=True)) and save_pretrained first",
+          checkpoint().dir().string(), blocks);
     }
-  }
-
-  at::Tensor proj(int64_t layer, std::string_view name, const at::Tensor& x) {
-    const at::Tensor& weight_t = w(layer, fmt::format("{}.weight", name));
-    return config_.attention_bias ? arch::linear(x, weight_t, w(layer, fmt::format("{}.bias", name)))
-                                  : arch::linear(x, weight_t);
   }
 
   at::Tensor attention(int64_t layer, const at::Tensor& x, const LayerRun& run) {
     const int64_t batch = x.size(0), steps = x.size(1), hd = config_.head_dim;
-    auto heads = [&](const char* name, int64_t n) { return proj(layer, name, x).view({batch, steps, n, hd}); };
-    const RotaryTable table =
-        rotary_table(inv_freq_, run.position_offset, steps, rope_attention_factor(config_.rope), x.scalar_type());
+    auto heads = [&](const char* name, int64_t n) {
+      return layer_linear(layer, name, x, config_.attention_bias).view({batch, steps, n, hd});
+    };
+    const RotaryTable table = rotary_table(inv_freq_, run.position_offset, steps,
+                                           rope_attention_factor(config_.rope), x.scalar_type());
     const bool sliding = config_.kinds[static_cast<size_t>(layer)] == LayerKind::kSlidingAttention;
     AttentionInputs in;
     in.layer_id = layer;
-    in.q = apply_rotary(heads("self_attn.q_proj", config_.num_heads).transpose(1, 2), table).contiguous();
-    in.k = apply_rotary(heads("self_attn.k_proj", config_.num_kv_heads).transpose(1, 2), table).contiguous();
+    in.q = apply_rotary(heads("self_attn.q_proj", config_.num_heads).transpose(1, 2), table)
+               .contiguous();
+    in.k = apply_rotary(heads("self_attn.k_proj", config_.num_kv_heads).transpose(1, 2), table)
+               .contiguous();
     in.v = heads("self_attn.v_proj", config_.num_kv_heads).transpose(1, 2).contiguous();
     in.scaling = std::pow(static_cast<double>(hd), -0.5);
     in.sliding_window = sliding ? config_.sliding_window : 0;
     in.position_offset = run.position_offset;
-    in.sink_logits = w(layer, "self_attn.sinks");
-    in.o_proj_weight = w(layer, "self_attn.o_proj.weight");
+    in.sink_logits = layer_tensor(layer, "self_attn.sinks");
+    in.o_proj_weight = layer_tensor(layer, "self_attn.o_proj.weight");
     const at::Tensor out = attend_core(in, run);
-    return proj(layer, "self_attn.o_proj", out.reshape({batch, steps, config_.num_heads * hd}));
+    return layer_linear(layer, "self_attn.o_proj",
+                        out.reshape({batch, steps, config_.num_heads * hd}),
+                        config_.attention_bias);
   }
 
   // GptOssMLP: router logits with bias, softmax over the top-k logits, then per routed expert
@@ -185,15 +193,21 @@ class GptOssModel final : public DecoderModel {
   at::Tensor experts(int64_t layer, const at::Tensor& x) {
     const auto shape = x.sizes().vec();
     const at::Tensor flat = x.reshape({-1, config_.hidden_size});
-    const at::Tensor router_logits = arch::linear(flat, w(layer, "mlp.router.weight"), w(layer, "mlp.router.bias"));
+    const at::Tensor router_logits = arch::linear(flat, layer_tensor(layer, "mlp.router.weight"),
+                                                  layer_tensor(layer, "mlp.router.bias"));
     const auto [top_values, top_experts] = router_logits.topk(config_.top_k, -1);
     const at::Tensor routing = at::softmax(top_values, 1, top_values.scalar_type());
-    const at::Tensor& gate_up_proj = w(layer, "mlp.experts.gate_up_proj");
-    const at::Tensor& gate_up_bias = w(layer, "mlp.experts.gate_up_proj_bias");
-    const at::Tensor& down_proj = w(layer, "mlp.experts.down_proj");
-    const at::Tensor& down_bias = w(layer, "mlp.experts.down_proj_bias");
+    const at::Tensor& gate_up_proj = layer_tensor(layer, "mlp.experts.gate_up_proj");
+    const at::Tensor& gate_up_bias = layer_tensor(layer, "mlp.experts.gate_up_proj_bias");
+    const at::Tensor& down_proj = layer_tensor(layer, "mlp.experts.down_proj");
+    const at::Tensor& down_bias = layer_tensor(layer, "mlp.experts.down_proj_bias");
     at::Tensor out = at::zeros_like(flat);
-    const at::Tensor hit = at::one_hot(top_experts, config_.num_experts).sum(at::IntArrayRef{0, 1}).gt(0).nonzero().flatten().cpu();
+    const at::Tensor hit = at::one_hot(top_experts, config_.num_experts)
+                               .sum(at::IntArrayRef{0, 1})
+                               .gt(0)
+                               .nonzero()
+                               .flatten()
+                               .cpu();
     const double limit = config_.swiglu_limit;
     for (int64_t i = 0; i < hit.size(0); ++i) {
       const int64_t e = hit[i].item<int64_t>();
@@ -201,7 +215,8 @@ class GptOssModel final : public DecoderModel {
       const auto where = at::where(top_experts.transpose(0, 1).eq(e));
       const at::Tensor& slot = where[0];
       const at::Tensor& token = where[1];
-      const at::Tensor gate_up = at::matmul(flat.index_select(0, token), gate_up_proj[e]) + gate_up_bias[e];
+      const at::Tensor gate_up =
+          at::matmul(flat.index_select(0, token), gate_up_proj[e]) + gate_up_bias[e];
       const at::Tensor gate = gate_up.slice(-1, 0, c10::nullopt, 2).clamp_max(limit);
       const at::Tensor up = gate_up.slice(-1, 1, c10::nullopt, 2).clamp(-limit, limit);
       const at::Tensor glu = gate * at::sigmoid(gate * kGluAlpha);
@@ -216,7 +231,8 @@ class GptOssModel final : public DecoderModel {
   at::Tensor inv_freq_;
 };
 
-std::unique_ptr<DecoderModel> create_gpt_oss(const ModelSpec& spec, std::shared_ptr<const io::Checkpoint> checkpoint,
+std::unique_ptr<DecoderModel> create_gpt_oss(const ModelSpec& spec,
+                                             std::shared_ptr<const io::Checkpoint> checkpoint,
                                              const ModelOptions& options) {
   return std::make_unique<GptOssModel>(spec, std::move(checkpoint), options);
 }

@@ -26,7 +26,8 @@ std::vector<std::string> lfm2_layer_types(const ConfigReader& config, int64_t nu
   if (config.has("full_attn_idxs")) full = config.get_int_list("full_attn_idxs");
   std::vector<std::string> types;
   for (int64_t i = 0; i < num_layers; ++i) {
-    types.push_back(std::find(full.begin(), full.end(), i) != full.end() ? "full_attention" : "conv");
+    types.push_back(std::find(full.begin(), full.end(), i) != full.end() ? "full_attention"
+                                                                         : "conv");
   }
   return types;
 }
@@ -35,10 +36,11 @@ std::vector<LayerKind> lfm2_layer_kinds(const ConfigReader& config, int64_t num_
   const std::vector<std::string> types = lfm2_layer_types(config, num_layers);
   std::vector<LayerKind> kinds;
   for (int64_t i = 0; i < num_layers; ++i) {
-    kinds.push_back(layer_kind_of_type(config, types[static_cast<size_t>(i)], i,
-                                       {{"full_attention", LayerKind::kFullAttention},
-                                        {"conv", LayerKind::kShortConv},
-                                        {"linear_attention", LayerKind::kShortConv}}));  // 5.x remaps "conv"
+    kinds.push_back(
+        layer_kind_of_type(config, types[static_cast<size_t>(i)], i,
+                           {{"full_attention", LayerKind::kFullAttention},
+                            {"conv", LayerKind::kShortConv},
+                            {"linear_attention", LayerKind::kShortConv}}));  // 5.x remaps "conv"
   }
   return kinds;
 }
@@ -50,8 +52,9 @@ ModelSpec build_lfm2_spec(const ConfigReader& config) {
   const int64_t hidden = config.get_positive_int("hidden_size");
   const int64_t l_cache = config.get_positive_int("conv_L_cache", 3);
   const DType dtype = config_dtype(config);
-  return stack_layers(num_layers, [&](int64_t i) { return kinds[static_cast<size_t>(i)]; },
-                      {.attention = attention, .recurrent_states = short_conv_states(hidden, l_cache, dtype)});
+  return stack_layers(
+      num_layers, [&](int64_t i) { return kinds[static_cast<size_t>(i)]; },
+      {.attention = attention, .recurrent_states = short_conv_states(hidden, l_cache, dtype)});
 }
 
 // Lfm2Config with its class defaults.
@@ -72,10 +75,12 @@ int64_t lfm2_ffn_width(const ConfigReader& r) {
   width = static_cast<int64_t>(2.0 * static_cast<double>(width) / 3.0);
   if (r.has("block_ffn_dim_multiplier") && !r.get("block_ffn_dim_multiplier").is_null()) {
     const int64_t multiple = r.get_positive_int("block_multiple_of", 256);
-    width = static_cast<int64_t>(r.get_double("block_ffn_dim_multiplier") * static_cast<double>(width));
+    width =
+        static_cast<int64_t>(r.get_double("block_ffn_dim_multiplier") * static_cast<double>(width));
     width = multiple * ((width + multiple - 1) / multiple);
   }
-  if (width <= 0) r.fail("intermediate_size", "gives an empty feed-forward after block_auto_adjust_ff_dim");
+  if (width <= 0)
+    r.fail("intermediate_size", "gives an empty feed-forward after block_auto_adjust_ff_dim");
   return width;
 }
 
@@ -100,32 +105,39 @@ Lfm2Config read_lfm2_config(const ConfigReader& r) {
 
 class Lfm2Model final : public DecoderModel {
  public:
-  Lfm2Model(ModelSpec spec, std::shared_ptr<const io::Checkpoint> checkpoint, const ModelOptions& options)
+  Lfm2Model(ModelSpec spec, std::shared_ptr<const io::Checkpoint> checkpoint,
+            const ModelOptions& options)
       : DecoderModel(std::move(spec), std::move(checkpoint), options),
         config_(read_lfm2_config(text_config_reader())),
         inv_freq_(rope_inv_freq(config_.rope, config_.head_dim, device())) {}
 
   at::Tensor embed(const at::Tensor& input_ids) override {
-    return at::embedding(weight(-1, "model.embed_tokens.weight"), input_ids.to(device(), at::kLong));
+    return at::embedding(weight(-1, "model.embed_tokens.weight"),
+                         input_ids.to(device(), at::kLong));
   }
 
   at::Tensor run_layer(int64_t layer, const at::Tensor& hidden, const LayerRun& run) override {
     const double eps = config_.norm_eps;
-    const at::Tensor x = rms_norm(hidden, w(layer, "operator_norm.weight"), eps, NormStyle::kScaleAfterCast);
-    const bool attention_layer = config_.kinds[static_cast<size_t>(layer)] == LayerKind::kFullAttention;
-    const at::Tensor h = hidden + (attention_layer ? attention(layer, x, run) : short_conv(layer, x, run.state));
-    const at::Tensor y = rms_norm(h, w(layer, "ffn_norm.weight"), eps, NormStyle::kScaleAfterCast);
-    return h + arch::linear(arch::silu(arch::linear(y, w(layer, "feed_forward.w1.weight"))) *
-                                arch::linear(y, w(layer, "feed_forward.w3.weight")),
-                            w(layer, "feed_forward.w2.weight"));
+    const at::Tensor x = rms_norm(hidden, layer_tensor(layer, "operator_norm.weight"), eps,
+                                  NormStyle::kScaleAfterCast);
+    const bool attention_layer =
+        config_.kinds[static_cast<size_t>(layer)] == LayerKind::kFullAttention;
+    const at::Tensor h =
+        hidden + (attention_layer ? attention(layer, x, run) : short_conv(layer, x, run.state));
+    const at::Tensor y =
+        rms_norm(h, layer_tensor(layer, "ffn_norm.weight"), eps, NormStyle::kScaleAfterCast);
+    return h +
+           arch::linear(arch::silu(arch::linear(y, layer_tensor(layer, "feed_forward.w1.weight"))) *
+                            arch::linear(y, layer_tensor(layer, "feed_forward.w3.weight")),
+                        layer_tensor(layer, "feed_forward.w2.weight"));
   }
 
   at::Tensor logits(const at::Tensor& hidden) override {
     const int64_t top = spec().num_layers();
-    const at::Tensor h =
-        rms_norm(hidden, weight(top, "model.embedding_norm.weight"), config_.norm_eps, NormStyle::kScaleAfterCast);
-    const at::Tensor& head =
-        config_.tie_word_embeddings ? weight(-1, "model.embed_tokens.weight") : weight(top, "lm_head.weight");
+    const at::Tensor h = rms_norm(hidden, weight(top, "model.embedding_norm.weight"),
+                                  config_.norm_eps, NormStyle::kScaleAfterCast);
+    const at::Tensor& head = config_.tie_word_embeddings ? weight(-1, "model.embed_tokens.weight")
+                                                         : weight(top, "lm_head.weight");
     return arch::linear(h, head).to(at::kFloat);
   }
 
@@ -134,7 +146,8 @@ class Lfm2Model final : public DecoderModel {
     const int64_t top = spec().num_layers();
     std::vector<WeightRequirement> reqs{{"model.embed_tokens.weight", {config_.vocab_size, h}, -1},
                                         {"model.embedding_norm.weight", {h}, top}};
-    if (!config_.tie_word_embeddings) reqs.push_back({"lm_head.weight", {config_.vocab_size, h}, top});
+    if (!config_.tie_word_embeddings)
+      reqs.push_back({"lm_head.weight", {config_.vocab_size, h}, top});
     for (int64_t i = 0; i < config_.num_layers; ++i) {
       auto add = [&](const std::string& name, std::vector<int64_t> shape) {
         reqs.push_back({fmt::format("model.layers.{}.{}", i, name), std::move(shape), i});
@@ -166,40 +179,37 @@ class Lfm2Model final : public DecoderModel {
   }
 
  private:
-  const at::Tensor& w(int64_t layer, std::string_view name) {
-    return weight(layer, fmt::format("model.layers.{}.{}", layer, name));
-  }
-
-  at::Tensor conv_linear(int64_t layer, const char* name, const at::Tensor& x) {
-    const at::Tensor& weight_t = w(layer, fmt::format("conv.{}.weight", name));
-    return config_.conv_bias ? arch::linear(x, weight_t, w(layer, fmt::format("conv.{}.bias", name)))
-                             : arch::linear(x, weight_t);
-  }
-
   // Lfm2ShortConv: [B, C, x] = in_proj(x) over channels; y = C * causal_conv(B * x); out_proj(y).
   at::Tensor short_conv(int64_t layer, const at::Tensor& x, LayerState* state) {
     const int64_t batch = x.size(0), h = config_.hidden_size;
-    const auto bcx = conv_linear(layer, "in_proj", x).transpose(-1, -2).chunk(3, -2);
+    const auto bcx =
+        layer_linear(layer, "conv.in_proj", x, config_.conv_bias).transpose(-1, -2).chunk(3, -2);
     at::Tensor conv_state = find_layer_state(state, "conv_state", {batch, h, config_.conv_kernel});
-    const at::Tensor conv_bias = config_.conv_bias ? w(layer, "conv.conv.bias") : at::Tensor();
-    const at::Tensor conv_out = causal_conv1d(bcx[0] * bcx[2], w(layer, "conv.conv.weight"), conv_bias,
-                                              state != nullptr ? &conv_state : nullptr)
-                                    .to(x.scalar_type());
+    const at::Tensor conv_bias =
+        config_.conv_bias ? layer_tensor(layer, "conv.conv.bias") : at::Tensor();
+    const at::Tensor conv_out =
+        causal_conv1d(bcx[0] * bcx[2], layer_tensor(layer, "conv.conv.weight"), conv_bias,
+                      state != nullptr ? &conv_state : nullptr)
+            .to(x.scalar_type());
     if (state != nullptr) store_layer_state(*state, "conv_state", conv_state);
-    return conv_linear(layer, "out_proj", (bcx[1] * conv_out).transpose(-1, -2).contiguous());
+    return layer_linear(layer, "conv.out_proj", (bcx[1] * conv_out).transpose(-1, -2).contiguous(),
+                        config_.conv_bias);
   }
 
   at::Tensor attention(int64_t layer, const at::Tensor& x, const LayerRun& run) {
     const int64_t batch = x.size(0), steps = x.size(1), hd = config_.head_dim;
     auto heads = [&](const char* name, int64_t n) {
-      return arch::linear(x, w(layer, fmt::format("self_attn.{}.weight", name))).view({batch, steps, n, hd});
+      return arch::linear(x, layer_tensor(layer, fmt::format("self_attn.{}.weight", name)))
+          .view({batch, steps, n, hd});
     };
-    const at::Tensor q = rms_norm(heads("q_proj", config_.num_heads), w(layer, "self_attn.q_layernorm.weight"),
+    const at::Tensor q = rms_norm(heads("q_proj", config_.num_heads),
+                                  layer_tensor(layer, "self_attn.q_layernorm.weight"),
                                   config_.norm_eps, NormStyle::kScaleAfterCast);
-    const at::Tensor k = rms_norm(heads("k_proj", config_.num_kv_heads), w(layer, "self_attn.k_layernorm.weight"),
+    const at::Tensor k = rms_norm(heads("k_proj", config_.num_kv_heads),
+                                  layer_tensor(layer, "self_attn.k_layernorm.weight"),
                                   config_.norm_eps, NormStyle::kScaleAfterCast);
-    const RotaryTable table =
-        rotary_table(inv_freq_, run.position_offset, steps, rope_attention_factor(config_.rope), q.scalar_type());
+    const RotaryTable table = rotary_table(inv_freq_, run.position_offset, steps,
+                                           rope_attention_factor(config_.rope), q.scalar_type());
     AttentionInputs in;
     in.layer_id = layer;
     in.q = apply_rotary(q.transpose(1, 2), table).contiguous();
@@ -207,7 +217,7 @@ class Lfm2Model final : public DecoderModel {
     in.v = heads("v_proj", config_.num_kv_heads).transpose(1, 2).contiguous();
     in.scaling = std::pow(static_cast<double>(hd), -0.5);
     in.position_offset = run.position_offset;
-    in.o_proj_weight = w(layer, "self_attn.out_proj.weight");
+    in.o_proj_weight = layer_tensor(layer, "self_attn.out_proj.weight");
     const at::Tensor out = attend_core(in, run);
     return arch::linear(out.reshape({batch, steps, config_.num_heads * hd}), in.o_proj_weight);
   }
@@ -216,7 +226,8 @@ class Lfm2Model final : public DecoderModel {
   at::Tensor inv_freq_;
 };
 
-std::unique_ptr<DecoderModel> create_lfm2(const ModelSpec& spec, std::shared_ptr<const io::Checkpoint> checkpoint,
+std::unique_ptr<DecoderModel> create_lfm2(const ModelSpec& spec,
+                                          std::shared_ptr<const io::Checkpoint> checkpoint,
                                           const ModelOptions& options) {
   return std::make_unique<Lfm2Model>(spec, std::move(checkpoint), options);
 }

@@ -86,11 +86,11 @@ class DenseModel final : public DecoderModel {
   at::Tensor run_layer(int64_t layer, const at::Tensor& hidden, const LayerRun& run) override {
     const double eps = config_.rms_norm_eps;
     const at::Tensor h =
-        hidden + attention(layer, rms_norm(hidden, w(layer, "input_layernorm.weight"), eps, NormStyle::kScaleAfterCast), run);
-    const at::Tensor x = rms_norm(h, w(layer, "post_attention_layernorm.weight"), eps, NormStyle::kScaleAfterCast);
-    const at::Tensor gate = proj(layer, "mlp.gate_proj", x, config_.mlp_bias);
-    const at::Tensor up = proj(layer, "mlp.up_proj", x, config_.mlp_bias);
-    return h + proj(layer, "mlp.down_proj", arch::silu(gate) * up, config_.mlp_bias);
+        hidden + attention(layer, rms_norm(hidden, layer_tensor(layer, "input_layernorm.weight"), eps, NormStyle::kScaleAfterCast), run);
+    const at::Tensor x = rms_norm(h, layer_tensor(layer, "post_attention_layernorm.weight"), eps, NormStyle::kScaleAfterCast);
+    const at::Tensor gate = layer_linear(layer, "mlp.gate_proj", x, config_.mlp_bias);
+    const at::Tensor up = layer_linear(layer, "mlp.up_proj", x, config_.mlp_bias);
+    return h + layer_linear(layer, "mlp.down_proj", arch::silu(gate) * up, config_.mlp_bias);
   }
 
   at::Tensor logits(const at::Tensor& hidden) override {
@@ -133,25 +133,17 @@ class DenseModel final : public DecoderModel {
   }
 
  private:
-  const at::Tensor& w(int64_t layer, std::string_view name) {
-    return weight(layer, fmt::format("model.layers.{}.{}", layer, name));
-  }
 
-  // nn.Linear `<name>.weight` (+ `<name>.bias`).
-  at::Tensor proj(int64_t layer, std::string_view name, const at::Tensor& x, bool bias) {
-    const at::Tensor& weight_t = w(layer, fmt::format("{}.weight", name));
-    return bias ? arch::linear(x, weight_t, w(layer, fmt::format("{}.bias", name))) : arch::linear(x, weight_t);
-  }
 
   at::Tensor attention(int64_t layer, const at::Tensor& x, const LayerRun& run) {
     const int64_t batch = x.size(0), steps = x.size(1), hd = config_.head_dim;
     const bool bias = config_.attention_bias;
-    auto heads = [&](const char* name, int64_t n) { return proj(layer, name, x, bias).view({batch, steps, n, hd}); };
+    auto heads = [&](const char* name, int64_t n) { return layer_linear(layer, name, x, bias).view({batch, steps, n, hd}); };
     at::Tensor q = heads("self_attn.q_proj", config_.num_heads);
     at::Tensor k = heads("self_attn.k_proj", config_.num_kv_heads);
     if (config_.qwen3) {
-      q = rms_norm(q, w(layer, "self_attn.q_norm.weight"), config_.rms_norm_eps, NormStyle::kScaleAfterCast);
-      k = rms_norm(k, w(layer, "self_attn.k_norm.weight"), config_.rms_norm_eps, NormStyle::kScaleAfterCast);
+      q = rms_norm(q, layer_tensor(layer, "self_attn.q_norm.weight"), config_.rms_norm_eps, NormStyle::kScaleAfterCast);
+      k = rms_norm(k, layer_tensor(layer, "self_attn.k_norm.weight"), config_.rms_norm_eps, NormStyle::kScaleAfterCast);
     }
     const RotaryTable table = rotary_table(inv_freq_, run.position_offset, steps, rope_attention_factor(config_.rope), q.scalar_type());
     const bool sliding = config_.kinds[static_cast<size_t>(layer)] == LayerKind::kSlidingAttention;
@@ -165,9 +157,9 @@ class DenseModel final : public DecoderModel {
     in.scaling = std::pow(static_cast<double>(hd), -0.5);  // HF: head_dim**-0.5
     in.sliding_window = sliding ? config_.sliding_window : 0;
     in.position_offset = run.position_offset;
-    in.o_proj_weight = w(layer, "self_attn.o_proj.weight");
+    in.o_proj_weight = layer_tensor(layer, "self_attn.o_proj.weight");
     const at::Tensor out = attend_core(in, run);
-    return proj(layer, "self_attn.o_proj", out.reshape({batch, steps, config_.num_heads * hd}), bias);
+    return layer_linear(layer, "self_attn.o_proj", out.reshape({batch, steps, config_.num_heads * hd}), bias);
   }
 
   DenseConfig config_;

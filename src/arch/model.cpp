@@ -3,6 +3,7 @@
 #include <c10/core/InferenceMode.h>
 
 #include "headwise/arch/layer_prefetch.hpp"
+#include "headwise/arch/ops.hpp"
 #include "headwise/core/error.hpp"
 #include "headwise/io/checkpoint.hpp"
 
@@ -131,6 +132,18 @@ void DecoderModel::validate_weights() const {
 }
 
 bool DecoderModel::has_weight(const std::string& name) const { return checkpoint_->contains(name); }
+
+const at::Tensor& DecoderModel::layer_tensor(int64_t layer, std::string_view name, std::string_view prefix,
+                                             bool keep_fp32) {
+  return weight(layer, fmt::format("{}layers.{}.{}", prefix, layer, name), keep_fp32);
+}
+
+at::Tensor DecoderModel::layer_linear(int64_t layer, std::string_view name, const at::Tensor& x, bool bias,
+                                      std::string_view prefix) {
+  const at::Tensor& weight_t = layer_tensor(layer, fmt::format("{}.weight", name), prefix);
+  return bias ? arch::linear(x, weight_t, layer_tensor(layer, fmt::format("{}.bias", name), prefix))
+              : arch::linear(x, weight_t);
+}
 
 const at::Tensor& DecoderModel::weight(int64_t layer, const std::string& name, bool keep_fp32) {
   auto& slot = resident_[layer];

@@ -12,7 +12,8 @@ namespace {
 
 using U128 = unsigned __int128;
 constexpr int64_t kDigitMask = 0xffffffffLL;
-constexpr int32_t kCarryEvery = 1 << 30;  // a digit gains < 2^32 per addition: 2^30 of them fit in int64
+constexpr int32_t kCarryEvery =
+    1 << 30;  // a digit gains < 2^32 per addition: 2^30 of them fit in int64
 
 int bit_length(U128 w) {
   const auto high = static_cast<uint64_t>(w >> 64);
@@ -47,7 +48,8 @@ void ExactSum::add(double value) {
   const int digit = position / 32;
   const int64_t sign = (bits >> 63) != 0 ? -1 : 1;
   for (int i = 0; i < 3; ++i) {
-    digits_[static_cast<size_t>(digit + i)] += sign * static_cast<int64_t>((shifted >> (32 * i)) & kDigitMask);
+    digits_[static_cast<size_t>(digit + i)] +=
+        sign * static_cast<int64_t>((shifted >> (32 * i)) & kDigitMask);
   }
   if (++pending_ >= kCarryEvery) normalise();
 }
@@ -90,7 +92,8 @@ double ExactSum::value() const {
   // below them is non-zero decide the rounding to 53 bits.
   const int low = std::max(top - 2, 0);
   U128 w = 0;
-  for (int i = top; i >= low; --i) w = (w << 32) | static_cast<U128>(s.digits_[static_cast<size_t>(i)]);
+  for (int i = top; i >= low; --i)
+    w = (w << 32) | static_cast<U128>(s.digits_[static_cast<size_t>(i)]);
   bool sticky = false;
   for (int i = 0; i < low; ++i) sticky = sticky || s.digits_[static_cast<size_t>(i)] != 0;
   int exponent = 32 * low - 1074;
@@ -121,7 +124,8 @@ std::string ExactSum::to_bytes() const {
 ExactSum ExactSum::from_bytes(std::string_view bytes) {
   ExactSum s;
   if (bytes.size() != sizeof(int64_t) * s.digits_.size() + 2) {
-    throw Error(fmt::format("exact sum: {} bytes, expected {}", bytes.size(), sizeof(int64_t) * s.digits_.size() + 2));
+    throw Error(fmt::format("exact sum: {} bytes, expected {}", bytes.size(),
+                            sizeof(int64_t) * s.digits_.size() + 2));
   }
   std::memcpy(s.digits_.data(), bytes.data(), sizeof(int64_t) * s.digits_.size());
   s.nan_ = bytes[bytes.size() - 2] != 0;

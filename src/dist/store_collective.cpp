@@ -22,8 +22,12 @@ constexpr auto kHeartbeatPeriod = std::chrono::milliseconds(500);
 constexpr auto kCheckEvery = std::chrono::milliseconds(250);
 constexpr auto kPollCap = std::chrono::milliseconds(5);
 
-std::vector<uint8_t> to_store(const std::string& s) { return {s.begin(), s.end()}; }
-std::string from_store(const std::vector<uint8_t>& v) { return {v.begin(), v.end()}; }
+std::vector<uint8_t> to_store(const std::string& s) {
+  return {s.begin(), s.end()};
+}
+std::string from_store(const std::vector<uint8_t>& v) {
+  return {v.begin(), v.end()};
+}
 
 class StoreCollective final : public Collective {
  private:
@@ -32,7 +36,9 @@ class StoreCollective final : public Collective {
   std::string key(int64_t round, int rank) const {
     return config_.key_prefix + "round/" + std::to_string(round) + "/" + std::to_string(rank);
   }
-  std::string alive_key(int rank) const { return config_.key_prefix + "alive/" + std::to_string(rank); }
+  std::string alive_key(int rank) const {
+    return config_.key_prefix + "alive/" + std::to_string(rank);
+  }
 
   template <typename Fn>
   auto guarded(const std::string& what, Fn&& fn) const {
@@ -41,12 +47,12 @@ class StoreCollective final : public Collective {
     } catch (const Error&) {
       throw;
     } catch (const std::exception& e) {
-      throw Error(fmt::format("rank {}: lost the rendezvous store at {}:{} while the ranks exchanged {} (rank 0 serves "
-                              "it: did it exit?): {}",
-                              config_.rank, config_.master_addr, config_.master_port, what, first_line(e.what())));
+      throw Error(fmt::format(
+          "rank {}: lost the rendezvous store at {}:{} while the ranks exchanged {} (rank 0 serves "
+          "it: did it exit?): {}",
+          config_.rank, config_.master_addr, config_.master_port, what, first_line(e.what())));
     }
   }
-
 
  public:
  public:
@@ -55,8 +61,8 @@ class StoreCollective final : public Collective {
     heartbeat_store_ = open_store(false);
     heartbeat_ = std::thread([this] { beat(); });
     all_gather(std::string(), "the start (every rank connected)");
-    spdlog::info("rank {} of {}: connected through {}:{}", config_.rank, config_.world_size, config_.master_addr,
-                 config_.master_port);
+    spdlog::info("rank {} of {}: connected through {}:{}", config_.rank, config_.world_size,
+                 config_.master_addr, config_.master_port);
   }
 
   ~StoreCollective() override {
@@ -83,12 +89,15 @@ class StoreCollective final : public Collective {
     wait_for(keys, what);
     std::vector<std::string> out;
     for (int r = 0; r < config_.world_size; ++r) {
-      const std::string got = guarded(what, [&] { return from_store(store_->get(keys[static_cast<size_t>(r)])); });
+      const std::string got =
+          guarded(what, [&] { return from_store(store_->get(keys[static_cast<size_t>(r)])); });
       const size_t split = got.find('\0');
       const std::string their_what = got.substr(0, split);
       if (split == std::string::npos || their_what != what) {
-        throw Error(fmt::format("distributed calibration out of step: rank {} exchanged '{}' while rank {} exchanged '{}'",
-                                config_.rank, what, r, their_what));
+        throw Error(
+            fmt::format("distributed calibration out of step: rank {} exchanged '{}' while rank {} "
+                        "exchanged '{}'",
+                        config_.rank, what, r, their_what));
       }
       out.push_back(got.substr(split + 1));
     }
@@ -99,18 +108,23 @@ class StoreCollective final : public Collective {
 
   void abort(const std::string& message) noexcept override {
     try {
-      store_->set(config_.key_prefix + "failed", to_store(fmt::format("rank {}: {}", config_.rank, message)));
+      store_->set(config_.key_prefix + "failed",
+                  to_store(fmt::format("rank {}: {}", config_.rank, message)));
       // Rank 0 serves the store: stay a moment so the others read why instead of a lost connection.
-      if (config_.rank == 0 && !config_.agent_store) std::this_thread::sleep_for(std::chrono::seconds(2));
+      if (config_.rank == 0 && !config_.agent_store)
+        std::this_thread::sleep_for(std::chrono::seconds(2));
     } catch (...) {
     }
   }
 
   void finish() override {
-    guarded("the end", [&] { store_->set(config_.key_prefix + "done/" + std::to_string(config_.rank), to_store("1")); });
+    guarded("the end", [&] {
+      store_->set(config_.key_prefix + "done/" + std::to_string(config_.rank), to_store("1"));
+    });
     if (config_.rank != 0) return;
     std::vector<std::string> keys;
-    for (int r = 0; r < config_.world_size; ++r) keys.push_back(config_.key_prefix + "done/" + std::to_string(r));
+    for (int r = 0; r < config_.world_size; ++r)
+      keys.push_back(config_.key_prefix + "done/" + std::to_string(r));
     wait_for(keys, "the end (every rank finished)");
   }
 
@@ -125,10 +139,11 @@ class StoreCollective final : public Collective {
     try {
       return c10::make_intrusive<c10d::TCPStore>(config_.master_addr, options);
     } catch (const std::exception& e) {
-      throw Error(fmt::format("rank {}: cannot {} the rendezvous store at {}:{} (--master-addr/--master-port, or "
-                              "MASTER_ADDR/MASTER_PORT): {}",
-                              config_.rank, server ? "serve" : "reach", config_.master_addr, config_.master_port,
-                              first_line(e.what())));
+      throw Error(fmt::format(
+          "rank {}: cannot {} the rendezvous store at {}:{} (--master-addr/--master-port, or "
+          "MASTER_ADDR/MASTER_PORT): {}",
+          config_.rank, server ? "serve" : "reach", config_.master_addr, config_.master_port,
+          first_line(e.what())));
     }
   }
 
@@ -144,10 +159,13 @@ class StoreCollective final : public Collective {
     while (!guarded(what, [&] { return store_->check(keys); })) {
       if (Clock::now() >= next_check) {
         if (guarded(what, [&] { return store_->check({config_.key_prefix + "failed"}); })) {
-          const std::string why = guarded(what, [&] { return from_store(store_->get(config_.key_prefix + "failed")); });
-          throw Error(fmt::format("distributed calibration stopped while the ranks exchanged {}: {}", what, why));
+          const std::string why =
+              guarded(what, [&] { return from_store(store_->get(config_.key_prefix + "failed")); });
+          throw Error(fmt::format(
+              "distributed calibration stopped while the ranks exchanged {}: {}", what, why));
         }
-        for (size_t r = 0; r < keys.size(); ++r) check_alive(static_cast<int>(r), keys[r], beats[r], heard[r], what);
+        for (size_t r = 0; r < keys.size(); ++r)
+          check_alive(static_cast<int>(r), keys[r], beats[r], heard[r], what);
         next_check = Clock::now() + kCheckEvery;
       }
       std::this_thread::sleep_for(pause);
@@ -155,7 +173,8 @@ class StoreCollective final : public Collective {
     }
   }
 
-  void check_alive(int rank, const std::string& key, int64_t& beat, Clock::time_point& heard, const std::string& what) {
+  void check_alive(int rank, const std::string& key, int64_t& beat, Clock::time_point& heard,
+                   const std::string& what) {
     if (rank == config_.rank || guarded(what, [&] { return store_->check({key}); })) return;
     const int64_t now_beat = guarded(what, [&] { return store_->add(alive_key(rank), 0); });
     if (now_beat != beat) {
@@ -164,9 +183,10 @@ class StoreCollective final : public Collective {
       return;
     }
     if (Clock::now() - heard > config_.timeout) {
-      throw Error(fmt::format("rank {} stopped responding (no heartbeat for {} s, --dist-timeout) while the ranks "
-                              "exchanged {}; stopping",
-                              rank, config_.timeout.count(), what));
+      throw Error(fmt::format(
+          "rank {} stopped responding (no heartbeat for {} s, --dist-timeout) while the ranks "
+          "exchanged {}; stopping",
+          rank, config_.timeout.count(), what));
     }
   }
 

@@ -73,6 +73,20 @@ inline ParityError compare(const at::Tensor& ours, const at::Tensor& reference) 
   return {max_abs_diff(ours, reference), std::max(1.0, max_abs(reference))};
 }
 
+// The fixture's logits against transformers' own: fp32 within 1e-4 of the logit scale, bf16
+// within one bf16 ulp of it (4e-3), as every family is held to.
+inline void check_parity_fp32_bf16(const std::string& name) {
+  const auto fixture = fixture_dir(name);
+  const auto fp32 = compare(run_fixture(fixture, {}), read_reference(fixture, "logits_fp32"));
+  INFO(name << ": fp32 max abs err " << fp32.error << ", logit scale " << fp32.scale);
+  CHECK(fp32.error <= 1e-4 * fp32.scale);
+  arch::ModelOptions options;
+  options.compute_dtype = DType::kBFloat16;
+  const auto bf16 = compare(run_fixture(fixture, options), read_reference(fixture, "logits_bf16"));
+  INFO(name << ": bf16 max abs err " << bf16.error << ", logit scale " << bf16.scale);
+  CHECK(bf16.error <= 4e-3 * bf16.scale);
+}
+
 using headwise::testing::TempDir;
 
 // One tensor as it will be written: name, shape and bytes may all be changed.

@@ -31,7 +31,8 @@ TEST_CASE("gpt-oss matches transformers in fp32 and bf16", "[parity]") {
   const at::Tensor per_position = (ours.to(at::kFloat) - theirs.to(at::kFloat)).abs().amax(-1);
   const double close = (per_position <= 4e-3 * bf16.scale).to(at::kFloat).mean().item<double>();
   INFO("bf16 max abs err " << bf16.error << ", logit scale " << bf16.scale << ", mean "
-                           << per_position.mean().item<double>() << ", positions within one ulp " << close);
+                           << per_position.mean().item<double>() << ", positions within one ulp "
+                           << close);
   CHECK(close >= 0.95);
   CHECK(per_position.mean().item<double>() <= 4e-3 * bf16.scale);
   CHECK(bf16.error <= 0.25 * bf16.scale);
@@ -60,7 +61,8 @@ TEST_CASE("gpt-oss sinks, experts and sliding windows all matter in the fixture"
     if (t.name.find("self_attn.sinks") == std::string::npos) return true;
     REQUIRE(t.dtype == DType::kFloat32);  // the fixture is fp32
     const float silent = -1e4f;
-    for (size_t at = 0; at + sizeof silent <= t.data.size(); at += sizeof silent) std::memcpy(&t.data[at], &silent, sizeof silent);
+    for (size_t at = 0; at + sizeof silent <= t.data.size(); at += sizeof silent)
+      std::memcpy(&t.data[at], &silent, sizeof silent);
     return true;
   }));
 }
@@ -68,9 +70,12 @@ TEST_CASE("gpt-oss sinks, experts and sliding windows all matter in the fixture"
 TEST_CASE("gpt-oss MXFP4 experts are refused with the tensor named", "[arch]") {
   const auto fixture = fixture_dir("gpt_oss_tiny");
   TempDir dir;
-  copy_fixture(fixture, dir.path(), [](nlohmann::json c) { return c; }, [](EditableTensor& t) {
-    if (t.name == "model.layers.0.mlp.experts.gate_up_proj") t.name = "model.layers.0.mlp.experts.gate_up_proj_blocks";
-    return true;
-  });
+  copy_fixture(
+      fixture, dir.path(), [](nlohmann::json c) { return c; },
+      [](EditableTensor& t) {
+        if (t.name == "model.layers.0.mlp.experts.gate_up_proj")
+          t.name = "model.layers.0.mlp.experts.gate_up_proj_blocks";
+        return true;
+      });
   require_load_error(dir.path(), {"MXFP4", "gate_up_proj_blocks", "dequantize"});
 }

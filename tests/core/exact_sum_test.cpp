@@ -24,11 +24,14 @@ double exact_sum_of(const std::vector<double>& values) {
 
 TEST_CASE("ExactSum is exact where a plain fp64 sum is not", "[core]") {
   CHECK(exact_sum_of({1e300, 1.0, -1e300}) == 1.0);  // a plain sum gives 0
-  CHECK(exact_sum_of({0.1, 0.2, -0.3}) == std::ldexp(1.0, -55));  // exactly; a plain sum gives 2^-54
-  // Ten times the double nearest 0.1 is 1 + 2^-54 + ..., which rounds to 1 (a plain sum: 1 - 2^-53).
+  CHECK(exact_sum_of({0.1, 0.2, -0.3}) ==
+        std::ldexp(1.0, -55));  // exactly; a plain sum gives 2^-54
+  // Ten times the double nearest 0.1 is 1 + 2^-54 + ..., which rounds to 1 (a plain sum: 1 -
+  // 2^-53).
   CHECK(exact_sum_of(std::vector<double>(10, 0.1)) == 1.0);
   // Subnormals and the largest finite values at once.
-  const double tiny = std::numeric_limits<double>::denorm_min(), huge = std::numeric_limits<double>::max();
+  const double tiny = std::numeric_limits<double>::denorm_min(),
+               huge = std::numeric_limits<double>::max();
   CHECK(exact_sum_of({huge, tiny, -huge}) == tiny);
   CHECK(exact_sum_of({tiny, tiny, tiny}) == 3 * tiny);
   CHECK(exact_sum_of({-2.5, 0.5}) == -2.0);
@@ -41,7 +44,8 @@ TEST_CASE("ExactSum rounds ties to even", "[core]") {
   // 1 + 3 * 2^-53 lies between 1 + 2^-52 and 1 + 2^-51: the even one is 1 + 2^-51.
   CHECK(exact_sum_of({1.0, std::ldexp(3.0, -53)}) == 1.0 + std::ldexp(1.0, -51));
   // Just above the tie (a sticky bit far below) rounds up.
-  CHECK(exact_sum_of({1.0, std::ldexp(1.0, -53), std::ldexp(1.0, -200)}) == 1.0 + std::ldexp(1.0, -52));
+  CHECK(exact_sum_of({1.0, std::ldexp(1.0, -53), std::ldexp(1.0, -200)}) ==
+        1.0 + std::ldexp(1.0, -52));
 }
 
 TEST_CASE("ExactSum does not depend on the order or the split of its terms", "[core]") {
@@ -67,7 +71,11 @@ TEST_CASE("ExactSum does not depend on the order or the split of its terms", "[c
   ExactSum merged;
   for (int r : {2, 0, 1}) merged.merge(ExactSum::from_bytes(parts[r].to_bytes()));
   CHECK(merged.value() == reference);
-  CHECK(merged.to_bytes() == [&] { ExactSum s; for (double v : values) s.add(v); return s.to_bytes(); }());
+  CHECK(merged.to_bytes() == [&] {
+    ExactSum s;
+    for (double v : values) s.add(v);
+    return s.to_bytes();
+  }());
 }
 
 TEST_CASE("ExactSum carries NaN and infinities like a plain sum", "[core]") {

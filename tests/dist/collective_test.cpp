@@ -38,7 +38,8 @@ TEST_CASE("shards are whole micro-batches, dealt round-robin", "[dist]") {
   CHECK(dist::shard_sequences(5, 2, 1, 2) == V{2, 3});
   CHECK(dist::shard_sequences(4, 4, 0, 1) == V{0, 1, 2, 3});
   // Fewer micro-batches than ranks: an error naming the flag.
-  CHECK_THROWS_WITH(dist::shard_sequences(4, 2, 0, 3), Catch::Contains("--micro-batch 2") && Catch::Contains("3 ranks"));
+  CHECK_THROWS_WITH(dist::shard_sequences(4, 2, 0, 3),
+                    Catch::Contains("--micro-batch 2") && Catch::Contains("3 ranks"));
 }
 
 TEST_CASE("launch settings come from the flags, else torchrun's environment", "[dist]") {
@@ -48,7 +49,8 @@ TEST_CASE("launch settings come from the flags, else torchrun's environment", "[
   ::setenv("MASTER_ADDR", "10.0.0.7", 1);
   ::setenv("MASTER_PORT", "29555", 1);
   dist::LaunchConfig c = dist::launch_config({});
-  CHECK((c.world_size == 4 && c.rank == 3 && c.local_rank == 1 && c.master_addr == "10.0.0.7" && c.master_port == 29555));
+  CHECK((c.world_size == 4 && c.rank == 3 && c.local_rank == 1 && c.master_addr == "10.0.0.7" &&
+         c.master_port == 29555));
   dist::LaunchFlags flags;
   flags.rank = 0;
   flags.world_size = 2;
@@ -59,7 +61,8 @@ TEST_CASE("launch settings come from the flags, else torchrun's environment", "[
   CHECK_THROWS_WITH(dist::launch_config({}), Catch::Contains("RANK") && Catch::Contains("[0, 4)"));
   ::setenv("RANK", "x", 1);
   CHECK_THROWS_WITH(dist::launch_config({}), Catch::Contains("RANK: 'x' is not an integer"));
-  for (const char* v : {"WORLD_SIZE", "RANK", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"}) ::unsetenv(v);
+  for (const char* v : {"WORLD_SIZE", "RANK", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"})
+    ::unsetenv(v);
   flags = {};
   flags.master_port = 70000;
   CHECK_THROWS_WITH(dist::launch_config(flags), Catch::Contains("--master-port"));
@@ -74,8 +77,9 @@ TEST_CASE("all_gather returns every rank's bytes in rank order", "[dist]") {
     auto world = dist::connect(config_for(rank, 3, port));
     std::vector<std::vector<std::string>> rounds;
     for (int round = 0; round < 3; ++round) {
-      rounds.push_back(world->all_gather(std::string(static_cast<size_t>(rank + round), 'a' + static_cast<char>(rank)),
-                                         "round " + std::to_string(round)));
+      rounds.push_back(world->all_gather(
+          std::string(static_cast<size_t>(rank + round), 'a' + static_cast<char>(rank)),
+          "round " + std::to_string(round)));
     }
     const int64_t sent = world->bytes_sent();
     const int64_t total = dist::sum_all(*world, int64_t{rank + 1}, "sum");
@@ -112,8 +116,10 @@ TEST_CASE("ranks that call different exchanges fail naming both", "[dist]") {
   other.get();
 }
 
-TEST_CASE("a rank that stops beating is named within the timeout; a failing rank's reason reaches the others",
-          "[dist]") {
+TEST_CASE(
+    "a rank that stops beating is named within the timeout; a failing rank's reason reaches the "
+    "others",
+    "[dist]") {
   const int port = testing::free_port();
   std::promise<void> failed_seen;
   auto other = std::async(std::launch::async, [port] {

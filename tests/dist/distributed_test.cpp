@@ -2,11 +2,11 @@
 // torchrun would (the same flags, one --rank each), must write the byte-identical policy of one
 // process over the same sequences, whatever the number of ranks; a killed rank must stop the
 // others within the timeout, naming it, with nothing written.
-#include <catch2/catch.hpp>
 #include <signal.h>
 #include <spawn.h>
 #include <sys/wait.h>
 #include <unistd.h>
+#include <catch2/catch.hpp>
 
 #include <chrono>
 #include <thread>
@@ -24,8 +24,10 @@ extern char** environ;
 
 namespace {
 
-const fs::path kHybrid = fs::path(HEADWISE_FIXTURES_DIR) / "qwen3_next_tiny";  // 2 global layers, GQA
-const fs::path kDefaultModel = fs::path(HEADWISE_FIXTURES_DIR) / ".." / ".." / "models" / "tiny-qwen3-next";
+const fs::path kHybrid =
+    fs::path(HEADWISE_FIXTURES_DIR) / "qwen3_next_tiny";  // 2 global layers, GQA
+const fs::path kDefaultModel =
+    fs::path(HEADWISE_FIXTURES_DIR) / ".." / ".." / "models" / "tiny-qwen3-next";
 
 struct Rank {
   pid_t pid = -1;
@@ -34,15 +36,17 @@ struct Rank {
 
 // Starts headwise-calc with `arguments` as rank `rank` of `world`, stderr to a file in `dir`.
 // `env`: assignments put before the command.
-Rank spawn_rank(const testing::TempDir& dir, const std::string& arguments, int rank, int world, int port,
-                const std::string& env = "") {
+Rank spawn_rank(const testing::TempDir& dir, const std::string& arguments, int rank, int world,
+                int port, const std::string& env = "") {
   Rank r;
   r.err = dir / ("rank" + std::to_string(rank) + ".err");
-  const std::string command = "OMP_NUM_THREADS=1 " + env + " exec " + std::string(HEADWISE_CLI) + " " + arguments +
-                              " --world-size " + std::to_string(world) + " --rank " + std::to_string(rank) +
-                              " --master-port " + std::to_string(port) + " 2>" + r.err.string() + " >/dev/null";
+  const std::string command = "OMP_NUM_THREADS=1 " + env + " exec " + std::string(HEADWISE_CLI) +
+                              " " + arguments + " --world-size " + std::to_string(world) +
+                              " --rank " + std::to_string(rank) + " --master-port " +
+                              std::to_string(port) + " 2>" + r.err.string() + " >/dev/null";
   const char* argv[] = {"/bin/sh", "-c", command.c_str(), nullptr};
-  REQUIRE(::posix_spawn(&r.pid, "/bin/sh", nullptr, nullptr, const_cast<char**>(argv), environ) == 0);
+  REQUIRE(::posix_spawn(&r.pid, "/bin/sh", nullptr, nullptr, const_cast<char**>(argv), environ) ==
+          0);
   return r;
 }
 
@@ -77,7 +81,8 @@ void run_ranks(const testing::TempDir& dir, const std::string& arguments, int wo
 }
 
 std::string hybrid_args(const fs::path& output, const std::string& extra, bool quiet = true) {
-  return "--model " + kHybrid.string() + " --context 2k --budget 200k --windows 32,128,512,full --seq-len 1k " +
+  return "--model " + kHybrid.string() +
+         " --context 2k --budget 200k --windows 32,128,512,full --seq-len 1k " +
          "--micro-batch 1 " + (quiet ? "--quiet " : "") + "-o " + output.string() + " " + extra;
 }
 
@@ -90,8 +95,9 @@ TEST_CASE("2 and 3 ranks write the byte-identical policy of one process", "[dist
   for (const std::string measure : {"answer-kl", "answer-grad", "block-mse"}) {
     const std::string common = "--samples 5 --distortion " + measure;
     const fs::path single = dir / (measure + "-1.yaml");
-    const CliRun one = run_cli_with(hybrid_args(single, common + " --report " + (dir / "one.json").string()),
-                                    "OMP_NUM_THREADS=1");
+    const CliRun one =
+        run_cli_with(hybrid_args(single, common + " --report " + (dir / "one.json").string()),
+                     "OMP_NUM_THREADS=1");
     INFO(one.err);
     REQUIRE(one.status == 0);
     for (int world : {2, 3}) {
@@ -122,20 +128,24 @@ TEST_CASE("ranks started with other inputs refuse to run", "[dist]") {
   CHECK_FALSE(testing::exists(out));
 }
 
-TEST_CASE("a rank killed mid-run stops the others within the timeout, and nothing is written", "[dist]") {
+TEST_CASE("a rank killed mid-run stops the others within the timeout, and nothing is written",
+          "[dist]") {
   testing::TempDir dir("dist");
   const int port = testing::free_port();
   const fs::path out = dir / "p.yaml";
   // Long enough to be killed mid-walk: the default model at 2K tokens.
-  const std::string args = "--model " + kDefaultModel.string() +
-                           " --context 2k --budget 1m --windows 64,256,1k,full --samples 4 --seq-len 2k "
-                           "--micro-batch 1 --dist-timeout 5 -o " + out.string();
+  const std::string args =
+      "--model " + kDefaultModel.string() +
+      " --context 2k --budget 1m --windows 64,256,1k,full --samples 4 --seq-len 2k "
+      "--micro-batch 1 --dist-timeout 5 -o " +
+      out.string();
   Rank zero = spawn_rank(dir, args, 0, 2, port);
   Rank one = spawn_rank(dir, args, 1, 2, port);
   // Rank 0 checkpoints after the first global layer: from then on the walk is under way.
   const fs::path checkpoint = dir / "p.yaml.ckpt.json";
   const auto deadline = Clock::now() + std::chrono::seconds(240);
-  while (!testing::exists(checkpoint) && Clock::now() < deadline) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  while (!testing::exists(checkpoint) && Clock::now() < deadline)
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
   REQUIRE(testing::exists(checkpoint));
   REQUIRE(::kill(one.pid, SIGKILL) == 0);
   REQUIRE(wait_for_exit(one.pid, std::chrono::seconds(10)) == std::optional<int>(-SIGKILL));
@@ -147,12 +157,14 @@ TEST_CASE("a rank killed mid-run stops the others within the timeout, and nothin
   REQUIRE(code.has_value());
   CHECK(*code != 0);
   CHECK(took < 60.0);
-  CHECK_THAT(read_text(zero.err), Catch::Contains("rank 1 stopped responding") && Catch::Contains("layer"));
+  CHECK_THAT(read_text(zero.err),
+             Catch::Contains("rank 1 stopped responding") && Catch::Contains("layer"));
   CHECK_FALSE(testing::exists(out));
   if (!code) ::kill(zero.pid, SIGKILL);
 }
 
-TEST_CASE("a distributed run killed after a checkpoint resumes to the single-process policy", "[dist]") {
+TEST_CASE("a distributed run killed after a checkpoint resumes to the single-process policy",
+          "[dist]") {
   testing::TempDir dir("dist");
   const fs::path single = dir / "single.yaml", out = dir / "p.yaml";
   const CliRun one = run_cli_with(hybrid_args(single, "--samples 4"), "OMP_NUM_THREADS=1");
@@ -161,7 +173,8 @@ TEST_CASE("a distributed run killed after a checkpoint resumes to the single-pro
 
   // Rank 0 dies right after writing the first global layer's checkpoint; rank 1 loses the store.
   const int port = testing::free_port();
-  const std::string kill_hook = std::string("LD_PRELOAD=") + HEADWISE_KILL_HOOK + " HEADWISE_KILL_AFTER_CHECKPOINTS=1";
+  const std::string kill_hook =
+      std::string("LD_PRELOAD=") + HEADWISE_KILL_HOOK + " HEADWISE_KILL_AFTER_CHECKPOINTS=1";
   Rank zero = spawn_rank(dir, hybrid_args(out, "--samples 4"), 0, 2, port, kill_hook);
   Rank first = spawn_rank(dir, hybrid_args(out, "--samples 4"), 1, 2, port);
   CHECK(wait_for_exit(zero.pid, std::chrono::seconds(120)) == std::optional<int>(-SIGKILL));
@@ -174,6 +187,7 @@ TEST_CASE("a distributed run killed after a checkpoint resumes to the single-pro
 
   run_ranks(dir, hybrid_args(out, "--samples 4 --resume --verbose", /*quiet=*/false), 2);
   CHECK(read_text(out) == read_text(single));
-  CHECK_THAT(read_text(dir / "rank1.err"), Catch::Contains("resuming after layer 1"));  // rank 1 got the checkpoint
+  CHECK_THAT(read_text(dir / "rank1.err"),
+             Catch::Contains("resuming after layer 1"));  // rank 1 got the checkpoint
   CHECK_FALSE(testing::exists(dir / "p.yaml.ckpt.json"));
 }

@@ -1,9 +1,9 @@
 #pragma once
 // A TCP port nobody listens on now, for a test's rendezvous store (the kernel picks it).
-#include <catch2/catch.hpp>
 #include <netinet/in.h>
 #include <sys/socket.h>
 #include <unistd.h>
+#include <catch2/catch.hpp>
 
 namespace headwise::testing {
 

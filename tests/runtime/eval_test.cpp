@@ -122,8 +122,9 @@ TEST_CASE("eval baselines have their shapes: uniform is one window, pyramid decr
 }
 
 TEST_CASE("eval --json: every method, measured == estimated bytes, full has KL 0", "[runtime]") {
-  // A gated-DeltaNet hybrid, gpt-oss (sliding layers, sink logits, MoE), LFM2 (short convolutions).
-  const auto fixture = GENERATE(as<std::string>{}, "qwen3_next_tiny", "gpt_oss_tiny", "lfm2_tiny");
+  // A gated-DeltaNet hybrid, gpt-oss (sliding layers, sink logits, MoE), LFM2 (short convolutions),
+  // Nemotron-H (Mamba-2 blocks, attention without RoPE, MLP blocks).
+  const auto fixture = GENERATE(as<std::string>{}, "qwen3_next_tiny", "gpt_oss_tiny", "lfm2_tiny", "nemotron_h_tiny");
   INFO(fixture);
   headwise::testing::TempDir tmp;
   const auto dir = headwise::testing::fixture_dir(fixture);

@@ -115,6 +115,12 @@ class DecoderModel {
   // `layer` until released. Index-free names are the checkpoint's.
   const at::Tensor& weight(int64_t layer, const std::string& name, bool keep_fp32 = false);
   bool has_weight(const std::string& name) const;
+  // `<prefix>layers.<layer>.<name>`: a decoder layer's tensor under the usual naming.
+  const at::Tensor& layer_tensor(int64_t layer, std::string_view name, std::string_view prefix = "model.",
+                                 bool keep_fp32 = false);
+  // nn.Linear `<name>.weight` (+ `<name>.bias` when `bias`) of decoder layer `layer`, applied to x.
+  at::Tensor layer_linear(int64_t layer, std::string_view name, const at::Tensor& x, bool bias,
+                          std::string_view prefix = "model.");
   // The text config the spec was built from, its errors naming the checkpoint's config.json:
   // a forward needs fields (norm eps, RoPE, biases) that the ModelSpec does not keep.
   ConfigReader text_config_reader() const;

@@ -28,7 +28,8 @@ class Collective {
   // Every rank's `local`, in rank order. Every rank makes the same calls in the same order;
   // `what` names the exchange in errors ("layer 3: block-mse sums"), and ranks that disagree
   // on it fail naming both.
-  virtual std::vector<std::string> all_gather(const std::string& local, const std::string& what) = 0;
+  virtual std::vector<std::string> all_gather(const std::string& local,
+                                              const std::string& what) = 0;
   virtual int64_t bytes_sent() const = 0;
   // Tells the other ranks this one failed, so they stop waiting and exit naming it.
   virtual void abort(const std::string& message) noexcept = 0;
