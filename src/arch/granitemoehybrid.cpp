@@ -1,8 +1,20 @@
-// GraniteMoeHybrid (`granitemoehybrid`, Granite 4.0-H): Mamba-2 (BambaMixer) and attention layers
-// by `layer_types`. Config-level support only (layer kinds, exact decode states).
+// GraniteMoeHybrid (`granitemoehybrid`, Granite 4.0-H): Mamba-2 (Bamba's mixer) and attention
+// layers by `layer_types`, each followed by a top-k MoE of SwiGLU experts plus a shared SwiGLU,
+// with Granite's multipliers: embeddings x embedding_multiplier, each residual branch x
+// residual_multiplier, attention scaled by attention_multiplier, logits / logits_scaling; RoPE
+// only with position_embedding_type "rope". Mirrors transformers 5.17
+// models/granitemoehybrid/modeling_granitemoehybrid.py.
+#include <cmath>
+
 #include "headwise/arch/layer_stack.hpp"
+#include "headwise/arch/mamba2.hpp"
+#include "headwise/arch/model.hpp"
+#include "headwise/arch/moe.hpp"
+#include "headwise/arch/ops.hpp"
 #include "headwise/arch/registry.hpp"
+#include "headwise/arch/rope_params.hpp"
 #include "headwise/arch/state_shapes.hpp"
+#include "headwise/core/error.hpp"
 
 namespace headwise::arch {
 namespace {
@@ -11,24 +23,235 @@ namespace {
 bool is_attention_type(const ConfigReader& config, const std::string& type) {
   if (type == "attention" || type == "full_attention") return true;
   if (type == "mamba" || type == "linear_attention") return false;
-  config.fail("layer_types", fmt::format("has unknown entry '{}' (expected mamba or attention)", type));
+  config.fail("layer_types",
+              fmt::format("has unknown entry '{}' (expected mamba or attention)", type));
+}
+
+// GraniteMoeHybridConfig with its class defaults (transformers 5.17).
+struct GraniteConfig {
+  int64_t vocab_size = 0, hidden_size = 0, intermediate_size = 0, shared_intermediate_size = 0;
+  int64_t num_heads = 0, num_kv_heads = 0, head_dim = 0, num_experts = 0, top_k = 0;
+  double rms_norm_eps = 1e-6, embedding_multiplier = 1, residual_multiplier = 1,
+         attention_multiplier = 1, logits_scaling = 1;
+  bool tie_word_embeddings = false, attention_bias = false, proj_bias = false, conv_bias = true,
+       rope = false;
+  std::vector<LayerKind> kinds;
+  RopeParameters rope_parameters;
+  Mamba2Shape mamba;
+  Mamba2Options mixer;
+};
+
+GraniteConfig read_granite_config(const ConfigReader& r) {
+  GraniteConfig c;
+  const int64_t num_layers = r.get_positive_int("num_hidden_layers", 32);
+  std::vector<std::string> types(static_cast<size_t>(num_layers),
+                                 "mamba");  // HF default: all mamba
+  if (r.has("layer_types") && !r.get("layer_types").is_null())
+    types = read_layer_types(r, "layer_types", num_layers);
+  for (const auto& type : types) {
+    c.kinds.push_back(is_attention_type(r, type) ? LayerKind::kFullAttention : LayerKind::kMamba);
+  }
+  c.vocab_size = r.get_positive_int("vocab_size", 32000);
+  c.hidden_size = r.get_positive_int("hidden_size", 4096);
+  c.intermediate_size = r.get_positive_int("intermediate_size", 11008);
+  c.shared_intermediate_size = r.get_positive_int("shared_intermediate_size", 1024);
+  c.num_heads = r.get_positive_int("num_attention_heads", 32);
+  c.num_kv_heads = r.get_positive_int("num_key_value_heads", c.num_heads);
+  c.head_dim = r.get_positive_int("head_dim", c.hidden_size / c.num_heads);
+  c.num_experts = r.get_int("num_local_experts", 8);
+  if (c.num_experts < 0) r.fail("num_local_experts", "must not be negative");
+  c.top_k = c.num_experts > 0 ? r.get_positive_int("num_experts_per_tok", 2) : 0;
+  if (c.top_k > c.num_experts) r.fail("num_experts_per_tok", "exceeds num_local_experts");
+  c.rms_norm_eps = r.get_double("rms_norm_eps", 1e-6);
+  c.embedding_multiplier = r.get_double("embedding_multiplier", 1.0);
+  c.residual_multiplier = r.get_double("residual_multiplier", 1.0);
+  c.attention_multiplier = r.get_double("attention_multiplier", 1.0);
+  c.logits_scaling = r.get_double("logits_scaling", 1.0);
+  if (c.logits_scaling == 0) r.fail("logits_scaling", "must not be 0");
+  c.tie_word_embeddings = r.get_bool("tie_word_embeddings", false);
+  c.attention_bias = r.get_bool("attention_bias", false);
+  c.proj_bias = r.get_bool("mamba_proj_bias", false);
+  c.conv_bias = r.get_bool("mamba_conv_bias", true);
+  if (r.get_string("hidden_act", "silu") != "silu") r.fail("hidden_act", "must be silu");
+  const std::string position =
+      r.has("position_embedding_type") && !r.get("position_embedding_type").is_null()
+          ? r.get_string("position_embedding_type")
+          : "none";
+  if (position != "rope" && position != "none" && position != "nope") {
+    r.fail("position_embedding_type", fmt::format("is '{}' (expected rope or none)", position));
+  }
+  c.rope = position == "rope";
+  if (c.rope) c.rope_parameters = read_single_rope_parameters(r, 10000.0);
+  c.mamba = read_bamba_mamba2_shape(r, read_mamba_expand_intermediate(r));
+  c.mixer.chunk_size = r.get_positive_int("mamba_chunk_size", 256);
+  c.mixer.norm_eps = c.rms_norm_eps;
+  if (r.has("time_step_limit") && r.get("time_step_limit").is_array() &&
+      r.get("time_step_limit").size() == 2) {
+    // JSON has no infinity: transformers writes it as an object, a null upper bound means none.
+    const auto& limit = r.get("time_step_limit");
+    if (limit[0].is_number()) c.mixer.dt_min = limit[0].get<double>();
+    if (limit[1].is_number()) c.mixer.dt_max = limit[1].get<double>();
+  }
+  return c;
 }
 
 ModelSpec build_granite_spec(const ConfigReader& config) {
-  const int64_t num_layers = config.get_positive_int("num_hidden_layers");
-  std::vector<std::string> types(static_cast<size_t>(num_layers), "mamba");  // HF default: all mamba
-  if (config.has("layer_types")) types = read_layer_types(config, "layer_types", num_layers);
-  const AttentionShape attention = read_attention_shape(config);
-  const Mamba2Shape mamba = read_bamba_mamba2_shape(config, read_mamba_expand_intermediate(config));
-  const DType dtype = config_dtype(config);
-  const auto kind_of = [&](int64_t i) {
-    return is_attention_type(config, types[static_cast<size_t>(i)]) ? LayerKind::kFullAttention : LayerKind::kMamba;
-  };
-  return stack_layers(num_layers, kind_of,
-                      {.attention = attention, .recurrent_states = mamba2_states(mamba, dtype, DType::kFloat32)});
+  const GraniteConfig c = read_granite_config(config);
+  return stack_layers(
+      c.kinds, {.attention = read_attention_shape(config),
+                .recurrent_states = mamba2_states(c.mamba, config_dtype(config), DType::kFloat32)});
 }
 
-const RegisterArchitecture kRegister({"granitemoehybrid", {"granitemoehybrid"}, build_granite_spec, {}});
+class GraniteModel final : public DecoderModel {
+ public:
+  GraniteModel(ModelSpec spec, std::shared_ptr<const io::Checkpoint> checkpoint,
+               const ModelOptions& options)
+      : DecoderModel(std::move(spec), std::move(checkpoint), options),
+        config_(read_granite_config(text_config_reader())) {
+    if (config_.rope)
+      inv_freq_ = rope_inv_freq(config_.rope_parameters, config_.head_dim, device());
+  }
+
+  at::Tensor embed(const at::Tensor& input_ids) override {
+    return at::embedding(weight(-1, "model.embed_tokens.weight"),
+                         input_ids.to(device(), at::kLong)) *
+           config_.embedding_multiplier;
+  }
+
+  at::Tensor run_layer(int64_t layer, const at::Tensor& hidden, const LayerRun& run) override {
+    const double eps = config_.rms_norm_eps;
+    const at::Tensor x = rms_norm(hidden, layer_tensor(layer, "input_layernorm.weight"), eps,
+                                  NormStyle::kScaleAfterCast);
+    const bool attention_layer =
+        config_.kinds[static_cast<size_t>(layer)] == LayerKind::kFullAttention;
+    const at::Tensor mixed =
+        attention_layer ? attention(layer, x, run) : mamba(layer, x, run.state);
+    const at::Tensor h = hidden + mixed * config_.residual_multiplier;
+    const at::Tensor y = rms_norm(h, layer_tensor(layer, "post_attention_layernorm.weight"), eps,
+                                  NormStyle::kScaleAfterCast);
+    return h + feed_forward(layer, y) * config_.residual_multiplier;
+  }
+
+  at::Tensor logits(const at::Tensor& hidden) override {
+    const int64_t top = spec().num_layers();
+    const at::Tensor h = rms_norm(hidden, weight(top, "model.norm.weight"), config_.rms_norm_eps,
+                                  NormStyle::kScaleAfterCast);
+    const at::Tensor& head = config_.tie_word_embeddings ? weight(-1, "model.embed_tokens.weight")
+                                                         : weight(top, "lm_head.weight");
+    return (arch::linear(h, head) / config_.logits_scaling).to(at::kFloat);
+  }
+
+  std::vector<WeightRequirement> required_weights() const override {
+    const GraniteConfig& c = config_;
+    const int64_t h = c.hidden_size, hd = c.head_dim, top = spec().num_layers();
+    std::vector<WeightRequirement> reqs{{"model.embed_tokens.weight", {c.vocab_size, h}, -1},
+                                        {"model.norm.weight", {h}, top}};
+    if (!c.tie_word_embeddings) reqs.push_back({"lm_head.weight", {c.vocab_size, h}, top});
+    for (int64_t i = 0; i < static_cast<int64_t>(c.kinds.size()); ++i) {
+      auto add = [&](const std::string& name, std::vector<int64_t> shape) {
+        reqs.push_back({fmt::format("model.layers.{}.{}", i, name), std::move(shape), i});
+      };
+      auto add_proj = [&](const std::string& name, int64_t out, int64_t in, bool bias) {
+        add(name + ".weight", {out, in});
+        if (bias) add(name + ".bias", {out});
+      };
+      if (c.kinds[static_cast<size_t>(i)] == LayerKind::kFullAttention) {
+        add_proj("self_attn.q_proj", c.num_heads * hd, h, c.attention_bias);
+        add_proj("self_attn.k_proj", c.num_kv_heads * hd, h, c.attention_bias);
+        add_proj("self_attn.v_proj", c.num_kv_heads * hd, h, c.attention_bias);
+        add_proj("self_attn.o_proj", h, c.num_heads * hd, c.attention_bias);
+      } else {
+        for (auto& [name, shape] : mamba2_weight_shapes(c.mamba, h, c.conv_bias, c.proj_bias)) {
+          add("mamba." + name, shape);
+        }
+      }
+      if (c.num_experts > 0) {
+        add("block_sparse_moe.router.layer.weight", {c.num_experts, h});
+        add("block_sparse_moe.input_linear.weight", {c.num_experts, 2 * c.intermediate_size, h});
+        add("block_sparse_moe.output_linear.weight", {c.num_experts, h, c.intermediate_size});
+      }
+      add("shared_mlp.input_linear.weight", {2 * c.shared_intermediate_size, h});
+      add("shared_mlp.output_linear.weight", {h, c.shared_intermediate_size});
+      add("input_layernorm.weight", {h});
+      add("post_attention_layernorm.weight", {h});
+    }
+    return reqs;
+  }
+
+ private:
+  // The MoE (top-k of the router logits, softmax over them, SwiGLU experts) plus the shared
+  // SwiGLU; without experts, the shared SwiGLU alone.
+  at::Tensor feed_forward(int64_t layer, const at::Tensor& y) {
+    const int64_t s = config_.shared_intermediate_size;
+    const at::Tensor& shared_in = layer_tensor(layer, "shared_mlp.input_linear.weight");
+    const at::Tensor& shared_out = layer_tensor(layer, "shared_mlp.output_linear.weight");
+    if (config_.num_experts == 0) {
+      const auto halves = arch::linear(y, shared_in).chunk(2, -1);
+      return arch::linear(arch::silu(halves[0]) * halves[1], shared_out);
+    }
+    SparseMoeWeights w;
+    w.router = layer_tensor(layer, "block_sparse_moe.router.layer.weight");
+    w.shared_gate = shared_in.slice(0, 0, s);
+    w.shared_up = shared_in.slice(0, s, 2 * s);
+    w.shared_down = shared_out;
+    w.expert = [this, layer](int64_t e) {
+      ExpertWeights ew;
+      ew.gate_up = layer_tensor(layer, "block_sparse_moe.input_linear.weight").select(0, e);
+      ew.down = layer_tensor(layer, "block_sparse_moe.output_linear.weight").select(0, e);
+      return ew;
+    };
+    return sparse_moe_block(y, w, config_.top_k, /*norm_topk_prob=*/false,
+                            MoeRouter::kTopKThenSoftmax);
+  }
+
+  at::Tensor mamba(int64_t layer, const at::Tensor& x, LayerState* state) {
+    const Mamba2Weights m = mamba2_weights(
+        [&](const std::string& name) -> const at::Tensor& { return layer_tensor(layer, name); },
+        "mamba.", config_.conv_bias, config_.proj_bias);
+    return mamba2_mixer(config_.mamba, config_.mixer,
+                        layer_linear(layer, "mamba.in_proj", x, config_.proj_bias), m, state);
+  }
+
+  at::Tensor attention(int64_t layer, const at::Tensor& x, const LayerRun& run) {
+    const int64_t batch = x.size(0), steps = x.size(1), hd = config_.head_dim;
+    const bool bias = config_.attention_bias;
+    auto heads = [&](const char* name, int64_t n) {
+      return layer_linear(layer, name, x, bias).view({batch, steps, n, hd}).transpose(1, 2);
+    };
+    AttentionInputs in;
+    in.layer_id = layer;
+    in.q = heads("self_attn.q_proj", config_.num_heads);
+    in.k = heads("self_attn.k_proj", config_.num_kv_heads);
+    if (config_.rope) {
+      const RotaryTable table =
+          rotary_table(inv_freq_, run.position_offset, steps,
+                       rope_attention_factor(config_.rope_parameters), x.scalar_type());
+      in.q = apply_rotary(in.q, table);
+      in.k = apply_rotary(in.k, table);
+    }
+    in.q = in.q.contiguous();
+    in.k = in.k.contiguous();
+    in.v = heads("self_attn.v_proj", config_.num_kv_heads).contiguous();
+    in.scaling = config_.attention_multiplier;  // GraniteMoeHybridAttention: not head_dim^-1/2
+    in.position_offset = run.position_offset;
+    in.o_proj_weight = layer_tensor(layer, "self_attn.o_proj.weight");
+    const at::Tensor out = attend_core(in, run);
+    return layer_linear(layer, "self_attn.o_proj",
+                        out.reshape({batch, steps, config_.num_heads * hd}), bias);
+  }
+
+  GraniteConfig config_;
+  at::Tensor inv_freq_;
+};
+
+std::unique_ptr<DecoderModel> create_granite(const ModelSpec& spec,
+                                             std::shared_ptr<const io::Checkpoint> checkpoint,
+                                             const ModelOptions& options) {
+  return std::make_unique<GraniteModel>(spec, std::move(checkpoint), options);
+}
+
+const RegisterArchitecture kRegister(
+    {"granitemoehybrid", {"granitemoehybrid"}, build_granite_spec, create_granite});
 
 }  // namespace
 }  // namespace headwise::arch

@@ -21,8 +21,12 @@ at::Tensor expert_forward(const at::Tensor& x, const ExpertWeights& e) {
 }  // namespace
 
 MoeRouting route_top_k(const at::Tensor& x, const at::Tensor& router, int64_t top_k,
-                       bool norm_topk_prob) {
+                       bool norm_topk_prob, MoeRouter kind) {
   const at::Tensor logits = arch::linear(x, router);
+  if (kind == MoeRouter::kTopKThenSoftmax) {
+    auto [top_logits, indices] = at::topk(logits.to(at::kFloat), top_k, -1);
+    return {at::softmax(top_logits, -1).to(logits.scalar_type()), indices};
+  }
   const at::Tensor probs = at::softmax(logits, -1, at::kFloat);
   auto [values, indices] = at::topk(probs, top_k, -1);
   if (norm_topk_prob) values = values / values.sum(-1, /*keepdim=*/true);
@@ -30,11 +34,11 @@ MoeRouting route_top_k(const at::Tensor& x, const at::Tensor& router, int64_t to
 }
 
 at::Tensor sparse_moe_block(const at::Tensor& x, const SparseMoeWeights& w, int64_t top_k,
-                            bool norm_topk_prob) {
+                            bool norm_topk_prob, MoeRouter kind) {
   const int64_t hidden = x.size(-1);
   const at::Tensor flat = x.reshape({-1, hidden});
   const at::Tensor shared = gated_mlp(flat, w.shared_gate, w.shared_up, w.shared_down);
-  const MoeRouting routing = route_top_k(flat, w.router, top_k, norm_topk_prob);
+  const MoeRouting routing = route_top_k(flat, w.router, top_k, norm_topk_prob, kind);
 
   // Experts in ascending order, each adding its tokens' weighted outputs (HF Qwen3NextExperts).
   at::Tensor routed = at::zeros_like(flat);
@@ -49,6 +53,7 @@ at::Tensor sparse_moe_block(const at::Tensor& x, const SparseMoeWeights& w, int6
     const at::Tensor scale = routing.weights.index({token, slot}).unsqueeze(-1);
     routed.index_add_(0, token, (out * scale).to(routed.scalar_type()));
   }
+  if (!w.shared_expert_gate.defined()) return (routed + shared).reshape(x.sizes());
   const at::Tensor gated_shared = at::sigmoid(arch::linear(flat, w.shared_expert_gate)) * shared;
   return (routed + gated_shared).reshape(x.sizes());
 }

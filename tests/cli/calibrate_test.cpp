@@ -93,7 +93,8 @@ TEST_CASE("calibrate a hybrid at a binding budget: heads of a layer differ, byte
 TEST_CASE("the newer forwards calibrate at a binding budget (gpt-oss with every measure)", "[cli]") {
   // Global KV at context 512, fp32 (K and V): gpt-oss 2 full layers x 2 KV heads x 16 dims = 256 KiB,
   // Qwen3.5-MoE 2 x 2 x 32 = 512 KiB, qwen3_yarn 4 x 2 x 16 = 512 KiB, LFM2 2 x 2 x 16 = 256 KiB,
-  // Bamba 2 x 2 x 12 = 192 KiB + its Mamba states, Nemotron-H 2 x 2 x 16 = 256 KiB: 200k binds for each.
+  // Bamba and Granite 2 x 2 x 12 = 192 KiB + their Mamba states, Nemotron-H 2 x 2 x 16 = 256 KiB:
+  // 200k binds for each.
   struct Case {
     std::string fixture;
     std::vector<std::string> measures;
@@ -104,7 +105,8 @@ TEST_CASE("the newer forwards calibrate at a binding budget (gpt-oss with every 
                                 {"qwen3_yarn", {"answer-kl"}, 4},
                                 {"lfm2_tiny", {"answer-kl", "block-mse"}, 2},
                                 {"bamba_tiny", {"answer-kl", "answer-grad"}, 2},
-                                {"nemotron_h_tiny", {"answer-kl"}, 2}};
+                                {"nemotron_h_tiny", {"answer-kl"}, 2},
+                                {"granitemoehybrid_tiny", {"answer-kl"}, 2}};
   TempDir dir("calibrate");
   for (const auto& c : cases) {
     const std::string model = std::string(HEADWISE_FIXTURES_DIR) + "/" + c.fixture;
