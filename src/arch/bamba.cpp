@@ -194,23 +194,17 @@ class BambaModel final : public DecoderModel {
     const int64_t batch = x.size(0), steps = x.size(1), hd = config_.head_dim;
     const bool bias = config_.attention_bias;
     auto heads = [&](const char* name, int64_t n) {
-      return layer_linear(layer, name, x, bias).view({batch, steps, n, hd});
+      return layer_linear(layer, name, x, bias).view({batch, steps, n, hd}).transpose(1, 2);
     };
     const RotaryTable table =
         rotary_table(inv_freq_, run.position_offset, steps, 1.0, x.scalar_type());
-    AttentionInputs in;
-    in.layer_id = layer;
-    in.q = apply_rotary(heads("self_attn.q_proj", config_.num_heads).transpose(1, 2), table)
-               .contiguous();
-    in.k = apply_rotary(heads("self_attn.k_proj", config_.num_kv_heads).transpose(1, 2), table)
-               .contiguous();
-    in.v = heads("self_attn.v_proj", config_.num_kv_heads).transpose(1, 2).contiguous();
-    in.scaling = std::pow(static_cast<double>(hd), -0.5);
-    in.position_offset = run.position_offset;
-    in.o_proj_weight = layer_tensor(layer, "self_attn.o_proj.weight");
-    const at::Tensor out = attend_core(in, run);
-    return layer_linear(layer, "self_attn.o_proj",
-                        out.reshape({batch, steps, config_.num_heads * hd}), bias);
+    return attend_and_project(
+        {.layer_id = layer,
+         .q = apply_rotary(heads("self_attn.q_proj", config_.num_heads), table),
+         .k = apply_rotary(heads("self_attn.k_proj", config_.num_kv_heads), table),
+         .v = heads("self_attn.v_proj", config_.num_kv_heads),
+         .scaling = std::pow(static_cast<double>(hd), -0.5)},
+        run, "self_attn.o_proj", bias);
   }
 
   BambaConfig config_;

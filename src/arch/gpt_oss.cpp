@@ -164,27 +164,22 @@ class GptOssModel final : public DecoderModel {
   at::Tensor attention(int64_t layer, const at::Tensor& x, const LayerRun& run) {
     const int64_t batch = x.size(0), steps = x.size(1), hd = config_.head_dim;
     auto heads = [&](const char* name, int64_t n) {
-      return layer_linear(layer, name, x, config_.attention_bias).view({batch, steps, n, hd});
+      return layer_linear(layer, name, x, config_.attention_bias)
+          .view({batch, steps, n, hd})
+          .transpose(1, 2);
     };
     const RotaryTable table = rotary_table(inv_freq_, run.position_offset, steps,
                                            rope_attention_factor(config_.rope), x.scalar_type());
     const bool sliding = config_.kinds[static_cast<size_t>(layer)] == LayerKind::kSlidingAttention;
-    AttentionInputs in;
-    in.layer_id = layer;
-    in.q = apply_rotary(heads("self_attn.q_proj", config_.num_heads).transpose(1, 2), table)
-               .contiguous();
-    in.k = apply_rotary(heads("self_attn.k_proj", config_.num_kv_heads).transpose(1, 2), table)
-               .contiguous();
-    in.v = heads("self_attn.v_proj", config_.num_kv_heads).transpose(1, 2).contiguous();
-    in.scaling = std::pow(static_cast<double>(hd), -0.5);
-    in.sliding_window = sliding ? config_.sliding_window : 0;
-    in.position_offset = run.position_offset;
-    in.sink_logits = layer_tensor(layer, "self_attn.sinks");
-    in.o_proj_weight = layer_tensor(layer, "self_attn.o_proj.weight");
-    const at::Tensor out = attend_core(in, run);
-    return layer_linear(layer, "self_attn.o_proj",
-                        out.reshape({batch, steps, config_.num_heads * hd}),
-                        config_.attention_bias);
+    return attend_and_project(
+        {.layer_id = layer,
+         .q = apply_rotary(heads("self_attn.q_proj", config_.num_heads), table),
+         .k = apply_rotary(heads("self_attn.k_proj", config_.num_kv_heads), table),
+         .v = heads("self_attn.v_proj", config_.num_kv_heads),
+         .scaling = std::pow(static_cast<double>(hd), -0.5),
+         .sink_logits = layer_tensor(layer, "self_attn.sinks"),
+         .sliding_window = sliding ? config_.sliding_window : 0},
+        run, "self_attn.o_proj", config_.attention_bias);
   }
 
   // GptOssMLP: router logits with bias, softmax over the top-k logits, then per routed expert

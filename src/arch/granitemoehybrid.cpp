@@ -218,26 +218,22 @@ class GraniteModel final : public DecoderModel {
     auto heads = [&](const char* name, int64_t n) {
       return layer_linear(layer, name, x, bias).view({batch, steps, n, hd}).transpose(1, 2);
     };
-    AttentionInputs in;
-    in.layer_id = layer;
-    in.q = heads("self_attn.q_proj", config_.num_heads);
-    in.k = heads("self_attn.k_proj", config_.num_kv_heads);
+    at::Tensor q = heads("self_attn.q_proj", config_.num_heads);
+    at::Tensor k = heads("self_attn.k_proj", config_.num_kv_heads);
     if (config_.rope) {
       const RotaryTable table =
           rotary_table(inv_freq_, run.position_offset, steps,
                        rope_attention_factor(config_.rope_parameters), x.scalar_type());
-      in.q = apply_rotary(in.q, table);
-      in.k = apply_rotary(in.k, table);
+      q = apply_rotary(q, table);
+      k = apply_rotary(k, table);
     }
-    in.q = in.q.contiguous();
-    in.k = in.k.contiguous();
-    in.v = heads("self_attn.v_proj", config_.num_kv_heads).contiguous();
-    in.scaling = config_.attention_multiplier;  // GraniteMoeHybridAttention: not head_dim^-1/2
-    in.position_offset = run.position_offset;
-    in.o_proj_weight = layer_tensor(layer, "self_attn.o_proj.weight");
-    const at::Tensor out = attend_core(in, run);
-    return layer_linear(layer, "self_attn.o_proj",
-                        out.reshape({batch, steps, config_.num_heads * hd}), bias);
+    // GraniteMoeHybridAttention scales by attention_multiplier, not head_dim^-1/2.
+    return attend_and_project({.layer_id = layer,
+                               .q = q,
+                               .k = k,
+                               .v = heads("self_attn.v_proj", config_.num_kv_heads),
+                               .scaling = config_.attention_multiplier},
+                              run, "self_attn.o_proj", bias);
   }
 
   GraniteConfig config_;

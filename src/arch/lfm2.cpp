@@ -199,7 +199,7 @@ class Lfm2Model final : public DecoderModel {
   at::Tensor attention(int64_t layer, const at::Tensor& x, const LayerRun& run) {
     const int64_t batch = x.size(0), steps = x.size(1), hd = config_.head_dim;
     auto heads = [&](const char* name, int64_t n) {
-      return arch::linear(x, layer_tensor(layer, fmt::format("self_attn.{}.weight", name)))
+      return layer_linear(layer, fmt::format("self_attn.{}", name), x, false)
           .view({batch, steps, n, hd});
     };
     const at::Tensor q = rms_norm(heads("q_proj", config_.num_heads),
@@ -210,16 +210,12 @@ class Lfm2Model final : public DecoderModel {
                                   config_.norm_eps, NormStyle::kScaleAfterCast);
     const RotaryTable table = rotary_table(inv_freq_, run.position_offset, steps,
                                            rope_attention_factor(config_.rope), q.scalar_type());
-    AttentionInputs in;
-    in.layer_id = layer;
-    in.q = apply_rotary(q.transpose(1, 2), table).contiguous();
-    in.k = apply_rotary(k.transpose(1, 2), table).contiguous();
-    in.v = heads("v_proj", config_.num_kv_heads).transpose(1, 2).contiguous();
-    in.scaling = std::pow(static_cast<double>(hd), -0.5);
-    in.position_offset = run.position_offset;
-    in.o_proj_weight = layer_tensor(layer, "self_attn.out_proj.weight");
-    const at::Tensor out = attend_core(in, run);
-    return arch::linear(out.reshape({batch, steps, config_.num_heads * hd}), in.o_proj_weight);
+    return attend_and_project({.layer_id = layer,
+                               .q = apply_rotary(q.transpose(1, 2), table),
+                               .k = apply_rotary(k.transpose(1, 2), table),
+                               .v = heads("v_proj", config_.num_kv_heads).transpose(1, 2),
+                               .scaling = std::pow(static_cast<double>(hd), -0.5)},
+                              run, "self_attn.out_proj", false);
   }
 
   Lfm2Config config_;

@@ -145,6 +145,18 @@ at::Tensor DecoderModel::layer_linear(int64_t layer, std::string_view name, cons
               : arch::linear(x, weight_t);
 }
 
+at::Tensor DecoderModel::attend_and_project(AttentionInputs in, const LayerRun& run, std::string_view o_proj,
+                                            bool o_bias, std::string_view prefix) {
+  const int64_t batch = in.q.size(0), heads = in.q.size(1), steps = in.q.size(2), head_dim = in.q.size(3);
+  in.q = in.q.contiguous();  // cores may view heads as KV groups
+  in.k = in.k.contiguous();
+  in.v = in.v.contiguous();
+  in.position_offset = run.position_offset;
+  in.o_proj_weight = layer_tensor(in.layer_id, fmt::format("{}.weight", o_proj), prefix);
+  const at::Tensor out = attend_core(in, run).reshape({batch, steps, heads * head_dim});
+  return layer_linear(in.layer_id, o_proj, out, o_bias, prefix);
+}
+
 const at::Tensor& DecoderModel::weight(int64_t layer, const std::string& name, bool keep_fp32) {
   auto& slot = resident_[layer];
   if (auto it = slot.find(name); it != slot.end()) {

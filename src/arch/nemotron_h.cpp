@@ -228,19 +228,14 @@ class NemotronHModel final : public DecoderModel {
     auto heads = [&](const char* name, int64_t n) {
       return layer_linear(layer, name, x, false, prefix_)
           .view({batch, steps, n, hd})
-          .transpose(1, 2)
-          .contiguous();
+          .transpose(1, 2);
     };
-    AttentionInputs in;
-    in.layer_id = layer;
-    in.q = heads("mixer.q_proj", config_.num_heads);
-    in.k = heads("mixer.k_proj", config_.num_kv_heads);
-    in.v = heads("mixer.v_proj", config_.num_kv_heads);
-    in.scaling = std::pow(static_cast<double>(hd), -0.5);
-    in.position_offset = run.position_offset;
-    in.o_proj_weight = layer_tensor(layer, "mixer.o_proj.weight", prefix_);
-    const at::Tensor out = attend_core(in, run);
-    return arch::linear(out.reshape({batch, steps, config_.num_heads * hd}), in.o_proj_weight);
+    return attend_and_project({.layer_id = layer,
+                               .q = heads("mixer.q_proj", config_.num_heads),
+                               .k = heads("mixer.k_proj", config_.num_kv_heads),
+                               .v = heads("mixer.v_proj", config_.num_kv_heads),
+                               .scaling = std::pow(static_cast<double>(hd), -0.5)},
+                              run, "mixer.o_proj", false, prefix_);
   }
 
   NemotronHConfig config_;

@@ -121,6 +121,12 @@ class DecoderModel {
   // nn.Linear `<name>.weight` (+ `<name>.bias` when `bias`) of decoder layer `layer`, applied to x.
   at::Tensor layer_linear(int64_t layer, std::string_view name, const at::Tensor& x, bool bias,
                           std::string_view prefix = "model.");
+  // How an attention block ends in every family: `in` (q, k, v as [B, heads, T, hd] after norms
+  // and RoPE, with scaling, window and sinks set) through the run's core at the run's position,
+  // then the layer's output projection `<o_proj>.weight` (+ `.bias` when `o_bias`), which the
+  // measuring cores also receive as in.o_proj_weight. [B, T, hidden].
+  at::Tensor attend_and_project(AttentionInputs in, const LayerRun& run, std::string_view o_proj, bool o_bias,
+                                std::string_view prefix = "model.");
   // The text config the spec was built from, its errors naming the checkpoint's config.json:
   // a forward needs fields (norm eps, RoPE, biases) that the ModelSpec does not keep.
   ConfigReader text_config_reader() const;
