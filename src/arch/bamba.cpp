@@ -118,35 +118,30 @@ class BambaModel final : public DecoderModel {
         config_(read_bamba_config(text_config_reader())),
         inv_freq_(default_inv_freq(config_.rope_theta, config_.rotary_dim, device())) {}
 
-  at::Tensor embed(const at::Tensor& input_ids) override {
-    return at::embedding(weight(-1, "model.embed_tokens.weight"),
-                         input_ids.to(device(), at::kLong));
-  }
+  at::Tensor embed(const at::Tensor& input_ids) override { return embed_tokens(input_ids); }
 
   at::Tensor run_layer(int64_t layer, const at::Tensor& hidden, const LayerRun& run) override {
-    const double eps = config_.rms_norm_eps;
-    const at::Tensor x = rms_norm(hidden, layer_tensor(layer, "input_layernorm.weight"), eps,
-                                  NormStyle::kScaleAfterCast);
     const bool attention_layer =
         config_.kinds[static_cast<size_t>(layer)] == LayerKind::kFullAttention;
-    const at::Tensor h =
-        hidden + (attention_layer ? attention(layer, x, run) : mamba(layer, x, run.state));
-    const at::Tensor y = rms_norm(h, layer_tensor(layer, "pre_ff_layernorm.weight"), eps,
-                                  NormStyle::kScaleAfterCast);
-    const at::Tensor gate = layer_linear(layer, "feed_forward.gate_proj", y, config_.mlp_bias);
-    return h + layer_linear(layer, "feed_forward.down_proj",
-                            arch::silu(gate) *
-                                layer_linear(layer, "feed_forward.up_proj", y, config_.mlp_bias),
-                            config_.mlp_bias);
+    return pre_norm_residual(
+        hidden, layer_tensor(layer, "input_layernorm.weight"),
+        layer_tensor(layer, "pre_ff_layernorm.weight"), config_.rms_norm_eps,
+        NormStyle::kScaleAfterCast,
+        [&](const at::Tensor& x) {
+          return attention_layer ? attention(layer, x, run) : mamba(layer, x, run.state);
+        },
+        [&](const at::Tensor& y) {
+          const at::Tensor gate =
+              layer_linear(layer, "feed_forward.gate_proj", y, config_.mlp_bias);
+          const at::Tensor up = layer_linear(layer, "feed_forward.up_proj", y, config_.mlp_bias);
+          return layer_linear(layer, "feed_forward.down_proj", arch::silu(gate) * up,
+                              config_.mlp_bias);
+        });
   }
 
   at::Tensor logits(const at::Tensor& hidden) override {
-    const int64_t top = spec().num_layers();
-    const at::Tensor h = rms_norm(hidden, weight(top, "model.final_layernorm.weight"),
-                                  config_.rms_norm_eps, NormStyle::kScaleAfterCast);
-    const at::Tensor& head = config_.tie_word_embeddings ? weight(-1, "model.embed_tokens.weight")
-                                                         : weight(top, "lm_head.weight");
-    return arch::linear(h, head).to(at::kFloat);
+    return norm_and_head(hidden, "model.final_layernorm.weight", config_.rms_norm_eps,
+                         NormStyle::kScaleAfterCast, config_.tie_word_embeddings);
   }
 
   std::vector<WeightRequirement> required_weights() const override {

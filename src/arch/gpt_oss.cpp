@@ -90,29 +90,19 @@ class GptOssModel final : public DecoderModel {
     refuse_quantized_experts();
   }
 
-  at::Tensor embed(const at::Tensor& input_ids) override {
-    return at::embedding(weight(-1, "model.embed_tokens.weight"),
-                         input_ids.to(device(), at::kLong));
-  }
+  at::Tensor embed(const at::Tensor& input_ids) override { return embed_tokens(input_ids); }
 
   at::Tensor run_layer(int64_t layer, const at::Tensor& hidden, const LayerRun& run) override {
-    const double eps = config_.rms_norm_eps;
-    const at::Tensor h =
-        hidden + attention(layer,
-                           rms_norm(hidden, layer_tensor(layer, "input_layernorm.weight"), eps,
-                                    NormStyle::kScaleInFp32),
-                           run);
-    return h + experts(layer, rms_norm(h, layer_tensor(layer, "post_attention_layernorm.weight"),
-                                       eps, NormStyle::kScaleInFp32));
+    return pre_norm_residual(
+        hidden, layer_tensor(layer, "input_layernorm.weight"),
+        layer_tensor(layer, "post_attention_layernorm.weight"), config_.rms_norm_eps,
+        NormStyle::kScaleInFp32, [&](const at::Tensor& x) { return attention(layer, x, run); },
+        [&](const at::Tensor& y) { return experts(layer, y); });
   }
 
   at::Tensor logits(const at::Tensor& hidden) override {
-    const int64_t top = spec().num_layers();
-    const at::Tensor h = rms_norm(hidden, weight(top, "model.norm.weight"), config_.rms_norm_eps,
-                                  NormStyle::kScaleInFp32);
-    const at::Tensor& head = config_.tie_word_embeddings ? weight(-1, "model.embed_tokens.weight")
-                                                         : weight(top, "lm_head.weight");
-    return arch::linear(h, head).to(at::kFloat);
+    return norm_and_head(hidden, "model.norm.weight", config_.rms_norm_eps, NormStyle::kScaleInFp32,
+                         config_.tie_word_embeddings);
   }
 
   std::vector<WeightRequirement> required_weights() const override {

@@ -113,9 +113,7 @@ class GraniteModel final : public DecoderModel {
   }
 
   at::Tensor embed(const at::Tensor& input_ids) override {
-    return at::embedding(weight(-1, "model.embed_tokens.weight"),
-                         input_ids.to(device(), at::kLong)) *
-           config_.embedding_multiplier;
+    return embed_tokens(input_ids) * config_.embedding_multiplier;
   }
 
   at::Tensor run_layer(int64_t layer, const at::Tensor& hidden, const LayerRun& run) override {
@@ -133,12 +131,9 @@ class GraniteModel final : public DecoderModel {
   }
 
   at::Tensor logits(const at::Tensor& hidden) override {
-    const int64_t top = spec().num_layers();
-    const at::Tensor h = rms_norm(hidden, weight(top, "model.norm.weight"), config_.rms_norm_eps,
-                                  NormStyle::kScaleAfterCast);
-    const at::Tensor& head = config_.tie_word_embeddings ? weight(-1, "model.embed_tokens.weight")
-                                                         : weight(top, "lm_head.weight");
-    return (arch::linear(h, head) / config_.logits_scaling).to(at::kFloat);
+    return norm_and_head(hidden, "model.norm.weight", config_.rms_norm_eps,
+                         NormStyle::kScaleAfterCast, config_.tie_word_embeddings) /
+           config_.logits_scaling;
   }
 
   std::vector<WeightRequirement> required_weights() const override {

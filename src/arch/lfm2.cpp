@@ -111,34 +111,27 @@ class Lfm2Model final : public DecoderModel {
         config_(read_lfm2_config(text_config_reader())),
         inv_freq_(rope_inv_freq(config_.rope, config_.head_dim, device())) {}
 
-  at::Tensor embed(const at::Tensor& input_ids) override {
-    return at::embedding(weight(-1, "model.embed_tokens.weight"),
-                         input_ids.to(device(), at::kLong));
-  }
+  at::Tensor embed(const at::Tensor& input_ids) override { return embed_tokens(input_ids); }
 
   at::Tensor run_layer(int64_t layer, const at::Tensor& hidden, const LayerRun& run) override {
-    const double eps = config_.norm_eps;
-    const at::Tensor x = rms_norm(hidden, layer_tensor(layer, "operator_norm.weight"), eps,
-                                  NormStyle::kScaleAfterCast);
     const bool attention_layer =
         config_.kinds[static_cast<size_t>(layer)] == LayerKind::kFullAttention;
-    const at::Tensor h =
-        hidden + (attention_layer ? attention(layer, x, run) : short_conv(layer, x, run.state));
-    const at::Tensor y =
-        rms_norm(h, layer_tensor(layer, "ffn_norm.weight"), eps, NormStyle::kScaleAfterCast);
-    return h +
-           arch::linear(arch::silu(arch::linear(y, layer_tensor(layer, "feed_forward.w1.weight"))) *
-                            arch::linear(y, layer_tensor(layer, "feed_forward.w3.weight")),
-                        layer_tensor(layer, "feed_forward.w2.weight"));
+    return pre_norm_residual(
+        hidden, layer_tensor(layer, "operator_norm.weight"), layer_tensor(layer, "ffn_norm.weight"),
+        config_.norm_eps, NormStyle::kScaleAfterCast,
+        [&](const at::Tensor& x) {
+          return attention_layer ? attention(layer, x, run) : short_conv(layer, x, run.state);
+        },
+        [&](const at::Tensor& y) {
+          return gated_mlp(y, layer_tensor(layer, "feed_forward.w1.weight"),
+                           layer_tensor(layer, "feed_forward.w3.weight"),
+                           layer_tensor(layer, "feed_forward.w2.weight"));
+        });
   }
 
   at::Tensor logits(const at::Tensor& hidden) override {
-    const int64_t top = spec().num_layers();
-    const at::Tensor h = rms_norm(hidden, weight(top, "model.embedding_norm.weight"),
-                                  config_.norm_eps, NormStyle::kScaleAfterCast);
-    const at::Tensor& head = config_.tie_word_embeddings ? weight(-1, "model.embed_tokens.weight")
-                                                         : weight(top, "lm_head.weight");
-    return arch::linear(h, head).to(at::kFloat);
+    return norm_and_head(hidden, "model.embedding_norm.weight", config_.norm_eps,
+                         NormStyle::kScaleAfterCast, config_.tie_word_embeddings);
   }
 
   std::vector<WeightRequirement> required_weights() const override {

@@ -145,6 +145,17 @@ at::Tensor DecoderModel::layer_linear(int64_t layer, std::string_view name, cons
               : arch::linear(x, weight_t);
 }
 
+at::Tensor DecoderModel::embed_tokens(const at::Tensor& input_ids, const std::string& name) {
+  return at::embedding(weight(-1, name), input_ids.to(device(), at::kLong));
+}
+
+at::Tensor DecoderModel::norm_and_head(const at::Tensor& hidden, const std::string& norm, double eps, NormStyle style,
+                                       bool tied, const std::string& embedding) {
+  const int64_t top = spec().num_layers();
+  const at::Tensor h = rms_norm(hidden, weight(top, norm), eps, style);
+  return arch::linear(h, tied ? weight(-1, embedding) : weight(top, "lm_head.weight")).to(at::kFloat);
+}
+
 at::Tensor DecoderModel::attend_and_project(AttentionInputs in, const LayerRun& run, std::string_view o_proj,
                                             bool o_bias, std::string_view prefix) {
   const int64_t batch = in.q.size(0), heads = in.q.size(1), steps = in.q.size(2), head_dim = in.q.size(3);

@@ -37,7 +37,9 @@ at::Tensor sparse_moe_block(const at::Tensor& x, const SparseMoeWeights& w, int6
                             bool norm_topk_prob, MoeRouter kind) {
   const int64_t hidden = x.size(-1);
   const at::Tensor flat = x.reshape({-1, hidden});
-  const at::Tensor shared = gated_mlp(flat, w.shared_gate, w.shared_up, w.shared_down);
+  // Jamba's block has no shared expert (shared_gate undefined).
+  const at::Tensor shared =
+      w.shared_gate.defined() ? gated_mlp(flat, w.shared_gate, w.shared_up, w.shared_down) : at::Tensor();
   const MoeRouting routing = route_top_k(flat, w.router, top_k, norm_topk_prob, kind);
 
   // Experts in ascending order, each adding its tokens' weighted outputs (HF Qwen3NextExperts).
@@ -53,6 +55,7 @@ at::Tensor sparse_moe_block(const at::Tensor& x, const SparseMoeWeights& w, int6
     const at::Tensor scale = routing.weights.index({token, slot}).unsqueeze(-1);
     routed.index_add_(0, token, (out * scale).to(routed.scalar_type()));
   }
+  if (!shared.defined()) return routed.reshape(x.sizes());
   if (!w.shared_expert_gate.defined()) return (routed + shared).reshape(x.sizes());
   const at::Tensor gated_shared = at::sigmoid(arch::linear(flat, w.shared_expert_gate)) * shared;
   return (routed + gated_shared).reshape(x.sizes());

@@ -146,8 +146,7 @@ class NemotronHModel final : public DecoderModel {
   }
 
   at::Tensor embed(const at::Tensor& input_ids) override {
-    return at::embedding(weight(-1, prefix_ + "embeddings.weight"),
-                         input_ids.to(device(), at::kLong));
+    return embed_tokens(input_ids, prefix_ + "embeddings.weight");
   }
 
   at::Tensor run_layer(int64_t layer, const at::Tensor& hidden, const LayerRun& run) override {
@@ -168,12 +167,8 @@ class NemotronHModel final : public DecoderModel {
   }
 
   at::Tensor logits(const at::Tensor& hidden) override {
-    const int64_t top = spec().num_layers();
-    const at::Tensor h = rms_norm(hidden, weight(top, prefix_ + "norm_f.weight"), config_.eps,
-                                  NormStyle::kScaleAfterCast);
-    const at::Tensor& head = config_.tie_word_embeddings ? weight(-1, prefix_ + "embeddings.weight")
-                                                         : weight(top, "lm_head.weight");
-    return arch::linear(h, head).to(at::kFloat);
+    return norm_and_head(hidden, prefix_ + "norm_f.weight", config_.eps, NormStyle::kScaleAfterCast,
+                         config_.tie_word_embeddings, prefix_ + "embeddings.weight");
   }
 
   std::vector<WeightRequirement> required_weights() const override {

@@ -52,6 +52,13 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& weight, const at::Tenso
   return bias.defined() ? at::linear(x, weight, bias) : at::linear(x, weight);
 }
 
+at::Tensor pre_norm_residual(const at::Tensor& x, const at::Tensor& first_norm, const at::Tensor& second_norm,
+                             double eps, NormStyle style, const std::function<at::Tensor(const at::Tensor&)>& mixer,
+                             const std::function<at::Tensor(const at::Tensor&)>& feed_forward) {
+  const at::Tensor h = x + mixer(rms_norm(x, first_norm, eps, style));
+  return h + feed_forward(rms_norm(h, second_norm, eps, style));
+}
+
 at::Tensor silu(const at::Tensor& x) { return at::silu(x); }
 
 at::Tensor gelu_tanh(const at::Tensor& x) { return at::gelu(x, "tanh"); }

@@ -15,28 +15,14 @@ TEST_CASE("bamba matches transformers in fp32 and bf16", "[parity]") {
 }
 
 TEST_CASE("bamba's chunk size does not change the scan; its D skip does", "[parity]") {
-  const auto fixture = fixture_dir("bamba_tiny");
-  const at::Tensor reference = read_reference(fixture, "logits_fp32");
-  {
-    TempDir dir;  // one chunk of 128 instead of three of 40: the same sequence model
-    copy_fixture(fixture, dir.path(), [](nlohmann::json c) {
-      c["mamba_chunk_size"] = 128;
-      return c;
-    });
-    const auto err = compare(run_fixture(fixture, {}, dir.path()), reference);
-    CHECK(err.error <= 1e-4 * err.scale);
-  }
-  {
-    TempDir dir;
-    copy_fixture(
-        fixture, dir.path(), [](nlohmann::json c) { return c; },
-        [](EditableTensor& t) {
-          if (t.name.find("mamba.D") != std::string::npos)
-            std::fill(t.data.begin(), t.data.end(), std::byte{0});
-          return true;
-        });
-    const auto err = compare(run_fixture(fixture, {}, dir.path()), reference);
-    CHECK(err.error > 1e-3 * err.scale);
-  }
-  CHECK(arch::load_model_spec(fixture).global_layer_ids() == std::vector<int64_t>{1, 3});
+  // One chunk of 128 instead of three of 40: the same sequence model.
+  const auto chunked = edited_fixture_error("bamba_tiny", [](nlohmann::json c) {
+    c["mamba_chunk_size"] = 128;
+    return c;
+  });
+  CHECK(chunked.error <= 1e-4 * chunked.scale);
+  const auto no_skip = edited_fixture_error("bamba_tiny", same_config, zero_tensors("mamba.D"));
+  CHECK(no_skip.error > 1e-3 * no_skip.scale);
+  CHECK(arch::load_model_spec(fixture_dir("bamba_tiny")).global_layer_ids() ==
+        std::vector<int64_t>{1, 3});
 }

@@ -116,6 +116,27 @@ inline void copy_fixture(const std::filesystem::path& fixture, const std::filesy
   io::write_safetensors(out / "model.safetensors", to_write);
 }
 
+// The fixture's fp32 logits after its config and tensors pass through the edits, against
+// transformers' reference for the unedited checkpoint: how far an edited feature moves them.
+inline ParityError edited_fixture_error(const std::string& name,
+                                        const std::function<nlohmann::json(nlohmann::json)>& edit_config,
+                                        const std::function<bool(EditableTensor&)>& edit_tensor = {}) {
+  const auto fixture = fixture_dir(name);
+  TempDir dir;
+  copy_fixture(fixture, dir.path(), edit_config, edit_tensor);
+  return compare(run_fixture(fixture, {}, dir.path()), read_reference(fixture, "logits_fp32"));
+}
+
+// Zeroes every tensor whose name contains `part` (an edit_tensor for edited_fixture_error).
+inline std::function<bool(EditableTensor&)> zero_tensors(const std::string& part) {
+  return [part](EditableTensor& t) {
+    if (t.name.find(part) != std::string::npos) std::fill(t.data.begin(), t.data.end(), std::byte{0});
+    return true;
+  };
+}
+
+inline nlohmann::json same_config(nlohmann::json c) { return c; }
+
 // Loading `dir` must fail with an InputError whose message contains every `needle`.
 inline void require_load_error(const std::filesystem::path& dir, const std::vector<std::string>& needles) {
   try {

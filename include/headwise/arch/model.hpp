@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "headwise/arch/model_spec.hpp"
+#include "headwise/arch/ops.hpp"
 #include "headwise/arch/registry.hpp"
 
 namespace headwise::io {
@@ -121,6 +122,12 @@ class DecoderModel {
   // nn.Linear `<name>.weight` (+ `<name>.bias` when `bias`) of decoder layer `layer`, applied to x.
   at::Tensor layer_linear(int64_t layer, std::string_view name, const at::Tensor& x, bool bias,
                           std::string_view prefix = "model.");
+  // The token embedding table `name` looked up for input_ids.
+  at::Tensor embed_tokens(const at::Tensor& input_ids, const std::string& name = "model.embed_tokens.weight");
+  // The final norm `norm` (a top-level tensor) then the LM head: `lm_head.weight`, or the embedding
+  // table `embedding` when tied. [B, T, vocab] fp32.
+  at::Tensor norm_and_head(const at::Tensor& hidden, const std::string& norm, double eps, NormStyle style, bool tied,
+                           const std::string& embedding = "model.embed_tokens.weight");
   // How an attention block ends in every family: `in` (q, k, v as [B, heads, T, hd] after norms
   // and RoPE, with scaling, window and sinks set) through the run's core at the run's position,
   // then the layer's output projection `<o_proj>.weight` (+ `.bias` when `o_bias`), which the

@@ -3,6 +3,8 @@
 // (which dtype each step runs in), since parity with transformers is how we prove a forward.
 #include <ATen/ATen.h>
 
+#include <functional>
+
 namespace headwise::arch {
 
 enum class NormStyle {
@@ -13,6 +15,12 @@ enum class NormStyle {
 
 // x̂ = x_fp32 * rsqrt(mean(x_fp32^2) + eps) over the last dimension.
 at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps, NormStyle style);
+
+// The pre-norm residual pair most decoder layers are: h = x + mixer(norm(x; first_norm)), then
+// h + feed_forward(norm(h; second_norm)).
+at::Tensor pre_norm_residual(const at::Tensor& x, const at::Tensor& first_norm, const at::Tensor& second_norm,
+                             double eps, NormStyle style, const std::function<at::Tensor(const at::Tensor&)>& mixer,
+                             const std::function<at::Tensor(const at::Tensor&)>& feed_forward);
 
 // Rotary embedding tables for positions [offset, offset + T): cos/sin of shape [T, rotary_dim]
 // in the activation dtype (built in fp32, multiplied by attention_factor, then cast).
