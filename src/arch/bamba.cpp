@@ -88,15 +88,7 @@ BambaConfig read_bamba_config(const ConfigReader& r) {
   c.kinds = bamba_layer_kinds(r, c.num_layers);
   read_bamba_rope(r, c);
   c.mamba = read_bamba_mamba2_shape(r, read_mamba_expand_intermediate(r));
-  c.mixer.chunk_size = r.get_positive_int("mamba_chunk_size", 256);
-  c.mixer.norm_eps = c.rms_norm_eps;
-  if (r.has("time_step_limit") && r.get("time_step_limit").is_array() &&
-      r.get("time_step_limit").size() == 2) {
-    const auto& limit = r.get("time_step_limit");
-    // JSON has no infinity: a null or a string "inf" upper bound means none.
-    if (limit[0].is_number()) c.mixer.dt_min = limit[0].get<double>();
-    if (limit[1].is_number()) c.mixer.dt_max = limit[1].get<double>();
-  }
+  c.mixer = read_bamba_mixer_options(r, c.rms_norm_eps);
   return c;
 }
 

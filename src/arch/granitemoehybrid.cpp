@@ -83,15 +83,7 @@ GraniteConfig read_granite_config(const ConfigReader& r) {
   c.rope = position == "rope";
   if (c.rope) c.rope_parameters = read_single_rope_parameters(r, 10000.0);
   c.mamba = read_bamba_mamba2_shape(r, read_mamba_expand_intermediate(r));
-  c.mixer.chunk_size = r.get_positive_int("mamba_chunk_size", 256);
-  c.mixer.norm_eps = c.rms_norm_eps;
-  if (r.has("time_step_limit") && r.get("time_step_limit").is_array() &&
-      r.get("time_step_limit").size() == 2) {
-    // JSON has no infinity: transformers writes it as an object, a null upper bound means none.
-    const auto& limit = r.get("time_step_limit");
-    if (limit[0].is_number()) c.mixer.dt_min = limit[0].get<double>();
-    if (limit[1].is_number()) c.mixer.dt_max = limit[1].get<double>();
-  }
+  c.mixer = read_bamba_mixer_options(r, c.rms_norm_eps);
   return c;
 }
 

@@ -185,6 +185,19 @@ at::Tensor mamba2_mixer(const Mamba2Shape& s, const Mamba2Options& o, const at::
                               : arch::linear(normed.to(dtype), w.out_proj);
 }
 
+Mamba2Options read_bamba_mixer_options(const ConfigReader& config, double norm_eps) {
+  Mamba2Options o;
+  o.chunk_size = config.get_positive_int("mamba_chunk_size", 256);
+  o.norm_eps = norm_eps;
+  if (config.has("time_step_limit") && config.get("time_step_limit").is_array() &&
+      config.get("time_step_limit").size() == 2) {
+    const auto& limit = config.get("time_step_limit");
+    if (limit[0].is_number()) o.dt_min = limit[0].get<double>();
+    if (limit[1].is_number()) o.dt_max = limit[1].get<double>();
+  }
+  return o;
+}
+
 Mamba2Weights mamba2_weights(const std::function<const at::Tensor&(const std::string&)>& get,
                              const std::string& module, bool conv_bias, bool proj_bias) {
   Mamba2Weights m;

@@ -39,6 +39,11 @@ struct Mamba2Options {
   int64_t norm_groups = 1;
 };
 
+// BambaMixer-style configs (Bamba, Granite 4.0-H): mamba_chunk_size (default 256) and
+// time_step_limit (JSON has no infinity: transformers writes it as an object; a non-number
+// bound means none), with the gated norm's eps.
+Mamba2Options read_bamba_mixer_options(const ConfigReader& config, double norm_eps);
+
 // `projected` = in_proj(x) [B, T, intermediate + conv_dim + heads] ([gate | xBC | dt]), in the
 // activation dtype. `state` (nullable) holds "conv_state" [B, conv_dim, K] and "ssm_state"
 // [B, heads, head_dim, state_size] (fp32), continued from and updated.
