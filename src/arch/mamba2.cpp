@@ -121,11 +121,15 @@ at::Tensor recurrent_step(const at::Tensor& x, const at::Tensor& dt, const at::T
   return out.to(x.scalar_type()).unsqueeze(1);
 }
 
-// BambaRMSNormGated / MambaRMSNormGated: x * silu(gate) in fp32, RMS over groups of channels.
+// BambaRMSNormGated / MambaRMSNormGated / FalconH1RMSNormGated: x * silu(gate) in fp32 (before
+// or after the norm, or alone), RMS over groups of channels.
 at::Tensor gated_norm(const at::Tensor& x, const at::Tensor& gate, const at::Tensor& weight,
-                      double eps, int64_t groups) {
+                      double eps, int64_t groups, Mamba2Options::Gate where) {
   const at::ScalarType dtype = x.scalar_type();
-  at::Tensor h = x.to(at::kFloat) * at::silu(gate.to(at::kFloat));
+  const at::Tensor silu_gate = at::silu(gate.to(at::kFloat));
+  at::Tensor h = x.to(at::kFloat);
+  if (where == Mamba2Options::Gate::kWithoutNorm) return h * silu_gate;
+  if (where == Mamba2Options::Gate::kThenNorm) h = h * silu_gate;
   const auto sizes = h.sizes().vec();
   if (groups > 1) {
     std::vector<int64_t> grouped(sizes.begin(), sizes.end() - 1);
@@ -135,6 +139,7 @@ at::Tensor gated_norm(const at::Tensor& x, const at::Tensor& gate, const at::Ten
   }
   h = h * at::rsqrt(h.pow(2).mean(-1, /*keepdim=*/true) + eps);
   if (groups > 1) h = h.view(sizes);
+  if (where == Mamba2Options::Gate::kAfterNorm) return (weight * h) * silu_gate;
   return weight * h.to(dtype);
 }
 
@@ -180,7 +185,7 @@ at::Tensor mamba2_mixer(const Mamba2Shape& s, const Mamba2Options& o, const at::
     store_layer_state(*state, "conv_state", conv_state);
     store_layer_state(*state, "ssm_state", ssm_state);
   }
-  const at::Tensor normed = gated_norm(scan, gate, w.norm, o.norm_eps, o.norm_groups);
+  const at::Tensor normed = gated_norm(scan, gate, w.norm, o.norm_eps, o.norm_groups, o.gate);
   return w.out_bias.defined() ? arch::linear(normed.to(dtype), w.out_proj, w.out_bias)
                               : arch::linear(normed.to(dtype), w.out_proj);
 }
@@ -199,23 +204,22 @@ Mamba2Options read_bamba_mixer_options(const ConfigReader& config, double norm_e
 }
 
 Mamba2Weights mamba2_weights(const std::function<const at::Tensor&(const std::string&)>& get,
-                             const std::string& module, bool conv_bias, bool proj_bias) {
+                             const std::string& module, bool conv_bias, bool proj_bias, bool norm) {
   Mamba2Weights m;
   m.conv1d = get(module + "conv1d.weight");
   if (conv_bias) m.conv_bias = get(module + "conv1d.bias");
   m.dt_bias = get(module + "dt_bias");
   m.A_log = get(module + "A_log");
   m.D = get(module + "D");
-  m.norm = get(module + "norm.weight");
+  if (norm) m.norm = get(module + "norm.weight");
   m.out_proj = get(module + "out_proj.weight");
   if (proj_bias) m.out_bias = get(module + "out_proj.bias");
   return m;
 }
 
-std::vector<std::pair<std::string, std::vector<int64_t>>> mamba2_weight_shapes(const Mamba2Shape& s,
-                                                                               int64_t hidden,
-                                                                               bool conv_bias,
-                                                                               bool proj_bias) {
+std::vector<std::pair<std::string, std::vector<int64_t>>> mamba2_weight_shapes(
+    const Mamba2Shape& s, int64_t hidden, bool conv_bias, bool proj_bias, bool norm,
+    std::optional<bool> out_bias) {
   const int64_t conv_dim = s.intermediate + 2 * s.groups * s.state_size;
   std::vector<std::pair<std::string, std::vector<int64_t>>> shapes{
       {"in_proj.weight", {s.intermediate + conv_dim + s.heads, hidden}},
@@ -223,13 +227,11 @@ std::vector<std::pair<std::string, std::vector<int64_t>>> mamba2_weight_shapes(c
       {"dt_bias", {s.heads}},
       {"A_log", {s.heads}},
       {"D", {s.heads}},
-      {"norm.weight", {s.intermediate}},
       {"out_proj.weight", {hidden, s.intermediate}}};
+  if (norm) shapes.push_back({"norm.weight", {s.intermediate}});
   if (conv_bias) shapes.push_back({"conv1d.bias", {conv_dim}});
-  if (proj_bias) {
-    shapes.push_back({"in_proj.bias", {s.intermediate + conv_dim + s.heads}});
-    shapes.push_back({"out_proj.bias", {hidden}});
-  }
+  if (proj_bias) shapes.push_back({"in_proj.bias", {s.intermediate + conv_dim + s.heads}});
+  if (out_bias.value_or(proj_bias)) shapes.push_back({"out_proj.bias", {hidden}});
   return shapes;
 }
 

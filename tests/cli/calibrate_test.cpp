@@ -94,7 +94,8 @@ TEST_CASE("the newer forwards calibrate at a binding budget (gpt-oss with every 
   // Global KV at context 512, fp32 (K and V): gpt-oss 2 full layers x 2 KV heads x 16 dims = 256 KiB,
   // Qwen3.5-MoE 2 x 2 x 32 = 512 KiB, qwen3_yarn 4 x 2 x 16 = 512 KiB, LFM2 2 x 2 x 16 = 256 KiB,
   // Bamba and Granite 2 x 2 x 12 = 192 KiB + their Mamba states, Nemotron-H 2 x 2 x 16 = 256 KiB,
-  // Jamba 2 x 2 x 8 = 128 KiB + its Mamba states (6 KiB): 200k binds for each but Jamba (100k).
+  // Jamba 2 x 2 x 8 = 128 KiB + its Mamba states (6 KiB), Falcon-H1 3 x 2 x 12 = 288 KiB + states:
+  // 200k binds for each but Jamba (100k).
   struct Case {
     std::string fixture;
     std::vector<std::string> measures;
@@ -108,7 +109,8 @@ TEST_CASE("the newer forwards calibrate at a binding budget (gpt-oss with every 
                                 {"bamba_tiny", {"answer-kl", "answer-grad"}, 2},
                                 {"nemotron_h_tiny", {"answer-kl"}, 2},
                                 {"granitemoehybrid_tiny", {"answer-kl"}, 2},
-                                {"jamba_tiny", {"answer-kl", "block-mse"}, 2, "100k"}};
+                                {"jamba_tiny", {"answer-kl", "block-mse"}, 2, "100k"},
+                                {"falcon_h1_tiny", {"answer-kl", "block-mse"}, 3}};
   TempDir dir("calibrate");
   for (const auto& c : cases) {
     const std::string model = std::string(HEADWISE_FIXTURES_DIR) + "/" + c.fixture;

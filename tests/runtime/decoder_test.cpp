@@ -24,7 +24,8 @@ const std::vector<std::string> kFixtures{"qwen3_next_tiny", "qwen3_next_tiny_b",
                                          "gemma3_gqa4",     "gemma3_softcap",    "llama_bias_tied",   "llama_rope3",
                                          "qwen3_gqa",       "qwen3_sliding",     "qwen3_yarn",        "qwen3_next_yarn",
                                          "gpt_oss_tiny",    "qwen3_5_moe_tiny",  "lfm2_tiny",         "bamba_tiny",
-                                         "nemotron_h_tiny", "granitemoehybrid_tiny", "jamba_tiny"};
+                                         "nemotron_h_tiny", "granitemoehybrid_tiny", "jamba_tiny",
+                                         "falcon_h1_tiny"};
 
 constexpr int64_t kBatch = 2;
 constexpr int64_t kSteps = 44;   // past every fixture's sliding window (<= 24), so rings wrap

@@ -124,10 +124,10 @@ TEST_CASE("eval baselines have their shapes: uniform is one window, pyramid decr
 TEST_CASE("eval --json: every method, measured == estimated bytes, full has KL 0", "[runtime]") {
   // Every hybrid family with a forward: gated DeltaNet (Qwen3-Next, Qwen3.5-MoE), gpt-oss (sliding
   // layers, sink logits), LFM2 (short convolutions), the Mamba-2 hybrids (Bamba, Nemotron-H,
-  // Granite 4.0-H) and Jamba (Mamba-1).
+  // Granite 4.0-H, Falcon-H1) and Jamba (Mamba-1).
   const auto fixture =
       GENERATE(as<std::string>{}, "qwen3_next_tiny", "qwen3_5_moe_tiny", "gpt_oss_tiny", "lfm2_tiny", "bamba_tiny",
-               "nemotron_h_tiny", "granitemoehybrid_tiny", "jamba_tiny");
+               "nemotron_h_tiny", "granitemoehybrid_tiny", "jamba_tiny", "falcon_h1_tiny");
   INFO(fixture);
   headwise::testing::TempDir tmp;
   const auto dir = headwise::testing::fixture_dir(fixture);

@@ -9,6 +9,7 @@
 
 #include <functional>
 #include <limits>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -35,8 +36,11 @@ struct Mamba2Options {
   double dt_max = std::numeric_limits<double>::infinity();
   double norm_eps = 1e-6;
   // The gated RMSNorm normalises groups of intermediate / norm_groups channels (1: all of them,
-  // as Bamba's; n_groups for Nemotron-H's and Granite's MambaRMSNormGated).
+  // as Bamba's; n_groups for Nemotron-H's and Falcon-H1's).
   int64_t norm_groups = 1;
+  // Where the SiLU(gate) goes: before the norm (most), after it (Falcon-H1's
+  // mamba_norm_before_gate), or alone without a norm (Falcon-H1's mamba_rms_norm = false).
+  enum class Gate { kThenNorm, kAfterNorm, kWithoutNorm } gate = Gate::kThenNorm;
 };
 
 // BambaMixer-style configs (Bamba, Granite 4.0-H): mamba_chunk_size (default 256) and
@@ -53,10 +57,15 @@ at::Tensor mamba2_mixer(const Mamba2Shape& shape, const Mamba2Options& options,
 
 // The mixer's weights under `module` (Bamba's "mamba.", Nemotron-H's "mixer."), read through
 // `get(name)`; in_proj is the caller's (it also applies it).
+// `out_bias`: whether out_proj has a bias; `norm`: whether the gated norm has a weight.
 Mamba2Weights mamba2_weights(const std::function<const at::Tensor&(const std::string&)>& get,
-                             const std::string& module, bool conv_bias, bool proj_bias);
-// Every weight the mixer reads (in_proj included): name under the module, and shape.
+                             const std::string& module, bool conv_bias, bool out_bias,
+                             bool norm = true);
+// Every weight the mixer reads (in_proj included): name under the module, and shape. `norm`: the
+// gated norm's weight (absent without a norm); `out_bias`: out_proj's bias when it differs from
+// in_proj's (Falcon-H1's projectors_bias).
 std::vector<std::pair<std::string, std::vector<int64_t>>> mamba2_weight_shapes(
-    const Mamba2Shape& shape, int64_t hidden, bool conv_bias, bool proj_bias);
+    const Mamba2Shape& shape, int64_t hidden, bool conv_bias, bool proj_bias, bool norm = true,
+    std::optional<bool> out_bias = {});
 
 }  // namespace headwise::arch
