@@ -7,7 +7,8 @@
 #   MODEL=models/other CONTEXT=4k SHARES=25,50 SAMPLES=100 tools/make_results.sh
 #   WINDOWS=... (default 64,256,1k,full)  TASKS=needle_single,needle_multikey  EVAL_SEED=23
 #   CALIB_SAMPLES=8 (the main command's default)  HEADWISE_CALC=path (default build/bin/headwise-calc)
-#   JOBS=2 (budgets evaluated at once)
+#   JOBS=2 (budgets calibrated at once; one eval then runs every budget, sharing the full-KV
+#   reference and the budget-free baseline work)
 # Each policy's `unconditioned` ablation is the same calibration with --no-conditioning added
 # (same data, measure, ladder and budget), handed to eval with --unconditioned-policy.
 set -euo pipefail
@@ -26,23 +27,20 @@ bin=${HEADWISE_CALC:-build/bin/headwise-calc}
 mkdir -p policies docs out
 
 "$bin" mem-estimate --model "$model" --full-kv --context "$context" --json > out/results-full-kv.json
-# One budget: its policy, its ablation, then eval (reads the arrays set just before the call).
-run_budget() {
+# One budget's policy and its ablation (reads the arrays set just before the call).
+calibrate_budget() {
   echo "budget $share% ($budget bytes): calibrating $policy and its ablation $ablation"
   "${calibrate[@]}"
   "${ablate[@]}"
-  echo "budget $share%: evaluating ($samples samples per task)"
-  local start
-  start=$(date +%s)
-  "${evaluate[@]}" > "out/results-$share.json"
-  echo "budget $share%: eval took $(( $(date +%s) - start )) s"
 }
 
-# JOBS=n runs up to n budgets at once (one thread each); the figures do not depend on it.
+# JOBS=n calibrates up to n budgets at once (one thread each); the figures do not depend on it.
 jobs_max=${JOBS:-1}
-(( jobs_max > 1 )) && export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
 runs=()
 pids=()
+policies=()
+ablations=()
+share_list=()
 for share in ${shares//,/ }; do
   budget=$(python3 -c "import json,sys; j=json.load(open('out/results-full-kv.json')); c=j['components']
 print(j['full_kv_total_bytes'] - c['global_kv_bytes'] + c['global_kv_bytes'] * int(sys.argv[1]) // 100)" "$share")
@@ -51,22 +49,43 @@ print(j['full_kv_total_bytes'] - c['global_kv_bytes'] + c['global_kv_bytes'] * i
   calibrate=("$bin" --model "$model" --context "$context" --budget "$budget" --windows "$windows"
              --samples "$calib_samples" --seed 0 -o "$policy" --quiet)
   ablate=("${calibrate[@]/#$policy/$ablation}" --no-conditioning)
-  evaluate=("$bin" eval --model "$model" --policy "$policy" --unconditioned-policy "$ablation" --samples "$samples"
-            --calib-samples 4 --seed "$eval_seed" --json --quiet ${TASKS:+--tasks "$TASKS"})
-  # The commands as docs/results.md shows them: with the repository's binary, whatever ran them.
+  policies+=(--policy "$policy")
+  ablations+=(--unconditioned-policy "$ablation")
+  share_list+=("$share")
   shown="${calibrate[*]}"$'\n'"${ablate[*]}"
-  shown_eval="${evaluate[*]}"
-  runs+=("$share" "$policy" "${shown//"$bin"/build/bin/headwise-calc}" "${shown_eval//"$bin"/build/bin/headwise-calc}")
+  runs+=("$share" "$policy" "${shown//"$bin"/build/bin/headwise-calc}")
   if (( jobs_max > 1 )); then
-    run_budget > "out/make_results-$share.log" 2>&1 &
+    OMP_NUM_THREADS=${OMP_NUM_THREADS:-1} calibrate_budget > "out/make_results-$share.log" 2>&1 &
     pids+=($!)
     if (( ${#pids[@]} >= jobs_max )); then wait "${pids[0]}"; pids=("${pids[@]:1}"); fi
   else
-    run_budget
+    calibrate_budget
   fi
 done
 for pid in "${pids[@]}"; do wait "$pid"; done
 (( jobs_max > 1 )) && cat out/make_results-*.log
 
-python3 tools/results_report.py "$model" "${runs[@]}"
+# Every budget in one eval: the samples, full KV, the retrieval scores and duo's gates do not
+# depend on the budget, so they are computed once for the whole curve.
+evaluate=("$bin" eval --model "$model" "${policies[@]}" "${ablations[@]}" --samples "$samples"
+          --calib-samples 4 --seed "$eval_seed" --json --quiet ${TASKS:+--tasks "$TASKS"})
+echo "evaluating ${#share_list[@]} budgets ($samples samples per task)"
+start=$(date +%s)
+"${evaluate[@]}" > out/results-all.json
+echo "eval took $(( $(date +%s) - start )) s"
+python3 - out/results-all.json "${share_list[@]}" <<'PY'
+import json, sys
+doc = json.load(open(sys.argv[1]))
+evaluations = doc["evaluations"] if "evaluations" in doc else [doc]
+for share, evaluation in zip(sys.argv[2:], evaluations):
+    json.dump(evaluation, open(f"out/results-{share}.json", "w"), indent=2)
+PY
+# The commands as docs/results.md shows them: with the repository's binary, whatever ran them.
+shown_eval="${evaluate[*]}"
+report_args=()
+for (( i = 0; i < ${#runs[@]}; i += 3 )); do
+  report_args+=("${runs[i]}" "${runs[i + 1]}" "${runs[i + 2]}" "${shown_eval//"$bin"/build/bin/headwise-calc}")
+done
+
+python3 tools/results_report.py "$model" "${report_args[@]}"
 echo "wrote docs/results.md and docs/results.svg"

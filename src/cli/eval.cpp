@@ -24,8 +24,8 @@ namespace fs = std::filesystem;
 
 struct EvalArgs {
   std::string model;
-  std::string policy;
-  std::string unconditioned_policy;
+  std::vector<std::string> policies;
+  std::vector<std::string> unconditioned_policies;
   std::string tasks;
   std::string baselines = "full,uniform,pyramid,retrieval-score,duo,random,unconditioned,snapkv,h2o,adakv";
   int64_t samples = 100;
@@ -97,12 +97,92 @@ void print_table(const std::vector<eval::MethodResult>& results, const std::vect
   }
 }
 
+// Policies evaluated together share their samples and the full-KV reference, so they must be
+// served the same way: only their budgets (and so their windows) may differ.
+void check_same_serving_shape(const policy::Policy& first, const std::string& first_path, const policy::Policy& p,
+                              const std::string& path) {
+  const auto differs = [&](const char* field, const std::string& a, const std::string& b) {
+    throw_input_error("--policy {}: {} is {}, but --policy {} has {}; policies evaluated together must share the "
+                      "context, KV dtype, block size and sink tokens",
+                      path, field, b, first_path, a);
+  };
+  if (p.context != first.context) differs("context", std::to_string(first.context), std::to_string(p.context));
+  if (p.dtype != first.dtype) differs("dtype", std::string(dtype_name(first.dtype)), std::string(dtype_name(p.dtype)));
+  if (p.block_size != first.block_size) {
+    differs("block_size", std::to_string(first.block_size), std::to_string(p.block_size));
+  }
+  if (p.sink_tokens != first.sink_tokens) {
+    differs("sink_tokens", std::to_string(first.sink_tokens), std::to_string(p.sink_tokens));
+  }
+}
+
+struct PolicyUnderTest {
+  std::string path;
+  policy::Policy policy;
+  std::optional<policy::Policy> ablation;  // its --unconditioned-policy
+};
+
+std::vector<PolicyUnderTest> read_policies(const EvalArgs& args, const fs::path& dir, const arch::ModelSpec& spec) {
+  if (!args.unconditioned_policies.empty() && args.unconditioned_policies.size() != args.policies.size()) {
+    throw_input_error("--unconditioned-policy given {} times for {} --policy; give one per policy, in the same order",
+                      args.unconditioned_policies.size(), args.policies.size());
+  }
+  std::vector<PolicyUnderTest> out;
+  for (size_t i = 0; i < args.policies.size(); ++i) {
+    PolicyUnderTest p{args.policies[i], policy::read_policy(args.policies[i]), std::nullopt};
+    check_policy_matches(p.policy, dir, spec, p.path);
+    if (!out.empty()) check_same_serving_shape(out.front().policy, out.front().path, p.policy, p.path);
+    if (!args.unconditioned_policies.empty()) {
+      const std::string& where = args.unconditioned_policies[i];
+      p.ablation = policy::read_policy(where);
+      check_policy_matches(*p.ablation, dir, spec, where, "--unconditioned-policy");
+      eval::check_unconditioned_ablation(p.policy, *p.ablation, where);
+    }
+    out.push_back(std::move(p));
+  }
+  return out;
+}
+
+nlohmann::json evaluation_json(const PolicyUnderTest& p, const memory::MemoryOptions& options, const fs::path& dir,
+                               const arch::ModelSpec& spec, const EvalArgs& args, int64_t seq_len,
+                               const std::vector<std::string>& tasks, const std::vector<eval::MethodWindows>& methods,
+                               const std::vector<eval::MethodResult>& results) {
+  nlohmann::json methods_json = nlohmann::json::array();
+  for (size_t i = 0; i < results.size(); ++i) {
+    nlohmann::json m = eval::to_json(results[i], spec);
+    nlohmann::json details = methods[i].details;
+    details.update(results[i].runtime_details);
+    if (!details.empty()) m["details"] = details;
+    methods_json.push_back(std::move(m));
+  }
+  // headwise against each other method on the same samples (first = headwise).
+  nlohmann::json paired = nlohmann::json::object();
+  const auto policy_result = std::find_if(results.begin(), results.end(), [](const auto& r) { return r.name == "headwise"; });
+  if (policy_result != results.end()) {
+    for (const auto& r : results) {
+      if (r.name != "headwise") paired[r.name] = eval::to_json(eval::paired_comparison(*policy_result, r));
+    }
+  }
+  return {{"model", dir.string()},
+          {"policy", p.path},
+          {"context", options.context},
+          {"batch", options.batch},
+          {"kv_dtype", dtype_name(options.kv_dtype)},
+          {"seq_len", seq_len},
+          {"samples_per_task", args.samples},
+          {"seed", args.seed},
+          {"tasks", tasks},
+          {"policy_global_kv_bytes", eval::global_kv_bytes(spec, p.policy.head_windows(), options)},
+          {"one_block_per_head_bytes", eval::one_block_per_head(spec, options)},
+          {"methods", methods_json},
+          {"paired_vs_headwise", paired}};
+}
+
 void run_eval(const EvalArgs& args) {
   apply_logging(args.flags);
   const fs::path dir = io::resolve_model_dir(args.model);
   const arch::ModelSpec spec = arch::load_model_spec(dir);
-  const policy::Policy pol = policy::read_policy(args.policy);
-  check_policy_matches(pol, dir, spec, args.policy);
+  const std::vector<PolicyUnderTest> policies = read_policies(args, dir, spec);
 
   const auto baselines = split_list(args.baselines);
   for (const auto& b : baselines) {
@@ -111,14 +191,14 @@ void run_eval(const EvalArgs& args) {
       throw_input_error("--baselines {}: unknown baseline (have: {})", b, fmt::join(known, ", "));
     }
   }
-  // One sequence at a time: the figures are per sequence, at the policy's context and dtype.
-  memory::MemoryOptions options = pol.memory_options();
+  // One sequence at a time: the figures are per sequence, at the policies' context and dtype.
+  memory::MemoryOptions options = policies.front().policy.memory_options();
   options.batch = 1;
   const int64_t seq_len = args.seq_len == "context" ? options.context : parse_token_count(args.seq_len, "--seq-len");
   if (seq_len > options.context) {
     throw_input_error("--seq-len {} exceeds the policy's context of {} tokens", seq_len, options.context);
   }
-  refuse_short_sequences(pol, seq_len, args.allow_short_seq_len);
+  for (const auto& p : policies) refuse_short_sequences(p.policy, seq_len, args.allow_short_seq_len);
   if (const auto warning = arch::check_context(spec, options.context, "the policy's context", (dir / "config.json").string())) {
     spdlog::warn("{}", *warning);
   }
@@ -134,76 +214,62 @@ void run_eval(const EvalArgs& args) {
   calib_request.samples = args.calib_samples;
   calib_request.seed = args.seed + 0x9e3779b97f4a7c15ull;
   const auto calibration = eval::make_eval_samples(dir, spec.vocab_size, calib_request);
-
-  arch::ModelOptions model_options;
-  model_options.device = args.device;
-  auto model = arch::load_model(dir, model_options);
-  eval::BaselineInputs baseline_inputs{pol, options, args.seed, {}, nullptr};
-  std::optional<policy::Policy> ablation;
-  if (!args.unconditioned_policy.empty()) {
-    ablation = policy::read_policy(args.unconditioned_policy);
-    check_policy_matches(*ablation, dir, spec, args.unconditioned_policy, "--unconditioned-policy");
-    eval::check_unconditioned_ablation(pol, *ablation, args.unconditioned_policy);
-    baseline_inputs.unconditioned_policy = &*ablation;
-  }
-  baseline_inputs.duo.steps = args.duo_steps;
-  const auto methods = eval::build_methods(*model, baseline_inputs, baselines, calibration);
-  warn_full_in_effect(methods, seq_len);
-
-  eval::RunOptions run{args.prefill_chunk, args.kl_positions};
-  // Full KV is the KL reference, so it runs first even when not reported.
-  const eval::MethodResult full =
-      eval::run_method(*model, {"full", memory::full_kv_windows(spec)}, options, samples, run, nullptr);
-  std::vector<eval::MethodResult> results;
-  for (const auto& m : methods) {
-    spdlog::info("eval: {} ({} global-KV bytes)", m.name, eval::global_kv_bytes(spec, m.windows, options));
-    results.push_back(m.name == "full" ? full : eval::run_method(*model, m, options, samples, run, &full));
-  }
   std::vector<std::string> tasks;
   for (const auto& s : samples) {
     if (std::find(tasks.begin(), tasks.end(), s.task) == tasks.end()) tasks.push_back(s.task);
   }
-  if (args.flags.json) {
-    nlohmann::json methods_json = nlohmann::json::array();
-    for (size_t i = 0; i < results.size(); ++i) {
-      nlohmann::json m = eval::to_json(results[i], spec);
-      nlohmann::json details = methods[i].details;
-      details.update(results[i].runtime_details);
-      if (!details.empty()) m["details"] = details;
-      methods_json.push_back(std::move(m));
+
+  arch::ModelOptions model_options;
+  model_options.device = args.device;
+  auto model = arch::load_model(dir, model_options);
+  eval::RunOptions run{args.prefill_chunk, args.kl_positions};
+  // Full KV is the KL reference, so it runs first even when not reported; like the retrieval
+  // scores and duo's gates it does not depend on the budget, so every policy shares it.
+  const eval::MethodResult full =
+      eval::run_method(*model, {"full", memory::full_kv_windows(spec)}, options, samples, run, nullptr);
+  eval::BaselineCache budget_free;
+  nlohmann::json evaluations = nlohmann::json::array();
+  for (const auto& p : policies) {
+    eval::BaselineInputs baseline_inputs{p.policy, options, args.seed, {}, nullptr};
+    if (p.ablation) baseline_inputs.unconditioned_policy = &*p.ablation;
+    baseline_inputs.duo.steps = args.duo_steps;
+    const auto methods = eval::build_methods(*model, baseline_inputs, baselines, calibration, &budget_free);
+    warn_full_in_effect(methods, seq_len);
+    std::vector<eval::MethodResult> results;
+    for (const auto& m : methods) {
+      spdlog::info("eval {}: {} ({} global-KV bytes)", p.path, m.name, eval::global_kv_bytes(spec, m.windows, options));
+      results.push_back(m.name == "full" ? full : eval::run_method(*model, m, options, samples, run, &full));
     }
-    // headwise against each other method on the same samples (first = headwise).
-    nlohmann::json paired = nlohmann::json::object();
-    const auto policy_result = std::find_if(results.begin(), results.end(), [](const auto& r) { return r.name == "headwise"; });
-    if (policy_result != results.end()) {
-      for (const auto& r : results) {
-        if (r.name != "headwise") paired[r.name] = eval::to_json(eval::paired_comparison(*policy_result, r));
-      }
+    if (args.flags.json) {
+      evaluations.push_back(evaluation_json(p, options, dir, spec, args, seq_len, tasks, methods, results));
+    } else {
+      if (policies.size() > 1) std::cout << "policy " << p.path << "\n";
+      print_table(results, tasks);
     }
-    std::cout << nlohmann::json{{"model", dir.string()},       {"policy", args.policy},
-                                {"context", options.context},  {"batch", options.batch},
-                                {"kv_dtype", dtype_name(options.kv_dtype)},
-                                {"seq_len", seq_len},          {"samples_per_task", args.samples},
-                                {"seed", args.seed},           {"tasks", tasks},
-                                {"policy_global_kv_bytes", eval::global_kv_bytes(spec, pol.head_windows(), options)},
-                                {"one_block_per_head_bytes", eval::one_block_per_head(spec, options)},
-                                {"methods", methods_json},
-                                {"paired_vs_headwise", paired}}
-                         .dump(2)
-              << "\n";
-    return;
   }
-  print_table(results, tasks);
+  if (!args.flags.json) return;
+  // One policy: its evaluation as the document (the format scripts read); several: in order.
+  const nlohmann::json out = policies.size() == 1 ? evaluations.front() : nlohmann::json{{"evaluations", evaluations}};
+  std::cout << out.dump(2) << "\n";
 }
 
 const RegisterCommand kRegister{"eval", [](CLI::App& root) {
   static EvalArgs args;
   auto* cmd = root.add_subcommand("eval", "Policy vs baselines at equal bytes through the runtime decoder");
   cmd->add_option("--model", args.model, "Model folder (config.json + safetensors)")->required();
-  cmd->add_option("--policy", args.policy, "policy.yaml made for this model")->required();
-  cmd->add_option("--unconditioned-policy", args.unconditioned_policy,
+  cmd->add_option("--policy", args.policies,
+                  "policy.yaml made for this model; repeat for several budgets of one serving shape (a rate-quality "
+                  "curve): they share the samples, full KV and the budget-free baseline work, and --json then prints "
+                  "{\"evaluations\": [...]}, one per policy in order")
+      ->required()
+      ->expected(1)
+      ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
+  cmd->add_option("--unconditioned-policy", args.unconditioned_policies,
                   "The policy's calibration rerun with --no-conditioning: the `unconditioned` baseline then differs "
-                  "from the policy only in conditioning (default: calibrated in eval on the eval tasks' samples)");
+                  "from the policy only in conditioning (default: calibrated in eval on the eval tasks' samples); "
+                  "one per --policy, in the same order")
+      ->expected(1)
+      ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
   cmd->add_option("--tasks", args.tasks, "Comma-separated tasks (default: needle tasks for the model)");
   cmd->add_option("--samples", args.samples, "Samples per task")->capture_default_str();
   cmd->add_option("--seq-len", args.seq_len, "Tokens per sample, prompt + answer (k = 1024); default: the policy's context")

@@ -5,9 +5,11 @@
 
 #include "headwise/cli/command.hpp"
 #include "headwise/core/error.hpp"
+#include "headwise/core/resources.hpp"
 
 int main(int argc, char** argv) {
   using namespace headwise;
+  tune_allocator_for_tensor_reuse();
   CLI::App app{"headwise-calc: compile per-KV-head cache window policies for hybrid long-context LLMs.\n"
                "Sizes take k/m/g suffixes in powers of 1024 (160k tokens = 163840, 48g = 48 GiB)."};
   app.set_version_flag("--version", HEADWISE_VERSION);

@@ -1,5 +1,8 @@
 #include "headwise/core/resources.hpp"
 
+#include <malloc.h>
+
+#include <cstdlib>
 #include <fstream>
 #include <string>
 
@@ -49,6 +52,18 @@ void reset_peak_device_bytes(const at::Device& device) {
     c10::cuda::CUDACachingAllocator::resetPeakStats(device.has_index() ? device.index() : c10::DeviceIndex{0});
   }
 #endif
+}
+
+bool tune_allocator_for_tensor_reuse() {
+  const auto set = [](const char* name) {
+    const char* value = std::getenv(name);
+    return value != nullptr && *value != '\0';
+  };
+  if (set("MALLOC_MMAP_THRESHOLD_") || set("MALLOC_TRIM_THRESHOLD_")) return false;
+  if (const char* v = std::getenv("HEADWISE_GLIBC_MALLOC_DEFAULTS"); v != nullptr && std::string(v) == "1") return false;
+  constexpr int kMmapThreshold = 256 << 20;
+  constexpr int kTrimThreshold = 512 << 20;
+  return mallopt(M_MMAP_THRESHOLD, kMmapThreshold) == 1 && mallopt(M_TRIM_THRESHOLD, kTrimThreshold) == 1;
 }
 
 }  // namespace headwise

@@ -225,7 +225,9 @@ HeadScores retrieval_scores(arch::DecoderModel& model, const std::vector<EvalSam
 
 std::vector<MethodWindows> build_methods(arch::DecoderModel& model, const BaselineInputs& in,
                                          const std::vector<std::string>& names,
-                                         const std::vector<EvalSample>& calibration) {
+                                         const std::vector<EvalSample>& calibration, BaselineCache* cache) {
+  BaselineCache local;
+  BaselineCache& memo = cache != nullptr ? *cache : local;
   const auto& spec = model.spec();
   const int64_t budget = budget_of(spec, in);
   std::vector<MethodWindows> out{{"headwise", in.policy.head_windows()}};
@@ -244,14 +246,18 @@ std::vector<MethodWindows> build_methods(arch::DecoderModel& model, const Baseli
     } else if (name == "pyramid") {
       w = pyramid_baseline(spec, in.options, budget);
     } else if (name == "retrieval-score") {
-      const HeadScores scores = retrieval_scores(model, calibration);
+      if (!memo.retrieval_scores) memo.retrieval_scores = retrieval_scores(model, calibration);
+      const HeadScores& scores = *memo.retrieval_scores;
       w = ranked_full_baseline(spec, in.options, budget, scores, in.policy.window_levels.front(), "retrieval-score");
       details["scores"] = scores_json(scores);
     } else if (name == "duo") {
       DuoTrainingOptions duo = in.duo;
       duo.streaming_window = in.policy.window_levels.front();
       duo.sink_tokens = in.options.sink_tokens;
-      const DuoGates trained = train_duo_gates(model, calibration, duo);
+      const auto key = std::make_pair(duo.streaming_window, duo.sink_tokens);
+      auto found = memo.duo_gates.find(key);
+      if (found == memo.duo_gates.end()) found = memo.duo_gates.emplace(key, train_duo_gates(model, calibration, duo)).first;
+      const DuoGates& trained = found->second;
       w = ranked_full_baseline(spec, in.options, budget, trained.gates, duo.streaming_window, "duo");
       details = {{"gates", scores_json(trained.gates)},
                  {"steps", duo.steps},

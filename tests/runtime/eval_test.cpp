@@ -184,6 +184,70 @@ TEST_CASE("eval --json: every method, measured == estimated bytes, full has KL 0
   CHECK_FALSE(j.at("paired_vs_headwise").contains("headwise"));
 }
 
+TEST_CASE("eval of several policies in one run equals one run per policy, sharing the budget-free work",
+          "[runtime]") {
+  headwise::testing::TempDir tmp;
+  const auto dir = headwise::testing::fixture_dir("qwen3_next_tiny");
+  const auto spec = arch::load_model_spec(dir);
+  std::mt19937_64 rng(12);
+  const std::vector<std::string> paths{(tmp.path() / "a.yaml").string(), (tmp.path() / "b.yaml").string()};
+  auto tight = fixture_policy(dir, random_policy_windows(spec, {8, 32}, rng));
+  policy::write_policy(paths[0], tight);
+  policy::write_policy(paths[1], fixture_policy(dir, random_policy_windows(spec, {32, policy::kFull}, rng)));
+  const std::string common = "eval --model " + dir.string() +
+                             " --samples 2 --calib-samples 2 --duo-steps 3 --seq-len 120 --prefill-chunk 50 --json --quiet"
+                             " --baselines full,uniform,retrieval-score,duo,snapkv";
+  const Run both = run_cli(common + " --policy " + paths[0] + " --policy " + paths[1], tmp.path());
+  INFO(both.err);
+  REQUIRE(both.status == 0);
+  const auto evaluations = nlohmann::json::parse(both.out).at("evaluations");
+  REQUIRE(evaluations.size() == 2);
+  for (size_t i = 0; i < paths.size(); ++i) {
+    const Run one = run_cli(common + " --policy " + paths[i], tmp.path());
+    REQUIRE(one.status == 0);
+    const auto alone = nlohmann::json::parse(one.out);
+    const auto& together = evaluations[i];
+    CHECK(together.at("policy") == paths[i]);
+    CHECK(together.at("policy_global_kv_bytes") == alone.at("policy_global_kv_bytes"));
+    REQUIRE(together.at("methods").size() == alone.at("methods").size());
+    for (size_t m = 0; m < alone.at("methods").size(); ++m) {
+      const auto& a = alone["methods"][m];
+      const auto& t = together["methods"][m];
+      INFO(paths[i] << " " << a.at("name"));
+      for (const char* key : {"name", "windows", "tasks", "kl_vs_full", "perplexity", "global_kv_bytes",
+                              "cache_bytes_measured", "cache_bytes_estimated"}) {
+        CHECK(t.at(key) == a.at(key));
+      }
+      if (a.contains("details") && a["details"].contains("gates")) CHECK(t["details"]["gates"] == a["details"]["gates"]);
+    }
+  }
+  // Duo's gates and the retrieval scores do not depend on the budget: the same in both.
+  const auto detail = [&](size_t e, const char* method, const char* key) {
+    for (const auto& m : evaluations[e]["methods"]) {
+      if (m["name"] == method) return m.at("details").at(key);
+    }
+    FAIL("no " << method);
+    return nlohmann::json();
+  };
+  CHECK(detail(0, "duo", "gates") == detail(1, "duo", "gates"));
+  CHECK(detail(0, "retrieval-score", "scores") == detail(1, "retrieval-score", "scores"));
+
+  // Only budgets may differ: another serving shape is refused, naming the policy and the field.
+  auto other_context = tight;
+  other_context.context = 512;
+  policy::fill_memory(other_context, spec);
+  policy::write_policy(tmp.path() / "c.yaml", other_context);
+  const Run refused = run_cli(common + " --policy " + paths[0] + " --policy " + (tmp.path() / "c.yaml").string(), tmp.path());
+  CHECK(refused.status == 1);
+  CHECK(refused.out.empty());
+  CHECK(refused.err.find("c.yaml: context is 512") != std::string::npos);
+  CHECK(std::count(refused.err.begin(), refused.err.end(), '\n') == 1);
+  const Run uneven = run_cli(common + " --policy " + paths[0] + " --policy " + paths[1] + " --unconditioned-policy " +
+                                 paths[0], tmp.path());
+  CHECK(uneven.status == 1);
+  CHECK(uneven.err.find("--unconditioned-policy given 1 times for 2 --policy") != std::string::npos);
+}
+
 TEST_CASE("eval bad input: one line naming the flag, non-zero exit", "[runtime]") {
   headwise::testing::TempDir tmp;
   const auto dir = headwise::testing::fixture_dir("qwen3_next_tiny");

@@ -56,13 +56,23 @@ void check_unconditioned_ablation(const policy::Policy& policy, const policy::Po
 // never occurs in the prompt do not count.
 HeadScores retrieval_scores(arch::DecoderModel& model, const std::vector<EvalSample>& samples);
 
+// What a baseline learns from the calibration samples without looking at the budget: the
+// retrieval scores, and duo's gates per streaming window (and sinks). Evaluating several
+// policies of one model on the same samples (a rate-quality curve) computes each once; duo's
+// gate training is the most expensive step of an eval at long contexts.
+struct BaselineCache {
+  std::optional<HeadScores> retrieval_scores;
+  std::map<std::pair<int64_t, int64_t>, DuoGates> duo_gates;  // (streaming window, sink tokens) → gates
+};
+
 // Windows for each requested method (headwise first, then the baselines in `names` order).
 // `calibration` samples (drawn apart from the evaluated ones) give retrieval-score its scores, duo
 // its gate training and unconditioned its curves (prompt + answer, cut to the shortest so
-// SeqCalib gets equal lengths).
+// SeqCalib gets equal lengths). With `cache`, budget-free work found there is reused and new work
+// is stored there; the caller must pass the same model and calibration samples every time.
 std::vector<MethodWindows> build_methods(arch::DecoderModel& model, const BaselineInputs& inputs,
                                          const std::vector<std::string>& names,
-                                         const std::vector<EvalSample>& calibration);
+                                         const std::vector<EvalSample>& calibration, BaselineCache* cache = nullptr);
 
 struct RunOptions {
   int64_t prefill_chunk = 256;
