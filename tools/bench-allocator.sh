@@ -57,16 +57,5 @@ json.dump(j, open('$file', 'w'), indent=1)"
     cmp -s "$out/$name-tuned.out" "$out/$name-defaults.out" || { echo "bench-allocator: $name outputs differ" >&2; exit 1; }
   done
 done
-printf '%s\n' "${rows[@]}" | python3 -c "
-import json, sys, statistics as st
-rows = [json.loads(l) for l in sys.stdin]
-print('| command | wall s (setting / defaults) | speed-up | sys s | minor faults | peak RSS MiB |')
-print('|---|---:|---:|---:|---:|---:|')
-for name in dict.fromkeys(r['command'] for r in rows):
-    t = [r for r in rows if r['command'] == name and r['allocator'] == 'tuned']
-    d = [r for r in rows if r['command'] == name and r['allocator'] == 'defaults']
-    med = lambda rs, k: st.median(r[k] for r in rs)
-    print(f\"| {name} | {med(t,'wall_s'):.1f} / {med(d,'wall_s'):.1f} | {med(d,'wall_s')/med(t,'wall_s'):.2f} | \"
-          f\"{med(t,'sys_s'):.1f} / {med(d,'sys_s'):.1f} | {med(t,'minor_faults'):,.0f} / {med(d,'minor_faults'):,.0f} | \"
-          f\"{med(t,'peak_rss_kib')/1024:.0f} / {med(d,'peak_rss_kib')/1024:.0f} |\")
-"
+printf '%s\n' "${rows[@]}" | python3 "$root/tools/bench_table.py" allocator tuned defaults \
+  'sys_s:sys s:1:.1f' 'minor_faults:minor faults:1:,.0f' 'peak_rss_kib:peak RSS MiB:1024:.0f'

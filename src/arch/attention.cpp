@@ -73,6 +73,27 @@ at::Tensor windowed_attention(const AttentionInputs& inputs, int64_t window, int
   return windowed_attention(inputs, windows, sink_tokens, chunk);
 }
 
+at::Tensor fused_windowed_attention(const AttentionInputs& in, int64_t window, int64_t sink_tokens, int64_t chunk) {
+  if (in.sink_logits.defined() || in.logit_softcap > 0) return windowed_attention(in, window, sink_tokens, chunk);
+  HEADWISE_CHECK(chunk > 0 && window > 0 && sink_tokens >= 0, "chunk {}, window {}, sinks {}", chunk, window, sink_tokens);
+  const int64_t steps = in.q.size(2);
+  const auto long_opts = at::TensorOptions().dtype(at::kLong).device(in.q.device());
+  std::vector<at::Tensor> parts;
+  for (int64_t t0 = 0; t0 < steps; t0 += chunk) {
+    const int64_t t1 = std::min(steps, t0 + chunk);
+    // The keys any query of the chunk can see: the sinks, then the band its window reaches.
+    const int64_t band = window == kFullWindow ? 0 : std::max<int64_t>(0, t0 - window + 1);
+    const int64_t sinks = std::min(sink_tokens, band);
+    at::Tensor index = at::arange(band, t1, long_opts);
+    if (sinks > 0) index = at::cat({at::arange(sinks, long_opts), index});
+    const at::Tensor allowed = visible_keys(at::arange(in.position_offset + t0, in.position_offset + t1, long_opts),
+                                            index + in.position_offset, window, sink_tokens);
+    parts.push_back(fused_masked_attention(in.q.slice(2, t0, t1), in.k.index_select(2, index), in.v.index_select(2, index),
+                                           allowed, in.scaling));
+  }
+  return at::cat(parts, 2).transpose(1, 2).contiguous();  // [B, T, heads, hd], as windowed_attention
+}
+
 at::Tensor ExactAttentionCore::attend(const AttentionInputs& inputs) {
   const int64_t window = inputs.sliding_window > 0 ? inputs.sliding_window : kFullWindow;
   return windowed_attention(inputs, window, /*sink_tokens=*/0, chunk_);

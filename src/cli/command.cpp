@@ -3,6 +3,8 @@
 #include <spdlog/sinks/stdout_color_sinks.h>
 #include <spdlog/spdlog.h>
 
+#include "headwise/core/error.hpp"
+
 namespace headwise::cli {
 
 std::vector<CommandEntry>& registered_commands() {
@@ -14,6 +16,21 @@ void add_common_flags(CLI::App* app, CommonFlags& flags, bool with_json) {
   auto* quiet = app->add_flag("-q,--quiet", flags.quiet, "Only errors on stderr");
   app->add_flag("-v,--verbose", flags.verbose, "Debug logging")->excludes(quiet);
   if (with_json) app->add_flag("--json", flags.json, "Print machine-readable JSON on stdout");
+}
+
+CLI::Option* add_runtime_attention_option(CLI::App* app, std::string& name) {
+  return app
+      ->add_option("--runtime-attention", name,
+                   "Attention of the runtime decoder (and of eval's duo gate training): fused (ATen's "
+                   "flash/memory-efficient kernel where it applies) or explicit (the plain forward's "
+                   "matmul/softmax numerics; slower, for comparisons)")
+      ->capture_default_str();
+}
+
+arch::AttentionKernel runtime_attention_kernel(const std::string& name) {
+  if (name == "fused") return arch::AttentionKernel::kFused;
+  if (name == "explicit") return arch::AttentionKernel::kExplicit;
+  throw_input_error("--runtime-attention: '{}' is not one of fused, explicit", name);
 }
 
 void apply_logging(const CommonFlags& flags) {

@@ -36,6 +36,7 @@ struct EvalArgs {
   uint64_t seed = 0;
   int64_t prefill_chunk = 256;
   int64_t kl_positions = 512;
+  std::string runtime_attention = "fused";
   std::string device = "cpu";
   CommonFlags flags;
 };
@@ -206,6 +207,7 @@ void run_eval(const EvalArgs& args) {
   if (args.duo_steps <= 0) throw_input_error("--duo-steps must be positive, got {}", args.duo_steps);
   if (args.prefill_chunk <= 0) throw_input_error("--prefill-chunk must be positive, got {}", args.prefill_chunk);
   if (args.kl_positions <= 0) throw_input_error("--kl-positions must be positive, got {}", args.kl_positions);
+  const arch::AttentionKernel attention_kernel = runtime_attention_kernel(args.runtime_attention);
 
   eval::TaskRequest request{split_list(args.tasks), args.samples, seq_len, args.seed};
   const auto samples = eval::make_eval_samples(dir, spec.vocab_size, request);
@@ -222,7 +224,7 @@ void run_eval(const EvalArgs& args) {
   arch::ModelOptions model_options;
   model_options.device = args.device;
   auto model = arch::load_model(dir, model_options);
-  eval::RunOptions run{args.prefill_chunk, args.kl_positions};
+  eval::RunOptions run{args.prefill_chunk, args.kl_positions, attention_kernel};
   // Full KV is the KL reference, so it runs first even when not reported; like the retrieval
   // scores and duo's gates it does not depend on the budget, so every policy shares it.
   const eval::MethodResult full =
@@ -233,6 +235,7 @@ void run_eval(const EvalArgs& args) {
     eval::BaselineInputs baseline_inputs{p.policy, options, args.seed, {}, nullptr};
     if (p.ablation) baseline_inputs.unconditioned_policy = &*p.ablation;
     baseline_inputs.duo.steps = args.duo_steps;
+    baseline_inputs.duo.attention_kernel = attention_kernel;
     const auto methods = eval::build_methods(*model, baseline_inputs, baselines, calibration, &budget_free);
     warn_full_in_effect(methods, seq_len);
     std::vector<eval::MethodResult> results;
@@ -286,6 +289,7 @@ const RegisterCommand kRegister{"eval", [](CLI::App& root) {
   cmd->add_option("--prefill-chunk", args.prefill_chunk, "Tokens per prefill chunk")->capture_default_str();
   cmd->add_option("--kl-positions", args.kl_positions, "Last prompt positions compared with full KV")->capture_default_str();
   cmd->add_option("--device", args.device, "cpu, cuda, cuda:N")->capture_default_str();
+  add_runtime_attention_option(cmd, args.runtime_attention);
   add_common_flags(cmd, args.flags, /*with_json=*/true);
   cmd->callback([] { run_eval(args); });
 }};

@@ -30,6 +30,8 @@ struct ForwardArgs {
   std::string policy;          // policy.yaml: logits under it from the runtime decoder
   int64_t prefill_chunk = 256;  // with --policy: tokens per prefill chunk (eval's default)
   bool prefill_chunk_given = false;
+  std::string runtime_attention = "fused";
+  bool runtime_attention_given = false;
   CommonFlags flags;
 };
 
@@ -49,6 +51,8 @@ std::vector<int64_t> read_token_list(const std::string& path, int64_t vocab_size
 void run_forward(const ForwardArgs& args) {
   apply_logging(args.flags);
   if (args.policy.empty() && args.prefill_chunk_given) throw_input_error("--prefill-chunk: only with --policy");
+  if (args.policy.empty() && args.runtime_attention_given) throw_input_error("--runtime-attention: only with --policy");
+  (void)runtime_attention_kernel(args.runtime_attention);  // a bad name fails before the weights load
   if (args.prefill_chunk <= 0) throw_input_error("--prefill-chunk must be positive, got {}", args.prefill_chunk);
   c10::InferenceMode inference;
   arch::ModelOptions options;
@@ -74,6 +78,7 @@ void run_forward(const ForwardArgs& args) {
                         o.context, args.policy);
     }
     runtime::Decoder decoder(*model, pol->head_windows(), o);
+    decoder.set_attention_kernel(runtime_attention_kernel(args.runtime_attention));
     logits = decoder.prefill(input, args.prefill_chunk)[0].to(at::kCPU, at::kFloat).contiguous();
     spdlog::info("{}: {} tokens under {} (prefill chunks of {}, cache {} bytes) → logits [{}, {}]", dir.string(),
                  ids.size(), args.policy, args.prefill_chunk, decoder.cache_bytes(), logits.size(0), logits.size(1));
@@ -100,9 +105,11 @@ const RegisterCommand kRegister{"forward", [](CLI::App& root) {
                   "physically, batch 1, at most the policy's context)");
   auto* prefill = cmd->add_option("--prefill-chunk", args.prefill_chunk, "With --policy: tokens per prefill chunk")
                       ->capture_default_str();
+  auto* runtime_attention = add_runtime_attention_option(cmd, args.runtime_attention);
   add_common_flags(cmd, args.flags, /*with_json=*/false);
-  cmd->callback([prefill] {
+  cmd->callback([prefill, runtime_attention] {
     args.prefill_chunk_given = prefill->count() > 0;
+    args.runtime_attention_given = runtime_attention->count() > 0;
     run_forward(args);
   });
 }};

@@ -21,8 +21,13 @@ class GatedCore final : public arch::AttentionCore {
   at::Tensor attend(const arch::AttentionInputs& in) override {
     const auto it = gates_.find(in.layer_id);
     if (in.sliding_window > 0 || it == gates_.end()) return exact_.attend(in);
-    const at::Tensor full = arch::windowed_attention(in, kFullWindow, 0, chunk_);
-    const at::Tensor streaming = arch::windowed_attention(in, options_.streaming_window, options_.sink_tokens, chunk_);
+    // Fused, the backward keeps no [chunk x T] probabilities (gigabytes at 8K tokens).
+    const bool fused = options_.attention_kernel == arch::AttentionKernel::kFused;
+    const auto attention = [fused](const arch::AttentionInputs& i, int64_t w, int64_t s, int64_t c) {
+      return fused ? arch::fused_windowed_attention(i, w, s, c) : arch::windowed_attention(i, w, s, c);
+    };
+    const at::Tensor full = attention(in, kFullWindow, 0, chunk_);
+    const at::Tensor streaming = attention(in, options_.streaming_window, options_.sink_tokens, chunk_);
     const int64_t group = in.q.size(1) / in.k.size(1);
     // [num_kv] → one gate per query head, broadcast over [B, T, heads, head_dim].
     const at::Tensor alpha = it->second.repeat_interleave(group).view({1, 1, -1, 1}).to(full.scalar_type());

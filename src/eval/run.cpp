@@ -42,6 +42,7 @@ MethodResult run_method(arch::DecoderModel& model, const MethodWindows& method, 
   r.cache_bytes_estimated = memory::estimate(model.spec(), method.windows, options).total_bytes;
   runtime::Decoder decoder = method.eviction ? runtime::Decoder(model, method.windows, options, *method.eviction)
                                               : runtime::Decoder(model, method.windows, options);
+  decoder.set_attention_kernel(run.attention_kernel);
   const auto long_opts = at::TensorOptions().dtype(at::kLong);
   std::map<std::string, std::pair<int64_t, int64_t>> correct;  // task → (right, total)
   double prefill_s = 0, decode_s = 0, nll = 0, kl = 0;

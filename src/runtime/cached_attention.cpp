@@ -58,17 +58,29 @@ struct KeySet {
 };
 
 // Softmax attention of q [B, hk, g, T, hd] (positions q_begin..) over an explicit key set, the
-// keys arch::visible_keys allows (causal, within `window`, or a sink). Numerics as windowed_attention:
-// scores in the activation dtype, softmax in fp32, probabilities cast back before V.
+// keys arch::visible_keys allows (causal, within `window`, or a sink). Without sink logits or
+// soft-capping it runs ATen's fused attention (arch::fused_masked_attention); otherwise numerics as
+// windowed_attention: scores in the activation dtype, softmax in fp32, probabilities cast back
+// before V.
 at::Tensor attend_keys(const at::Tensor& q, const KeySet& keys, int64_t q_begin, int64_t window, int64_t sinks,
-                       const arch::AttentionInputs& in, const at::Tensor& sink_logits, int64_t chunk) {
-  const int64_t hk = q.size(1), group = q.size(2), steps = q.size(3);
+                       const arch::AttentionInputs& in, const at::Tensor& sink_logits, int64_t chunk,
+                       arch::AttentionKernel kernel) {
+  const int64_t batch = q.size(0), hk = q.size(1), group = q.size(2), steps = q.size(3), head_dim = q.size(4);
   const at::Tensor k = keys.k.unsqueeze(2);  // [B, hk, 1, N, hd]
   const at::Tensor v = keys.v.unsqueeze(2);
   const auto long_opts = at::TensorOptions().dtype(at::kLong).device(q.device());
+  const bool fused = kernel == arch::AttentionKernel::kFused && !sink_logits.defined() && in.logit_softcap <= 0;
   at::Tensor out = at::empty(q.sizes(), q.options());
   for (int64_t t0 = 0; t0 < steps; t0 += chunk) {
     const int64_t t1 = std::min(steps, t0 + chunk);
+    if (fused) {
+      const at::Tensor allowed = arch::visible_keys(at::arange(q_begin + t0, q_begin + t1, long_opts), keys.position,
+                                                    window, sinks);
+      const at::Tensor qc = q.slice(3, t0, t1).reshape({batch, hk * group, t1 - t0, head_dim});
+      out.slice(3, t0, t1).copy_(
+          arch::fused_masked_attention(qc, keys.k, keys.v, allowed, in.scaling).reshape({batch, hk, group, t1 - t0, head_dim}));
+      continue;
+    }
     at::Tensor scores = at::matmul(q.slice(3, t0, t1), k.transpose(-1, -2)) * in.scaling;  // [B, hk, g, tc, N]
     if (in.logit_softcap > 0) scores = at::tanh(scores / in.logit_softcap) * in.logit_softcap;
     const at::Tensor allowed = arch::visible_keys(at::arange(q_begin + t0, q_begin + t1, long_opts), keys.position,
@@ -119,7 +131,7 @@ at::Tensor CachedAttentionCore::attend(const arch::AttentionInputs& in) {
     const int64_t cache_tokens = att.sliding_cache_tokens > 0 ? att.sliding_cache_tokens : att.sliding_window;
     const RingLayout ring{0, std::min(cache_tokens, o.context)};
     const KeySet keys = held_and_new(layer.k, layer.v, held_positions(ring, filled, in.q.device()), in.k, in.v, filled);
-    const at::Tensor out = attend_keys(q, keys, filled, in.sliding_window, 0, in, in.sink_logits, query_chunk_);
+    const at::Tensor out = attend_keys(q, keys, filled, in.sliding_window, 0, in, in.sink_logits, query_chunk_, kernel_);
     write_ring(ring, filled, in.k, in.v, layer.k, layer.v);
     return out.reshape({batch, num_heads, steps, head_dim}).transpose(1, 2).contiguous();
   }
@@ -135,7 +147,7 @@ at::Tensor CachedAttentionCore::attend(const arch::AttentionInputs& in) {
     if (in.sink_logits.defined()) sink_logits = in.sink_logits.view({num_kv, group}).index_select(0, heads);
     const int64_t sinks = g.window == kFullWindow ? 0 : o.sink_tokens;
     out.index_copy_(1, heads, attend_keys(q.index_select(1, heads), keys, filled, g.window, sinks, in, sink_logits,
-                                          query_chunk_));
+                                          query_chunk_, kernel_));
     write_ring(ring, filled, new_k, new_v, g.k, g.v);
   }
   return out.reshape({batch, num_heads, steps, head_dim}).transpose(1, 2).contiguous();

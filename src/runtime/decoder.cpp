@@ -21,6 +21,11 @@ Decoder::Decoder(arch::DecoderModel& model, const memory::HeadWindows& windows, 
           EvictionCache::allocate(model.spec(), windows, options, eviction, model.device()))),
       eviction_core_(std::make_unique<EvictionAttentionCore>(*eviction_, model.attention_chunk())) {}
 
+void Decoder::set_attention_kernel(arch::AttentionKernel kernel) {
+  core_.set_kernel(kernel);
+  if (eviction_core_) eviction_core_->set_kernel(kernel);
+}
+
 int64_t Decoder::cache_bytes() const {
   return cache_.allocated_bytes() + (eviction_ ? eviction_->kv_bytes() : 0);
 }

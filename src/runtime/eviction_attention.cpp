@@ -71,13 +71,25 @@ at::Tensor attention_probs(const at::Tensor& q, int64_t q_begin, const Entries& 
 
 // Attention output [g, t, hd] of one KV head's queries, `chunk` queries at a time; when
 // `received` is given, the probability each key got, summed over queries and query heads (H2O).
+// Without it (and without sink logits or soft-capping) the fused kernel needs no probabilities.
 at::Tensor attend_head(const at::Tensor& q, int64_t q_begin, const Entries& keys, const arch::AttentionInputs& in,
-                       const at::Tensor& sink_logits, int64_t chunk, at::Tensor* received) {
-  const int64_t t = q.size(1);
+                       const at::Tensor& sink_logits, int64_t chunk, at::Tensor* received, arch::AttentionKernel kernel) {
+  const int64_t g = q.size(0), t = q.size(1), n = keys.k.size(0), hd = q.size(2);
+  const bool fused = kernel == arch::AttentionKernel::kFused && received == nullptr && !sink_logits.defined() &&
+                     in.logit_softcap <= 0;
   at::Tensor out = at::empty(q.sizes(), q.options());
   if (received != nullptr) *received = at::zeros({keys.k.size(0)}, keys.score.options());
   for (int64_t t0 = 0; t0 < t; t0 += chunk) {
     const int64_t t1 = std::min(t, t0 + chunk);
+    if (fused) {
+      // What is held was chosen by eviction, so among it only causality limits a query.
+      const at::Tensor visible = arch::visible_keys(at::arange(q_begin + t0, q_begin + t1, keys.position.options()),
+                                                    keys.position, kFullWindow, 0);
+      out.slice(1, t0, t1).copy_(arch::fused_masked_attention(q.slice(1, t0, t1).unsqueeze(0), keys.k.view({1, 1, n, hd}),
+                                                              keys.v.view({1, 1, n, hd}), visible, in.scaling)
+                                     .reshape({g, t1 - t0, hd}));
+      continue;
+    }
     const at::Tensor probs = attention_probs(q.slice(1, t0, t1), q_begin + t0, keys, in, sink_logits);
     out.slice(1, t0, t1).copy_(at::matmul(probs.to(keys.v.scalar_type()), keys.v));
     if (received != nullptr) *received += probs.sum(at::IntArrayRef{0, 1});
@@ -262,7 +274,7 @@ at::Tensor EvictionAttentionCore::attend(const arch::AttentionInputs& in) {
       const Entries keys = concat(held_entries(l, b, h, dtype), staging ? staged_entries(l, b, h, dtype) : new_entries(s, l, b, h));
       at::Tensor received;
       const bool accumulate = !staging && eo.method == EvictionMethod::kH2O;
-      out[b][h].copy_(attend_head(s.q[b][h], first, keys, in, s.sink_logits(h), query_chunk_, accumulate ? &received : nullptr));
+      out[b][h].copy_(attend_head(s.q[b][h], first, keys, in, s.sink_logits(h), query_chunk_, accumulate ? &received : nullptr, kernel_));
       if (!staging) insert(l, b, h, keys, received, eo.method);
       if (compress) candidates.push_back(keys);
     }

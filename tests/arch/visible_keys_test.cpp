@@ -1,9 +1,13 @@
 // One definition of a window (arch/visible_keys.hpp), one table of cases, every attention path
 // held to it: the tensor mask, the forward's windowed attention (any query chunk, with and without
-// gpt-oss sink logits), the calibration's multi-window bands, the runtime's ring buffers fed in
-// uneven chunks (global heads with mixed windows and sinks, and a sliding layer), and the CUDA
+// gpt-oss sink logits), the calibration's multi-window bands, the runtime's fused kernel over
+// shuffled key sets, the runtime's ring buffers fed in uneven chunks (global heads with mixed
+// windows and sinks, and a sliding layer; fused and explicit attention), and the CUDA
 // kernel where a GPU is present. The reference is a brute-force loop over key_visible in double.
 #include <catch2/catch.hpp>
+#include <ATen/core/grad_mode.h>
+#include <c10/core/InferenceMode.h>
+#include <torch/csrc/autograd/autograd.h>
 
 #include <algorithm>
 #include <set>
@@ -125,6 +129,36 @@ TEST_CASE("visible keys: windowed attention, any chunk, with and without sink lo
   }
 }
 
+TEST_CASE("visible keys: the fused windowed attention, values and gradients", "[arch]") {
+  uint64_t seed = 30;
+  for (const auto& c : kCases) {
+    for (int64_t w : c.windows) {
+      auto in = inputs(4, 2, 8, seed += 3);
+      const at::Tensor want = reference_attention(in.q, in.k, in.v, {w, w}, c.sinks, in.scaling, at::Tensor());
+      for (int64_t chunk : {1, 4, 64}) {
+        INFO("window " << w << " sinks " << c.sinks << " chunk " << chunk);
+        CHECK(at::allclose(arch::fused_windowed_attention(in, w, c.sinks, chunk), want, 1e-5, 1e-5));
+      }
+      // duo trains through it: its gradients are the explicit path's.
+      const c10::InferenceMode not_inference(false);
+      const at::AutoGradMode grad(true);
+      std::vector<at::Tensor> grads;
+      for (bool fused : {true, false}) {
+        arch::AttentionInputs leaf = in;
+        leaf.q = in.q.clone().requires_grad_(true);
+        leaf.k = in.k.clone().requires_grad_(true);
+        leaf.v = in.v.clone().requires_grad_(true);
+        const at::Tensor out = fused ? arch::fused_windowed_attention(leaf, w, c.sinks, 4)
+                                     : arch::windowed_attention(leaf, w, c.sinks, 4);
+        const at::Tensor cotangent = at::cos(at::arange(out.numel(), at::kFloat)).view(out.sizes());
+        const auto g = torch::autograd::grad({out}, {leaf.q, leaf.k, leaf.v}, {cotangent});
+        grads.insert(grads.end(), g.begin(), g.end());
+      }
+      for (size_t i = 0; i < 3; ++i) CHECK(at::allclose(grads[i], grads[i + 3], 1e-5, 1e-5));
+    }
+  }
+}
+
 TEST_CASE("visible keys: the multi-window bands give each level's window", "[arch][measure]") {
   uint64_t seed = 40;
   for (const auto& c : kCases) {
@@ -146,8 +180,30 @@ TEST_CASE("visible keys: the multi-window bands give each level's window", "[arc
   }
 }
 
+TEST_CASE("visible keys: the runtime's fused kernel over explicit key sets", "[arch][runtime]") {
+  // Keys in a shuffled order with scattered positions, as a ring buffer holds them.
+  uint64_t seed = 60;
+  for (const auto& c : kCases) {
+    const auto in = inputs(4, 2, 8, seed += 3);
+    const at::Tensor want = reference_attention(in.q, in.k, in.v, c.windows, c.sinks, in.scaling, at::Tensor());
+    const at::Tensor order = at::randperm(kSteps, at::TensorOptions().dtype(at::kLong));
+    const at::Tensor positions = at::arange(kSteps, at::kLong).index_select(0, order);
+    at::Tensor got = at::empty({1, 2, 2, kSteps, 8});
+    for (int64_t h = 0; h < 2; ++h) {
+      const at::Tensor allowed = arch::visible_keys(at::arange(kSteps, at::kLong), positions, c.windows[h], c.sinks);
+      got.select(1, h).copy_(arch::fused_masked_attention(in.q.view({1, 2, 2, kSteps, 8}).select(1, h),
+                                                          in.k.slice(1, h, h + 1).index_select(2, order),
+                                                          in.v.slice(1, h, h + 1).index_select(2, order), allowed,
+                                                          in.scaling));
+    }
+    INFO("windows " << c.windows[0] << "," << c.windows[1] << " sinks " << c.sinks);
+    CHECK(at::allclose(got.view({1, 4, kSteps, 8}).transpose(1, 2), want, 1e-5, 1e-5));
+  }
+}
+
 TEST_CASE("visible keys: the runtime's ring buffers, fed in uneven chunks", "[arch][runtime]") {
-  // gpt-oss: a sliding layer (window 4, its own ring) and a global layer, with sink logits.
+  // gpt-oss: a sliding layer (window 4, its own ring) and a global layer; with its sink logits
+  // (the explicit path) and without them (the fused kernel, or the explicit path when asked).
   const auto spec = headwise::testing::spec_from_config("gpt_oss_tiny.json");
   const int64_t global = spec.global_layer_ids().front();
   int64_t sliding = -1;
@@ -164,34 +220,41 @@ TEST_CASE("visible keys: the runtime's ring buffers, fed in uneven chunks", "[ar
     o.sink_tokens = c.sinks;
     o.kv_dtype = DType::kFloat32;
     const auto windows = cycled(c.windows, att.num_kv_heads);
-    runtime::GroupedCache cache = runtime::GroupedCache::allocate(spec, {{global, windows}}, o);
-    runtime::CachedAttentionCore core(spec, cache, /*query_chunk=*/2);
-    for (int64_t layer : {global, sliding}) {
-      const auto& a = *spec.layer(layer).attention;
-      auto in = inputs(a.num_heads, a.num_kv_heads, a.head_dim, seed += 5);
-      in.layer_id = layer;
-      in.sink_logits = random({a.num_heads}, seed + 3);
-      in.sliding_window = layer == sliding ? a.sliding_window : 0;
-      const std::vector<int64_t> want_windows = layer == sliding ? cycled({a.sliding_window}, a.num_kv_heads) : windows;
-      const int64_t want_sinks = layer == sliding ? 0 : c.sinks;
-      // A full window ignores sinks; the rule already says so (every causal key is visible).
-      const at::Tensor want =
-          reference_attention(in.q, in.k, in.v, want_windows, want_sinks, in.scaling, in.sink_logits);
-      std::vector<at::Tensor> parts;
-      int64_t t0 = 0;
-      for (int64_t step : {1, 5, 2, 7, 3, 5}) {
-        const int64_t t1 = std::min(kSteps, t0 + step);
-        arch::AttentionInputs chunk = in;
-        chunk.q = in.q.slice(2, t0, t1);
-        chunk.k = in.k.slice(2, t0, t1);
-        chunk.v = in.v.slice(2, t0, t1);
-        chunk.position_offset = t0;
-        parts.push_back(core.attend(chunk));
-        t0 = t1;
+    for (const auto& [with_sink_logits, kernel] :
+         std::vector<std::pair<bool, arch::AttentionKernel>>{{true, arch::AttentionKernel::kFused},
+                                                             {false, arch::AttentionKernel::kFused},
+                                                             {false, arch::AttentionKernel::kExplicit}}) {
+      runtime::GroupedCache cache = runtime::GroupedCache::allocate(spec, {{global, windows}}, o);
+      runtime::CachedAttentionCore core(spec, cache, /*query_chunk=*/2);
+      core.set_kernel(kernel);
+      for (int64_t layer : {global, sliding}) {
+        const auto& a = *spec.layer(layer).attention;
+        auto in = inputs(a.num_heads, a.num_kv_heads, a.head_dim, seed += 5);
+        in.layer_id = layer;
+        if (with_sink_logits) in.sink_logits = random({a.num_heads}, seed + 3);
+        in.sliding_window = layer == sliding ? a.sliding_window : 0;
+        const std::vector<int64_t> want_windows = layer == sliding ? cycled({a.sliding_window}, a.num_kv_heads) : windows;
+        const int64_t want_sinks = layer == sliding ? 0 : c.sinks;
+        // A full window ignores sinks; the rule already says so (every causal key is visible).
+        const at::Tensor want =
+            reference_attention(in.q, in.k, in.v, want_windows, want_sinks, in.scaling, in.sink_logits);
+        std::vector<at::Tensor> parts;
+        int64_t t0 = 0;
+        for (int64_t step : {1, 5, 2, 7, 3, 5}) {
+          const int64_t t1 = std::min(kSteps, t0 + step);
+          arch::AttentionInputs chunk = in;
+          chunk.q = in.q.slice(2, t0, t1);
+          chunk.k = in.k.slice(2, t0, t1);
+          chunk.v = in.v.slice(2, t0, t1);
+          chunk.position_offset = t0;
+          parts.push_back(core.attend(chunk));
+          t0 = t1;
+        }
+        REQUIRE(t0 == kSteps);
+        INFO("layer " << layer << " windows " << c.windows[0] << "," << c.windows[1] << " sinks " << c.sinks
+                      << " sink logits " << with_sink_logits << " explicit " << (kernel == arch::AttentionKernel::kExplicit));
+        CHECK(at::allclose(at::cat(parts, 1), want, 1e-5, 1e-5));
       }
-      REQUIRE(t0 == kSteps);
-      INFO("layer " << layer << " windows " << c.windows[0] << "," << c.windows[1] << " sinks " << c.sinks);
-      CHECK(at::allclose(at::cat(parts, 1), want, 1e-5, 1e-5));
     }
   }
 }

@@ -186,6 +186,20 @@ def check_errors(cli, fixtures, tmp, mixed_policy, ids_path):
     r = run(cli, "forward", "--model", fixtures / "qwen3_next_tiny", "--tokens", ids_path, "-o", tmp / "x.st",
             "--policy", mixed_policy, "--prefill-chunk", "0", expect_ok=False)
     check(r.returncode == 1 and "--prefill-chunk" in r.stderr, f"--prefill-chunk 0: {r.stderr.strip()}")
+    r = run(cli, "forward", "--model", fixtures / "qwen3_next_tiny", "--tokens", ids_path, "-o", tmp / "x.st",
+            "--runtime-attention", "explicit", expect_ok=False)
+    check(r.returncode == 1 and "--runtime-attention" in r.stderr, f"--runtime-attention only with --policy: {r.stderr.strip()}")
+    r = run(cli, "forward", "--model", fixtures / "qwen3_next_tiny", "--tokens", ids_path, "-o", tmp / "x.st",
+            "--policy", mixed_policy, "--runtime-attention", "flash", expect_ok=False)
+    check(r.returncode == 1 and "--runtime-attention" in r.stderr and "fused, explicit" in r.stderr and
+          len(r.stderr.strip().splitlines()) == 1, f"--runtime-attention flash: {r.stderr.strip()}")
+    # The fused and the explicit runtime attention give the same logits up to rounding.
+    fixture = fixtures / "qwen3_next_tiny"
+    fused = cli_logits(cli, fixture, ids_path, tmp / "fused.st", "--policy", mixed_policy)
+    explicit = cli_logits(cli, fixture, ids_path, tmp / "explicit.st", "--policy", mixed_policy,
+                          "--runtime-attention", "explicit")
+    diff = (fused - explicit).abs().max().item()
+    check(diff <= TOL, f"forward --policy: fused vs explicit attention max |diff| {diff:.2e}")
 
 
 def main():

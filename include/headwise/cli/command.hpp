@@ -3,6 +3,8 @@
 // builds the CLI11 app from the registered commands and maps errors to exit codes.
 #include <CLI/CLI.hpp>
 
+#include "headwise/arch/visible_keys.hpp"
+
 #include <functional>
 #include <string>
 #include <vector>
@@ -33,6 +35,10 @@ struct CommonFlags {
 
 // --quiet / --verbose (and --json when asked) on a (sub)command.
 void add_common_flags(CLI::App* app, CommonFlags& flags, bool with_json);
+// --runtime-attention fused|explicit: the runtime decoder's attention kernel (runtime/decoder.hpp),
+// read into `name` and turned into the kernel (or a one-line error) by runtime_attention_kernel.
+CLI::Option* add_runtime_attention_option(CLI::App* app, std::string& name);
+arch::AttentionKernel runtime_attention_kernel(const std::string& name);
 // Sets spdlog's level from the flags; logs go to stderr so stdout stays machine-readable.
 void apply_logging(const CommonFlags& flags);
 

@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "headwise/arch/model.hpp"
+#include "headwise/arch/visible_keys.hpp"
 #include "headwise/eval/baselines.hpp"
 #include "headwise/eval/tasks.hpp"
 
@@ -33,6 +34,8 @@ struct DuoTrainingOptions {
   double l1_weight = 0.05;        // the paper's
   int64_t streaming_window = 64;  // recent tokens a streaming head keeps
   int64_t sink_tokens = 0;        // first tokens a streaming head keeps
+  // Fused: the backward keeps no [chunk x T] probabilities and runs faster (arch/attention.hpp).
+  arch::AttentionKernel attention_kernel = arch::AttentionKernel::kFused;
 };
 
 struct DuoGates {

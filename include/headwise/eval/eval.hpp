@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "headwise/arch/model.hpp"
+#include "headwise/arch/visible_keys.hpp"
 #include "headwise/eval/baselines.hpp"
 #include "headwise/eval/duo_attention.hpp"
 #include "headwise/eval/tasks.hpp"
@@ -77,6 +78,7 @@ std::vector<MethodWindows> build_methods(arch::DecoderModel& model, const Baseli
 struct RunOptions {
   int64_t prefill_chunk = 256;
   int64_t kl_positions = 512;  // last prompt positions compared with full KV (bounds memory)
+  arch::AttentionKernel attention_kernel = arch::AttentionKernel::kFused;
 };
 
 struct MethodResult {

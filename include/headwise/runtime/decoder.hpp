@@ -31,11 +31,13 @@ class CachedAttentionCore final : public arch::AttentionCore {
   CachedAttentionCore(const arch::ModelSpec& spec, GroupedCache& cache, int64_t query_chunk)
       : spec_(spec), cache_(cache), query_chunk_(query_chunk) {}
   at::Tensor attend(const arch::AttentionInputs& inputs) override;
+  void set_kernel(arch::AttentionKernel kernel) { kernel_ = kernel; }
 
  private:
   const arch::ModelSpec& spec_;
   GroupedCache& cache_;
   int64_t query_chunk_;
+  arch::AttentionKernel kernel_ = arch::AttentionKernel::kFused;
 };
 
 class Decoder {
@@ -72,6 +74,9 @@ class Decoder {
   // memory::estimate's total. Eviction's auxiliary buffers and prompt staging are not in it.
   int64_t cache_bytes() const;
   arch::DecoderModel& model() { return model_; }
+  // Fused attention by default; kExplicit reproduces the plain forward's numerics bit for bit
+  // where the fused kernel would apply (to compare the two, e.g. tools/bench-runtime-attention.sh).
+  void set_attention_kernel(arch::AttentionKernel kernel);
 
  private:
   at::Tensor run_chunk(const at::Tensor& ids);  // [batch, t] → logits [batch, t, vocab]

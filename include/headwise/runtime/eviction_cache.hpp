@@ -46,6 +46,7 @@
 #include <vector>
 
 #include "headwise/arch/model.hpp"
+#include "headwise/arch/visible_keys.hpp"
 #include "headwise/memory/memory_model.hpp"
 
 namespace headwise::runtime {
@@ -150,10 +151,12 @@ class EvictionAttentionCore final : public arch::AttentionCore {
   // No prompt in progress (a fresh sequence): every step attends and evicts online.
   void forget_prompt();
   at::Tensor attend(const arch::AttentionInputs& inputs) override;
+  void set_kernel(arch::AttentionKernel kernel) { kernel_ = kernel; }
 
  private:
   EvictionCache& cache_;
   int64_t query_chunk_;
+  arch::AttentionKernel kernel_ = arch::AttentionKernel::kFused;
   int64_t prompt_begin_ = 0;
   int64_t prompt_end_ = 0;
 };
