@@ -111,6 +111,8 @@ nlohmann::json calibration_report(const calib::SeqCalibResult& r, const ReportCo
               {"windows_moved_by_completion", r.windows_moved_by_completion},
               {"rewalks", r.rewalks},
               {"end_to_end_by_pass", r.answer_kl_by_pass},
+              {"resolves", r.resolves},
+              {"end_to_end_by_resolve", r.answer_kl_by_resolve},
               {"evaluations", r.answer_kl_evaluations}};
   }
   nlohmann::json validation = nullptr;

@@ -54,6 +54,12 @@ void write_region(EvictionLayer& l, int64_t b, int64_t h, const Entries& e) {
   l.held[bi][hi] = n;
 }
 
+// Which held keys queries at positions q_begin..q_begin+t may see [t, n]: what is held was chosen
+// by eviction, so among it only causality limits a query (a full window).
+at::Tensor causal_visible(int64_t q_begin, int64_t t, const Entries& keys) {
+  return arch::visible_keys(at::arange(q_begin, q_begin + t, keys.position.options()), keys.position, kFullWindow, 0);
+}
+
 // Softmax probabilities [g, t, n] (fp32) of queries q [g, t, hd] at positions q_begin.. over
 // `keys`, causal. Numerics as the grouped cache's attention: scores in the activation dtype,
 // softmax in fp32; a gpt-oss sink logit per query head joins the softmax and is dropped.
@@ -62,10 +68,7 @@ at::Tensor attention_probs(const at::Tensor& q, int64_t q_begin, const Entries& 
   const int64_t g = q.size(0), t = q.size(1);
   at::Tensor scores = at::matmul(q, keys.k.transpose(0, 1)) * in.scaling;  // [g, t, n]
   if (in.logit_softcap > 0) scores = at::tanh(scores / in.logit_softcap) * in.logit_softcap;
-  // What is held was chosen by eviction, so among it only causality limits a query (a full window).
-  const at::Tensor visible =
-      arch::visible_keys(at::arange(q_begin, q_begin + t, keys.position.options()), keys.position, kFullWindow, 0);
-  const at::Tensor logits = scores.to(at::kFloat).masked_fill(visible.logical_not(), -kInf);
+  const at::Tensor logits = scores.to(at::kFloat).masked_fill(causal_visible(q_begin, t, keys).logical_not(), -kInf);
   return arch::softmax_with_sink_logit(logits, sink_logits.defined() ? sink_logits.view({g, 1, 1}) : at::Tensor());
 }
 
@@ -82,9 +85,7 @@ at::Tensor attend_head(const at::Tensor& q, int64_t q_begin, const Entries& keys
   for (int64_t t0 = 0; t0 < t; t0 += chunk) {
     const int64_t t1 = std::min(t, t0 + chunk);
     if (fused) {
-      // What is held was chosen by eviction, so among it only causality limits a query.
-      const at::Tensor visible = arch::visible_keys(at::arange(q_begin + t0, q_begin + t1, keys.position.options()),
-                                                    keys.position, kFullWindow, 0);
+      const at::Tensor visible = causal_visible(q_begin + t0, t1 - t0, keys);
       out.slice(1, t0, t1).copy_(arch::fused_masked_attention(q.slice(1, t0, t1).unsqueeze(0), keys.k.view({1, 1, n, hd}),
                                                               keys.v.view({1, 1, n, hd}), visible, in.scaling)
                                      .reshape({g, t1 - t0, hd}));

@@ -264,7 +264,8 @@ TEST_CASE("fresh conditioning: a completion that moves a lower layer triggers a 
           "[calib]") {
   // Layer 0's far head is cut by the walk and lengthened by the completion, so layer 1 was
   // decided on a stream that no longer exists: the layers above it are re-walked on the completed
-  // stream. On this model the re-walk reaches the same windows, so it is measured and discarded.
+  // stream. On this model the re-walk reaches the same windows, so it is measured and discarded
+  // (the cross-layer re-solve that follows then moves layer 0's bytes and is kept).
   test::ToyModel model({{{HeadRole::kLocal, 3.0}, {HeadRole::kFar, 1.0}}, {{HeadRole::kBackup, 1.0}, {HeadRole::kUniform, 0.6}}},
                        test::ToyReadout{20.0});
   const auto seqs = test::toy_sequences(4, kContext, 9);
@@ -275,6 +276,35 @@ TEST_CASE("fresh conditioning: a completion that moves a lower layer triggers a 
   CHECK(r.answer_kl_by_pass.size() <= 3);    // bounded: two re-walks at most
   // Every kept pass lowered the KL; the reported policy is the last kept one.
   for (int64_t p = 1; p <= r.rewalks; ++p) CHECK(r.answer_kl_by_pass[p] < r.answer_kl_by_pass[p - 1]);
-  CHECK(r.answer_kl_policy == r.answer_kl_by_pass[static_cast<size_t>(r.rewalks)]);
+  // The cross-layer re-solve starts from the last kept re-walk.
+  REQUIRE(!r.answer_kl_by_resolve.empty());
+  CHECK(r.answer_kl_by_resolve.front() == r.answer_kl_by_pass[static_cast<size_t>(r.rewalks)]);
+  CHECK(r.answer_kl_policy == r.answer_kl_by_resolve[static_cast<size_t>(r.resolves)]);
   CHECK(r.global_bytes <= budget);
+}
+
+TEST_CASE("cross-layer re-solve: bytes a lower layer kept go to the layer above that needs them", "[calib]") {
+  // Layer 0 averages content; layer 1's two retrievers back each other up (the readout caps the
+  // slot at what one writes), so measured with the other at full each looks free to cut. Priced
+  // by those curves, the walk leaves layer 0 at full and layer 1 can then afford neither
+  // retriever. Their conditioned curves (around that decision) show a retriever is worth far more
+  // than layer 0's window: the exact re-solve moves layer 0's bytes up, the re-walk keeps one
+  // retriever, and the end-to-end answer KL drops.
+  test::ToyModel model({{{HeadRole::kUniform}}, {{HeadRole::kFar, 0.5}, {HeadRole::kFar, 0.5}}},
+                       test::ToyReadout{20.0, 0.5});
+  const auto seqs = test::toy_sequences(4, kContext, 41);
+  const int64_t budget = toy_head_bytes(kFullWindow) + 3 * toy_head_bytes(4);
+  const auto r = calib::run_seqcalib(model, seqs, answer_options("4,full", budget, seqs));
+  INFO(fmt::format("windows {} / {}, resolves {}, KL by resolve {}", fmt::join(r.windows.at(0), ","),
+                   fmt::join(r.windows.at(1), ","), r.resolves, fmt::join(r.answer_kl_by_resolve, ",")));
+  CHECK(r.resolves >= 1);
+  CHECK(r.windows.at(0) == std::vector<int64_t>{4});
+  const auto& top = r.windows.at(1);
+  CHECK((top[0] == kFullWindow) + (top[1] == kFullWindow) == 1);
+  CHECK(r.answer_kl_policy < 0.5 * r.answer_kl_by_resolve.front());
+  CHECK(r.global_bytes <= budget);
+  // The ablation keeps the walk's allocation: the re-solve is what moved the bytes.
+  auto without_conditioning = answer_options("4,full", budget, seqs);
+  without_conditioning.conditioned = false;
+  CHECK(calib::run_seqcalib(model, seqs, without_conditioning).resolves == 0);
 }

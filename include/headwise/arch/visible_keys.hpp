@@ -31,18 +31,20 @@ at::Tensor visible_keys(const at::Tensor& query_positions, const at::Tensor& key
 // afterwards, so the probabilities of the N keys sum to less than one.
 at::Tensor softmax_with_sink_logit(const at::Tensor& logits, const at::Tensor& sink_logit);
 
+// Which attention the runtime decoder runs where both apply.
+enum class AttentionKernel {
+  kFused,     // fused_masked_attention wherever it applies (the runtime's default)
+  kExplicit,  // matmul, mask, fp32 softmax, matmul: the forward's numerics (benchmarks, checks)
+};
+
 // softmax(q k^T * scaling, masked to `allowed`) v through ATen's fused attention (flash attention
-// on CPU, memory-efficient attention on CUDA): no [Tq, Tk] score tensor, about 4x faster than
-// the explicit matmul/mask/softmax/matmul at 8K keys on CPU. q [B, Hq, Tq, hd] with Hq a multiple
+// on CPU, memory-efficient attention on CUDA): no [Tq, Tk] score tensor (the runtime's eval at
+// 8K: 1.36x faster end to end, tools/bench-runtime-attention.sh). q [B, Hq, Tq, hd] with Hq a multiple
 // of k/v's heads (query head h uses KV head h / (Hq / Hkv)), k/v [B, Hkv, Tk, hd], `allowed` bool
 // [Tq, Tk], the same for every head; every query must see at least one key. The softmax runs
 // blockwise, so results differ from the explicit path in the last bits: the runtime uses it,
 // calibration and the plain forward keep the explicit path (their bits are what policies and
 // parity are checked against). Sink logits and logit soft-capping have no fused form.
-enum class AttentionKernel {
-  kFused,     // fused_masked_attention wherever it applies (the runtime's default)
-  kExplicit,  // matmul, mask, fp32 softmax, matmul: the forward's numerics (benchmarks, checks)
-};
 at::Tensor fused_masked_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& allowed,
                                   double scaling);
 

@@ -129,6 +129,11 @@ struct SeqCalibResult {
   // and of each re-walk tried (a last one not below its predecessor was discarded).
   int64_t rewalks = 0;
   std::vector<double> answer_kl_by_pass;
+  // Cross-layer re-solve: passes kept (the exact solve over every layer's conditioned curves moved
+  // a layer below a global layer; the layers above it re-walked), and the end-to-end answer KL on
+  // entry and of each pass tried.
+  int64_t resolves = 0;
+  std::vector<double> answer_kl_by_resolve;
   int64_t answer_kl_evaluations = 0;
   std::optional<MeasureValidation> validation;  // answer-grad with validate_measure
   int64_t peak_device_bytes = 0;        // CUDA allocator peak, 0 on CPU
