@@ -725,6 +725,9 @@ class SeqCalibRun {
     std::erase_if(result_.windows, [layer](const auto& entry) { return entry.first > layer; });
     std::erase_if(result_.curves, [layer](const HeadCurve& c) { return c.layer_id > layer; });
     std::erase_if(result_.layers, [layer](const LayerReport& r) { return r.layer_id > layer; });
+    if (result_.validation) {
+      std::erase_if(result_.validation->joint_decisions, [layer](const auto& d) { return d.layer_id > layer; });
+    }
     result_.expected_distortion.clear();
     replay_until_ = layer;
   }
