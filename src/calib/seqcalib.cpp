@@ -640,11 +640,8 @@ class SeqCalibRun {
   void resolve_across_layers() {
     result_.answer_kl_by_resolve = {result_.answer_kl_policy};
     for (int pass = 0; pass < kResolves; ++pass) {
-      const auto solution = solve::solve_exact(decided_groups_, options_.global_budget_bytes);
-      std::map<int64_t, std::vector<int64_t>> proposed;
-      for (size_t g = 0; g < decided_groups_.size(); ++g) {
-        proposed[decided_groups_[g].layer_id].push_back(decided_groups_[g].options[solution.choice[g]].window);
-      }
+      const Windows proposed =
+          decided_windows(solve::solve_exact(decided_groups_, options_.global_budget_bytes).choice);
       const std::optional<int64_t> lowest = lowest_changed_layer_below_a_global_layer(proposed);
       if (!lowest) return;
       spdlog::info("re-solve {}: the exact solve over the conditioned curves moves layer {} to [{}]; re-deciding the "
@@ -664,7 +661,7 @@ class SeqCalibRun {
 
   // Fixes the global layers up to `lowest` at `windows`, re-walks the layers above on that stream
   // and completes; keeps the new policy only if its measured end-to-end answer KL is lower.
-  RewalkOutcome rewalk_above(int64_t lowest, const std::map<int64_t, std::vector<int64_t>>& windows) {
+  RewalkOutcome rewalk_above(int64_t lowest, const Windows& windows) {
     const auto kept_result = result_;
     const auto kept = std::make_tuple(decided_groups_, decided_choice_, spent_, replay_until_);
     result_.windows = windows;
@@ -687,8 +684,7 @@ class SeqCalibRun {
 
   // The lowest global layer whose windows differ between `from` and the policy's, when a global
   // layer lies above it.
-  std::optional<int64_t> lowest_changed_layer_below_a_global_layer(
-      const std::map<int64_t, std::vector<int64_t>>& from) const {
+  std::optional<int64_t> lowest_changed_layer_below_a_global_layer(const Windows& from) const {
     const int64_t top = spec_.global_layer_ids().back();
     for (const auto& [layer, windows] : from) {
       if (layer < top && windows != result_.windows.at(layer)) return layer;
@@ -696,10 +692,13 @@ class SeqCalibRun {
     return std::nullopt;
   }
 
-  std::map<int64_t, std::vector<int64_t>> walk_windows() const {
-    std::map<int64_t, std::vector<int64_t>> windows;
+  Windows walk_windows() const { return decided_windows(decided_choice_); }
+
+  // The windows of the decided groups at `choice` (one option index per group), by layer.
+  Windows decided_windows(const std::vector<size_t>& choice) const {
+    Windows windows;
     for (size_t g = 0; g < decided_groups_.size(); ++g) {
-      windows[decided_groups_[g].layer_id].push_back(decided_groups_[g].options[decided_choice_[g]].window);
+      windows[decided_groups_[g].layer_id].push_back(decided_groups_[g].options[choice[g]].window);
     }
     return windows;
   }
