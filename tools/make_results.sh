@@ -1,25 +1,30 @@
 #!/usr/bin/env bash
 # Regenerates docs/results.md and docs/results.svg: for each budget (a share of the global KV
 # bytes of full KV at the context, plus the fixed bytes of the other layers), calibrates the
-# default model's policy into policies/ and evaluates it against every baseline at the same bytes
+# model's policy into policies/ and evaluates it against every baseline at the same bytes
 # through the runtime decoder, at the policy's context. Deterministic for a given model (seeds are
 # fixed; the eval seed stream is disjoint from the calibration seed).
-#   MODEL=models/other CONTEXT=4k SHARES=25,50 SAMPLES=100 tools/make_results.sh
-#   WINDOWS=... (default 64,256,1k,full)  TASKS=needle_single,needle_multikey  EVAL_SEED=23
+# Defaults: models/tiny-qwen3-next-8k (trained to 8K) at 4K tokens, ladder 128,512,2k,full: every
+# finite level is shorter than the samples, and the whole table fits in about an hour on 2 cores.
+#   MODEL=models/other CONTEXT=2k SHARES=25,50 SAMPLES=100 tools/make_results.sh
+#   WINDOWS=... (default 128,512,2k,full)  TASKS=needle_single,needle_multikey  EVAL_SEED=23
+#   RESULTS=docs/results-2k (writes RESULTS.md and RESULTS.svg; default docs/results)
 #   CALIB_SAMPLES=8 (the main command's default)  HEADWISE_CALC=path (default build/bin/headwise-calc)
-#   JOBS=2 (budgets calibrated at once; one eval then runs every budget, sharing the full-KV
-#   reference and the budget-free baseline work)
+#   JOBS=2 (the default: budgets calibrated at once, then method runs at once in the one eval,
+#   `eval --jobs`, one intra-op thread each; the eval runs every budget, sharing the full-KV
+#   reference and the budget-free baseline work; JOBS=1 runs one thing at a time)
 # Each policy's `unconditioned` ablation is the same calibration with --no-conditioning added
 # (same data, measure, ladder and budget), handed to eval with --unconditioned-policy.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
-model=${MODEL:-models/tiny-qwen3-next}
+model=${MODEL:-models/tiny-qwen3-next-8k}
 name=$(basename "$model")
 samples=${SAMPLES:-100}
-context=${CONTEXT:-2k}
+context=${CONTEXT:-4k}
 shares=${SHARES:-25,50}
-windows=${WINDOWS:-64,256,1k,full}
+windows=${WINDOWS:-128,512,2k,full}
+results=${RESULTS:-docs/results}
 eval_seed=${EVAL_SEED:-23}
 calib_samples=${CALIB_SAMPLES:-8}
 bin=${HEADWISE_CALC:-build/bin/headwise-calc}
@@ -35,7 +40,7 @@ calibrate_budget() {
 }
 
 # JOBS=n calibrates up to n budgets at once (one thread each); the figures do not depend on it.
-jobs_max=${JOBS:-1}
+jobs_max=${JOBS:-2}
 runs=()
 pids=()
 policies=()
@@ -68,7 +73,7 @@ for pid in "${pids[@]}"; do wait "$pid"; done
 # Every budget in one eval: the samples, full KV, the retrieval scores and duo's gates do not
 # depend on the budget, so they are computed once for the whole curve.
 evaluate=("$bin" eval --model "$model" "${policies[@]}" "${ablations[@]}" --samples "$samples"
-          --calib-samples 4 --seed "$eval_seed" --json --quiet ${TASKS:+--tasks "$TASKS"})
+          --calib-samples 4 --seed "$eval_seed" --json --quiet --jobs "$jobs_max" ${TASKS:+--tasks "$TASKS"})
 echo "evaluating ${#share_list[@]} budgets ($samples samples per task)"
 start=$(date +%s)
 "${evaluate[@]}" > out/results-all.json
@@ -87,5 +92,5 @@ for (( i = 0; i < ${#runs[@]}; i += 3 )); do
   report_args+=("${runs[i]}" "${runs[i + 1]}" "${runs[i + 2]}" "${shown_eval//"$bin"/build/bin/headwise-calc}")
 done
 
-python3 tools/results_report.py "$model" "${report_args[@]}"
-echo "wrote docs/results.md and docs/results.svg"
+python3 tools/results_report.py --out "$results" "$model" "${report_args[@]}"
+echo "wrote $results.md and $results.svg"

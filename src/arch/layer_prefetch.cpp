@@ -4,6 +4,8 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <atomic>
+
 #ifdef HEADWISE_WITH_CUDA
 #include <ATen/cuda/CUDAContext.h>
 #include <ATen/cuda/CUDAEvent.h>
@@ -22,15 +24,16 @@ size_t page_size() {
 }
 
 // Reads one byte per page: the page faults (and any disk reads) happen here, not later on the
-// compute thread. The volatile sink keeps the compiler from dropping the reads.
+// compute thread. Volatile reads: the compiler cannot drop them.
 void touch_pages(std::span<const std::byte> bytes) {
   if (bytes.empty()) return;
   const auto* begin = reinterpret_cast<const volatile unsigned char*>(bytes.data());
   unsigned char sink = 0;
   for (size_t off = 0; off < bytes.size(); off += page_size()) sink ^= begin[off];
   sink ^= begin[bytes.size() - 1];
-  static volatile unsigned char keep;
-  keep = sink;
+  // Atomic: several models (eval --jobs) prefetch on threads of their own at once.
+  static std::atomic<unsigned char> keep;
+  keep.store(sink, std::memory_order_relaxed);
 }
 
 // Asks the kernel to start reading the pages in (the touch below then waits on fewer faults).

@@ -14,6 +14,7 @@
 #include "headwise/core/error.hpp"
 #include "headwise/core/units.hpp"
 #include "headwise/eval/eval.hpp"
+#include "headwise/eval/schedule.hpp"
 #include "headwise/io/checkpoint.hpp"
 #include "policy_check.hpp"
 
@@ -38,6 +39,8 @@ struct EvalArgs {
   int64_t kl_positions = 512;
   std::string runtime_attention = "fused";
   std::string device = "cpu";
+  int64_t jobs = 1;
+  int64_t threads_per_job = 0;
   CommonFlags flags;
 };
 
@@ -223,30 +226,49 @@ void run_eval(const EvalArgs& args) {
 
   arch::ModelOptions model_options;
   model_options.device = args.device;
-  auto model = arch::load_model(dir, model_options);
+  if (args.jobs <= 0) throw_input_error("--jobs must be positive, got {}", args.jobs);
+  if (args.threads_per_job < 0) throw_input_error("--threads-per-job must be positive, got {}", args.threads_per_job);
+  // One model instance per job: a model streams its layers through state of its own.
+  std::vector<std::unique_ptr<arch::DecoderModel>> models;
+  for (int64_t j = 0; j < args.jobs; ++j) models.push_back(arch::load_model(dir, model_options));
   eval::RunOptions run{args.prefill_chunk, args.kl_positions, attention_kernel};
   // Full KV is the KL reference, so it runs first even when not reported; like the retrieval
   // scores and duo's gates it does not depend on the budget, so every policy shares it.
-  const eval::MethodResult full =
-      eval::run_method(*model, {"full", memory::full_kv_windows(spec)}, options, samples, run, nullptr);
   eval::BaselineCache budget_free;
-  nlohmann::json evaluations = nlohmann::json::array();
-  for (const auto& p : policies) {
-    eval::BaselineInputs baseline_inputs{p.policy, options, args.seed, {}, nullptr};
-    if (p.ablation) baseline_inputs.unconditioned_policy = &*p.ablation;
-    baseline_inputs.duo.steps = args.duo_steps;
-    baseline_inputs.duo.attention_kernel = attention_kernel;
-    const auto methods = eval::build_methods(*model, baseline_inputs, baselines, calibration, &budget_free);
-    warn_full_in_effect(methods, seq_len);
-    std::vector<eval::MethodResult> results;
-    for (const auto& m : methods) {
-      spdlog::info("eval {}: {} ({} global-KV bytes)", p.path, m.name, eval::global_kv_bytes(spec, m.windows, options));
-      results.push_back(m.name == "full" ? full : eval::run_method(*model, m, options, samples, run, &full));
+  const eval::BuildMethods build = [&](arch::DecoderModel& model, const eval::EmitMethod& emit) {
+    const auto inputs_of = [&](const PolicyUnderTest& p) {
+      eval::BaselineInputs in{p.policy, options, args.seed, {}, p.ablation ? &*p.ablation : nullptr};
+      in.duo.steps = args.duo_steps;
+      in.duo.attention_kernel = attention_kernel;
+      return in;
+    };
+    // One method at a time, so the other jobs run each as soon as it exists; duo's gate training
+    // (the long build at long contexts) goes last, once for every policy.
+    for (const bool duo : {false, true}) {
+      for (size_t i = 0; i < policies.size(); ++i) {
+        const eval::BaselineInputs in = inputs_of(policies[i]);
+        if (!duo) emit(i, 0, eval::build_methods(model, in, {}, calibration, &budget_free).front());
+        for (size_t b = 0; b < baselines.size(); ++b) {
+          if ((baselines[b] == "duo") != duo) continue;
+          emit(i, b + 1, eval::build_methods(model, in, {baselines[b]}, calibration, &budget_free).back());
+        }
+      }
     }
+  };
+  eval::ScheduleOptions schedule;
+  schedule.threads_per_worker = args.threads_per_job;
+  const eval::ScheduledRuns runs = eval::run_scheduled(models, policies.size(), build, options, samples, run, schedule);
+  spdlog::info("eval: {} decoder runs (full KV included), {} methods answered by an identical run", runs.runs_executed,
+               runs.runs_reused);
+  nlohmann::json evaluations = nlohmann::json::array();
+  for (size_t i = 0; i < policies.size(); ++i) {
+    const auto& methods = runs.methods[i];
+    const auto& results = runs.results[i];
+    warn_full_in_effect(methods, seq_len);
     if (args.flags.json) {
-      evaluations.push_back(evaluation_json(p, options, dir, spec, args, seq_len, tasks, methods, results));
+      evaluations.push_back(evaluation_json(policies[i], options, dir, spec, args, seq_len, tasks, methods, results));
     } else {
-      if (policies.size() > 1) std::cout << "policy " << p.path << "\n";
+      if (policies.size() > 1) std::cout << "policy " << policies[i].path << "\n";
       print_table(results, tasks);
     }
   }
@@ -289,6 +311,13 @@ const RegisterCommand kRegister{"eval", [](CLI::App& root) {
   cmd->add_option("--prefill-chunk", args.prefill_chunk, "Tokens per prefill chunk")->capture_default_str();
   cmd->add_option("--kl-positions", args.kl_positions, "Last prompt positions compared with full KV")->capture_default_str();
   cmd->add_option("--device", args.device, "cpu, cuda, cuda:N")->capture_default_str();
+  cmd->add_option("--jobs", args.jobs,
+                  "Method runs at once, each on its own model instance (one more streamed layer and activation set "
+                  "per job); the figures do not depend on it at a fixed --threads-per-job")
+      ->capture_default_str();
+  cmd->add_option("--threads-per-job", args.threads_per_job,
+                  "Intra-op threads of each job when --jobs > 1 (default: the process's threads / jobs, at least 1)")
+      ->capture_default_str();
   add_runtime_attention_option(cmd, args.runtime_attention);
   add_common_flags(cmd, args.flags, /*with_json=*/true);
   cmd->callback([] { run_eval(args); });

@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <nlohmann/json.hpp>
 #include <random>
+#include <set>
 
 #include "../arch/fixture_reference.hpp"
 #include "../test_configs.hpp"
@@ -248,6 +249,56 @@ TEST_CASE("eval of several policies in one run equals one run per policy, sharin
   CHECK(uneven.err.find("--unconditioned-policy given 1 times for 2 --policy") != std::string::npos);
 }
 
+TEST_CASE("eval --jobs 2 gives the figures of --jobs 1 and runs a repeated method once", "[runtime]") {
+  headwise::testing::TempDir tmp;
+  const auto dir = headwise::testing::fixture_dir("qwen3_next_tiny");
+  std::mt19937_64 rng(31);
+  const std::string path = (tmp.path() / "a.yaml").string();
+  policy::write_policy(path, fixture_policy(dir, random_policy_windows(arch::load_model_spec(dir), {8, 32}, rng)));
+  // The same policy twice: the second's methods are the first's runs; one thread per job in
+  // both schedules, so the figures must agree to the last bit.
+  const std::string common = "eval --model " + dir.string() + " --policy " + path + " --policy " + path +
+                             " --samples 2 --calib-samples 2 --duo-steps 3 --seq-len 120 --prefill-chunk 50 --json"
+                             " --baselines full,uniform,retrieval-score,duo,snapkv,h2o";
+  const Run serial = run_cli(common + " --quiet --jobs 1", tmp.path());
+  INFO(serial.err);
+  REQUIRE(serial.status == 0);
+  const Run parallel = run_cli(common + " --jobs 2 --threads-per-job 1", tmp.path());
+  INFO(parallel.err);
+  REQUIRE(parallel.status == 0);
+  auto a = nlohmann::json::parse(serial.out).at("evaluations");
+  auto b = nlohmann::json::parse(parallel.out).at("evaluations");
+  REQUIRE(a.size() == 2);
+  REQUIRE(b.size() == 2);
+  for (auto* doc : {&a, &b}) {
+    for (auto& e : *doc) {
+      for (auto& m : e["methods"]) {
+        m.erase("prefill_tokens_per_s");  // timings
+        m.erase("decode_tokens_per_s");
+      }
+    }
+  }
+  CHECK(a == b);
+  CHECK(a[0]["methods"] == a[1]["methods"]);
+  // Every method of the second policy (full aside: the reference itself) reused a run, and so
+  // did any method of the first whose windows and rule an earlier one had.
+  size_t expected = a[1]["methods"].size() - 1;
+  std::set<std::string> seen;
+  for (const auto& m : a[0]["methods"]) {
+    const std::string name = m["name"];
+    if (name == "full") continue;
+    const bool evicts = name == "snapkv" || name == "h2o" || name == "adakv";
+    if (!seen.insert(m["windows"].dump() + (evicts ? name : "")).second) ++expected;
+  }
+  size_t reused = 0;
+  for (size_t at = parallel.err.find("its run is reused"); at != std::string::npos;
+       at = parallel.err.find("its run is reused", at + 1)) {
+    ++reused;
+  }
+  CHECK(reused == expected);
+  CHECK(parallel.err.find("2 jobs at 1 intra-op thread each") != std::string::npos);
+}
+
 TEST_CASE("eval bad input: one line naming the flag, non-zero exit", "[runtime]") {
   headwise::testing::TempDir tmp;
   const auto dir = headwise::testing::fixture_dir("qwen3_next_tiny");
@@ -262,6 +313,8 @@ TEST_CASE("eval bad input: one line naming the flag, non-zero exit", "[runtime]"
       {base + " --model " + dir.string() + " --seq-len 120 --tasks niah_single", "tokenizer.json"},
       {base + " --model " + dir.string() + " --seq-len 120 --baselines uniform,bogus", "--baselines bogus"},
       {base + " --model " + dir.string() + " --seq-len 300", "--seq-len"},
+      {base + " --model " + dir.string() + " --seq-len 120 --jobs 0", "--jobs"},
+      {base + " --model " + dir.string() + " --seq-len 120 --jobs 2 --threads-per-job -1", "--threads-per-job"},
       {"eval --model " + dir.string() + " --policy " + (tmp.path() / "missing.yaml").string(), "missing.yaml"}};
   for (const auto& [args, needle] : cases) {
     const Run r = run_cli(args, tmp.path());
