@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Writes docs/results.md and docs/results.svg (or --out PREFIX .md/.svg) from the eval JSON files of tools/make_results.sh.
 
-    python3 tools/results_report.py MODEL SHARE POLICY CALIBRATE_CMD EVAL_CMD [SHARE POLICY ...]
+    python3 tools/results_report.py [--out PREFIX] MODEL SHARE POLICY CALIBRATE_CMD EVAL_CMD [SHARE POLICY ...]
 
 reads out/results-SHARE.json for each share. Every accuracy is shown with its 95% Wilson interval,
 KL and perplexity with their 95% intervals over samples; the plot shows mean task accuracy against
@@ -163,11 +163,9 @@ def main():
     out = "docs/results"  # written as OUT.md and OUT.svg
     if args[:1] == ["--out"]:
         out, args = args[1], args[2:]
-    if not args:
+    if len(args) < 5 or (len(args) - 1) % 4 != 0:
         sys.exit("usage: results_report.py [--out PREFIX] MODEL (SHARE POLICY CALIBRATE_CMD EVAL_CMD)...")
     model, rest = args[0], args[1:]
-    if len(rest) % 4 != 0 or not rest:
-        sys.exit("usage: results_report.py [--out PREFIX] MODEL (SHARE POLICY CALIBRATE_CMD EVAL_CMD)...")
     runs = [rest[i:i + 4] for i in range(0, len(rest), 4)]
     results = [(share, json.load(open(f"out/results-{share}.json"))) for share, _, _, _ in runs]
     sections = []
