@@ -85,23 +85,34 @@ at::Tensor compose_heads(std::span<const int64_t> windows, const std::function<a
 DistortionMeasure parse_distortion_measure(const std::string& text) {
   if (text == "block-mse") return DistortionMeasure::kBlockMse;
   if (text == "answer-kl") return DistortionMeasure::kAnswerKl;
+  if (text == "answer-tv") return DistortionMeasure::kAnswerTv;
   if (text == "answer-grad") return DistortionMeasure::kAnswerGrad;
-  throw_input_error("--distortion: '{}' is not one of answer-kl, answer-grad, block-mse", text);
+  throw_input_error("--distortion: '{}' is not one of answer-tv, answer-kl, answer-grad, block-mse", text);
 }
 
 const char* distortion_measure_name(DistortionMeasure measure) {
   switch (measure) {
     case DistortionMeasure::kBlockMse: return "block-mse";
     case DistortionMeasure::kAnswerKl: return "answer-kl";
+    case DistortionMeasure::kAnswerTv: return "answer-tv";
     case DistortionMeasure::kAnswerGrad: return "answer-grad";
   }
   return "?";
 }
 
+const char* divergence_label(AnswerDivergence divergence) {
+  return divergence == AnswerDivergence::kTv ? "answer TV" : "answer KL";
+}
+
+at::Tensor divergence_per_position(const at::Tensor& log_p, const at::Tensor& log_q, AnswerDivergence divergence) {
+  if (divergence == AnswerDivergence::kTv) return 0.5 * (log_p.exp() - log_q.exp()).abs().sum(-1);
+  return (log_p.exp() * (log_p - log_q)).sum(-1);
+}
+
 AnswerKl::AnswerKl(arch::DecoderModel& model, const std::vector<std::vector<int64_t>>& sequences,
                    const std::vector<std::vector<int64_t>>& answers, int64_t micro_batch, int64_t sink_tokens,
-                   dist::Collective& world)
-    : model_(model), sink_tokens_(sink_tokens), micro_batch_(micro_batch), world_(&world) {
+                   dist::Collective& world, AnswerDivergence divergence)
+    : model_(model), sink_tokens_(sink_tokens), micro_batch_(micro_batch), world_(&world), divergence_(divergence) {
   HEADWISE_CHECK(micro_batch > 0 && (!sequences.empty() || world.world_size() > 1), "empty calibration batch");
   if (answers.size() != sequences.size()) {
     throw_input_error("answer-kl: {} answer lists for {} calibration sequences", answers.size(), sequences.size());
@@ -204,32 +215,33 @@ double AnswerKl::evaluate(int64_t layer, ActivationStream& stream, std::span<con
     core.set_micro_batch(m);
     // The measured layer stays resident: the walk releases it once the layer is decided.
     const at::Tensor out = model_.run_layer(layer, entering, {&core, nullptr, 0});
-    total.add(kl_sum(m++, run_layers_from(layer + 1, out, core, false)));
+    total.add(divergence_sum(m++, run_layers_from(layer + 1, out, core, false)));
   });
   ++evaluations_;
-  return mean_over_ranks(total, fmt::format("layer {}: answer KL at windows [{}]", layer, fmt::join(windows, ",")));
+  return mean_over_ranks(total, fmt::format("layer {}: {} at windows [{}]", layer, divergence_label(divergence_),
+                                            fmt::join(windows, ",")));
 }
 
 double AnswerKl::evaluate_policy(ActivationStream& embedded, const std::map<int64_t, std::vector<int64_t>>& windows) {
   PolicyAttentionCore core(windows, sink_tokens_, model_.attention_chunk());
   ExactSum total;
   int64_t m = 0;
-  embedded.visit([&](const at::Tensor& entering) { total.add(kl_sum(m++, run_layers_from(0, entering, core, false))); });
+  embedded.visit([&](const at::Tensor& entering) { total.add(divergence_sum(m++, run_layers_from(0, entering, core, false))); });
   return mean_over_ranks(total, "the policy's end-to-end answer KL (after the last layer)");
 }
 
 double AnswerKl::evaluate_final(ActivationStream& final_hidden) {
   ExactSum total;
   int64_t m = 0;
-  final_hidden.visit([&](const at::Tensor& hidden) { total.add(kl_sum(m++, hidden)); });
+  final_hidden.visit([&](const at::Tensor& hidden) { total.add(divergence_sum(m++, hidden)); });
   return mean_over_ranks(total, "the walk's end-to-end answer KL (after the last layer)");
 }
 
-double AnswerKl::kl_sum(int64_t micro_batch, const at::Tensor& final_hidden) {
+double AnswerKl::divergence_sum(int64_t micro_batch, const at::Tensor& final_hidden) {
   const at::Tensor log_p = output_log_probs(micro_batch, final_hidden);
   const at::Tensor& ref = reference_[static_cast<size_t>(micro_batch)];
   // Per-position sums in fp64, added in a fixed order: reproducible, independent of timing.
-  return (ref.exp() * (ref - log_p)).sum(-1).to(at::kDouble).sum().item<double>();
+  return divergence_per_position(ref, log_p, divergence_).to(at::kDouble).sum().item<double>();
 }
 
 }  // namespace headwise::calib

@@ -112,7 +112,7 @@ class SeqCalibRun {
       spdlog::info("{}: full-KV reference at the answer positions ({} sequences)",
                    distortion_measure_name(options_.measure), local_sequences_.size());
       answer_kl_ = std::make_unique<AnswerKl>(model_, local_sequences_, local_answers_, options_.micro_batch,
-                                              options_.sink_tokens, world_);
+                                              options_.sink_tokens, world_, answer_divergence(options_.measure));
       if (gradient_measure()) {
         sensitivity_ = std::make_unique<AnswerSensitivity>(model_, *answer_kl_, options_.ladder.levels, options_.sink_tokens);
       }
@@ -184,6 +184,8 @@ class SeqCalibRun {
 
   bool answer_aware() const { return calib::answer_aware(options_.measure); }
   bool gradient_measure() const { return options_.measure == DistortionMeasure::kAnswerGrad; }
+  // What the answer measures average, as the logs name it.
+  const char* measured_label() const { return divergence_label(answer_divergence(options_.measure)); }
 
   void summarise_validation() {
     auto& v = *result_.validation;
@@ -246,6 +248,12 @@ class SeqCalibRun {
     for (size_t l : levels) w.push_back(options_.ladder.levels[l]);
     return w;
   }
+  // The same as a log shows it ("full", not the sentinel).
+  std::string labels_of(const std::vector<size_t>& levels) const {
+    std::vector<std::string> labels;
+    for (int64_t w : windows_of(levels)) labels.push_back(window_label(w));
+    return fmt::format("{}", fmt::join(labels, ","));
+  }
 
   // Every head's curve against the other heads at `at`: d(h, l) = E(at, head h at l) -
   // E(at, head h at the top level), E the measured answer KL of the layer's joint windows.
@@ -280,8 +288,8 @@ class SeqCalibRun {
       if (it != memo.end()) return it->second;
       const double e = measure.evaluate(layer_id, stream, windows_of(levels));
       if (!std::isfinite(e)) {
-        throw NumericError(fmt::format("layer {}: answer KL is NaN/Inf at windows [{}]: check the layer's weights",
-                                       layer_id, fmt::join(windows_of(levels), ",")));
+        throw NumericError(fmt::format("layer {}: {} is NaN/Inf at windows [{}]: check the layer's weights", layer_id,
+                                       divergence_label(measure.divergence()), labels_of(levels)));
       }
       memo.emplace(levels, e);
       return e;
@@ -515,8 +523,8 @@ class SeqCalibRun {
       assign = solve::solve_exact(groups, allowance).choice;
     }
     result_.answer_kl_evaluations += static_cast<int64_t>(memo.size());
-    spdlog::debug("layer {}: windows [{}], joint answer KL {:.6g} ({} evaluations)", layer_id,
-                  fmt::join(windows_of(assign), ","), joint(assign), memo.size());
+    spdlog::debug("layer {}: windows [{}], joint {} {:.6g} ({} evaluations)", layer_id, labels_of(assign),
+                  measured_label(), joint(assign), memo.size());
     if (result_.validation) validate_joint_decision(layer_id, stream, assign, joint);
     return record_decision(groups, assign, report);
   }
@@ -673,12 +681,13 @@ class SeqCalibRun {
     measure_completion_effect();
     const double kl = result_.answer_kl_policy;
     if (!(kl < kept_result.answer_kl_policy)) {
-      spdlog::info("answer KL {:.6g}, not below {:.6g}: kept the previous policy", kl, kept_result.answer_kl_policy);
+      spdlog::info("{} {:.6g}, not below {:.6g}: kept the previous policy", measured_label(), kl,
+                   kept_result.answer_kl_policy);
       result_ = kept_result;
       std::tie(decided_groups_, decided_choice_, spent_, replay_until_) = kept;
       return {kl, false};
     }
-    spdlog::info("answer KL {:.6g} (was {:.6g}): kept", kl, kept_result.answer_kl_policy);
+    spdlog::info("{} {:.6g} (was {:.6g}): kept", measured_label(), kl, kept_result.answer_kl_policy);
     return {kl, true};
   }
 
@@ -745,7 +754,7 @@ class SeqCalibRun {
       ActivationStream embedded(model_, local_sequences_, options_.micro_batch, options_.activations);
       result_.answer_kl_policy = answer_kl_->evaluate_policy(embedded, result_.windows);
     }
-    spdlog::info("answer KL end to end: {:.6g} after the walk, {:.6g} after completion ({} windows moved)",
+    spdlog::info("{} end to end: {:.6g} after the walk, {:.6g} after completion ({} windows moved)", measured_label(),
                  result_.answer_kl_walk, result_.answer_kl_policy, result_.windows_moved_by_completion);
   }
 

@@ -118,8 +118,9 @@ const RegisterCommand kRegister{"calibrate", [](CLI::App& root) {
                   "quarter (at least 2k), so every level is measured")
       ->capture_default_str();
   root.add_option("--distortion", args.request.distortion,
-                  "What a window costs: answer-kl (KL to the full model at the answer positions, measured by running "
-                  "the layers above; heads of a layer decided jointly), answer-grad (the same KL predicted to second "
+                  "What a window costs: answer-tv (total variation to the full model's next-token distribution at "
+                  "the answer positions, measured by running the layers above; heads of a layer decided jointly), "
+                  "answer-kl (the same with KL, which a lost needle dominates), answer-grad (the KL predicted to second "
                   "order from gradients: one backward pass per probe instead of a run per assignment) or block-mse "
                   "(the attention block's output error over all positions)")
       ->capture_default_str();

@@ -90,7 +90,7 @@ memory::HeadWindows unconditioned(arch::DecoderModel& model, const BaselineInput
   // The ablation of the policy: the same measure, only the conditioning removed. The answer of
   // each sample (cut to the common length from the front) is what answer-kl scores.
   if (const std::string measure = in.policy.calibration.value("distortion_measure", "");
-      measure == "answer-kl" || measure == "answer-grad") {
+      measure == "answer-kl" || measure == "answer-tv" || measure == "answer-grad") {
     o.measure = calib::parse_distortion_measure(measure);
     for (const auto& s : calibration) {
       std::vector<int64_t> positions;

@@ -114,6 +114,31 @@ TEST_CASE("every family's forward gives the same bits under load, within parity 
   }
 }
 
+TEST_CASE("headwise-calc forward under load writes the same logits every time", "[stress]") {
+  // The production entry, not the library: headwise-calc pins the intra-op threads itself
+  // (pin_intra_op_threads: MKL may otherwise use fewer threads on a call, and a row's bits
+  // depend on MKL's thread count). gemma3_gqa4: sliding window 23 over 96 tokens.
+  const MachineLoad load(/*spinners=*/1);
+  TempDir dir("stress");
+  const auto fixture = fixture_dir("gemma3_gqa4");
+  const at::Tensor ids = read_reference(fixture, "input_ids").flatten();
+  std::string tokens = "[";
+  for (int64_t i = 0; i < ids.size(0); ++i) tokens += (i ? "," : "") + std::to_string(ids[i].item<int64_t>());
+  write_file_atomically(dir / "ids.json", tokens + "]");
+  std::string first;
+  for (int run = 0; run < kRunsPerFamily; ++run) {
+    const auto out = dir / ("logits" + std::to_string(run) + ".safetensors");
+    const auto result = run_cli_with("forward --model " + fixture.string() + " --tokens " + (dir / "ids.json").string() +
+                                         " -q -o " + out.string(),
+                                     "OMP_NUM_THREADS=2");
+    INFO(result.err);
+    REQUIRE(result.status == 0);
+    const std::string logits = read_text_file(out);
+    if (run == 0) first = logits;
+    CHECK(logits == first);
+  }
+}
+
 TEST_CASE("a calibration under load writes the same policy bytes every time", "[stress]") {
   const MachineLoad load(/*spinners=*/1);
   TempDir dir("stress");

@@ -157,6 +157,10 @@ TEST_CASE("answer-kl keeps the retrieval head whose block output is small; block
   // The policy's end-to-end answer KL is measured and reported.
   CHECK(answer.answer_kl_policy >= 0.0);
   CHECK(answer.answer_kl_evaluations > 0);
+  // answer-tv (the default) sees the same.
+  auto tv_options = answer_options("4,16,full", budget, seqs);
+  tv_options.measure = calib::DistortionMeasure::kAnswerTv;
+  CHECK(calib::run_seqcalib(model, seqs, tv_options).windows.at(0).front() == kFullWindow);
 
   // The gradient prediction sees the same: it keeps the retrieval head, and its ranking of the
   // (head, level) pairs agrees with the exact measure's.
@@ -171,6 +175,63 @@ TEST_CASE("answer-kl keeps the retrieval head whose block output is small; block
   CHECK(gradient.validation->joint_decisions.size() == 1);
   INFO("Spearman " << gradient.validation->spearman);
   CHECK(gradient.validation->spearman >= 0.8);
+}
+
+TEST_CASE("answer-tv orders a lost answer as greedy accuracy does; answer-kl does not", "[calib]") {
+  // Two answer positions whose full-model answer is token 0. "soft": both answers made unsure
+  // (0.3 on the answer, 0.7 on a wrong token: both greedy answers wrong). "lost": one answer
+  // exact, the other lost outright (1e-6 left on it: one greedy answer right).
+  const auto log_probs = [](std::vector<std::vector<double>> rows) {
+    std::vector<at::Tensor> t;
+    for (const auto& r : rows) t.push_back(at::tensor(r, at::kDouble));
+    return at::log(at::stack(t)).to(at::kFloat);
+  };
+  const at::Tensor full = log_probs({{1 - 3e-6, 1e-6, 1e-6, 1e-6}, {1 - 3e-6, 1e-6, 1e-6, 1e-6}});
+  const at::Tensor soft = log_probs({{0.3, 0.7 - 2e-6, 1e-6, 1e-6}, {0.3, 0.7 - 2e-6, 1e-6, 1e-6}});
+  const at::Tensor lost = full.clone();
+  lost[1] = log_probs({{1e-6, 1 - 3e-6, 1e-6, 1e-6}})[0];
+  const auto total = [&](const at::Tensor& q, calib::AnswerDivergence d) {
+    return calib::divergence_per_position(full, q, d).sum().item<double>();
+  };
+  using calib::AnswerDivergence;
+  INFO("KL soft " << total(soft, AnswerDivergence::kKl) << " lost " << total(lost, AnswerDivergence::kKl) << "; TV soft "
+                  << total(soft, AnswerDivergence::kTv) << " lost " << total(lost, AnswerDivergence::kTv));
+  CHECK(total(soft, AnswerDivergence::kKl) < total(lost, AnswerDivergence::kKl));  // KL: the lost needle dominates
+  CHECK(total(lost, AnswerDivergence::kTv) < total(soft, AnswerDivergence::kTv));  // TV: one exact answer pays
+  // TV is at most 1 per position and 0 against itself; KL of the lost answer is ~ln(1e6).
+  const at::Tensor tv = calib::divergence_per_position(full, lost, AnswerDivergence::kTv);
+  CHECK(tv[0].item<double>() == Approx(0.0).margin(1e-6));
+  CHECK(tv[1].item<double>() == Approx(1.0 - 2e-6).epsilon(1e-4));
+  CHECK(calib::divergence_per_position(full, lost, AnswerDivergence::kKl)[1].item<double>() ==
+        Approx(std::log(1e6)).epsilon(1e-3));
+  CHECK(calib::parse_distortion_measure("answer-tv") == calib::DistortionMeasure::kAnswerTv);
+  CHECK(std::string(calib::distortion_measure_name(calib::DistortionMeasure::kAnswerTv)) == "answer-tv");
+}
+
+TEST_CASE("answer-tv reports the policy's total variation at the answer positions, end to end", "[calib]") {
+  const std::vector<test::ToyHead> layer{{HeadRole::kFar, 0.5}, {HeadRole::kUniform}, {HeadRole::kLocal}};
+  test::ToyModel model({layer, layer}, test::ToyReadout{20.0});
+  const auto seqs = test::toy_sequences(4, kContext, 51);
+  // One full window for the two layers' far heads: one of them loses position 0.
+  const int64_t budget = toy_head_bytes(kFullWindow) + toy_head_bytes(16) + 4 * toy_head_bytes(4);
+  auto options = answer_options("4,16,full", budget, seqs);
+  options.measure = calib::DistortionMeasure::kAnswerTv;
+  const auto r = calib::run_seqcalib(model, seqs, options);
+  // By hand: the full model's and the policy's next-token distributions at the last 8 positions.
+  const auto answer_log_probs = [&](const std::map<int64_t, std::vector<int64_t>>* windows) {
+    const at::Tensor h = final_hidden(model, seqs, windows);
+    const int64_t t = h.size(1);
+    return at::log_softmax(model.logits(h.slice(1, t - 9, t - 1)).to(at::kFloat), -1).flatten(0, 1);
+  };
+  const at::Tensor by_hand = calib::divergence_per_position(answer_log_probs(nullptr), answer_log_probs(&r.windows),
+                                                            calib::AnswerDivergence::kTv);
+  INFO(fmt::format("windows {} / {}", fmt::join(r.windows.at(0), ","), fmt::join(r.windows.at(1), ",")));
+  CHECK(r.global_bytes <= budget);
+  CHECK(r.answer_kl_policy == Approx(by_hand.mean().item<double>()).epsilon(1e-5).margin(1e-9));
+  CHECK(r.answer_kl_policy >= 0.0);
+  CHECK(r.answer_kl_policy <= 1.0);
+  // The budget cuts a retrieval, and it shows.
+  CHECK(r.answer_kl_policy > 1e-3);
 }
 
 TEST_CASE("answer-grad predicts a joint cut that flips the answer from heads that each look cheap", "[calib]") {

@@ -103,14 +103,14 @@ TEST_CASE("the newer forwards calibrate at a binding budget (gpt-oss with every 
     std::string budget = "200k";
   };
   const std::vector<Case> cases{{"gpt_oss_tiny", {"block-mse", "answer-kl", "answer-grad"}, 2},
-                                {"qwen3_5_moe_tiny", {"answer-kl"}, 2},
-                                {"qwen3_yarn", {"answer-kl"}, 4},
+                                {"qwen3_5_moe_tiny", {"answer-tv"}, 2},
+                                {"qwen3_yarn", {"answer-tv"}, 4},
                                 {"lfm2_tiny", {"answer-kl", "block-mse"}, 2},
                                 {"bamba_tiny", {"answer-kl", "answer-grad"}, 2},
-                                {"nemotron_h_tiny", {"answer-kl"}, 2},
-                                {"granitemoehybrid_tiny", {"answer-kl"}, 2},
+                                {"nemotron_h_tiny", {"answer-tv"}, 2},
+                                {"granitemoehybrid_tiny", {"answer-tv"}, 2},
                                 {"jamba_tiny", {"answer-kl", "block-mse"}, 2, "100k"},
-                                {"falcon_h1_tiny", {"answer-kl", "block-mse"}, 3}};
+                                {"falcon_h1_tiny", {"answer-tv", "block-mse"}, 3}};
   TempDir dir("calibrate");
   for (const auto& c : cases) {
     const std::string model = std::string(HEADWISE_FIXTURES_DIR) + "/" + c.fixture;
@@ -188,7 +188,7 @@ TEST_CASE("--seq-len auto measures every finite level; unmeasured levels need a 
   const auto p = policy::read_policy(out);
   CHECK(p.calibration["extrapolation"] == "as-full");
   CHECK(p.calibration["extrapolated_levels"] == nlohmann::json::array({128}));
-  CHECK(p.calibration["distortion_measure"] == "answer-kl");
+  CHECK(p.calibration["distortion_measure"] == "answer-tv");  // the default
 
   // The fitted rule: the policy names it, and every head's curve at 128 is read off its measured
   // levels (here only 8 is measured below full: no decay assumed, so 128 costs what 8 costs).

@@ -27,14 +27,31 @@ namespace headwise::calib {
 
 class ActivationStream;
 
-enum class DistortionMeasure { kBlockMse, kAnswerKl, kAnswerGrad };
+enum class DistortionMeasure { kBlockMse, kAnswerKl, kAnswerTv, kAnswerGrad };
 
-// "block-mse", "answer-kl" or "answer-grad"; InputError naming --distortion otherwise.
+// "block-mse", "answer-kl", "answer-tv" or "answer-grad"; InputError naming --distortion otherwise.
 DistortionMeasure parse_distortion_measure(const std::string& text);
 // The name parse_distortion_measure() reads.
 const char* distortion_measure_name(DistortionMeasure measure);
 // Whether the measure scores answer positions (and needs them).
 inline bool answer_aware(DistortionMeasure m) { return m != DistortionMeasure::kBlockMse; }
+
+// How the answer measures compare a run's next-token distribution q with the full model's p at
+// an answer position. KL(p || q) is unbounded: one needle the windows lose outright costs as
+// much as many answers made slightly less sure, so a decision that minimises the mean KL spreads
+// the long windows to soften every miss (one head at full, its partners cut short) while greedy
+// answers stay wrong. The total variation ½·Σ|p − q| is at most 1 per position and bounds the
+// change of the probability of any answer (|p(A) − q(A)| ≤ TV for every set A of tokens): a
+// lost needle costs at most 1, and keeping most needles exact is what pays.
+enum class AnswerDivergence { kKl, kTv };
+inline AnswerDivergence answer_divergence(DistortionMeasure m) {
+  return m == DistortionMeasure::kAnswerTv ? AnswerDivergence::kTv : AnswerDivergence::kKl;
+}
+// "answer KL" or "answer TV", as logs name the measured quantity.
+const char* divergence_label(AnswerDivergence divergence);
+// Per position: the divergence of `log_q` from the reference `log_p` (log-probs [positions,
+// vocab] each) → [positions], in float32.
+at::Tensor divergence_per_position(const at::Tensor& log_p, const at::Tensor& log_q, AnswerDivergence divergence);
 
 // The measured layer's attention output with every head at one window, per (micro-batch,
 // window): a joint assignment is then composed head by head (compose_heads) instead of
@@ -81,9 +98,10 @@ class AnswerKl {
   // full-KV reference distributions there (one exact forward, micro-batch by micro-batch, split
   // like ActivationStream's). InputError when no sequence has an answer position. `sequences` is
   // this rank's shard; every measure below is the mean over every rank's answers (`world`).
+  // `divergence` says what every measure below averages (KL unless told).
   AnswerKl(arch::DecoderModel& model, const std::vector<std::vector<int64_t>>& sequences,
            const std::vector<std::vector<int64_t>>& answers, int64_t micro_batch, int64_t sink_tokens,
-           dist::Collective& world = dist::single_process());
+           dist::Collective& world = dist::single_process(), AnswerDivergence divergence = AnswerDivergence::kKl);
 
   // The same measure over the first `sequences` sequences only (the probe's), micro-batched the
   // same way: the reference is sliced from this one instead of recomputed.
@@ -105,6 +123,7 @@ class AnswerKl {
 
   // Answer positions over every rank.
   int64_t answer_count() const { return answers_; }
+  AnswerDivergence divergence() const { return divergence_; }
   dist::Collective& world() const { return *world_; }
   int64_t evaluations() const { return evaluations_; }
 
@@ -120,7 +139,8 @@ class AnswerKl {
   }
 
  private:
-  double kl_sum(int64_t micro_batch, const at::Tensor& final_hidden);
+  // The divergence summed over the micro-batch's answer positions.
+  double divergence_sum(int64_t micro_batch, const at::Tensor& final_hidden);
   void share_answer_counts(const std::string& what);
   double mean_over_ranks(const ExactSum& local, const std::string& what) const;
   // Runs layers [first, num_layers) on `hidden` with `core`, each layer's weights released after
@@ -143,6 +163,7 @@ class AnswerKl {
   int64_t evaluations_ = 0;
   int64_t micro_batch_ = 1;
   dist::Collective* world_;
+  AnswerDivergence divergence_ = AnswerDivergence::kKl;
 };
 
 }  // namespace headwise::calib

@@ -24,7 +24,7 @@ struct CalibrationRequest {
   std::string calib;  // empty: the built-in synthetic set
   int64_t samples = 8;
   std::string seq_len = "auto";  // auto: long enough to measure every finite ladder level
-  std::string distortion = "answer-kl";
+  std::string distortion = "answer-tv";  // see AnswerDivergence: what wins on retrieval accuracy
   bool independent_heads = false;
   bool validate_measure = false;  // answer-grad against answer-kl, in the report
   std::string extrapolate = "none";  // rule for levels the sequences cannot measure
