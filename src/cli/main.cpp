@@ -10,7 +10,6 @@
 int main(int argc, char** argv) {
   using namespace headwise;
   tune_allocator_for_tensor_reuse();
-  pin_intra_op_threads();
   CLI::App app{"headwise-calc: compile per-KV-head cache window policies for hybrid long-context LLMs.\n"
                "Sizes take k/m/g suffixes in powers of 1024 (160k tokens = 163840, 48g = 48 GiB)."};
   app.set_version_flag("--version", HEADWISE_VERSION);

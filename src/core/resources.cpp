@@ -1,7 +1,5 @@
 #include "headwise/core/resources.hpp"
 
-#include <ATen/Parallel.h>
-
 #include <malloc.h>
 
 #include <cstdlib>
@@ -54,12 +52,6 @@ void reset_peak_device_bytes(const at::Device& device) {
     c10::cuda::CUDACachingAllocator::resetPeakStats(device.has_index() ? device.index() : c10::DeviceIndex{0});
   }
 #endif
-}
-
-int pin_intra_op_threads() {
-  const int threads = at::get_num_threads();
-  at::set_num_threads(threads);  // also mkl_set_num_threads and mkl_set_dynamic(false)
-  return threads;
 }
 
 bool tune_allocator_for_tensor_reuse() {

@@ -115,9 +115,9 @@ TEST_CASE("every family's forward gives the same bits under load, within parity 
 }
 
 TEST_CASE("headwise-calc forward under load writes the same logits every time", "[stress]") {
-  // The production entry, not the library: headwise-calc pins the intra-op threads itself
-  // (pin_intra_op_threads: MKL may otherwise use fewer threads on a call, and a row's bits
-  // depend on MKL's thread count). gemma3_gqa4: sliding window 23 over 96 tokens.
+  // The production entry, not the library: its own process, thread pool and MKL set-up (a
+  // row's bits depend on MKL's thread count: pin_cpu_math_threads). gemma3_gqa4: sliding
+  // window 23 over 96 tokens.
   const MachineLoad load(/*spinners=*/1);
   TempDir dir("stress");
   const auto fixture = fixture_dir("gemma3_gqa4");

@@ -28,14 +28,4 @@ void reset_peak_device_bytes(const at::Device& device);
 // HEADWISE_GLIBC_MALLOC_DEFAULTS=1 (for side-by-side benchmarks). Returns whether it applied.
 bool tune_allocator_for_tensor_reuse();
 
-// Fixes the intra-op thread count for the whole process at what it is now (OMP_NUM_THREADS, or
-// one per core), for OpenMP and MKL alike, and turns MKL's dynamic thread adjustment off. Why:
-// MKL splits a matrix product's rows among its threads, and the rows of each share come out of
-// a kernel run of their own, so the bits of a row depend on how many threads MKL used for that
-// call (a gemma3 fixture's logits at 2 threads differ from 1 thread's in exactly the second half
-// of the positions). MKL_DYNAMIC is on by default and lets MKL use fewer threads than asked on
-// any call; torch turns it off only inside at::set_num_threads, which headwise-calc never called
-// outside `eval --jobs`. Returns the thread count.
-int pin_intra_op_threads();
-
 }  // namespace headwise
