@@ -227,14 +227,14 @@ double AnswerKl::evaluate_policy(ActivationStream& embedded, const std::map<int6
   ExactSum total;
   int64_t m = 0;
   embedded.visit([&](const at::Tensor& entering) { total.add(divergence_sum(m++, run_layers_from(0, entering, core, false))); });
-  return mean_over_ranks(total, "the policy's end-to-end answer KL (after the last layer)");
+  return mean_over_ranks(total, fmt::format("the policy's end-to-end {} (after the last layer)", divergence_label(divergence_)));
 }
 
 double AnswerKl::evaluate_final(ActivationStream& final_hidden) {
   ExactSum total;
   int64_t m = 0;
   final_hidden.visit([&](const at::Tensor& hidden) { total.add(divergence_sum(m++, hidden)); });
-  return mean_over_ranks(total, "the walk's end-to-end answer KL (after the last layer)");
+  return mean_over_ranks(total, fmt::format("the walk's end-to-end {} (after the last layer)", divergence_label(divergence_)));
 }
 
 double AnswerKl::divergence_sum(int64_t micro_batch, const at::Tensor& final_hidden) {

@@ -249,11 +249,7 @@ class SeqCalibRun {
     return w;
   }
   // The same as a log shows it ("full", not the sentinel).
-  std::string labels_of(const std::vector<size_t>& levels) const {
-    std::vector<std::string> labels;
-    for (int64_t w : windows_of(levels)) labels.push_back(window_label(w));
-    return fmt::format("{}", fmt::join(labels, ","));
-  }
+  std::string labels_of(const std::vector<size_t>& levels) const { return window_labels(windows_of(levels)); }
 
   // Every head's curve against the other heads at `at`: d(h, l) = E(at, head h at l) -
   // E(at, head h at the top level), E the measured answer KL of the layer's joint windows.

@@ -40,11 +40,7 @@ std::string layers_table(const std::vector<LayerMemory>& layers, bool per_layer)
     out += fmt::format("\n  {:>5} {:<18} {:>16}  {}\n", "layer", "kind", "bytes", "KV head windows");
     for (const auto& l : layers) {
       std::string windows;
-      if (l.kv_head_windows) {
-        std::vector<std::string> names;
-        for (int64_t w : *l.kv_head_windows) names.push_back(window_label(w));
-        windows = fmt::format("[{}]", fmt::join(names, ", "));
-      }
+      if (l.kv_head_windows) windows = fmt::format("[{}]", window_labels(*l.kv_head_windows, ", "));
       out += fmt::format("  {:>5} {:<18} {:>16}  {}\n", l.layer_id, arch::layer_kind_name(l.kind), l.bytes, windows);
     }
   } else {

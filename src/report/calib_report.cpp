@@ -107,7 +107,8 @@ nlohmann::json calibration_report(const calib::SeqCalibResult& r, const ReportCo
   nlohmann::json answer = nullptr;
   if (r.answer_kl_walk >= 0) {
     // "answer_kl" names the block (tools read it); with --distortion answer-tv its values are TV.
-    answer = {{"divergence", c.provenance.value("distortion_measure", "") == "answer-tv" ? "tv" : "kl"},
+    const auto divergence = calib::answer_divergence(calib::parse_distortion_measure(c.provenance.at("distortion_measure")));
+    answer = {{"divergence", divergence == calib::AnswerDivergence::kTv ? "tv" : "kl"},
               {"end_to_end_after_walk", r.answer_kl_walk},
               {"end_to_end_after_completion", r.answer_kl_policy},
               {"windows_moved_by_completion", r.windows_moved_by_completion},
