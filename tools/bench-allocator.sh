@@ -14,17 +14,12 @@ set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 calc=${HEADWISE_CALC:-$root/build/bin/headwise-calc}
 threads=1 reps=1 out=/tmp/headwise-bench-allocator
-while [[ $# -gt 0 ]]; do
-  case $1 in
-    --threads) threads=$2; shift 2 ;;
-    --reps) reps=$2; shift 2 ;;
-    --out) out=$2; shift 2 ;;
-    *) echo "bench-allocator: unknown argument $1" >&2; exit 2 ;;
-  esac
-done
+# shellcheck source=bench_common.sh
+source "$root/tools/bench_common.sh"
+bench_parse_args bench-allocator "$@"
 mkdir -p "$out"
 export OMP_NUM_THREADS=$threads MKL_NUM_THREADS=$threads
-python3 -c "import json, random; random.seed(1); json.dump([random.randrange(66, 512) for _ in range(8192)], open('$out/tokens.json', 'w'))"
+bench_random_tokens "$out/tokens.json" 8192
 
 # name → command; {out} is replaced by the run's output file.
 declare -A commands=(

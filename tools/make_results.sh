@@ -5,8 +5,8 @@
 # through the runtime decoder, at the policy's context. Deterministic for a given model (seeds are
 # fixed; the eval seed stream is disjoint from the calibration seed).
 # Defaults: models/tiny-qwen3-next-8k (trained to 8K) at 4K tokens, ladder 128,512,2k,full: every
-# finite level is shorter than the samples (measured with JOBS=2 on 2 cores: 69 min on one machine, 41 min on another,
-# eval 2146 s of it, with the test suite running beside it).
+# finite level is shorter than the samples (measured with JOBS=2 on 2 cores, every method incl. the
+# chunked SnapKV/AdaKV: 33.5 min alone, eval 1800 s of it; 41-69 min with the test suite beside it).
 #   MODEL=models/other CONTEXT=2k SHARES=25,50 SAMPLES=100 tools/make_results.sh
 #   WINDOWS=... (default 128,512,2k,full)  TASKS=needle_single,needle_multikey  EVAL_SEED=23
 #   RESULTS=docs/results-2k (writes RESULTS.md and RESULTS.svg; default docs/results)

@@ -15,7 +15,23 @@ import sys
 Z = 1.959963984540054
 COLOURS = {"headwise": "#c0392b", "full": "#2c3e50", "uniform": "#2980b9", "pyramid": "#8e44ad",
            "retrieval-score": "#27ae60", "duo": "#16a085", "random": "#7f8c8d", "unconditioned": "#e67e22",
-           "snapkv": "#d35400", "h2o": "#f1c40f", "adakv": "#6d4c41"}
+           "snapkv": "#d35400", "h2o": "#f1c40f", "adakv": "#6d4c41", "snapkv-chunked": "#e59866",
+           "adakv-chunked": "#a1887f"}
+
+
+def stages_whole_prompt(m):
+    """SnapKV/AdaKV as published: the whole prompt's K/V staged, prompt logits at full attention."""
+    return m.get("details", {}).get("prefill", "").startswith("full KV")
+
+
+def policy_cache_bytes(r):
+    """What the policy holds: the bytes a method may hold at any moment to fit the same budget."""
+    return next(m for m in r["methods"] if m["name"] == "headwise")["cache_bytes_measured"]
+
+
+def prefill_peak(m):
+    """Cache bytes plus the most prompt K/V the method held beyond them at once (measured)."""
+    return m["cache_bytes_measured"] + m.get("details", {}).get("prefill_staged_peak_bytes_measured", 0)
 
 
 def wilson(right, total):
@@ -36,12 +52,15 @@ def mean_accuracy(method, tasks):
 
 def table(r):
     tasks = r["tasks"]
-    head = ["method", "global KV bytes", "cache bytes est. = measured"] + tasks + [
+    head = ["method", "global KV bytes", "cache bytes est. = measured", "prefill peak"] + tasks + [
         "mean", "KL vs full (95% CI)", "perplexity (95% CI)"]
     rows = ["| " + " | ".join(head) + " |", "|" + "|".join(["---"] + ["---:"] * (len(head) - 1)) + "|"]
+    budget = policy_cache_bytes(r)
     for m in r["methods"]:
         same = "yes" if m["cache_bytes_estimated"] == m["cache_bytes_measured"] else "**NO**"
-        cells = [m["name"], f'{m["global_kv_bytes"]:,}', f'{m["cache_bytes_estimated"]:,} ({same})']
+        over = prefill_peak(m) > budget
+        cells = [m["name"], f'{m["global_kv_bytes"]:,}', f'{m["cache_bytes_estimated"]:,} ({same})',
+                 f'{prefill_peak(m):,}' + (" (over)" if over else "")]
         for t in tasks:
             lo, hi = m["tasks_ci95"][t]
             cells.append(f'{m["tasks"][t]:.2f} [{lo:.2f}, {hi:.2f}]')
@@ -49,7 +68,7 @@ def table(r):
         cells.append(f'**{acc:.3f}** [{lo:.2f}, {hi:.2f}]')
         kl = f'{m["kl_vs_full"]:.4f} ± {m["kl_vs_full_ci95_half_width"]:.4f}'
         # SnapKV/AdaKV compute the prompt with full attention and compress after it.
-        cells.append(kl + " (prompt at full KV)" if "prompt_logits" in m.get("details", {}) else kl)
+        cells.append(kl + " (prompt at full KV)" if stages_whole_prompt(m) else kl)
         ppl = m["perplexity_ci95"]
         cells.append(f'{m["perplexity"]:.3f} [{ppl[0]:.3f}, {ppl[1]:.3f}]' if ppl else f'{m["perplexity"]:.3f}')
         rows.append("| " + " | ".join(cells) + " |")
@@ -109,6 +128,29 @@ def verdict(r):
                 f"{paired['right_only_first']}, only with {name} {paired['right_only_second']}; exact McNemar "
                 f"p = {paired['mcnemar_p']:.3g}); KL headwise − {name} = {paired['kl_difference']:+.4f} "
                 f"± {paired['kl_difference_ci95_half_width']:.4f}")
+    return "\n".join(lines)
+
+
+def within_budget_summary(r):
+    """The comparison a fixed memory budget allows: methods whose prefill peak fits the policy's
+    bytes, ranked by mean accuracy, then the ones that exceed them (with by how much)."""
+    tasks = r["tasks"]
+    budget = policy_cache_bytes(r)
+    fits, over = [], []
+    for m in r["methods"]:
+        if m["name"] == "full":
+            continue
+        acc, (lo, hi) = mean_accuracy(m, tasks)
+        entry = (acc, m["name"], lo, hi, prefill_peak(m))
+        (fits if prefill_peak(m) <= budget else over).append(entry)
+    fits.sort(key=lambda e: (-e[0], e[1]))
+    lines = [f"Within the policy's {budget:,} bytes at every moment of prefill and decode, by mean accuracy: "
+             + ", ".join(f"{'**' + n + '**' if n == 'headwise' else n} {a:.3f} [{lo:.2f}, {hi:.2f}]"
+                         for a, n, lo, hi, _ in fits) + "."]
+    if over:
+        lines.append("Over the budget at the prefill peak (they stage the whole prompt's K/V before compressing): "
+                     + ", ".join(f"{n} {a:.3f} [{lo:.2f}, {hi:.2f}] at a peak of {peak:,} bytes ({peak / budget:.1f}x)"
+                                 for a, n, lo, hi, peak in sorted(over, key=lambda e: e[1])) + ".")
     return "\n".join(lines)
 
 
@@ -180,6 +222,8 @@ samples per task of {r["seq_len"]} tokens (the policy's context), seed {r["seed"
 {table(r)}
 
 {eviction_bookkeeping(r)}
+{within_budget_summary(r)}
+
 Headwise against each baseline (accuracy; "better"/"worse" only where the 95% intervals do not overlap;
 then the paired test on the same samples, which each sample's difficulty does not blur):
 
@@ -213,10 +257,18 @@ among its KV heads by the top scores across the layer (each head at least 20% of
 per-head budget). Both stage the whole prompt's K/V during prefill and compress at its end, so
 their prefill peak is full KV, and their prompt logits are full attention: their KL and
 perplexity equal full KV's by construction and only accuracy shows the eviction; each generated
-token then displaces the lowest-scored kept key. `h2o` (H2O) keeps heavy hitters by accumulated
-attention plus the most recent tokens, half the slots each, evicting during chunked prefill and
-decode (bounded throughout). Their score and position buffers are bookkeeping, not KV, and are
-listed under each table. Accuracy: the greedy
+token then displaces the lowest-scored kept key. `snapkv-chunked` and `adakv-chunked` are the same
+two rules run as they must when the prompt's K/V may not exceed the budget (chunked prefill in a
+serving engine): each compresses after every prefill chunk (256 tokens) over the kept keys plus
+the chunk's, the chunk's last 32 queries observing; nothing is staged, so the question at the
+prompt's end chooses only among what earlier chunks kept. `h2o` (H2O) keeps heavy hitters by
+accumulated attention plus the most recent tokens, half the slots each, evicting during chunked
+prefill and decode. H2O and the chunked variants hold the policy's bytes throughout, as the static
+methods do. Their score and position buffers are bookkeeping, not KV, and are listed under each
+table. "Prefill peak": the cache bytes plus the most prompt K/V a method held beyond them at once,
+measured; "(over)": more than the policy's cache bytes, so the method does not fit the budget the
+policy was made for (a chunk's own keys are activations for every method and not counted).
+Accuracy: the greedy
 continuation equals the answer tokens exactly, with its 95% Wilson interval; "mean" pools both
 tasks. KL: mean KL(full || method) per position over the last prompt positions, ± the half-width
 of its 95% interval over samples. Cache bytes: estimated by the memory model and measured from

@@ -28,7 +28,7 @@ struct EvalArgs {
   std::vector<std::string> policies;
   std::vector<std::string> unconditioned_policies;
   std::string tasks;
-  std::string baselines = "full,uniform,pyramid,retrieval-score,duo,random,unconditioned,snapkv,h2o,adakv";
+  std::string baselines = "full,uniform,pyramid,retrieval-score,duo,random,unconditioned,snapkv,h2o,adakv,snapkv-chunked,adakv-chunked";
   int64_t samples = 100;
   std::string seq_len = "context";  // the policy's context
   bool allow_short_seq_len = false;

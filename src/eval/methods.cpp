@@ -110,11 +110,14 @@ memory::HeadWindows unconditioned(arch::DecoderModel& model, const BaselineInput
 // The online eviction baselines: the policy's slots per head, filled by the method's choice.
 std::optional<runtime::EvictionOptions> eviction_method(const std::string& name) {
   using runtime::EvictionMethod;
+  using runtime::EvictionPrefill;
   for (EvictionMethod method : {EvictionMethod::kSnapKV, EvictionMethod::kH2O, EvictionMethod::kAdaKV}) {
-    if (runtime::eviction_method_name(method) != name) continue;
-    runtime::EvictionOptions o;
-    o.method = method;
-    return o;
+    for (EvictionPrefill prefill : {EvictionPrefill::kWholePrompt, EvictionPrefill::kEachChunk}) {
+      runtime::EvictionOptions o;
+      o.method = method;
+      o.prefill = prefill;
+      if (runtime::eviction_name(o) == name) return o;
+    }
   }
   return std::nullopt;
 }
@@ -122,7 +125,7 @@ std::optional<runtime::EvictionOptions> eviction_method(const std::string& name)
 // What the eviction baseline did, with its parameters, for the eval JSON.
 nlohmann::json eviction_details(const runtime::EvictionOptions& o) {
   nlohmann::json d = {
-      {"method", runtime::eviction_method_name(o.method)},
+      {"method", runtime::eviction_name(o)},
       {"capacity", "per KV head, the policy's slots round_up(min(window + sink_tokens, context), block_size): "
                    "KV bytes equal the policy's to the byte; only global layers evict"},
       {"ties", "keep the more recent position"},
@@ -137,11 +140,19 @@ nlohmann::json eviction_details(const runtime::EvictionOptions& o) {
   d["observation_window"] = o.observation_window;
   d["pooling"] = runtime::pooling_name(o.pooling);
   d["pooling_kernel"] = o.pooling_kernel;
-  d["prefill"] = "full KV of the whole prompt is staged during prefill and compressed at its end (the method needs "
-                 "every prompt key): the prefill peak is full KV, reported as prefill_staged_peak_bytes_measured";
-  d["prompt_logits"] = "computed with full attention before compressing: KL and perplexity on prompt positions equal "
-                       "full KV's by construction; accuracy (the answer decoded from the compressed cache) shows the "
-                       "eviction";
+  if (o.prefill == runtime::EvictionPrefill::kEachChunk) {
+    d["prefill"] = "chunked: the rule runs at the end of every prefill chunk over the held keys plus the chunk's, the "
+                   "chunk's last queries observing; the cache never exceeds the capacity (a chunk's own keys are "
+                   "activations, as for every method), and the question at the prompt's end chooses only among what "
+                   "earlier chunks kept";
+    d["prompt_logits"] = "a chunk's queries attend over the held keys plus the chunk's own, as decoded";
+  } else {
+    d["prefill"] = "full KV of the whole prompt is staged during prefill and compressed at its end (the method needs "
+                   "every prompt key): the prefill peak is full KV, reported as prefill_staged_peak_bytes_measured";
+    d["prompt_logits"] = "computed with full attention before compressing: KL and perplexity on prompt positions equal "
+                         "full KV's by construction; accuracy (the answer decoded from the compressed cache) shows the "
+                         "eviction";
+  }
   d["decode"] = "each generated token displaces the lowest-scored kept prefix key (the observation window and "
                 "generated tokens go last, oldest first): the cache stays at the policy's bytes";
   if (o.method == runtime::EvictionMethod::kSnapKV) {
@@ -186,7 +197,8 @@ void check_unconditioned_ablation(const policy::Policy& policy, const policy::Po
 
 const std::vector<std::string>& method_names() {
   static const std::vector<std::string> names{"headwise", "full",          "uniform", "pyramid", "retrieval-score", "duo",
-                                              "random",   "unconditioned", "snapkv",  "h2o",     "adakv"};
+                                              "random",   "unconditioned", "snapkv",  "h2o",     "adakv",
+                                              "snapkv-chunked", "adakv-chunked"};
   return names;
 }
 

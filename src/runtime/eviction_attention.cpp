@@ -176,11 +176,12 @@ Entries new_entries(const Step& s, const EvictionLayer& l, int64_t b, int64_t h)
 }
 
 // SnapKV at a prompt's end: each head keeps its observation window and the best prefix keys.
+// `observed_q` [B, kv_heads, group, m, hd]: the observation window's queries.
 void compress_snapkv(EvictionLayer& l, const Step& s, int64_t b, const std::vector<Entries>& candidates,
-                     int64_t observed_begin, const EvictionOptions& o) {
+                     const at::Tensor& observed_q, int64_t observed_begin, const EvictionOptions& o) {
   for (int64_t h = 0; h < l.num_kv_heads; ++h) {
     Entries c = candidates[static_cast<size_t>(h)];
-    c.score = snapkv_scores(l.observed_q[b][h], observed_begin, c, s.in, s.sink_logits(h), o);
+    c.score = snapkv_scores(observed_q[b][h], observed_begin, c, s.in, s.sink_logits(h), o);
     write_region(l, b, h, select(c, keep_indices(c.position, c.score, l.length[static_cast<size_t>(b)][static_cast<size_t>(h)], 0)));
   }
 }
@@ -188,7 +189,7 @@ void compress_snapkv(EvictionLayer& l, const Step& s, int64_t b, const std::vect
 // AdaKV at a prompt's end: the layer's slots are re-divided among its heads — every head keeps
 // the observation window, the prefix budget goes by AdaKV's flattened selection.
 void compress_adakv(EvictionLayer& l, const Step& s, int64_t b, std::vector<Entries> candidates,
-                    int64_t observed_begin, const EvictionOptions& o) {
+                    const at::Tensor& observed_q, int64_t observed_begin, const EvictionOptions& o) {
   const auto bi = static_cast<size_t>(b);
   const int64_t heads = l.num_kv_heads;
   const int64_t total = std::accumulate(l.length[bi].begin(), l.length[bi].end(), int64_t{0});
@@ -199,7 +200,7 @@ void compress_adakv(EvictionLayer& l, const Step& s, int64_t b, std::vector<Entr
   std::vector<at::Tensor> scores, positions;
   for (int64_t h = 0; h < heads; ++h) {
     Entries& c = candidates[static_cast<size_t>(h)];
-    c.score = snapkv_scores(l.observed_q[b][h], observed_begin, c, s.in, s.sink_logits(h), o);
+    c.score = snapkv_scores(observed_q[b][h], observed_begin, c, s.in, s.sink_logits(h), o);
     const int64_t prefix = (c.position < observed_begin).sum().item<int64_t>();
     scores.push_back(c.score.slice(0, 0, prefix));
     positions.push_back(c.position.slice(0, 0, prefix));
@@ -260,13 +261,19 @@ at::Tensor EvictionAttentionCore::attend(const arch::AttentionInputs& in) {
                through_cache(in.v), first, steps};
 
   // SnapKV/AdaKV see the whole prompt before choosing: stage it, compress at its last chunk.
-  const bool staging = eo.method != EvictionMethod::kH2O && first >= prompt_begin_ && first + steps <= prompt_end_;
-  const int64_t observed_begin = std::max(prompt_begin_, prompt_end_ - eo.observation_window);
+  // Chunked, each prefill chunk is a prompt of its own, with nothing to stage: its queries see
+  // the held keys plus its own (as H2O's), then its last queries observe and the rule compresses.
+  const bool in_prompt = eo.method != EvictionMethod::kH2O && first >= prompt_begin_ && first + steps <= prompt_end_;
+  const bool each_chunk = eo.prefill == EvictionPrefill::kEachChunk;
+  const bool staging = in_prompt && !each_chunk;
+  const int64_t segment_end = each_chunk ? first + steps : prompt_end_;
+  const int64_t observed_begin = std::max(each_chunk ? first : prompt_begin_, segment_end - eo.observation_window);
   if (staging) {
     stage(l, s, kv_dtype, observed_begin);
     cache_.note_staged();
   }
-  const bool compress = staging && first + steps == prompt_end_;
+  const bool compress = in_prompt && first + steps == segment_end;
+  const at::Tensor observed_q = !compress ? at::Tensor() : staging ? l.observed_q : s.q.slice(3, observed_begin - first, steps);
 
   at::Tensor out = at::empty(s.q.sizes(), s.q.options());
   for (int64_t b = 0; b < batch; ++b) {
@@ -274,19 +281,19 @@ at::Tensor EvictionAttentionCore::attend(const arch::AttentionInputs& in) {
     for (int64_t h = 0; h < num_kv; ++h) {
       const Entries keys = concat(held_entries(l, b, h, dtype), staging ? staged_entries(l, b, h, dtype) : new_entries(s, l, b, h));
       at::Tensor received;
-      const bool accumulate = !staging && eo.method == EvictionMethod::kH2O;
+      const bool accumulate = !in_prompt && eo.method == EvictionMethod::kH2O;
       out[b][h].copy_(attend_head(s.q[b][h], first, keys, in, s.sink_logits(h), query_chunk_, accumulate ? &received : nullptr, kernel_));
-      if (!staging) insert(l, b, h, keys, received, eo.method);
+      if (!in_prompt) insert(l, b, h, keys, received, eo.method);
       if (compress) candidates.push_back(keys);
     }
     if (!compress) continue;
     if (eo.method == EvictionMethod::kAdaKV) {
-      compress_adakv(l, s, b, std::move(candidates), observed_begin, eo);
+      compress_adakv(l, s, b, std::move(candidates), observed_q, observed_begin, eo);
     } else {
-      compress_snapkv(l, s, b, candidates, observed_begin, eo);
+      compress_snapkv(l, s, b, candidates, observed_q, observed_begin, eo);
     }
   }
-  if (compress) drop_staging(l);
+  if (staging && compress) drop_staging(l);
   return out.reshape({batch, num_heads, steps, head_dim}).transpose(1, 2).contiguous();
 }
 

@@ -39,10 +39,15 @@ std::string eviction_method_name(EvictionMethod method) {
   return "?";
 }
 
+std::string eviction_name(const EvictionOptions& options) {
+  const bool chunked = options.method != EvictionMethod::kH2O && options.prefill == EvictionPrefill::kEachChunk;
+  return eviction_method_name(options.method) + (chunked ? "-chunked" : "");
+}
+
 std::string pooling_name(ScorePooling pooling) { return pooling == ScorePooling::kMax ? "max" : "avg"; }
 
 void validate_eviction_options(const EvictionOptions& o) {
-  const std::string name = eviction_method_name(o.method);
+  const std::string name = eviction_name(o);
   if (o.observation_window <= 0) {
     throw_input_error("{}: the observation window must be positive, got {}", name, o.observation_window);
   }

@@ -26,11 +26,26 @@ constexpr int64_t kDecode = 4;
 
 const std::vector<EvictionMethod> kMethods{EvictionMethod::kSnapKV, EvictionMethod::kH2O, EvictionMethod::kAdaKV};
 
-runtime::EvictionOptions eviction(EvictionMethod method) {
+runtime::EvictionOptions eviction(EvictionMethod method,
+                                  runtime::EvictionPrefill prefill = runtime::EvictionPrefill::kWholePrompt) {
   runtime::EvictionOptions o;
   o.method = method;
   o.observation_window = 6;  // shorter than the prompt, longer than a chunk: staged across chunks
+  o.prefill = prefill;
   return o;
+}
+
+// Every configuration eval runs: SnapKV, H2O, AdaKV, and SnapKV/AdaKV compressing per chunk.
+std::vector<runtime::EvictionOptions> all_configurations() {
+  std::vector<runtime::EvictionOptions> out;
+  for (auto method : kMethods) out.push_back(eviction(method));
+  out.push_back(eviction(EvictionMethod::kSnapKV, runtime::EvictionPrefill::kEachChunk));
+  out.push_back(eviction(EvictionMethod::kAdaKV, runtime::EvictionPrefill::kEachChunk));
+  return out;
+}
+
+bool bounded_prefill(const runtime::EvictionOptions& o) {
+  return o.method == EvictionMethod::kH2O || o.prefill == runtime::EvictionPrefill::kEachChunk;
 }
 
 at::Tensor random_ids(int64_t vocab, int64_t steps, uint64_t seed) {
@@ -124,17 +139,19 @@ TEST_CASE("eviction decoders hold exactly the estimated bytes and never more tha
       auto o = options_for(spec, 64, 4, 2);
       o.kv_dtype = kv;
       const auto estimate = memory::estimate(spec, windows, o);
-      for (auto method : kMethods) {
-        INFO(name << " " << runtime::eviction_method_name(method) << " kv " << dtype_name(kv));
-        runtime::Decoder decoder(*model, windows, o, eviction(method));
+      for (const auto& config : all_configurations()) {
+        const auto method = config.method;
+        INFO(name << " " << runtime::eviction_name(config) << " kv " << dtype_name(kv));
+        runtime::Decoder decoder(*model, windows, o, config);
         const auto* cache = decoder.eviction_cache();
         REQUIRE(cache != nullptr);
         CHECK(decoder.cache_bytes() == estimate.total_bytes);
         CHECK(cache->kv_bytes() == estimate.components.global_kv_bytes);
         decoder.reset();
-        // H2O is bounded throughout the prefill: check after every chunk (separate prefill calls).
+        // H2O and the chunked variants are bounded throughout the prefill: check after every
+        // chunk (separate prefill calls), and inside the calls with chunks of 3.
         for (int64_t t0 = 0; t0 < kPrompt; t0 += 8) {
-          decoder.prefill(ids.slice(1, t0, t0 + 8), method == EvictionMethod::kH2O ? 3 : 8);
+          decoder.prefill(ids.slice(1, t0, t0 + 8), bounded_prefill(config) ? 3 : 8);
           check_within_capacity(*cache, method, t0 + 8 > 16);
         }
         for (int64_t t = kPrompt; t < kPrompt + kDecode; ++t) {
@@ -143,12 +160,9 @@ TEST_CASE("eviction decoders hold exactly the estimated bytes and never more tha
         }
         CHECK(decoder.cache_bytes() == estimate.total_bytes);
         CHECK(cache->auxiliary_bytes() > 0);
-        // SnapKV/AdaKV stage a prompt's K/V before compressing; H2O never does.
-        if (method == EvictionMethod::kH2O) {
-          CHECK(cache->peak_staged_bytes() == 0);
-        } else {
-          CHECK(cache->peak_staged_bytes() > 0);
-        }
+        // SnapKV/AdaKV stage a prompt's K/V before compressing; chunked, nothing is staged
+        // (a chunk's own keys are activations, as for every method); H2O never stages.
+        CHECK((cache->peak_staged_bytes() > 0) == !bounded_prefill(config));
         CHECK(cache->staged_bytes() == 0);
       }
     }
@@ -167,11 +181,11 @@ TEST_CASE("eviction with slots covering the sequence is full KV", "[runtime]") {
     // Every head full, and finite windows no shorter than the sequence (sinks included).
     const auto long_windows = windows_by_head(spec, [](int64_t, int64_t h) -> int64_t { return h == 0 ? 44 : 60; });
     for (const auto& [label, windows] : {std::pair{"full", memory::full_kv_windows(spec)}, std::pair{"long", long_windows}}) {
-      for (auto method : kMethods) {
-        runtime::Decoder decoder(*model, windows, o, eviction(method));
+      for (const auto& config : all_configurations()) {
+        runtime::Decoder decoder(*model, windows, o, config);
         for (int64_t chunk : {1, 16}) {
           const auto err = headwise::testing::compare(run(decoder, ids, kPrompt, chunk), reference);
-          INFO(name << " " << label << " " << runtime::eviction_method_name(method) << " chunk " << chunk << ": max |diff| "
+          INFO(name << " " << label << " " << runtime::eviction_name(config) << " chunk " << chunk << ": max |diff| "
                     << err.error << " (scale " << err.scale << ")");
           CHECK(err.error <= 1e-5 * err.scale);
         }

@@ -15,7 +15,8 @@
 // slot (int64), a keep priority per slot (float32: H2O's accumulated attention, SnapKV/AdaKV's
 // pooled score) and the region table. SnapKV/AdaKV also *stage* the whole prompt's keys and
 // values during prefill and compress at its end — that is how they work (prefill peak = full KV
-// of the prompt); peak_staged_bytes() reports it. H2O never stages: its cache is bounded throughout.
+// of the prompt); peak_staged_bytes() reports it. H2O and the chunked SnapKV/AdaKV never stage:
+// their cache is bounded throughout.
 //
 // Rules (ties always keep the more recent position, so every choice is deterministic):
 //  - SnapKV (Li et al., 2024): at the end of the prompt, the last `obs` prompt queries (the
@@ -29,6 +30,13 @@
 //    (floor(alpha * mean per-head prefix budget), alpha 0.2). AdaKV's code adds the floor to
 //    (1 - alpha) x the flattened counts; giving the floor first and the rest by flattened top-k
 //    keeps the layer's total exact and each head within its candidates.
+//  - SnapKV/AdaKV with chunked prefill (EvictionPrefill::kEachChunk, eval's snapkv-chunked and
+//    adakv-chunked): the rule above applied at the end of every prefill chunk, over the held keys
+//    plus the chunk's, with the chunk's last `obs` queries as the observation window. This is how
+//    these methods run when the prompt's K/V may not exceed the budget (chunked prefill in a
+//    serving engine, a prompt longer than the free memory): nothing is staged (a chunk's own
+//    keys are activations, as for every method), and the question at the prompt's end picks
+//    only among what earlier chunks kept.
 //  - Decode under SnapKV/AdaKV: published SnapKV appends generated tokens without bound; at a
 //    fixed byte budget each new token displaces the lowest-scored kept prefix key (observation
 //    window and generated tokens score +inf, so they go last, oldest first).
@@ -53,6 +61,9 @@ namespace headwise::runtime {
 
 enum class EvictionMethod { kSnapKV, kH2O, kAdaKV };
 enum class ScorePooling { kMax, kAvg };
+// When SnapKV/AdaKV compress: once, at the end of the whole prompt (as published: the prompt's
+// K/V are staged until then), or at the end of every prefill chunk (bounded by the budget).
+enum class EvictionPrefill { kWholePrompt, kEachChunk };
 
 struct EvictionOptions {
   EvictionMethod method = EvictionMethod::kSnapKV;
@@ -60,10 +71,14 @@ struct EvictionOptions {
   int64_t pooling_kernel = 7;       // SnapKV/AdaKV: odd 1-D pooling kernel over positions (1 = none)
   ScorePooling pooling = ScorePooling::kMax;
   double adakv_floor = 0.2;         // AdaKV: each head's prefix budget is at least this share of the mean
+  EvictionPrefill prefill = EvictionPrefill::kWholePrompt;  // SnapKV/AdaKV only (H2O always evicts per chunk)
 };
 
 // "snapkv", "h2o", "adakv"; "max", "avg".
 std::string eviction_method_name(EvictionMethod method);
+// The eval name of a configuration: the method's, with "-chunked" for SnapKV/AdaKV compressing
+// at every prefill chunk.
+std::string eviction_name(const EvictionOptions& options);
 std::string pooling_name(ScorePooling pooling);
 // Throws InputError naming the bad parameter.
 void validate_eviction_options(const EvictionOptions& options);
