@@ -19,9 +19,10 @@ COLOURS = {"headwise": "#c0392b", "full": "#2c3e50", "uniform": "#2980b9", "pyra
            "adakv-chunked": "#a1887f"}
 
 
-def stages_whole_prompt(m):
-    """SnapKV/AdaKV as published: the whole prompt's K/V staged, prompt logits at full attention."""
-    return m.get("details", {}).get("prefill", "").startswith("full KV")
+def staged_prompt_bytes(m):
+    """Prompt K/V a method held beyond its cache at once, measured: SnapKV/AdaKV as published stage
+    the whole prompt (and compute its logits at full attention); every other method, 0."""
+    return m.get("details", {}).get("prefill_staged_peak_bytes_measured", 0)
 
 
 def policy_cache_bytes(r):
@@ -31,7 +32,7 @@ def policy_cache_bytes(r):
 
 def prefill_peak(m):
     """Cache bytes plus the most prompt K/V the method held beyond them at once (measured)."""
-    return m["cache_bytes_measured"] + m.get("details", {}).get("prefill_staged_peak_bytes_measured", 0)
+    return m["cache_bytes_measured"] + staged_prompt_bytes(m)
 
 
 def wilson(right, total):
@@ -68,7 +69,7 @@ def table(r):
         cells.append(f'**{acc:.3f}** [{lo:.2f}, {hi:.2f}]')
         kl = f'{m["kl_vs_full"]:.4f} ± {m["kl_vs_full_ci95_half_width"]:.4f}'
         # SnapKV/AdaKV compute the prompt with full attention and compress after it.
-        cells.append(kl + " (prompt at full KV)" if stages_whole_prompt(m) else kl)
+        cells.append(kl + " (prompt at full KV)" if staged_prompt_bytes(m) > 0 else kl)
         ppl = m["perplexity_ci95"]
         cells.append(f'{m["perplexity"]:.3f} [{ppl[0]:.3f}, {ppl[1]:.3f}]' if ppl else f'{m["perplexity"]:.3f}')
         rows.append("| " + " | ".join(cells) + " |")

@@ -86,6 +86,43 @@ at::Tensor streamed_logits(const std::filesystem::path& fixture, const at::Tenso
 
 constexpr int kRunsPerFamily = 12;
 
+// The fixture's reference tokens as a `--tokens` JSON file in `dir`.
+std::filesystem::path write_reference_tokens(const std::filesystem::path& fixture, const std::filesystem::path& dir) {
+  const at::Tensor ids = read_reference(fixture, "input_ids").flatten();
+  std::string tokens = "[";
+  for (int64_t i = 0; i < ids.size(0); ++i) tokens += (i ? "," : "") + std::to_string(ids[i].item<int64_t>());
+  const auto path = dir / "ids.json";
+  write_file_atomically(path, tokens + "]");
+  return path;
+}
+
+// `headwise-calc forward` of `tokens` at OMP_NUM_THREADS=threads (with `env` added): the
+// logits file's bytes.
+std::string forward_bytes(const std::filesystem::path& fixture, const std::filesystem::path& tokens, int threads,
+                          const std::string& env = "") {
+  const auto out = tokens.parent_path() / "logits.safetensors";
+  const auto result =
+      run_cli_with("forward --model " + fixture.string() + " --tokens " + tokens.string() + " -q -o " + out.string(),
+                   (env.empty() ? "" : env + " ") + "OMP_NUM_THREADS=" + std::to_string(threads));
+  INFO(result.err);
+  REQUIRE(result.status == 0);
+  return read_text_file(out);
+}
+
+// A small calibration of qwen3_next_tiny at OMP_NUM_THREADS=threads: the policy's bytes. The
+// budget binds (full KV is 256 KiB here), so the windows come from the measured distortions
+// and a changed bit in them can show.
+std::string calibrated_policy_bytes(const std::filesystem::path& dir, int threads) {
+  const auto out = dir / "policy.yaml";
+  const auto result = run_cli_with("--model " + fixture_dir("qwen3_next_tiny").string() +
+                                       " --context 512 --windows 8,32,full --seq-len 96 --samples 2 --budget 200k -q -o " +
+                                       out.string(),
+                                   "OMP_NUM_THREADS=" + std::to_string(threads));
+  INFO(result.err);
+  REQUIRE(result.status == 0);
+  return read_text_file(out);
+}
+
 }  // namespace
 
 TEST_CASE("every family's forward gives the same bits under load, within parity of transformers", "[stress]") {
@@ -121,64 +158,17 @@ TEST_CASE("headwise-calc forward under load writes the same logits every time", 
   const MachineLoad load(/*spinners=*/1);
   TempDir dir("stress");
   const auto fixture = fixture_dir("gemma3_gqa4");
-  const at::Tensor ids = read_reference(fixture, "input_ids").flatten();
-  std::string tokens = "[";
-  for (int64_t i = 0; i < ids.size(0); ++i) tokens += (i ? "," : "") + std::to_string(ids[i].item<int64_t>());
-  write_file_atomically(dir / "ids.json", tokens + "]");
-  std::string first;
-  for (int run = 0; run < kRunsPerFamily; ++run) {
-    const auto out = dir / ("logits" + std::to_string(run) + ".safetensors");
-    const auto result = run_cli_with("forward --model " + fixture.string() + " --tokens " + (dir / "ids.json").string() +
-                                         " -q -o " + out.string(),
-                                     "OMP_NUM_THREADS=2");
-    INFO(result.err);
-    REQUIRE(result.status == 0);
-    const std::string logits = read_text_file(out);
-    if (run == 0) first = logits;
-    CHECK(logits == first);
-  }
+  const auto tokens = write_reference_tokens(fixture, dir.path());
+  const std::string first = forward_bytes(fixture, tokens, 2);
+  for (int run = 1; run < kRunsPerFamily; ++run) CHECK(forward_bytes(fixture, tokens, 2) == first);
 }
 
 TEST_CASE("a calibration under load writes the same policy bytes every time", "[stress]") {
   const MachineLoad load(/*spinners=*/1);
   TempDir dir("stress");
-  const std::string model = fixture_dir("qwen3_next_tiny").string();
-  // A binding budget (full KV is 256 KiB here), so the policy's windows come from the measured
-  // distortions and a changed bit in them can show.
-  const std::string base = "--model " + model +
-                           " --context 512 --windows 8,32,full --seq-len 96 --samples 2 --budget 200k -q -o ";
-  std::string first;
-  for (int run = 0; run < 3; ++run) {
-    const auto out = dir / ("p" + std::to_string(run) + ".yaml");
-    const auto result = run_cli_with(base + out.string(), "OMP_NUM_THREADS=2");
-    INFO(result.err);
-    REQUIRE(result.status == 0);
-    const std::string policy = read_text_file(out);
-    if (run == 0) first = policy;
-    CHECK(policy == first);
-  }
+  const std::string first = calibrated_policy_bytes(dir.path(), 2);
+  for (int run = 1; run < 3; ++run) CHECK(calibrated_policy_bytes(dir.path(), 2) == first);
 }
-
-namespace {
-
-// `headwise-calc forward` of a fixture's reference tokens at OMP_NUM_THREADS=threads (with
-// `env` added), the logits file's bytes.
-std::string forward_bytes(const std::filesystem::path& fixture, const std::filesystem::path& dir, int threads,
-                          const std::string& env) {
-  const at::Tensor ids = read_reference(fixture, "input_ids").select(0, 0);
-  std::string tokens = "[";
-  for (int64_t i = 0; i < ids.size(0); ++i) tokens += (i ? "," : "") + std::to_string(ids[i].item<int64_t>());
-  write_file_atomically(dir / "ids.json", tokens + "]");
-  const auto out = dir / "logits.safetensors";
-  const auto result = run_cli_with(
-      "forward --model " + fixture.string() + " --tokens " + (dir / "ids.json").string() + " -q -o " + out.string(),
-      (env.empty() ? "" : env + " ") + "OMP_NUM_THREADS=" + std::to_string(threads));
-  INFO(result.err);
-  REQUIRE(result.status == 0);
-  return read_text_file(out);
-}
-
-}  // namespace
 
 TEST_CASE("headwise-calc forward gives the same bits at 1 to 4 intra-op threads", "[stress]") {
   // The cause of the rare flips under load: a GEMM's bits depend on the number of threads MKL
@@ -193,16 +183,17 @@ TEST_CASE("headwise-calc forward gives the same bits at 1 to 4 intra-op threads"
                            "falcon_h1_tiny", "gemma3_gqa4", "llama_rope3"}) {
     INFO(name);
     const auto fixture = fixture_dir(name);
-    const std::string one = forward_bytes(fixture, dir.path(), 1, "");
+    const auto tokens = write_reference_tokens(fixture, dir.path());
+    const std::string one = forward_bytes(fixture, tokens, 1);
     for (int threads : {2, 3, 4}) {
       INFO(threads << " threads");
-      CHECK(forward_bytes(fixture, dir.path(), threads, "") == one);
+      CHECK(forward_bytes(fixture, tokens, threads) == one);
     }
     // This process set MKL_CBWR for itself when libheadwise loaded; the child must not inherit it.
     const std::string default_mode = "-u MKL_CBWR HEADWISE_MKL_STRICT=0";
-    const std::string default_one = forward_bytes(fixture, dir.path(), 1, default_mode);
+    const std::string default_one = forward_bytes(fixture, tokens, 1, default_mode);
     for (int threads : {2, 3, 4}) {
-      if (forward_bytes(fixture, dir.path(), threads, default_mode) != default_one) {
+      if (forward_bytes(fixture, tokens, threads, default_mode) != default_one) {
         ++differing_without_strict;
         break;
       }
@@ -215,16 +206,5 @@ TEST_CASE("headwise-calc forward gives the same bits at 1 to 4 intra-op threads"
 
 TEST_CASE("a calibration writes the same policy bytes at 1 and 3 intra-op threads", "[stress]") {
   TempDir dir("threads");
-  const std::string base = "--model " + fixture_dir("qwen3_next_tiny").string() +
-                           " --context 512 --windows 8,32,full --seq-len 96 --samples 2 --budget 200k -q -o ";
-  std::string first;
-  for (int threads : {1, 3}) {
-    const auto out = dir.path() / ("p" + std::to_string(threads) + ".yaml");
-    const auto result = run_cli_with(base + out.string(), "OMP_NUM_THREADS=" + std::to_string(threads));
-    INFO(result.err);
-    REQUIRE(result.status == 0);
-    const std::string policy = read_text_file(out);
-    if (first.empty()) first = policy;
-    CHECK(policy == first);
-  }
+  CHECK(calibrated_policy_bytes(dir.path(), 3) == calibrated_policy_bytes(dir.path(), 1));
 }

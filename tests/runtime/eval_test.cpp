@@ -42,6 +42,12 @@ Run run_cli(const std::string& args, const fs::path& scratch) {
   return r;
 }
 
+// An online eviction method's row (snapkv, h2o, adakv and the chunked variants): only those
+// report the measured bookkeeping of the eviction cache.
+bool is_eviction_row(const nlohmann::json& m) {
+  return m.contains("details") && m["details"].contains("auxiliary_bytes_measured");
+}
+
 memory::HeadWindows random_policy_windows(const arch::ModelSpec& spec, const std::vector<int64_t>& ladder,
                                           std::mt19937_64& rng) {
   memory::HeadWindows out;
@@ -158,7 +164,7 @@ TEST_CASE("eval --json: every method, measured == estimated bytes, full has KL 0
       CHECK(m["kl_vs_full"].get<double>() == 0.0);
     } else if (m["name"] == "headwise") {
       CHECK(bytes == budget);
-    } else if (m.contains("details") && m["details"].contains("auxiliary_bytes_measured")) {
+    } else if (is_eviction_row(m)) {
       // The eviction methods: the policy's own slots per head, filled by the eviction rule: its
       // bytes exactly.
       CHECK(bytes == budget);
@@ -290,7 +296,7 @@ TEST_CASE("eval --jobs 2 gives the figures of --jobs 1 and runs a repeated metho
   for (const auto& m : a[0]["methods"]) {
     const std::string name = m["name"];
     if (name == "full") continue;
-    const bool evicts = m.contains("details") && m["details"].contains("auxiliary_bytes_measured");
+    const bool evicts = is_eviction_row(m);
     if (!seen.insert(m["windows"].dump() + (evicts ? name : "")).second) ++expected;
   }
   size_t reused = 0;
