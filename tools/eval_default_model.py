@@ -8,10 +8,15 @@ training stream never uses (training draws from np.random.default_rng([seed, ste
            set) in `context` tokens of haystack, queried at the end with `MARKER k1 k2 SEP`;
            correct when greedy decoding gives v1 v2 v3.
   kv:      8 needles spread over the haystack, all queried at the end; the last one is scored.
+  chain:   variable tracking (headwise eval's needle_chain): 4 needles forming one chain, each
+           key the first two tokens of the previous needle's value, planted in shuffled order;
+           the chain is queried at the end hop by hop, each query keyed by the previous answer;
+           correct when every hop's value is.
 
-Greedy exact match is computed from one forward pass over prompt+answer: the three greedy tokens
+Greedy exact match is computed from one forward pass over prompt+answer: the greedy tokens
 equal the answer iff the argmax at each answer position is the answer token given the earlier
-answer tokens (teacher forcing = greedy as long as it is right). `--generate` decodes instead with
+answer tokens (teacher forcing = greedy as long as it is right; for chain, the later queries'
+keys are the model's own answers exactly when those are right). `--generate` decodes instead with
 model.generate (KV and recurrent caches), which must agree.
 
     python3 tools/eval_default_model.py --context 2048 --samples 100
@@ -31,15 +36,77 @@ import train_default_model as tdm  # noqa: E402
 EVAL_SEED = 10_000_019
 
 
+def sample_chain(rng, T, hops=4):
+    """Returns tokens and the positions of the tokens the model must produce (every hop's value)."""
+    content = lambda k: [int(t) for t in rng.integers(tdm.CONTENT0, tdm.VOCAB, size=k)]
+    keys, vals = [content(2)], []
+    for h in range(hops):
+        vals.append(content(3))
+        if h + 1 < hops:
+            keys.append(vals[-1][:2])
+    query_len = hops * 7
+    haystack_len = T - 1 - query_len
+    depths = [int((i + rng.random()) / hops * max(1, haystack_len - 7)) for i in range(hops)]
+    planted = rng.permutation(hops)
+    if rng.random() < 0.7:
+        phrases = [content(int(rng.integers(3, 9))) for _ in range(24)]
+        text = []
+        while len(text) < haystack_len:
+            text += phrases[int(rng.integers(0, len(phrases)))]
+    else:
+        text = tdm.LANG.filler(rng, haystack_len)
+    toks, used = [tdm.BOS], 0
+    for d, i in zip(depths, planted):
+        gap = max(0, d - (len(toks) - 1))
+        toks += text[used:used + gap]
+        used += gap
+        toks += [tdm.MARKER, *keys[i], tdm.SEP, *vals[i]]
+    toks += text[used:used + (1 + haystack_len - len(toks))]
+    positions = []
+    for h in range(hops):
+        toks += [tdm.MARKER, *keys[h], tdm.SEP]
+        positions += range(len(toks), len(toks) + 3)
+        toks += vals[h]
+    assert len(toks) == T, (len(toks), T)
+    return toks, positions
+
+
 def make_samples(ctx, samples, seed, task):
-    rng = np.random.default_rng([EVAL_SEED, seed, ctx, 0 if task == "passkey" else 1])
+    """(tokens, positions of the answer tokens) per sample."""
+    rng = np.random.default_rng([EVAL_SEED, seed, ctx, {"passkey": 0, "kv": 1, "chain": 2}[task]])
     out = []
     for _ in range(samples):
+        if task == "chain":
+            out.append(sample_chain(rng, ctx))
+            continue
         n = 1 if task == "passkey" else 8
         toks, _, queries = tdm.sample_needles(rng, ctx, n)
         start, answer = queries[-1]  # the last query: its answer ends the sequence
-        out.append((toks, start, answer))
+        out.append((toks, list(range(start, start + len(answer)))))
     return out
+
+
+def generate_answer(model, toks, positions):
+    """Greedy decoding with model.generate, run by segments: the tokens between answer runs (a
+    chain's next query) are fed with the key copied from the model's own previous answer."""
+    import torch
+
+    runs = []  # (first, last + 1) of each contiguous answer run
+    for p in positions:
+        if runs and runs[-1][1] == p:
+            runs[-1][1] = p + 1
+        else:
+            runs.append([p, p + 1])
+    seq = list(toks[:runs[0][0]])
+    produced = []
+    for r, (a, b) in enumerate(runs):
+        if r > 0:  # marker, the previous answer's first two tokens, separator
+            seq += [tdm.MARKER, *produced[-1][:2], tdm.SEP]
+        x = torch.tensor([seq], device=model.device)
+        y = model.generate(x, max_new_tokens=b - a, do_sample=False, pad_token_id=tdm.PAD)[0, len(seq):].tolist()
+        produced.append(y)
+        seq += y
+    return [t for run in produced for t in run]
 
 
 def needle_accuracy(model, ctx, samples=50, seed=0, task="passkey", batch=4, generate=False):
@@ -49,17 +116,15 @@ def needle_accuracy(model, ctx, samples=50, seed=0, task="passkey", batch=4, gen
     hits = 0
     with torch.no_grad():
         if generate:
-            for toks, start, answer in data:
-                x = torch.tensor([toks[:start]], device=model.device)
-                y = model.generate(x, max_new_tokens=len(answer), do_sample=False, pad_token_id=tdm.PAD)
-                hits += int(y[0, start:].tolist() == answer)
+            for toks, positions in data:
+                hits += int(generate_answer(model, toks, positions) == [toks[p] for p in positions])
             return hits / len(data)
         for i in range(0, len(data), batch):
             chunk = data[i:i + batch]
-            x = torch.tensor([t for t, _, _ in chunk], device=model.device)
+            x = torch.tensor([t for t, _ in chunk], device=model.device)
             pred = model(input_ids=x).logits.argmax(-1)
-            for j, (toks, start, answer) in enumerate(chunk):
-                hits += int(pred[j, start - 1:start - 1 + len(answer)].tolist() == answer)
+            for j, (toks, positions) in enumerate(chunk):
+                hits += int(all(int(pred[j, p - 1]) == toks[p] for p in positions))
     return hits / len(data)
 
 

@@ -6,9 +6,9 @@
 # fixed; the eval seed stream is disjoint from the calibration seed).
 # Defaults: models/tiny-qwen3-next-8k (trained to 8K) at 4K tokens, ladder 128,512,2k,full: every
 # finite level is shorter than the samples (measured with JOBS=2 on 2 cores, every method incl. the
-# chunked SnapKV/AdaKV: 33.5 min alone, eval 1800 s of it; 41-69 min with the test suite beside it).
+# chunked SnapKV/AdaKV, three tasks with needle_chain: 50.0 min alone, eval 2776 s of it).
 #   MODEL=models/other CONTEXT=2k SHARES=25,50 SAMPLES=100 tools/make_results.sh
-#   WINDOWS=... (default 128,512,2k,full)  TASKS=needle_single,needle_multikey  EVAL_SEED=23
+#   WINDOWS=... (default 128,512,2k,full)  TASKS=... (default: eval's, needle_single,needle_multikey,needle_chain for a token model)  EVAL_SEED=23
 #   RESULTS=docs/results-2k (writes RESULTS.md and RESULTS.svg; default docs/results)
 #   CALIB_SAMPLES=8 (the main command's default)  HEADWISE_CALC=path (default build/bin/headwise-calc)
 #   JOBS=2 (the default: budgets calibrated at once, then method runs at once in the one eval,

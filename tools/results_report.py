@@ -166,7 +166,7 @@ def svg(results):
     sx = lambda x: left + (w - left - right) * x / xmax
     sy = lambda y: top + (h - top - bottom) * (1 - y)
     out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" font-family="sans-serif" font-size="11">',
-           f'<text x="{left}" y="18" font-size="13">Mean needle accuracy (95% Wilson) vs global-KV bytes</text>',
+           f'<text x="{left}" y="18" font-size="13">Mean accuracy over the tasks (95% Wilson) vs global-KV bytes</text>',
            f'<line x1="{left}" y1="{sy(0)}" x2="{w - right}" y2="{sy(0)}" stroke="black"/>',
            f'<line x1="{left}" y1="{sy(0)}" x2="{left}" y2="{sy(1)}" stroke="black"/>']
     for y in (0, 0.25, 0.5, 0.75, 1.0):
@@ -269,9 +269,16 @@ methods do. Their score and position buffers are bookkeeping, not KV, and are li
 table. "Prefill peak": the cache bytes plus the most prompt K/V a method held beyond them at once,
 measured; "(over)": more than the policy's cache bytes, so the method does not fit the budget the
 policy was made for (a chunk's own keys are activations for every method and not counted).
+Tasks (token-level, in the
+format of the built-in retrieval set, `MARKER key SEP value` needles in a haystack of recurring
+phrases): `needle_single`, one needle, queried at the end; `needle_multikey`, four needles, all
+queried at the end, the last one scored; `needle_chain`, variable tracking (RULER's multi-hop
+task): four needles forming one chain, each key the start of the previous needle's value, planted
+in shuffled order; the model answers the first query's value, then each next query is fed with
+the key copied from the model's own previous answer, so all four hops must be recalled in turn.
 Accuracy: the greedy
-continuation equals the answer tokens exactly, with its 95% Wilson interval; "mean" pools both
-tasks. KL: mean KL(full || method) per position over the last prompt positions, ± the half-width
+continuation equals the answer tokens exactly (for `needle_chain`, every hop's value), with its
+95% Wilson interval; "mean" pools the tasks. KL: mean KL(full || method) per position over the last prompt positions, ± the half-width
 of its 95% interval over samples. Cache bytes: estimated by the memory model and measured from
 the runtime decoder's storage after the run ("yes": equal to the byte).
 

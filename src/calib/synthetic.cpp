@@ -1,6 +1,7 @@
 #include "headwise/calib/synthetic.hpp"
 
 #include <algorithm>
+#include <numeric>
 
 #include "headwise/core/error.hpp"
 #include "headwise/core/rng.hpp"
@@ -8,9 +9,15 @@
 namespace headwise::calib {
 namespace {
 
-constexpr int64_t kKeyLen = 2;
-constexpr int64_t kValueLen = 3;
+constexpr int64_t kKeyLen = kSyntheticKeyLen;
+constexpr int64_t kValueLen = kSyntheticValueLen;
 constexpr int64_t kPhrases = 24;
+
+// How the needles of a sequence relate. Independent: every key is fresh, needle n is planted
+// n-th, the queries come in shuffled order. Chained (variable tracking): each key after the first
+// is the start of the previous needle's value, the planting order is shuffled so that the text's
+// order says nothing of the chain's, and the queries follow the chain.
+enum class NeedleLinks { kIndependent, kChained };
 
 struct Alphabet {
   int64_t needle_marker;
@@ -29,12 +36,30 @@ std::vector<int64_t> needle(const std::vector<int64_t>& key, const std::vector<i
   return out;
 }
 
+std::vector<int64_t> in_order(int64_t n) {
+  std::vector<int64_t> order(static_cast<size_t>(n));
+  std::iota(order.begin(), order.end(), int64_t{0});
+  return order;
+}
+
+// A uniformly random order of 0..n-1 (Fisher-Yates).
+std::vector<int64_t> shuffled_order(Rng& rng, int64_t n) {
+  std::vector<int64_t> order = in_order(n);
+  for (int64_t i = n - 1; i > 0; --i) std::swap(order[static_cast<size_t>(i)], order[static_cast<size_t>(rng.below(i + 1))]);
+  return order;
+}
+
 std::vector<int64_t> one_sequence(Rng& rng, const SyntheticOptions& o, const Alphabet& a,
-                                  const std::vector<std::vector<int64_t>>& phrases) {
+                                  const std::vector<std::vector<int64_t>>& phrases, NeedleLinks links) {
+  const bool chained = links == NeedleLinks::kChained;
   std::vector<std::vector<int64_t>> keys, values;
   for (int64_t n = 0; n < o.needles; ++n) {
     std::vector<int64_t> key, value;
-    for (int64_t i = 0; i < kKeyLen; ++i) key.push_back(content_token(rng, a));
+    if (chained && n > 0) {
+      key.assign(values.back().begin(), values.back().begin() + kKeyLen);
+    } else {
+      for (int64_t i = 0; i < kKeyLen; ++i) key.push_back(content_token(rng, a));
+    }
     for (int64_t i = 0; i < kValueLen; ++i) value.push_back(content_token(rng, a));
     keys.push_back(key);
     values.push_back(value);
@@ -49,12 +74,14 @@ std::vector<int64_t> one_sequence(Rng& rng, const SyntheticOptions& o, const Alp
     depths.push_back(static_cast<int64_t>((static_cast<double>(n) + u) / static_cast<double>(o.needles) *
                                           static_cast<double>(std::max<int64_t>(1, haystack_len - needle_len))));
   }
+  const std::vector<int64_t> planted = chained ? shuffled_order(rng, o.needles) : in_order(o.needles);
   std::vector<int64_t> seq;
   seq.reserve(static_cast<size_t>(o.seq_len));
   size_t next_needle = 0;
   while (static_cast<int64_t>(seq.size()) < haystack_len) {
     if (next_needle < depths.size() && static_cast<int64_t>(seq.size()) >= depths[next_needle]) {
-      const auto n = needle(keys[next_needle], values[next_needle], a);
+      const auto which = static_cast<size_t>(planted[next_needle]);
+      const auto n = needle(keys[which], values[which], a);
       seq.insert(seq.end(), n.begin(), n.end());
       ++next_needle;
       continue;
@@ -63,11 +90,8 @@ std::vector<int64_t> one_sequence(Rng& rng, const SyntheticOptions& o, const Alp
     seq.insert(seq.end(), phrase.begin(), phrase.end());
   }
   seq.resize(static_cast<size_t>(haystack_len));
-  // Queries in shuffled order: marker, key, separator, then the value to be recalled.
-  std::vector<int64_t> order(static_cast<size_t>(o.needles));
-  for (int64_t n = 0; n < o.needles; ++n) order[static_cast<size_t>(n)] = n;
-  for (int64_t n = o.needles - 1; n > 0; --n) std::swap(order[static_cast<size_t>(n)], order[static_cast<size_t>(rng.below(n + 1))]);
-  for (int64_t n : order) {
+  // The queries: marker, key, separator, then the value to be recalled.
+  for (int64_t n : chained ? in_order(o.needles) : shuffled_order(rng, o.needles)) {
     const auto q = needle(keys[static_cast<size_t>(n)], values[static_cast<size_t>(n)], a);
     seq.insert(seq.end(), q.begin(), q.end());
   }
@@ -75,9 +99,7 @@ std::vector<int64_t> one_sequence(Rng& rng, const SyntheticOptions& o, const Alp
   return seq;
 }
 
-}  // namespace
-
-std::vector<std::vector<int64_t>> synthetic_retrieval_set(const SyntheticOptions& options) {
+std::vector<std::vector<int64_t>> synthetic_set(const SyntheticOptions& options, NeedleLinks links) {
   SyntheticOptions o = options;
   if (o.needles == 0) o.needles = std::clamp<int64_t>(o.seq_len / 512, 1, 8);
   if (o.vocab_size < 16) throw_input_error("synthetic calibration needs a vocabulary of at least 16 tokens, got {}", o.vocab_size);
@@ -100,8 +122,21 @@ std::vector<std::vector<int64_t>> synthetic_retrieval_set(const SyntheticOptions
     phrases.push_back(std::move(phrase));
   }
   std::vector<std::vector<int64_t>> set;
-  for (int64_t s = 0; s < o.samples; ++s) set.push_back(one_sequence(rng, o, alphabet, phrases));
+  for (int64_t s = 0; s < o.samples; ++s) set.push_back(one_sequence(rng, o, alphabet, phrases, links));
   return set;
+}
+
+}  // namespace
+
+std::vector<std::vector<int64_t>> synthetic_retrieval_set(const SyntheticOptions& options) {
+  return synthetic_set(options, NeedleLinks::kIndependent);
+}
+
+std::vector<std::vector<int64_t>> synthetic_chain_set(const SyntheticOptions& options) {
+  if (options.needles < 2) {
+    throw_input_error("synthetic variable tracking needs a chain of at least 2 needles, got {}", options.needles);
+  }
+  return synthetic_set(options, NeedleLinks::kChained);
 }
 
 std::vector<int64_t> synthetic_answer_positions(const SyntheticOptions& options) {

@@ -295,7 +295,8 @@ const RegisterCommand kRegister{"eval", [](CLI::App& root) {
                   "one per --policy, in the same order")
       ->expected(1)
       ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
-  cmd->add_option("--tasks", args.tasks, "Comma-separated tasks (default: needle tasks for the model)");
+  cmd->add_option("--tasks", args.tasks, "Comma-separated tasks (default: the text tasks when the model's tokenizer writes English, else "
+                  "needle_single,needle_multikey,needle_chain; also needle_multikey8)");
   cmd->add_option("--samples", args.samples, "Samples per task")->capture_default_str();
   cmd->add_option("--seq-len", args.seq_len, "Tokens per sample, prompt + answer (k = 1024); default: the policy's context")
       ->capture_default_str();

@@ -43,7 +43,7 @@ class GatedCore final : public arch::AttentionCore {
 
 struct Supervised {
   at::Tensor ids;        // [1, T]: prompt + answer without its last token (teacher forcing)
-  at::Tensor rows;       // positions whose outputs are the answer tokens
+  at::Tensor rows;       // positions whose outputs are the answer tokens the model generates
   at::Tensor reference;  // full KV's hidden states there [rows, hidden], no graph
 };
 
@@ -57,7 +57,7 @@ std::vector<Supervised> supervise(arch::DecoderModel& model, const std::vector<E
     const TeacherForced seq = teacher_forced(s);
     Supervised sup;
     sup.ids = at::tensor(seq.tokens, long_opts).view({1, -1});
-    sup.rows = at::arange(seq.first_answer_row, static_cast<int64_t>(seq.tokens.size()), long_opts);
+    sup.rows = at::tensor(seq.generated_rows, long_opts);
     sup.reference = model.hidden_states(sup.ids, exact)[0].index_select(0, sup.rows).to(at::kFloat);
     out.push_back(std::move(sup));
   }

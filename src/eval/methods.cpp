@@ -49,17 +49,41 @@ class RetrievalScoreCore final : public arch::AttentionCore {
   arch::ExactAttentionCore exact_;
 };
 
-// Where the needle sits: the last occurrence of the whole answer in the prompt, else every
-// prompt position holding one of the answer's tokens (text tasks may tokenize it differently).
+// The runs of consecutive answer indices the model generates: one per hop of a multi-hop answer.
+std::vector<std::vector<int64_t>> generated_runs(const EvalSample& s) {
+  std::vector<std::vector<int64_t>> runs;
+  for (int64_t i : generated_answer_indices(s)) {
+    if (runs.empty() || runs.back().back() + 1 != i) runs.emplace_back();
+    runs.back().push_back(s.answer[static_cast<size_t>(i)]);
+  }
+  return runs;
+}
+
+// Where the needles sit: the last occurrence in the prompt of each generated run of the answer
+// (one needle per hop), else every prompt position holding one of the generated answer tokens
+// (text tasks may tokenize the answer differently).
 std::vector<int64_t> needle_positions(const EvalSample& s) {
-  const auto it = std::find_end(s.prompt.begin(), s.prompt.end(), s.answer.begin(), s.answer.end());
+  const auto runs = generated_runs(s);
   std::vector<int64_t> out;
-  if (it != s.prompt.end()) {
-    for (size_t i = 0; i < s.answer.size(); ++i) out.push_back(static_cast<int64_t>(it - s.prompt.begin()) + static_cast<int64_t>(i));
+  for (const auto& run : runs) {
+    const auto it = std::find_end(s.prompt.begin(), s.prompt.end(), run.begin(), run.end());
+    if (it == s.prompt.end()) {
+      out.clear();
+      break;
+    }
+    for (size_t i = 0; i < run.size(); ++i) out.push_back(static_cast<int64_t>(it - s.prompt.begin() + static_cast<std::ptrdiff_t>(i)));
+  }
+  if (!out.empty()) {
+    std::sort(out.begin(), out.end());
+    out.erase(std::unique(out.begin(), out.end()), out.end());
     return out;
   }
   for (size_t p = 0; p + 1 < s.prompt.size(); ++p) {
-    if (std::find(s.answer.begin(), s.answer.end(), s.prompt[p]) != s.answer.end()) out.push_back(static_cast<int64_t>(p));
+    if (std::any_of(runs.begin(), runs.end(), [&](const auto& run) {
+          return std::find(run.begin(), run.end(), s.prompt[p]) != run.end();
+        })) {
+      out.push_back(static_cast<int64_t>(p));
+    }
   }
   return out;
 }
@@ -94,7 +118,9 @@ memory::HeadWindows unconditioned(arch::DecoderModel& model, const BaselineInput
     o.measure = calib::parse_distortion_measure(measure);
     for (const auto& s : calibration) {
       std::vector<int64_t> positions;
-      for (size_t i = 0; i < s.answer.size(); ++i) positions.push_back(static_cast<int64_t>(len - s.answer.size() + i) - 1);
+      for (int64_t i : generated_answer_indices(s)) {
+        positions.push_back(static_cast<int64_t>(len - s.answer.size()) + i - 1);
+      }
       o.answer_positions.push_back(std::move(positions));
     }
   }
@@ -219,8 +245,8 @@ HeadScores retrieval_scores(arch::DecoderModel& model, const std::vector<EvalSam
     const auto needles = needle_positions(s);
     if (needles.empty()) continue;
     const TeacherForced seq = teacher_forced(s);
-    RetrievalScoreCore core(at::arange(seq.first_answer_row, static_cast<int64_t>(seq.tokens.size()), long_opts),
-                            at::tensor(needles, long_opts), model.attention_chunk());
+    RetrievalScoreCore core(at::tensor(seq.generated_rows, long_opts), at::tensor(needles, long_opts),
+                            model.attention_chunk());
     (void)model.hidden_states(at::tensor(seq.tokens, long_opts).view({1, -1}), core);
     for (auto& [layer, heads] : sum) {
       for (size_t h = 0; h < heads.size(); ++h) heads[h] += core.mass.at(layer).at(h);

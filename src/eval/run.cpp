@@ -29,6 +29,30 @@ nlohmann::json windows_json(const memory::HeadWindows& windows) {
 
 }  // namespace
 
+// The last token is not fed back (nothing reads its logits), as in Decoder::generate.
+std::vector<int64_t> greedy_answer(runtime::Decoder& decoder, const at::Tensor& prompt_logits, const EvalSample& s) {
+  const auto n = static_cast<int64_t>(s.answer.size());
+  if (s.answer_source.empty()) {
+    const at::Tensor generated = decoder.generate(n).view({-1}).contiguous();
+    return {generated.data_ptr<int64_t>(), generated.data_ptr<int64_t>() + n};
+  }
+  HEADWISE_CHECK(static_cast<int64_t>(s.answer_source.size()) == n, "{} answer sources for {} answer tokens",
+                 s.answer_source.size(), n);
+  at::Tensor logits = prompt_logits.select(1, -1);  // [1, vocab]
+  std::vector<int64_t> produced;
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t source = s.answer_source[static_cast<size_t>(i)];
+    HEADWISE_CHECK(source == kGeneratedToken || source == kGivenToken || (source >= 0 && source < i),
+                   "answer token {} copies index {}", i, source);
+    const int64_t token = source == kGeneratedToken ? logits.argmax(-1).item<int64_t>()
+                          : source == kGivenToken   ? s.answer[static_cast<size_t>(i)]
+                                                    : produced[static_cast<size_t>(source)];
+    produced.push_back(token);
+    if (i + 1 < n) logits = decoder.decode_step(at::full({1}, token, logits.options().dtype(at::kLong)));
+  }
+  return produced;
+}
+
 MethodResult run_method(arch::DecoderModel& model, const MethodWindows& method, const memory::MemoryOptions& options,
                         const std::vector<EvalSample>& samples, const RunOptions& run, const MethodResult* reference) {
   c10::InferenceMode inference;
@@ -56,7 +80,7 @@ MethodResult run_method(arch::DecoderModel& model, const MethodWindows& method, 
     prefill_s += seconds_since(start);
     prefill_tokens += prompt_len;
     start = std::chrono::steady_clock::now();
-    const at::Tensor generated = decoder.generate(static_cast<int64_t>(s.answer.size()));
+    std::vector<int64_t> answer = greedy_answer(decoder, logits, s);
     decode_s += seconds_since(start);
     decode_tokens += static_cast<int64_t>(s.answer.size());
 
@@ -82,7 +106,8 @@ MethodResult run_method(arch::DecoderModel& model, const MethodWindows& method, 
       r.kl_per_sample.push_back(sample_kl / static_cast<double>(k));
     }
     auto& [right, total] = correct[s.task];
-    const bool exact = at::equal(generated.view({-1}), at::tensor(s.answer, long_opts));
+    const bool exact = answer == s.answer;
+    r.answer_per_sample.push_back(std::move(answer));
     right += exact ? 1 : 0;
     ++total;
     r.correct_per_sample.push_back(exact ? 1 : 0);

@@ -14,14 +14,20 @@ namespace {
 
 namespace fs = std::filesystem;
 
-// Token-level needle tasks: name → key→value pairs planted in the haystack. The last query's
-// value (the sequence's final kValueLen tokens) is the answer.
+// Token-level needle tasks: name → key→value pairs planted in the haystack. Independent needles:
+// the last query's value (the sequence's final kValueLen tokens) is the answer. A chain (variable
+// tracking, calib::synthetic_chain_set): the answer is every hop's value from the first query on,
+// each later query's key being the model's own answer to the hop before.
 struct TokenTask {
   const char* name;
   int64_t needles;
+  bool chained = false;
 };
-constexpr TokenTask kTokenTasks[] = {{"needle_single", 1}, {"needle_multikey", 4}, {"needle_multikey8", 8}};
-constexpr int64_t kValueLen = 3;  // calib/synthetic.cpp's value length
+constexpr TokenTask kTokenTasks[] = {
+    {"needle_single", 1}, {"needle_multikey", 4}, {"needle_multikey8", 8}, {"needle_chain", 4, true}};
+constexpr int64_t kKeyLen = calib::kSyntheticKeyLen;
+constexpr int64_t kValueLen = calib::kSyntheticValueLen;
+constexpr int64_t kQueryLen = 2 + kKeyLen + kValueLen;  // marker, key, separator, value
 
 const std::vector<std::string> kDefaultTextTasks{"niah_single", "niah_multikey", "niah_multivalue", "variable_tracking"};
 
@@ -44,7 +50,7 @@ bool decodes_back(const tokenize::Tokenizer& tokenizer, const std::vector<int64_
 std::vector<std::string> default_tasks_for(const tokenize::Tokenizer* tokenizer) {
   constexpr std::string_view kProbe = "The special magic number for the key is: 7412 and that is it.";
   if (tokenizer != nullptr && decodes_back(*tokenizer, tokenizer->encode(kProbe, false), kProbe)) return kDefaultTextTasks;
-  return {"needle_single", "needle_multikey"};
+  return {"needle_single", "needle_multikey", "needle_chain"};
 }
 
 bool has_tokenizer(const fs::path& dir) {
@@ -52,8 +58,38 @@ bool has_tokenizer(const fs::path& dir) {
   return fs::exists(dir / "tokenizer.json", ec);
 }
 
+std::string token_task_names() {
+  std::string out;
+  for (const auto& t : kTokenTasks) out += (out.empty() ? "" : ", ") + std::string(t.name);
+  return out;
+}
+
 bool is_token_task(const std::string& name) {
   return std::any_of(std::begin(kTokenTasks), std::end(kTokenTasks), [&](const TokenTask& t) { return name == t.name; });
+}
+
+// A chain's sequence ends with `hops` queries. The prompt stops after the first query's separator;
+// the model answers its value, then each later query (marker, key, separator) is fed with the
+// key copied from the model's own previous value, and the model answers that hop's value.
+EvalSample chain_sample(const std::string& task, const std::vector<int64_t>& seq, int64_t hops) {
+  const auto first_answer = static_cast<std::ptrdiff_t>(seq.size()) - hops * kQueryLen + 2 + kKeyLen;
+  EvalSample s;
+  s.task = task;
+  s.prompt.assign(seq.begin(), seq.begin() + first_answer);
+  s.answer.assign(seq.begin() + first_answer, seq.end());
+  int64_t previous_value = 0;
+  for (int64_t hop = 0; hop < hops; ++hop) {
+    if (hop > 0) {
+      s.answer_source.push_back(kGivenToken);  // marker
+      for (int64_t i = 0; i < kKeyLen; ++i) s.answer_source.push_back(previous_value + i);
+      s.answer_source.push_back(kGivenToken);  // separator
+    }
+    previous_value = static_cast<int64_t>(s.answer_source.size());
+    for (int64_t i = 0; i < kValueLen; ++i) s.answer_source.push_back(kGeneratedToken);
+  }
+  HEADWISE_CHECK(s.answer_source.size() == s.answer.size(), "chain answer {} tokens, sources {}", s.answer.size(),
+                 s.answer_source.size());
+  return s;
 }
 
 std::vector<EvalSample> token_task_samples(const TokenTask& task, int64_t vocab, const TaskRequest& r) {
@@ -62,9 +98,13 @@ std::vector<EvalSample> token_task_samples(const TokenTask& task, int64_t vocab,
   o.samples = r.samples;
   o.seq_len = r.seq_len;
   // Each task gets its own stream so adding a task never changes another's samples.
-  o.seed = r.seed * 1000003 + static_cast<uint64_t>(task.needles);
+  o.seed = r.seed * 1000003 + static_cast<uint64_t>(task.needles) + (task.chained ? 1000 : 0);
   o.needles = task.needles;
   std::vector<EvalSample> out;
+  if (task.chained) {
+    for (const auto& seq : calib::synthetic_chain_set(o)) out.push_back(chain_sample(task.name, seq, task.needles));
+    return out;
+  }
   for (auto& seq : calib::synthetic_retrieval_set(o)) {
     EvalSample s;
     s.task = task.name;
@@ -91,8 +131,8 @@ std::vector<EvalSample> text_task_samples(const std::string& task, const tokeniz
     const auto whole = tokenizer.encode(text, true);
     if (!decodes_back(tokenizer, whole, text)) {
       throw_input_error("--tasks {}: the model's tokenizer.json cannot write this task's English text (it does not "
-                        "decode back to itself); use the token tasks needle_single, needle_multikey, needle_multikey8",
-                        task);
+                        "decode back to itself); use the token tasks {}",
+                        task, token_task_names());
     }
     EvalSample s;
     s.task = task;
@@ -132,11 +172,20 @@ std::vector<std::string> default_tasks(const fs::path& model_dir) {
   return default_tasks_for(&tokenizer);
 }
 
+std::vector<int64_t> generated_answer_indices(const EvalSample& s) {
+  std::vector<int64_t> out;
+  for (size_t i = 0; i < s.answer.size(); ++i) {
+    if (s.answer_source.empty() || s.answer_source[i] == kGeneratedToken) out.push_back(static_cast<int64_t>(i));
+  }
+  return out;
+}
+
 TeacherForced teacher_forced(const EvalSample& s) {
   TeacherForced out;
   out.tokens = s.prompt;
   out.tokens.insert(out.tokens.end(), s.answer.begin(), s.answer.end() - 1);
   out.first_answer_row = static_cast<int64_t>(s.prompt.size()) - 1;
+  for (int64_t i : generated_answer_indices(s)) out.generated_rows.push_back(out.first_answer_row + i);
   return out;
 }
 
@@ -162,9 +211,8 @@ std::vector<EvalSample> make_eval_samples(const fs::path& model_dir, int64_t voc
       samples = token_task_samples(t, vocab_size, request);
     } else if (std::find(text_tasks.begin(), text_tasks.end(), task) != text_tasks.end()) {
       if (!has_tokenizer(model_dir)) {
-        throw_input_error("--tasks {}: a text task needs {}; this model has none (token tasks: needle_single, "
-                          "needle_multikey, needle_multikey8)",
-                          task, (model_dir / "tokenizer.json").string());
+        throw_input_error("--tasks {}: a text task needs {}; this model has none (token tasks: {})", task,
+                          (model_dir / "tokenizer.json").string(), token_task_names());
       }
       samples = text_task_samples(task, loaded_tokenizer(), request);
     } else {

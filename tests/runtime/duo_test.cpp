@@ -14,7 +14,7 @@ namespace {
 std::vector<eval::EvalSample> toy_samples(int64_t count, uint64_t seed) {
   std::vector<eval::EvalSample> out;
   for (const auto& seq : test::toy_sequences(count, 48, seed)) {
-    out.push_back({"toy", std::vector<int64_t>(seq.begin(), seq.end() - 1), {seq.back()}});
+    out.push_back({"toy", std::vector<int64_t>(seq.begin(), seq.end() - 1), {seq.back()}, {}});
   }
   return out;
 }

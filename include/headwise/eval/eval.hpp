@@ -18,6 +18,7 @@
 #include "headwise/eval/tasks.hpp"
 #include "headwise/memory/memory_model.hpp"
 #include "headwise/policy/policy.hpp"
+#include "headwise/runtime/decoder.hpp"
 #include "headwise/runtime/eviction_cache.hpp"
 
 namespace headwise::eval {
@@ -90,6 +91,7 @@ struct MethodResult {
   std::map<std::string, double> accuracy;  // per task
   std::map<std::string, std::pair<int64_t, int64_t>> correct;  // per task: (right, total)
   std::vector<uint8_t> correct_per_sample;  // 1 where the answer was exact, in sample order
+  std::vector<std::vector<int64_t>> answer_per_sample;  // the answer the harness decoded (greedy_answer)
   std::vector<double> kl_per_sample;   // mean KL per compared position, one per sample
   std::vector<double> nll_per_sample;  // mean NLL per prompt token, one per sample
   double kl_vs_full = 0.0;     // mean KL(full || method) per compared position
@@ -101,6 +103,11 @@ struct MethodResult {
   // auxiliary bytes (not KV) and the most prompt K/V ever staged (SnapKV/AdaKV's prefill peak).
   nlohmann::json runtime_details = nlohmann::json::object();
 };
+
+// The answer a greedy harness decodes after the prompt (`prompt_logits`: the prefill's logits
+// [1, prompt, vocab]): each generated token is the argmax of the logits so far; a given token is
+// fed as it is, a copied one repeats the model's own earlier answer token (EvalSample::answer_source).
+std::vector<int64_t> greedy_answer(runtime::Decoder& decoder, const at::Tensor& prompt_logits, const EvalSample& sample);
 
 // Runs every sample. `reference`: the full method's result (its logprobs), or null when this
 // is the full method itself (KL 0 by definition, and its logprobs are kept).
