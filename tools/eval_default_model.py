@@ -44,31 +44,19 @@ def sample_chain(rng, T, hops=4):
         vals.append(content(3))
         if h + 1 < hops:
             keys.append(vals[-1][:2])
-    query_len = hops * 7
-    haystack_len = T - 1 - query_len
+    haystack_len = T - 1 - hops * 7
     depths = [int((i + rng.random()) / hops * max(1, haystack_len - 7)) for i in range(hops)]
     planted = rng.permutation(hops)
-    if rng.random() < 0.7:
-        phrases = [content(int(rng.integers(3, 9))) for _ in range(24)]
-        text = []
-        while len(text) < haystack_len:
-            text += phrases[int(rng.integers(0, len(phrases)))]
-    else:
-        text = tdm.LANG.filler(rng, haystack_len)
-    toks, used = [tdm.BOS], 0
-    for d, i in zip(depths, planted):
-        gap = max(0, d - (len(toks) - 1))
-        toks += text[used:used + gap]
-        used += gap
-        toks += [tdm.MARKER, *keys[i], tdm.SEP, *vals[i]]
-    toks += text[used:used + (1 + haystack_len - len(toks))]
+    b = tdm.Builder()
+    tdm.plant_needles(b, tdm.haystack_text(rng, T, haystack_len), haystack_len, depths,
+                      [(keys[i], vals[i]) for i in planted])
     positions = []
     for h in range(hops):
-        toks += [tdm.MARKER, *keys[h], tdm.SEP]
-        positions += range(len(toks), len(toks) + 3)
-        toks += vals[h]
-    assert len(toks) == T, (len(toks), T)
-    return toks, positions
+        b.add([tdm.MARKER, *keys[h], tdm.SEP])
+        positions += range(len(b.tokens), len(b.tokens) + 3)
+        b.add(vals[h])
+    assert len(b.tokens) == T, (len(b.tokens), T)
+    return b.tokens, positions
 
 
 def make_samples(ctx, samples, seed, task):

@@ -203,6 +203,33 @@ def sample_mqar(rng, T, gap=48, key_len=1):
 MARKER, SEP, CONTENT0 = 64, 65, 66
 
 
+def haystack_text(rng, T, haystack_len):
+    """Haystack tokens for a T-token retrieval sample: recurring random phrases (70%) or the
+    synthetic language."""
+    if rng.random() < 0.7:
+        # headwise's set draws 24 phrases; short contexts get fewer so phrases recur in them too
+        # (predicting a recurring phrase is in-context copying, the circuit the needles need).
+        content = lambda k: [int(t) for t in rng.integers(CONTENT0, VOCAB, size=k)]
+        phrases = [content(int(rng.integers(3, 9))) for _ in range(max(4, min(24, T // 48)))]
+        text = []
+        while len(text) < haystack_len:
+            text += phrases[int(rng.integers(0, len(phrases)))]
+        return text
+    return LANG.filler(rng, haystack_len)
+
+
+def plant_needles(b, text, haystack_len, depths, needles):
+    """Adds `text` to the builder with needle i (key, value) as MARKER key SEP value at depths[i],
+    up to 1 + haystack_len tokens in all."""
+    used = 0  # haystack text consumed
+    for d, (key, val) in zip(depths, needles):
+        gap = max(0, d - (len(b.tokens) - 1))
+        b.add(text[used:used + gap])
+        used += gap
+        b.add([MARKER, *key, SEP, *val])
+    b.add(text[used:used + (1 + haystack_len - len(b.tokens))])
+
+
 def sample_needles(rng, T, n_needles):
     """Returns tokens, loss weights and (prompt_len, answer) per query."""
     needle_len = 1 + 2 + 1 + 3
@@ -212,23 +239,8 @@ def sample_needles(rng, T, n_needles):
     vals = [content(3) for _ in range(n)]
     haystack_len = T - 1 - n * needle_len
     depths = [int((i + rng.random()) / n * max(1, haystack_len - needle_len)) for i in range(n)]
-    if rng.random() < 0.7:
-        # headwise's set draws 24 phrases; short contexts get fewer so phrases recur in them too
-        # (predicting a recurring phrase is in-context copying, the circuit the needles need).
-        phrases = [content(int(rng.integers(3, 9))) for _ in range(max(4, min(24, T // 48)))]
-        text = []
-        while len(text) < haystack_len:
-            text += phrases[int(rng.integers(0, len(phrases)))]
-    else:
-        text = LANG.filler(rng, haystack_len)
     b = Builder()
-    used = 0  # haystack text consumed
-    for d, key, val in zip(depths, keys, vals):
-        gap = max(0, d - (len(b.tokens) - 1))
-        b.add(text[used:used + gap])
-        used += gap
-        b.add([MARKER, *key, SEP, *val])
-    b.add(text[used:used + (1 + haystack_len - len(b.tokens))])
+    plant_needles(b, haystack_text(rng, T, haystack_len), haystack_len, depths, list(zip(keys, vals)))
     queries = []
     for i in rng.permutation(n):
         b.add([MARKER, *keys[i], SEP])
