@@ -11,6 +11,7 @@
 #   WINDOWS=... (default 128,512,2k,full)  TASKS=... (default: eval's, needle_single,needle_multikey,needle_chain for a token model)  EVAL_SEED=23
 #   RESULTS=docs/results-2k (writes RESULTS.md and RESULTS.svg; default docs/results)
 #   CALIB_SAMPLES=8 (the main command's default)  HEADWISE_CALC=path (default build/bin/headwise-calc)
+#   KEEP_RULES=window,h2o (passed as --keep-rules; default: the main command's)
 #   JOBS=2 (the default: budgets calibrated at once, then method runs at once in the one eval,
 #   `eval --jobs`, one intra-op thread each; the eval runs every budget, sharing the full-KV
 #   reference and the budget-free baseline work; JOBS=1 runs one thing at a time)
@@ -28,6 +29,7 @@ windows=${WINDOWS:-128,512,2k,full}
 results=${RESULTS:-docs/results}
 eval_seed=${EVAL_SEED:-23}
 calib_samples=${CALIB_SAMPLES:-8}
+keep_rules=${KEEP_RULES:-}
 bin=${HEADWISE_CALC:-build/bin/headwise-calc}
 [ -x "$bin" ] || tools/build.sh
 mkdir -p policies docs out
@@ -53,7 +55,7 @@ print(j['full_kv_total_bytes'] - c['global_kv_bytes'] + c['global_kv_bytes'] * i
   policy=policies/$name-eval-$context-$share.yaml
   ablation=policies/$name-eval-$context-$share-unconditioned.yaml
   calibrate=("$bin" --model "$model" --context "$context" --budget "$budget" --windows "$windows"
-             --samples "$calib_samples" --seed 0 -o "$policy" --quiet)
+             --samples "$calib_samples" --seed 0 ${keep_rules:+--keep-rules "$keep_rules"} -o "$policy" --quiet)
   ablate=("${calibrate[@]/#$policy/$ablation}" --no-conditioning)
   policies+=(--policy "$policy")
   ablations+=(--unconditioned-policy "$ablation")

@@ -26,8 +26,11 @@ class OneLayerWindowsCore final : public arch::AttentionCore {
         first_answer_(first_answer), cache_(cache) {}
 
   void set_micro_batch(int64_t m) { micro_batch_ = m; }
+  // The measured layer's attention from a function instead of `windows` (keep rules).
+  void set_measured(const AnswerKl::LayerAttention* measured) { measured_ = measured; }
 
   at::Tensor attend(const arch::AttentionInputs& in) override {
+    if (measured_ != nullptr && in.layer_id == layer_) return (*measured_)(in, micro_batch_);
     const int64_t first_query = in.layer_id == last_layer_ ? first_answer_ : 0;
     if (in.layer_id != layer_ || in.sliding_window > 0) {
       const int64_t window = in.sliding_window > 0 ? in.sliding_window : kFullWindow;
@@ -57,6 +60,7 @@ class OneLayerWindowsCore final : public arch::AttentionCore {
   int64_t first_answer_;
   LevelCache& cache_;
   int64_t micro_batch_ = 0;
+  const AnswerKl::LayerAttention* measured_ = nullptr;
 };
 
 // The model's last layer when it is an attention layer (its earlier rows feed nothing), else -1.
@@ -207,8 +211,21 @@ at::Tensor AnswerKl::output_log_probs(int64_t micro_batch, const at::Tensor& fin
 }
 
 double AnswerKl::evaluate(int64_t layer, ActivationStream& stream, std::span<const int64_t> windows) {
+  return evaluate_layer(layer, stream, windows, nullptr,
+                        fmt::format("layer {}: {} at windows [{}]", layer, divergence_label(divergence_), fmt::join(windows, ",")));
+}
+
+double AnswerKl::evaluate_attention(int64_t layer, ActivationStream& stream, const LayerAttention& attention,
+                                    const std::string& what) {
+  return evaluate_layer(layer, stream, {}, &attention,
+                        fmt::format("layer {}: {} with {}", layer, divergence_label(divergence_), what));
+}
+
+double AnswerKl::evaluate_layer(int64_t layer, ActivationStream& stream, std::span<const int64_t> windows,
+                                const LayerAttention* attention, const std::string& what) {
   OneLayerWindowsCore core(layer, windows, sink_tokens_, model_.attention_chunk(), last_attention_layer(model_.spec()),
                            first_answer_, cache_);
+  core.set_measured(attention);
   ExactSum total;
   int64_t m = 0;
   stream.visit([&](const at::Tensor& entering) {
@@ -218,8 +235,7 @@ double AnswerKl::evaluate(int64_t layer, ActivationStream& stream, std::span<con
     total.add(divergence_sum(m++, run_layers_from(layer + 1, out, core, false)));
   });
   ++evaluations_;
-  return mean_over_ranks(total, fmt::format("layer {}: {} at windows [{}]", layer, divergence_label(divergence_),
-                                            fmt::join(windows, ",")));
+  return mean_over_ranks(total, what);
 }
 
 double AnswerKl::evaluate_policy(ActivationStream& embedded, const std::map<int64_t, std::vector<int64_t>>& windows) {

@@ -10,6 +10,7 @@
 #include "headwise/arch/model.hpp"
 #include "headwise/calib/activations.hpp"
 #include "headwise/calib/calibration_data.hpp"
+#include "headwise/calib/keep_rules.hpp"
 #include "headwise/calib/memory_plan.hpp"
 #include "headwise/calib/seqcalib.hpp"
 #include "headwise/calib/walk_state.hpp"
@@ -206,6 +207,11 @@ CalibrationJob::CalibrationJob(const CalibrationRequest& request, const fs::path
                       request.distortion);
   }
   parse_extrapolation(request.extrapolate);  // InputError naming --extrapolate
+  if (parse_keep_rules(request.keep_rules) && !answer_aware(s.measure)) {
+    throw_input_error("--keep-rules {}: the rules are measured at the answers; use an answer measure (--distortion "
+                      "answer-tv or answer-kl), not {}", request.keep_rules, request.distortion);
+  }
+  if (request.prefill_chunk <= 0) throw_input_error("--prefill-chunk must be positive, got {}", request.prefill_chunk);
   s.unmeasured = unmeasured_levels(s.ladder.levels, s.seq_len, s.mem.context);
   refuse_unmeasured_levels(s.unmeasured, s.seq_len, request.extrapolate);
   if (request.samples <= 0) throw_input_error("--samples must be positive, got {}", request.samples);
@@ -230,7 +236,7 @@ CalibrationJob::CalibrationJob(const CalibrationRequest& request, const fs::path
 
   // Everything that can change a byte of the policy. Activation placement is left out: it
   // only moves the same tensors between device and host memory.
-  const nlohmann::json inputs = {
+  nlohmann::json inputs = {
       {"tool", fmt::format("headwise-calc {}", HEADWISE_VERSION)},
       {"calibration_revision", kCalibrationRevision},
       {"model_config_sha256", s.fingerprint.config_sha256},
@@ -258,6 +264,11 @@ CalibrationJob::CalibrationJob(const CalibrationRequest& request, const fs::path
       {"joint_heads", !request.independent_heads},
       {"extrapolate", request.extrapolate},
   };
+  // Only when chosen, so that window-only policies keep the hash they were made with.
+  if (parse_keep_rules(request.keep_rules)) {
+    inputs["keep_rules"] = request.keep_rules;
+    inputs["prefill_chunk"] = request.prefill_chunk;
+  }
   s.inputs_hash = sha256_hex(inputs.dump());
 }
 
@@ -366,8 +377,27 @@ CalibrationOutcome CalibrationJob::run(const RunControl& control) {
     policy.calibration["extrapolated_levels"] = s.unmeasured;
     policy.calibration["extrapolation"] = r.extrapolate;
   }
+  std::optional<KeepRuleResult> rules;
+  if (parse_keep_rules(r.keep_rules)) {
+    KeepRuleOptions ko;
+    ko.memory = s.mem;
+    ko.budget_bytes = s.budget;
+    ko.prefill_chunk = r.prefill_chunk;
+    ko.micro_batch = micro_batch;
+    ko.activations = options.activations;
+    ko.conditioned = options.conditioned;
+    ko.divergence = answer_divergence(s.measure);
+    rules = choose_keep_rules(*model, s.data.sequences, s.data.answer_positions, result.windows, ko);
+    policy.calibration["keep_rules"] = r.keep_rules;
+    policy.calibration["prefill_chunk"] = r.prefill_chunk;
+  }
   for (const auto& [layer_id, windows] : result.windows) {
-    policy.per_layer_policies.push_back({layer_id, windows, result.expected_distortion.at(layer_id)});
+    if (rules) {
+      policy.per_layer_policies.push_back(
+          {layer_id, rules->windows.at(layer_id), result.expected_distortion.at(layer_id), rules->rules.at(layer_id)});
+    } else {
+      policy.per_layer_policies.push_back({layer_id, windows, result.expected_distortion.at(layer_id), {}});
+    }
   }
   policy::fill_memory(policy, s.spec);
   HEADWISE_CHECK(policy.memory.total_bytes <= s.budget, "policy total {} exceeds budget {}", policy.memory.total_bytes,
@@ -380,6 +410,7 @@ CalibrationOutcome CalibrationJob::run(const RunControl& control) {
   if (control.want_report) {
     nlohmann::json report = report::calibration_report(result, context);
     report["world_size"] = world.world_size();
+    if (rules) report["keep_rules"] = keep_rules_json(*rules);
     report["backend"] = world.backend();
     if (world.world_size() > 1) {
       report["distributed"] = {{"rank_sequences", result.local_sequences},

@@ -134,6 +134,16 @@ const RegisterCommand kRegister{"calibrate", [](CLI::App& root) {
                   "Rule for --windows levels >= --seq-len: none (refuse), power-law (each head's curve fitted over its "
                   "measured levels, capped at the largest) or as-full (read as full KV's cost)")
       ->capture_default_str();
+  root.add_option("--keep-rules", args.request.keep_rules,
+                  "What may fill a head's slots: window (its most recent tokens) or window,h2o (each head whose slots "
+                  "evict on the calibration data is also measured with H2O's heavy hitters, on the conditioned stream "
+                  "through the runtime's own eviction code, and keeps whichever costs the answers less; the layer's "
+                  "selection bookkeeping is paid from the budget)")
+      ->capture_default_str();
+  root.add_option("--prefill-chunk", args.request.prefill_chunk,
+                  "With --keep-rules window,h2o: tokens per prefill chunk the runtime will use (H2O evicts after each; "
+                  "eval's default)")
+      ->capture_default_str();
   root.add_option("--block-size", args.request.block_size, "Paged-cache block in tokens (1 = unpaged)")->capture_default_str();
   root.add_option("--batch", args.request.batch, "Sequences served at once")->capture_default_str();
   root.add_option("--sink-tokens", args.request.sink_tokens, "First tokens every windowed head keeps")->capture_default_str();

@@ -77,7 +77,9 @@ void run_forward(const ForwardArgs& args) {
       throw_input_error("--tokens {}: {} tokens exceed the context of {} tokens of --policy {}", args.tokens, ids.size(),
                         o.context, args.policy);
     }
-    runtime::Decoder decoder(*model, pol->head_windows(), o);
+    const auto selection = runtime::policy_selection(*pol);
+    runtime::Decoder decoder = selection ? runtime::Decoder(*model, pol->head_windows(), o, *selection)
+                                         : runtime::Decoder(*model, pol->head_windows(), o);
     decoder.set_attention_kernel(runtime_attention_kernel(args.runtime_attention));
     logits = decoder.prefill(input, args.prefill_chunk)[0].to(at::kCPU, at::kFloat).contiguous();
     spdlog::info("{}: {} tokens under {} (prefill chunks of {}, cache {} bytes) → logits [{}, {}]", dir.string(),

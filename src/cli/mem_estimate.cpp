@@ -3,6 +3,7 @@
 #include <spdlog/spdlog.h>
 
 #include <iostream>
+#include <set>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -76,6 +77,10 @@ std::string prometheus_text(const memory::Report& r) {
   for (const auto& [name, bytes] : components) {
     out += fmt::format("headwise_cache_component_bytes{{{},component=\"{}\"}} {}\n", common, name, bytes);
   }
+  if (c.selection_state_bytes > 0) {
+    out += fmt::format("headwise_cache_component_bytes{{{},component=\"selection_state\"}} {}\n", common,
+                       c.selection_state_bytes);
+  }
   family("headwise_full_kv_cache_bytes", "The same cache with every global KV head full, for comparison");
   out += fmt::format("headwise_full_kv_cache_bytes{{{}}} {}\n", common, r.full_kv_total_bytes);
   return out;
@@ -117,7 +122,7 @@ void apply_overrides(const MemEstimateArgs& a, memory::MemoryOptions& o) {
 }
 
 memory::GpuFit gpu_fit(const MemEstimateArgs& a, const arch::ModelSpec& spec, const memory::HeadWindows& windows,
-                       const memory::MemoryOptions& o, std::optional<int64_t> weights) {
+                       const std::set<int64_t>& selecting, const memory::MemoryOptions& o, std::optional<int64_t> weights) {
   memory::GpuFit g;
   g.gpu_memory_bytes = parse_byte_size(a.gpu_memory, "--gpu-memory");
   g.reserve_bytes = a.reserve.empty() ? 0 : parse_byte_size(a.reserve, "--reserve");
@@ -129,7 +134,7 @@ memory::GpuFit gpu_fit(const MemEstimateArgs& a, const arch::ModelSpec& spec, co
   g.weights_bytes = *weights;
   g.cache_budget_bytes = g.gpu_memory_bytes - g.weights_bytes - g.reserve_bytes;
   g.full_kv = memory::capacity(spec, memory::full_kv_windows(spec), o, g.cache_budget_bytes);
-  g.policy = memory::capacity(spec, windows, o, g.cache_budget_bytes);
+  g.policy = memory::capacity(spec, windows, o, g.cache_budget_bytes, memory::kContextSearchLimit, selecting);
   return g;
 }
 
@@ -181,6 +186,7 @@ void run(const MemEstimateArgs& a) {
   report.model = pol && !pol->model_name.empty() ? pol->model_name : dir.filename().string();
   memory::MemoryOptions o;
   memory::HeadWindows windows;
+  std::set<int64_t> selecting;  // layers whose heads select tokens (their bookkeeping is cache memory)
   if (pol) {
     // A hand-written policy carries no fingerprint: mem-estimate needs only the config's shapes.
     if (pol->fingerprint.config_sha256.empty()) {
@@ -190,6 +196,11 @@ void run(const MemEstimateArgs& a) {
     }
     o = pol->memory_options();
     windows = pol->head_windows();
+    selecting = pol->selecting_layers();
+    if (!selecting.empty() && report.engine != memory::Engine::kHeadwise) {
+      throw_input_error("--engine {}: {} has h2o heads (kv_head_rules), and vLLM's cache has no token selection", a.engine,
+                        a.config);
+    }
     report.policy_label = "policy " + fs::path(a.config).filename().string();
   } else {
     o.kv_dtype = (spec.dtype == DType::kFloat16 || spec.dtype == DType::kFloat32) ? spec.dtype : DType::kBFloat16;
@@ -206,11 +217,11 @@ void run(const MemEstimateArgs& a) {
   if (const auto warning = arch::check_context(spec, o.context, "--context", (dir / "config.json").string())) {
     spdlog::warn("{}", *warning);
   }
-  report.estimate = memory::estimate(spec, windows, o);
+  report.estimate = memory::estimate(spec, windows, o, selecting);
   report.full_kv_total_bytes = memory::full_kv_bytes(spec, o);
   const auto checkpoint = io::Checkpoint::open(dir, /*allow_missing_weights=*/true);
   if (checkpoint->has_weights()) report.weights_bytes = checkpoint->weight_bytes();
-  if (!a.gpu_memory.empty()) report.gpu = gpu_fit(a, spec, windows, o, report.weights_bytes);
+  if (!a.gpu_memory.empty()) report.gpu = gpu_fit(a, spec, windows, selecting, o, report.weights_bytes);
   else if (!a.reserve.empty() || !a.weights_bytes.empty()) throw_input_error("--reserve/--weights-bytes: only with --gpu-memory");
   if (report.engine != memory::Engine::kHeadwise) report.vllm = vllm_report(a, spec, windows, o, report.gpu);
   // Everything is computed: only now print, so an error never leaves half a report.

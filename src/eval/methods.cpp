@@ -95,8 +95,13 @@ nlohmann::json scores_json(const HeadScores& scores) {
   return out;
 }
 
+// What the static baselines may spend on global KV: the policy's global KV plus its selection
+// bookkeeping (an h2o head's slots are paid for with it; a window needs none).
 int64_t budget_of(const arch::ModelSpec& spec, const BaselineInputs& in) {
-  return global_kv_bytes(spec, in.policy.head_windows(), in.options);
+  const auto windows = in.policy.head_windows();
+  const int64_t bookkeeping =
+      memory::estimate(spec, windows, in.options, in.policy.selecting_layers()).components.selection_state_bytes;
+  return global_kv_bytes(spec, windows, in.options) + bookkeeping;
 }
 
 memory::HeadWindows unconditioned(arch::DecoderModel& model, const BaselineInputs& in,
@@ -195,6 +200,24 @@ nlohmann::json eviction_details(const runtime::EvictionOptions& o) {
 
 }  // namespace
 
+MethodWindows policy_method(const std::string& name, const policy::Policy& policy) {
+  MethodWindows m{name, policy.head_windows()};
+  const auto selection = runtime::policy_selection(policy);
+  if (!selection) return m;
+  nlohmann::json rules = nlohmann::json::object();
+  for (const auto& layer : policy.per_layer_policies) {
+    for (size_t h = 0; h < layer.kv_head_windows.size(); ++h) {
+      rules[std::to_string(layer.layer_id)].push_back(policy::keep_rule_name(layer.rule(h)));
+    }
+  }
+  m.details = {{"kv_head_rules", rules},
+               {"rule", "h2o heads: heavy hitters by accumulated attention plus the most recent tokens, half the slots "
+                        "each; window heads: their window, as the grouped cache keeps it"}};
+  m.eviction = selection;
+  m.selecting_layers = selection->layers;
+  return m;
+}
+
 void check_unconditioned_ablation(const policy::Policy& policy, const policy::Policy& ablation, const std::string& where) {
   const std::string method = ablation.calibration.value("method", "");
   if (method != "unconditioned") {
@@ -268,7 +291,7 @@ std::vector<MethodWindows> build_methods(arch::DecoderModel& model, const Baseli
   BaselineCache& memo = cache != nullptr ? *cache : local;
   const auto& spec = model.spec();
   const int64_t budget = budget_of(spec, in);
-  std::vector<MethodWindows> out{{"headwise", in.policy.head_windows()}};
+  std::vector<MethodWindows> out{policy_method("headwise", in.policy)};
   for (const auto& name : names) {
     memory::HeadWindows w;
     nlohmann::json details = nlohmann::json::object();
@@ -308,9 +331,12 @@ std::vector<MethodWindows> build_methods(arch::DecoderModel& model, const Baseli
     } else if (name == "random") {
       w = random_baseline(spec, in.options, budget, in.policy.window_levels, in.seed);
     } else if (name == "unconditioned" && in.unconditioned_policy != nullptr) {
-      w = in.unconditioned_policy->head_windows();
-      details = {{"source", "the policy's calibration rerun with --no-conditioning (same data and options)"},
-                 {"dataset_sha256", in.unconditioned_policy->calibration.value("dataset_sha256", "")}};
+      // Served as the policy is: its windows and, when some heads select tokens, its keep rules.
+      MethodWindows ablation = policy_method(name, *in.unconditioned_policy);
+      ablation.details["source"] = "the policy's calibration rerun with --no-conditioning (same data and options)";
+      ablation.details["dataset_sha256"] = in.unconditioned_policy->calibration.value("dataset_sha256", "");
+      out.push_back(std::move(ablation));
+      continue;
     } else if (name == "unconditioned") {
       w = unconditioned(model, in, calibration);
       details = {{"source", "calibrated in eval without conditioning on the eval tasks' calibration samples (its data "

@@ -63,7 +63,7 @@ MethodResult run_method(arch::DecoderModel& model, const MethodWindows& method, 
   r.name = method.name;
   r.windows = method.windows;
   r.global_kv_bytes = global_kv_bytes(model.spec(), method.windows, options);
-  r.cache_bytes_estimated = memory::estimate(model.spec(), method.windows, options).total_bytes;
+  r.cache_bytes_estimated = memory::estimate(model.spec(), method.windows, options, method.selecting_layers).total_bytes;
   runtime::Decoder decoder = method.eviction ? runtime::Decoder(model, method.windows, options, *method.eviction)
                                               : runtime::Decoder(model, method.windows, options);
   decoder.set_attention_kernel(run.attention_kernel);
@@ -112,7 +112,7 @@ MethodResult run_method(arch::DecoderModel& model, const MethodWindows& method, 
     ++total;
     r.correct_per_sample.push_back(exact ? 1 : 0);
   }
-  r.cache_bytes_measured = decoder.cache_bytes();
+  r.cache_bytes_measured = decoder.cache_bytes() + (method.selecting_layers.empty() ? 0 : decoder.bookkeeping_bytes());
   if (const runtime::EvictionCache* ev = decoder.eviction_cache()) {
     r.runtime_details = {{"auxiliary_bytes_measured", ev->auxiliary_bytes()},
                          {"prefill_staged_peak_bytes_measured", ev->peak_staged_bytes()}};

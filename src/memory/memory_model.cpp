@@ -52,7 +52,8 @@ void validate_options(const MemoryOptions& o) {
 }
 
 int64_t Components::total() const {
-  return global_kv_bytes + local_kv_bytes + linear_state_bytes + ssm_state_bytes + other_state_bytes;
+  return global_kv_bytes + local_kv_bytes + linear_state_bytes + ssm_state_bytes + other_state_bytes +
+         selection_state_bytes;
 }
 
 HeadWindows full_kv_windows(const arch::ModelSpec& spec) { return uniform_windows(spec, kFullWindow); }
@@ -106,7 +107,28 @@ int64_t head_bytes(const arch::AttentionShape& attention, int64_t window, const 
 }
 
 MemoryEstimate estimate(const arch::ModelSpec& spec, const HeadWindows& windows, const MemoryOptions& options) {
+  return estimate(spec, windows, options, {});
+}
+
+int64_t selection_bytes(const arch::AttentionShape& attention, const std::vector<int64_t>& windows,
+                        const MemoryOptions& options) {
+  HEADWISE_CHECK(static_cast<int64_t>(windows.size()) == attention.num_kv_heads, "{} windows for {} KV heads",
+                 windows.size(), attention.num_kv_heads);
+  constexpr int64_t kPerSlot = sizeof(int64_t) + sizeof(float);  // position, keep score
+  constexpr int64_t kPerHead = 3 * sizeof(int64_t);               // region offset, length, fill
+  int64_t slots = 0;
+  for (int64_t w : windows) slots = checked_add(slots, global_head_slots(w, options));
+  return checked_mul(options.batch, checked_add(checked_mul(slots, kPerSlot), checked_mul(attention.num_kv_heads, kPerHead)));
+}
+
+MemoryEstimate estimate(const arch::ModelSpec& spec, const HeadWindows& windows, const MemoryOptions& options,
+                        const std::set<int64_t>& selecting) {
   validate_options(options);
+  for (int64_t id : selecting) {
+    if (id < 0 || id >= spec.num_layers() || !spec.layer(id).is_global()) {
+      throw_input_error("layer {} selects tokens but is not a global attention layer", id);
+    }
+  }
   validate_windows(spec, windows);
   MemoryEstimate out;
   out.options = options;
@@ -126,7 +148,11 @@ MemoryEstimate estimate(const arch::ModelSpec& spec, const HeadWindows& windows,
       lm.state_bytes = checked_add(lm.state_bytes, bytes);
       component_of(out.components, state.state_class) += bytes;
     }
-    lm.bytes = checked_add(lm.kv_bytes, lm.state_bytes);
+    if (selecting.contains(layer.id)) {
+      lm.selection_bytes = selection_bytes(*layer.attention, *heads, options);
+      out.components.selection_state_bytes = checked_add(out.components.selection_state_bytes, lm.selection_bytes);
+    }
+    lm.bytes = checked_add(checked_add(lm.kv_bytes, lm.state_bytes), lm.selection_bytes);
     out.total_bytes = checked_add(out.total_bytes, lm.bytes);
     out.layers.push_back(std::move(lm));
   }
@@ -180,9 +206,9 @@ Capacity capacity_search(const TotalBytes& total_bytes, const MemoryOptions& opt
 }
 
 Capacity capacity(const arch::ModelSpec& spec, const HeadWindows& windows, const MemoryOptions& options,
-                  int64_t cache_budget_bytes, int64_t context_limit) {
-  return capacity_search([&](const MemoryOptions& o) { return estimate(spec, windows, o).total_bytes; }, options,
-                         cache_budget_bytes, context_limit);
+                  int64_t cache_budget_bytes, int64_t context_limit, const std::set<int64_t>& selecting) {
+  return capacity_search([&](const MemoryOptions& o) { return estimate(spec, windows, o, selecting).total_bytes; },
+                         options, cache_budget_bytes, context_limit);
 }
 
 }  // namespace headwise::memory

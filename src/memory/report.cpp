@@ -29,9 +29,11 @@ nlohmann::json layers_json(const std::vector<LayerMemory>& layers) {
 }
 
 nlohmann::json components_json(const Components& c) {
-  return {{"global_kv_bytes", c.global_kv_bytes}, {"local_kv_bytes", c.local_kv_bytes},
-          {"linear_state_bytes", c.linear_state_bytes}, {"ssm_state_bytes", c.ssm_state_bytes},
-          {"other_state_bytes", c.other_state_bytes}};
+  nlohmann::json out = {{"global_kv_bytes", c.global_kv_bytes}, {"local_kv_bytes", c.local_kv_bytes},
+                        {"linear_state_bytes", c.linear_state_bytes}, {"ssm_state_bytes", c.ssm_state_bytes},
+                        {"other_state_bytes", c.other_state_bytes}};
+  if (c.selection_state_bytes > 0) out["selection_state_bytes"] = c.selection_state_bytes;
+  return out;
 }
 
 std::string layers_table(const std::vector<LayerMemory>& layers, bool per_layer) {
@@ -132,6 +134,7 @@ std::string headwise_table(const Report& r, bool per_layer) {
   row("linear-attn state", e.components.linear_state_bytes);
   row("SSM state", e.components.ssm_state_bytes);
   row("other state", e.components.other_state_bytes);
+  if (e.components.selection_state_bytes > 0) row("token selection", e.components.selection_state_bytes);
   row("total", e.total_bytes);
   out += "\n";
   out += fmt::format("  {:<22} {:>20} {:>14}\n", "full KV (comparison)", r.full_kv_total_bytes, format_bytes(r.full_kv_total_bytes));

@@ -27,6 +27,39 @@ memory::HeadWindows Policy::head_windows() const {
   return out;
 }
 
+bool LayerPolicy::selects_tokens() const {
+  return std::find(kv_head_rules.begin(), kv_head_rules.end(), KeepRule::kH2O) != kv_head_rules.end();
+}
+
+KeepRule LayerPolicy::rule(size_t head) const { return kv_head_rules.empty() ? KeepRule::kWindow : kv_head_rules.at(head); }
+
+std::set<int64_t> Policy::selecting_layers() const {
+  std::set<int64_t> out;
+  for (const auto& layer : per_layer_policies) {
+    if (layer.selects_tokens()) out.insert(layer.layer_id);
+  }
+  return out;
+}
+
+std::set<std::pair<int64_t, int64_t>> Policy::window_heads_of_selecting_layers() const {
+  std::set<std::pair<int64_t, int64_t>> out;
+  for (const auto& layer : per_layer_policies) {
+    if (!layer.selects_tokens()) continue;
+    for (size_t h = 0; h < layer.kv_head_windows.size(); ++h) {
+      if (layer.rule(h) == KeepRule::kWindow) out.insert({layer.layer_id, static_cast<int64_t>(h)});
+    }
+  }
+  return out;
+}
+
+std::string keep_rule_name(KeepRule rule) { return rule == KeepRule::kH2O ? "h2o" : "window"; }
+
+KeepRule keep_rule_from_name(std::string_view name, std::string_view key) {
+  if (name == "window") return KeepRule::kWindow;
+  if (name == "h2o") return KeepRule::kH2O;
+  throw_input_error("{}: '{}' is not a keep rule (window, h2o)", key, name);
+}
+
 ModelFingerprint fingerprint_model(const std::filesystem::path& model_dir) {
   ModelFingerprint f;
   f.config_sha256 = sha256_file_hex(model_dir / "config.json");
@@ -37,7 +70,7 @@ ModelFingerprint fingerprint_model(const std::filesystem::path& model_dir) {
 
 void fill_memory(Policy& policy, const arch::ModelSpec& spec) {
   const memory::MemoryOptions options = policy.memory_options();
-  const memory::MemoryEstimate e = memory::estimate(spec, policy.head_windows(), options);
+  const memory::MemoryEstimate e = memory::estimate(spec, policy.head_windows(), options, policy.selecting_layers());
   policy.memory.components = e.components;
   policy.memory.total_bytes = e.total_bytes;
   policy.memory.full_kv_total_bytes = memory::full_kv_bytes(spec, options);
@@ -64,6 +97,10 @@ void check_layers_against_model(const Policy& policy, const arch::ModelSpec& spe
       throw_input_error("{}: per_layer_policies: layer_id {}: kv_head_windows has {} entries, the model has {} KV heads",
                         where, id, layer.kv_head_windows.size(), heads);
     }
+    if (!layer.kv_head_rules.empty() && static_cast<int64_t>(layer.kv_head_rules.size()) != heads) {
+      throw_input_error("{}: per_layer_policies: layer_id {}: kv_head_rules has {} entries, the model has {} KV heads",
+                        where, id, layer.kv_head_rules.size(), heads);
+    }
   }
   for (int64_t id : spec.global_layer_ids()) {
     if (!seen.contains(id)) throw_input_error("{}: per_layer_policies: global layer {} is missing", where, id);
@@ -87,6 +124,7 @@ void check_memory_block(const Policy& policy, const arch::ModelSpec& spec, std::
   mismatch("linear_state_bytes", a.components.linear_state_bytes, b.components.linear_state_bytes);
   mismatch("ssm_state_bytes", a.components.ssm_state_bytes, b.components.ssm_state_bytes);
   mismatch("other_state_bytes", a.components.other_state_bytes, b.components.other_state_bytes);
+  mismatch("selection_state_bytes", a.components.selection_state_bytes, b.components.selection_state_bytes);
   mismatch("full_kv_total_bytes", a.full_kv_total_bytes, b.full_kv_total_bytes);
   if (policy.non_global_layers.size() != expected.non_global_layers.size()) {
     throw_input_error("{}: non_global_layers lists {} layers, the model has {}", where, policy.non_global_layers.size(),

@@ -135,7 +135,8 @@ std::vector<LayerPolicy> read_layer_policies(const Reader& r, const YAML::Node& 
   for (size_t i = 0; i < node.size(); ++i) {
     const YAML::Node& item = node[i];
     const std::string ctx = fmt::format("per_layer_policies[{}]", i);
-    r.check_keys(item, ctx, {"layer_id", "kv_head_windows", "expected_distortion"}, {"layer_id", "kv_head_windows"});
+    r.check_keys(item, ctx, {"layer_id", "kv_head_windows", "expected_distortion", "kv_head_rules"},
+                 {"layer_id", "kv_head_windows"});
     LayerPolicy lp;
     lp.layer_id = r.non_negative(item["layer_id"], ctx + ".layer_id");
     const std::string lctx = fmt::format("per_layer_policies (layer {})", lp.layer_id);
@@ -146,11 +147,7 @@ std::vector<LayerPolicy> read_layer_policies(const Reader& r, const YAML::Node& 
     if (!windows.IsSequence() || windows.size() == 0) r.fail(windows, lctx + ".kv_head_windows", "must be a non-empty list");
     for (size_t h = 0; h < windows.size(); ++h) {
       const std::string key = fmt::format("{}.kv_head_windows[{}]", lctx, h);
-      const int64_t w = r.window(windows[h], key);
-      if (std::find(ladder.begin(), ladder.end(), w) == ladder.end()) {
-        r.fail(windows[h], key, fmt::format("window {} is not one of window_levels", window_name(w)));
-      }
-      lp.kv_head_windows.push_back(w);
+      lp.kv_head_windows.push_back(r.window(windows[h], key));
     }
     if (const YAML::Node& d = item["expected_distortion"]) {
       if (!d.IsSequence() || d.size() != windows.size()) {
@@ -162,15 +159,36 @@ std::vector<LayerPolicy> read_layer_policies(const Reader& r, const YAML::Node& 
         lp.expected_distortion.push_back(v);
       }
     }
+    if (const YAML::Node& rules = item["kv_head_rules"]) {
+      if (!rules.IsSequence() || rules.size() != windows.size()) {
+        r.fail(rules, lctx + ".kv_head_rules", "must list one rule per KV head");
+      }
+      for (size_t h = 0; h < rules.size(); ++h) {
+        const std::string key = fmt::format("{}.kv_head_rules[{}]", lctx, h);
+        const std::string name = rules[h].IsScalar() ? rules[h].Scalar() : "";
+        if (name != "window" && name != "h2o") r.fail(rules[h], key, "must be window or h2o");
+        lp.kv_head_rules.push_back(keep_rule_from_name(name, key));
+      }
+    }
+    // A window is a ladder level; an h2o head's window only sizes its slots, so any length will do.
+    for (size_t h = 0; h < windows.size(); ++h) {
+      const int64_t w = lp.kv_head_windows[h];
+      if (lp.rule(h) == KeepRule::kWindow && std::find(ladder.begin(), ladder.end(), w) == ladder.end()) {
+        r.fail(windows[h], fmt::format("{}.kv_head_windows[{}]", lctx, h),
+               fmt::format("window {} is not one of window_levels", window_name(w)));
+      }
+    }
     out.push_back(std::move(lp));
   }
   return out;
 }
 
 PolicyMemory read_memory(const Reader& r, const YAML::Node& node) {
-  const std::set<std::string> keys{"total_bytes", "global_kv_bytes", "local_kv_bytes", "linear_state_bytes",
-                                   "ssm_state_bytes", "other_state_bytes", "full_kv_total_bytes"};
-  r.check_keys(node, "memory", keys, keys);
+  const std::set<std::string> required{"total_bytes", "global_kv_bytes", "local_kv_bytes", "linear_state_bytes",
+                                       "ssm_state_bytes", "other_state_bytes", "full_kv_total_bytes"};
+  std::set<std::string> keys = required;
+  keys.insert("selection_state_bytes");
+  r.check_keys(node, "memory", keys, required);
   PolicyMemory m;
   m.total_bytes = r.non_negative(node["total_bytes"], "memory.total_bytes");
   m.components.global_kv_bytes = r.non_negative(node["global_kv_bytes"], "memory.global_kv_bytes");
@@ -178,6 +196,9 @@ PolicyMemory read_memory(const Reader& r, const YAML::Node& node) {
   m.components.linear_state_bytes = r.non_negative(node["linear_state_bytes"], "memory.linear_state_bytes");
   m.components.ssm_state_bytes = r.non_negative(node["ssm_state_bytes"], "memory.ssm_state_bytes");
   m.components.other_state_bytes = r.non_negative(node["other_state_bytes"], "memory.other_state_bytes");
+  if (node["selection_state_bytes"]) {
+    m.components.selection_state_bytes = r.non_negative(node["selection_state_bytes"], "memory.selection_state_bytes");
+  }
   m.full_kv_total_bytes = r.non_negative(node["full_kv_total_bytes"], "memory.full_kv_total_bytes");
   if (m.total_bytes != m.components.total()) {
     r.fail(node["total_bytes"], "memory.total_bytes", fmt::format("{} is not the sum of the components ({})",

@@ -2,6 +2,7 @@
 // Policy always gives the same bytes; the reader rejects anything it does not know.
 #include <yaml-cpp/yaml.h>
 
+#include <algorithm>
 
 #include "headwise/core/error.hpp"
 #include "headwise/policy/policy.hpp"
@@ -53,6 +54,10 @@ void emit_memory(YAML::Emitter& out, const PolicyMemory& m) {
   out << YAML::Key << "linear_state_bytes" << YAML::Value << m.components.linear_state_bytes;
   out << YAML::Key << "ssm_state_bytes" << YAML::Value << m.components.ssm_state_bytes;
   out << YAML::Key << "other_state_bytes" << YAML::Value << m.components.other_state_bytes;
+  // Only policies whose heads select tokens have it: window-only policies keep their bytes.
+  if (m.components.selection_state_bytes > 0) {
+    out << YAML::Key << "selection_state_bytes" << YAML::Value << m.components.selection_state_bytes;
+  }
   out << YAML::Key << "full_kv_total_bytes" << YAML::Value << m.full_kv_total_bytes;
   out << YAML::EndMap;
 }
@@ -72,6 +77,12 @@ void emit_layers(YAML::Emitter& out, const Policy& p) {
     if (!l.expected_distortion.empty()) {
       out << YAML::Key << "expected_distortion" << YAML::Value << YAML::Flow << YAML::BeginSeq;
       for (double d : l.expected_distortion) out << format_double(d);
+      out << YAML::EndSeq;
+    }
+    // Written only when some head selects tokens: window-only policies keep their bytes.
+    if (l.selects_tokens()) {
+      out << YAML::Key << "kv_head_rules" << YAML::Value << YAML::Flow << YAML::BeginSeq;
+      for (KeepRule rule : l.kv_head_rules) out << keep_rule_name(rule);
       out << YAML::EndSeq;
     }
     out << YAML::EndMap;

@@ -67,7 +67,8 @@ class EntryReader {
 const std::set<std::string> kRequired = {"name", "model", "context", "budget", "windows", "seed", "output"};
 const std::set<std::string> kOptional = {"calib", "samples", "seq_len", "block_size", "batch", "sink_tokens", "kv_dtype",
                                          "dtype", "device", "micro_batch", "probe_samples", "attention_chunk",
-                                         "conditioning", "distortion", "joint_heads", "extrapolate"};
+                                         "conditioning", "distortion", "joint_heads", "extrapolate", "keep_rules",
+                                         "prefill_chunk"};
 
 std::string resolve(const fs::path& base, const std::string& path) {
   const fs::path p(path);
@@ -120,6 +121,8 @@ ManifestEntry parse_entry(const YAML::Node& node, size_t index, std::string_view
   if (node["distortion"]) q.distortion = r.text(node, "distortion");
   if (node["joint_heads"]) q.independent_heads = !r.boolean(node, "joint_heads");
   if (node["extrapolate"]) q.extrapolate = r.text(node, "extrapolate");
+  if (node["keep_rules"]) q.keep_rules = r.text(node, "keep_rules");
+  if (node["prefill_chunk"]) q.prefill_chunk = r.integer(node, "prefill_chunk");
   return e;
 }
 

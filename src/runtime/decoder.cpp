@@ -7,6 +7,15 @@
 
 namespace headwise::runtime {
 
+std::optional<EvictionOptions> policy_selection(const policy::Policy& policy) {
+  if (!policy.selects_tokens()) return std::nullopt;
+  EvictionOptions o;
+  o.method = EvictionMethod::kH2O;
+  o.layers = policy.selecting_layers();
+  o.window_heads = policy.window_heads_of_selecting_layers();
+  return o;
+}
+
 Decoder::Decoder(arch::DecoderModel& model, const memory::HeadWindows& windows, const memory::MemoryOptions& options)
     : model_(model),
       cache_(GroupedCache::allocate(model.spec(), windows, options, model.device())),
@@ -15,7 +24,7 @@ Decoder::Decoder(arch::DecoderModel& model, const memory::HeadWindows& windows, 
 Decoder::Decoder(arch::DecoderModel& model, const memory::HeadWindows& windows, const memory::MemoryOptions& options,
                  const EvictionOptions& eviction)
     : model_(model),
-      cache_(GroupedCache::allocate(model.spec(), windows, options, model.device(), /*global_kv=*/false)),
+      cache_(GroupedCache::allocate(model.spec(), windows, options, model.device(), evicted_layers(model.spec(), eviction))),
       core_(model.spec(), cache_, model.attention_chunk()),
       eviction_(std::make_unique<EvictionCache>(
           EvictionCache::allocate(model.spec(), windows, options, eviction, model.device()))),
@@ -62,7 +71,7 @@ at::Tensor Decoder::run_chunk(const at::Tensor& ids) {
     LayerCache& layer = cache_.layer(i);
     arch::LayerRun run;
     // Global layers go to the eviction core when there is one; the rest keep their rings/states.
-    const bool evicting = eviction_core_ && model_.spec().layer(i).is_global();
+    const bool evicting = eviction_ && eviction_->layers().contains(i);
     run.attention = evicting ? static_cast<arch::AttentionCore*>(eviction_core_.get()) : &core_;
     run.state = layer.states.empty() ? nullptr : &layer.states;
     run.position_offset = position_;

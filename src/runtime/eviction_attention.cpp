@@ -54,21 +54,29 @@ void write_region(EvictionLayer& l, int64_t b, int64_t h, const Entries& e) {
   l.held[bi][hi] = n;
 }
 
-// Which held keys queries at positions q_begin..q_begin+t may see [t, n]: what is held was chosen
-// by eviction, so among it only causality limits a query (a full window).
-at::Tensor causal_visible(int64_t q_begin, int64_t t, const Entries& keys) {
-  return arch::visible_keys(at::arange(q_begin, q_begin + t, keys.position.options()), keys.position, kFullWindow, 0);
+// How a head's held keys are shown to its queries: what an evicting head holds was chosen by
+// eviction, so among it only causality limits a query (a full window); a window head shows
+// exactly its window and sinks.
+struct Visibility {
+  int64_t window = kFullWindow;
+  int64_t sinks = 0;
+};
+
+// Which held keys queries at positions q_begin..q_begin+t may see [t, n].
+at::Tensor visible(int64_t q_begin, int64_t t, const Entries& keys, Visibility shown) {
+  return arch::visible_keys(at::arange(q_begin, q_begin + t, keys.position.options()), keys.position, shown.window,
+                            shown.sinks);
 }
 
 // Softmax probabilities [g, t, n] (fp32) of queries q [g, t, hd] at positions q_begin.. over
 // `keys`, causal. Numerics as the grouped cache's attention: scores in the activation dtype,
 // softmax in fp32; a gpt-oss sink logit per query head joins the softmax and is dropped.
 at::Tensor attention_probs(const at::Tensor& q, int64_t q_begin, const Entries& keys, const arch::AttentionInputs& in,
-                           const at::Tensor& sink_logits) {
+                           const at::Tensor& sink_logits, Visibility shown = {}) {
   const int64_t g = q.size(0), t = q.size(1);
   at::Tensor scores = at::matmul(q, keys.k.transpose(0, 1)) * in.scaling;  // [g, t, n]
   if (in.logit_softcap > 0) scores = at::tanh(scores / in.logit_softcap) * in.logit_softcap;
-  const at::Tensor logits = scores.to(at::kFloat).masked_fill(causal_visible(q_begin, t, keys).logical_not(), -kInf);
+  const at::Tensor logits = scores.to(at::kFloat).masked_fill(visible(q_begin, t, keys, shown).logical_not(), -kInf);
   return arch::softmax_with_sink_logit(logits, sink_logits.defined() ? sink_logits.view({g, 1, 1}) : at::Tensor());
 }
 
@@ -76,7 +84,8 @@ at::Tensor attention_probs(const at::Tensor& q, int64_t q_begin, const Entries& 
 // `received` is given, the probability each key got, summed over queries and query heads (H2O).
 // Without it (and without sink logits or soft-capping) the fused kernel needs no probabilities.
 at::Tensor attend_head(const at::Tensor& q, int64_t q_begin, const Entries& keys, const arch::AttentionInputs& in,
-                       const at::Tensor& sink_logits, int64_t chunk, at::Tensor* received, arch::AttentionKernel kernel) {
+                       const at::Tensor& sink_logits, int64_t chunk, at::Tensor* received, arch::AttentionKernel kernel,
+                       Visibility shown) {
   const int64_t g = q.size(0), t = q.size(1), n = keys.k.size(0), hd = q.size(2);
   const bool fused = kernel == arch::AttentionKernel::kFused && received == nullptr && !sink_logits.defined() &&
                      in.logit_softcap <= 0;
@@ -85,13 +94,13 @@ at::Tensor attend_head(const at::Tensor& q, int64_t q_begin, const Entries& keys
   for (int64_t t0 = 0; t0 < t; t0 += chunk) {
     const int64_t t1 = std::min(t, t0 + chunk);
     if (fused) {
-      const at::Tensor visible = causal_visible(q_begin + t0, t1 - t0, keys);
+      const at::Tensor allowed = visible(q_begin + t0, t1 - t0, keys, shown);
       out.slice(1, t0, t1).copy_(arch::fused_masked_attention(q.slice(1, t0, t1).unsqueeze(0), keys.k.view({1, 1, n, hd}),
-                                                              keys.v.view({1, 1, n, hd}), visible, in.scaling)
+                                                              keys.v.view({1, 1, n, hd}), allowed, in.scaling)
                                      .reshape({g, t1 - t0, hd}));
       continue;
     }
-    const at::Tensor probs = attention_probs(q.slice(1, t0, t1), q_begin + t0, keys, in, sink_logits);
+    const at::Tensor probs = attention_probs(q.slice(1, t0, t1), q_begin + t0, keys, in, sink_logits, shown);
     out.slice(1, t0, t1).copy_(at::matmul(probs.to(keys.v.scalar_type()), keys.v));
     if (received != nullptr) *received += probs.sum(at::IntArrayRef{0, 1});
   }
@@ -224,18 +233,24 @@ void compress_adakv(EvictionLayer& l, const Step& s, int64_t b, std::vector<Entr
 }
 
 // After attending (not staging): the new tokens join the head, evicting down to its region.
-// H2O keeps half the region for the most recent tokens; SnapKV/AdaKV score new tokens +inf, so
-// the lowest-scored prefix key makes room.
+// A window head keeps its sinks (scored +inf) and the most recent tokens; H2O keeps half the
+// region for the most recent tokens; SnapKV/AdaKV score new tokens +inf, so the lowest-scored
+// prefix key makes room.
 void insert(EvictionLayer& l, int64_t b, int64_t h, const Entries& held_and_new, const at::Tensor& received,
-            EvictionMethod method) {
+            EvictionMethod method, int64_t sinks) {
   Entries e = held_and_new;
   const int64_t held = l.held[static_cast<size_t>(b)][static_cast<size_t>(h)];
+  const int64_t length = l.length[static_cast<size_t>(b)][static_cast<size_t>(h)];
+  if (l.window[static_cast<size_t>(h)] > 0) {
+    e.score = at::zeros_like(e.score).masked_fill(e.position < sinks, kInf);
+    write_region(l, b, h, select(e, keep_indices(e.position, e.score, length, length - std::min(sinks, length))));
+    return;
+  }
   if (method == EvictionMethod::kH2O) {
     e.score = e.score + received;  // new entries start at 0
   } else {
     e.score = at::cat({e.score.slice(0, 0, held), at::full({e.k.size(0) - held}, kInf, e.score.options())});
   }
-  const int64_t length = l.length[static_cast<size_t>(b)][static_cast<size_t>(h)];
   const int64_t recent = method == EvictionMethod::kH2O ? length / 2 : 0;
   write_region(l, b, h, select(e, keep_indices(e.position, e.score, length, recent)));
 }
@@ -281,9 +296,12 @@ at::Tensor EvictionAttentionCore::attend(const arch::AttentionInputs& in) {
     for (int64_t h = 0; h < num_kv; ++h) {
       const Entries keys = concat(held_entries(l, b, h, dtype), staging ? staged_entries(l, b, h, dtype) : new_entries(s, l, b, h));
       at::Tensor received;
-      const bool accumulate = !in_prompt && eo.method == EvictionMethod::kH2O;
-      out[b][h].copy_(attend_head(s.q[b][h], first, keys, in, s.sink_logits(h), query_chunk_, accumulate ? &received : nullptr, kernel_));
-      if (!in_prompt) insert(l, b, h, keys, received, eo.method);
+      const int64_t window = l.window[static_cast<size_t>(h)];
+      const bool accumulate = !in_prompt && eo.method == EvictionMethod::kH2O && window == 0;
+      const Visibility shown = window > 0 ? Visibility{window, o.sink_tokens} : Visibility{};
+      out[b][h].copy_(attend_head(s.q[b][h], first, keys, in, s.sink_logits(h), query_chunk_,
+                                  accumulate ? &received : nullptr, kernel_, shown));
+      if (!in_prompt) insert(l, b, h, keys, received, eo.method, o.sink_tokens);
       if (compress) candidates.push_back(keys);
     }
     if (!compress) continue;
@@ -295,6 +313,31 @@ at::Tensor EvictionAttentionCore::attend(const arch::AttentionInputs& in) {
   }
   if (staging && compress) drop_staging(l);
   return out.reshape({batch, num_heads, steps, head_dim}).transpose(1, 2).contiguous();
+}
+
+at::Tensor simulate_eviction(const arch::ModelSpec& spec, const arch::AttentionInputs& in,
+                             const std::vector<int64_t>& windows, memory::MemoryOptions options,
+                             const EvictionOptions& eviction, int64_t prefill_chunk, int64_t query_chunk) {
+  HEADWISE_CHECK(prefill_chunk > 0 && in.position_offset == 0, "simulate_eviction: chunk {} from position {}",
+                 prefill_chunk, in.position_offset);
+  const int64_t steps = in.q.size(2);
+  options.batch = in.q.size(0);
+  options.context = std::max(options.context, steps);
+  EvictionCache cache = EvictionCache::allocate_layer(spec, in.layer_id, windows, options, eviction, in.q.device());
+  EvictionAttentionCore core(cache, query_chunk);
+  core.set_kernel(arch::AttentionKernel::kExplicit);
+  std::vector<at::Tensor> parts;
+  for (int64_t t0 = 0; t0 < steps; t0 += prefill_chunk) {
+    const int64_t n = std::min(prefill_chunk, steps - t0);
+    arch::AttentionInputs chunk = in;
+    chunk.q = in.q.slice(2, t0, t0 + n);
+    chunk.k = in.k.slice(2, t0, t0 + n);
+    chunk.v = in.v.slice(2, t0, t0 + n);
+    chunk.position_offset = t0;
+    if (in.output_gate.defined()) chunk.output_gate = in.output_gate.slice(1, t0, t0 + n);
+    parts.push_back(core.attend(chunk));
+  }
+  return at::cat(parts, 1);
 }
 
 }  // namespace headwise::runtime

@@ -58,6 +58,58 @@ void validate_eviction_options(const EvictionOptions& o) {
   if (!(o.adakv_floor >= 0.0 && o.adakv_floor <= 1.0)) {
     throw_input_error("{}: the AdaKV floor must be a share in [0, 1], got {}", name, o.adakv_floor);
   }
+  if (!o.window_heads.empty() && o.method != EvictionMethod::kH2O) {
+    throw_input_error("{}: window heads mix only with h2o (SnapKV/AdaKV choose over every head of a layer at once)", name);
+  }
+}
+
+namespace {
+
+// One global layer's pools: exactly the grouped cache's slots per head, the same bytes spent on
+// chosen tokens; a head in `eviction.window_heads` keeps its window.
+EvictionLayer make_layer(const arch::LayerSpec& spec, const std::vector<int64_t>& windows,
+                         const memory::MemoryOptions& options, const EvictionOptions& eviction, at::Device device) {
+  const auto& att = *spec.attention;
+  const auto kv = at::TensorOptions().dtype(arch::to_scalar_type(options.kv_dtype)).device(device);
+  EvictionLayer l;
+  l.layer_id = spec.id;
+  l.num_kv_heads = att.num_kv_heads;
+  for (size_t h = 0; h < windows.size(); ++h) {
+    const int64_t w = windows[h];
+    l.capacity.push_back(memory::global_head_slots(w, options));
+    l.window.push_back(eviction.window_heads.contains({spec.id, static_cast<int64_t>(h)}) ? w : 0);
+  }
+  const int64_t slots = std::accumulate(l.capacity.begin(), l.capacity.end(), int64_t{0});
+  l.k = at::zeros({options.batch, slots, att.head_dim}, kv);
+  l.v = at::zeros({options.batch, slots, att.head_dim}, kv);
+  l.position = at::full({options.batch, slots}, -1, kv.dtype(at::kLong));
+  l.score = at::zeros({options.batch, slots}, kv.dtype(at::kFloat));
+  reset_regions(l, options.batch);
+  return l;
+}
+
+}  // namespace
+
+std::set<int64_t> evicted_layers(const arch::ModelSpec& spec, const EvictionOptions& options) {
+  const auto global = spec.global_layer_ids();
+  for (int64_t id : options.layers) {
+    if (std::find(global.begin(), global.end(), id) == global.end()) {
+      throw_input_error("{}: layer {} is not a global layer (global layers: {})", eviction_name(options), id,
+                        fmt::join(global, ", "));
+    }
+  }
+  if (!options.layers.empty()) return options.layers;
+  return {global.begin(), global.end()};
+}
+
+void EvictionCache::check_window_heads() const {
+  for (const auto& [layer, head] : eviction_.window_heads) {
+    const auto it = layers_.find(layer);
+    if (it == layers_.end() || head < 0 || head >= it->second.num_kv_heads) {
+      throw_input_error("{}: window head {} of layer {} is not a KV head of a global layer", eviction_name(eviction_), head,
+                        layer);
+    }
+  }
 }
 
 EvictionCache EvictionCache::allocate(const arch::ModelSpec& spec, const memory::HeadWindows& windows,
@@ -69,22 +121,28 @@ EvictionCache EvictionCache::allocate(const arch::ModelSpec& spec, const memory:
   EvictionCache cache;
   cache.options_ = options;
   cache.eviction_ = eviction;
-  const auto kv = at::TensorOptions().dtype(arch::to_scalar_type(options.kv_dtype)).device(device);
-  for (int64_t id : spec.global_layer_ids()) {
-    const auto& att = *spec.layer(id).attention;
-    EvictionLayer l;
-    l.layer_id = id;
-    l.num_kv_heads = att.num_kv_heads;
-    // Exactly the grouped cache's slots per head: the same bytes, spent on chosen tokens.
-    for (int64_t w : windows.at(id)) l.capacity.push_back(memory::global_head_slots(w, options));
-    const int64_t slots = std::accumulate(l.capacity.begin(), l.capacity.end(), int64_t{0});
-    l.k = at::zeros({options.batch, slots, att.head_dim}, kv);
-    l.v = at::zeros({options.batch, slots, att.head_dim}, kv);
-    l.position = at::full({options.batch, slots}, -1, kv.dtype(at::kLong));
-    l.score = at::zeros({options.batch, slots}, kv.dtype(at::kFloat));
-    reset_regions(l, options.batch);
-    cache.layers_.emplace(id, std::move(l));
+  for (int64_t id : evicted_layers(spec, eviction)) {
+    cache.layers_.emplace(id, make_layer(spec.layer(id), windows.at(id), options, eviction, device));
   }
+  cache.check_window_heads();
+  return cache;
+}
+
+EvictionCache EvictionCache::allocate_layer(const arch::ModelSpec& spec, int64_t layer_id, const std::vector<int64_t>& windows,
+                                            const memory::MemoryOptions& options, const EvictionOptions& eviction,
+                                            at::Device device) {
+  memory::validate_options(options);
+  HEADWISE_CHECK(layer_id >= 0 && layer_id < spec.num_layers() && spec.layer(layer_id).is_global(),
+                 "layer {} is not a global layer", layer_id);
+  HEADWISE_CHECK(static_cast<int64_t>(windows.size()) == spec.layer(layer_id).attention->num_kv_heads,
+                 "layer {}: {} windows for {} KV heads", layer_id, windows.size(), spec.layer(layer_id).attention->num_kv_heads);
+  for (int64_t w : windows) HEADWISE_CHECK(w > 0, "layer {}: window {}", layer_id, w);
+  validate_eviction_options(eviction);
+  EvictionCache cache;
+  cache.options_ = options;
+  cache.eviction_ = eviction;
+  cache.layers_.emplace(layer_id, make_layer(spec.layer(layer_id), windows, options, eviction, device));
+  cache.check_window_heads();
   return cache;
 }
 

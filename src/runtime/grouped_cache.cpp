@@ -73,7 +73,8 @@ int64_t cuda_allocated_now(at::Device device) {
 }  // namespace
 
 GroupedCache GroupedCache::allocate(const arch::ModelSpec& spec, const memory::HeadWindows& windows,
-                                    const memory::MemoryOptions& options, at::Device device, bool global_kv) {
+                                    const memory::MemoryOptions& options, at::Device device,
+                                    const std::set<int64_t>& evicted) {
   memory::validate_options(options);
   memory::validate_windows(spec, windows);
   GroupedCache cache;
@@ -85,7 +86,7 @@ GroupedCache GroupedCache::allocate(const arch::ModelSpec& spec, const memory::H
     LayerCache lc;
     lc.layer_id = layer.id;
     lc.kind = layer.kind;
-    if (layer.is_global() && global_kv) allocate_global(lc, *layer.attention, windows.at(layer.id), options, device);
+    if (layer.is_global() && !evicted.contains(layer.id)) allocate_global(lc, *layer.attention, windows.at(layer.id), options, device);
     if (layer.is_sliding()) allocate_sliding(lc, *layer.attention, options, device);
     allocate_states(lc, layer, options, device);
     cache.layers_.push_back(std::move(lc));

@@ -159,6 +159,9 @@ TEST_CASE("calibrate refuses bad input with one line and writes nothing", "[cli]
       {with({{"--distortion", "mse"}, {"-o", out}}), 1, "--distortion"},
       {with({{"--extrapolate", "linear"}, {"-o", out}}), 1, "--extrapolate"},
       {with({{"-o", out}}) + " --validate-measure", 1, "--validate-measure"},  // checks answer-grad only
+      {with({{"--keep-rules", "h2o"}, {"-o", out}}), 1, "--keep-rules"},
+      {with({{"--keep-rules", "window,h2o"}, {"--distortion", "block-mse"}, {"-o", out}}), 1, "--keep-rules"},
+      {with({{"--prefill-chunk", "0"}, {"-o", out}}), 1, "--prefill-chunk"},
   };
   for (const auto& c : cases) {
     INFO(c.args);
@@ -168,6 +171,43 @@ TEST_CASE("calibrate refuses bad input with one line and writes nothing", "[cli]
     CHECK(std::count(run.err.begin(), run.err.end(), '\n') == 1);
     CHECK(!std::filesystem::exists(out));
   }
+}
+
+TEST_CASE("calibrate --keep-rules window,h2o: rules in the policy, bookkeeping in its bytes, served as written", "[cli]") {
+  TempDir dir("calibrate-rules");
+  const auto out = dir / "p.yaml";
+  const auto report = dir / "report.json";
+  // Windows of 8 and 32 tokens on 96-token sequences: every finite head evicts.
+  const auto run = run_cli(with({{"--keep-rules", "window,h2o"}, {"--prefill-chunk", "16"}, {"--budget", "100k"},
+                                 {"-o", out.string()}, {"--report", report.string()}}));
+  INFO(run.err);
+  REQUIRE(run.status == 0);
+  const auto p = policy::read_policy(out);
+  CHECK(p.calibration["keep_rules"] == "window,h2o");
+  CHECK(p.calibration["prefill_chunk"] == 16);
+  CHECK(p.memory.total_bytes <= 100 * 1024);
+  const auto j = nlohmann::json::parse(read_text_file(report));
+  const auto& layers = j.at("keep_rules").at("layers");
+  REQUIRE(layers.size() == 2);
+  for (const auto& layer : layers) {
+    INFO(layer.dump());
+    CHECK(layer.at("divergence_chosen").get<double>() <= layer.at("divergence_windows").get<double>());
+    CHECK(layer.at("kv_head_rules").size() == 2);
+  }
+  // mem-estimate reads the same bytes back, and forward serves the policy (h2o layers evicting).
+  const auto est = run_cli("mem-estimate --config " + out.string() + " --json -q");
+  REQUIRE(est.status == 0);
+  CHECK(nlohmann::json::parse(est.out).at("total_bytes") == p.memory.total_bytes);
+  write_file_atomically(dir / "ids.json", "[1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20]");
+  const auto fwd = run_cli("forward --model " + kModel + " --tokens " + (dir / "ids.json").string() + " --policy " +
+                           out.string() + " --prefill-chunk 4 -o " + (dir / "logits.safetensors").string() + " -q");
+  INFO(fwd.err);
+  CHECK(fwd.status == 0);
+  // The same flags again: the same bytes.
+  const auto again = run_cli(with({{"--keep-rules", "window,h2o"}, {"--prefill-chunk", "16"}, {"--budget", "100k"},
+                                   {"-o", (dir / "q.yaml").string()}}));
+  REQUIRE(again.status == 0);
+  CHECK(read_text_file(out) == read_text_file(dir / "q.yaml"));
 }
 
 TEST_CASE("--seq-len auto measures every finite level; unmeasured levels need a stated rule", "[cli]") {

@@ -104,7 +104,7 @@ TEST_CASE("mem-estimate --config policy.yaml, with overrides", "[cli]") {
   p.context = 100;
   p.batch = 3;
   p.window_levels = {10, policy::kFull};
-  p.per_layer_policies = {{1, {10, 10}, {}}, {3, {10, 10}, {}}};
+  p.per_layer_policies = {{1, {10, 10}, {}, {}}, {3, {10, 10}, {}, {}}};
   p.sink_tokens = 4;
   p.block_size = 1;
   policy::fill_memory(p, headwise::testing::spec_from_config("bamba_tiny.json"));

@@ -33,7 +33,7 @@ policy::Policy sample_policy() {
   p.calibration = {{"dataset_sha256", "00ff"}, {"samples", 64}, {"seq_len", 4096}, {"seed", 7},
                    {"tool_version", "0.1.0"}, {"distortion", "block_output_mse"}, {"numeric_string", "123"},
                    {"nested", {{"a", {1, 2}}, {"b", nullptr}, {"c", true}, {"d", 0.25}}}};
-  p.per_layer_policies = {{1, {256, policy::kFull}, {0.125, 0.0}}, {3, {1024, 1024}, {}}};
+  p.per_layer_policies = {{1, {256, policy::kFull}, {0.125, 0.0}, {}}, {3, {1024, 1024}, {}, {}}};
   policy::fill_memory(p, spec);
   return p;
 }
@@ -122,6 +122,44 @@ TEST_CASE("strict reader: unknown keys, ladder, heads, layers, broken YAML", "[p
   p.non_global_layers.clear();
   CHECK_THROWS_WITH(policy::validate_against_model(p, spec, "pol.yaml"), Catch::Contains("global layer 3 is missing"));
   CHECK_THROWS_AS(policy::read_policy("/nonexistent/policy.yaml"), InputError);
+}
+
+TEST_CASE("policies with h2o heads carry their rules and their selection bookkeeping", "[policy]") {
+  const auto spec = spec_from_config("bamba_tiny.json");
+  policy::Policy p = sample_policy();
+  // Layer 3's first head fills 1000 slots' worth of window by heavy hitters: not a ladder level.
+  p.per_layer_policies[1].kv_head_windows = {1000, 1024};
+  p.per_layer_policies[1].kv_head_rules = {policy::KeepRule::kH2O, policy::KeepRule::kWindow};
+  policy::fill_memory(p, spec);
+  CHECK(p.selecting_layers() == std::set<int64_t>{3});
+  CHECK(p.window_heads_of_selecting_layers() == std::set<std::pair<int64_t, int64_t>>{{3, 1}});
+  // Slots (1000 + 4 sinks → 1008, 1040; block 16) x (8 B position + 4 B score) + 3 x 8 B per head, batch 2.
+  CHECK(p.memory.components.selection_state_bytes == 2 * ((1008 + 1040) * 12 + 2 * 24));
+  CHECK(p.memory.total_bytes == p.memory.components.total());
+  const std::string yaml = policy::to_yaml(p);
+  CHECK(yaml.find("kv_head_rules: [h2o, window]") != std::string::npos);
+  CHECK(yaml.find("selection_state_bytes:") != std::string::npos);
+  const policy::Policy q = policy::from_yaml(yaml, "p.yaml");
+  CHECK(policy::to_yaml(q) == yaml);
+  CHECK((q.per_layer_policies[1].kv_head_rules == p.per_layer_policies[1].kv_head_rules));
+  CHECK(q.per_layer_policies[0].kv_head_rules.empty());
+  policy::validate_against_model(q, spec, "p.yaml");
+  // Window-only policies write neither key (their files keep their bytes).
+  const std::string plain = policy::to_yaml(sample_policy());
+  CHECK(plain.find("kv_head_rules") == std::string::npos);
+  CHECK(plain.find("selection_state_bytes") == std::string::npos);
+
+  const auto read = [](const std::string& text) { return policy::from_yaml(text, "pol.yaml"); };
+  CHECK_THROWS_WITH(read(replace(yaml, "kv_head_rules: [h2o, window]", "kv_head_rules: [h2o]")),
+                    Catch::Contains("layer 3") && Catch::Contains("kv_head_rules") && Catch::Contains("one rule per KV head"));
+  CHECK_THROWS_WITH(read(replace(yaml, "kv_head_rules: [h2o, window]", "kv_head_rules: [h2o, snapkv]")),
+                    Catch::Contains("kv_head_rules[1]") && Catch::Contains("window or h2o"));
+  // Only an h2o head may hold a window outside the ladder.
+  CHECK_THROWS_WITH(read(replace(yaml, "kv_head_rules: [h2o, window]", "kv_head_rules: [window, window]")),
+                    Catch::Contains("kv_head_windows[0]") && Catch::Contains("1000 is not one of window_levels"));
+  // The bookkeeping is checked against the model like every other component.
+  CHECK_THROWS_WITH(policy::validate_against_model(read(std::regex_replace(yaml, std::regex("  selection_state_bytes: [0-9]+\n"), "")), spec, "pol.yaml"),
+                    Catch::Contains("memory.total_bytes"));
 }
 
 TEST_CASE("regen --check tolerates distortion float noise and nothing else", "[policy]") {

@@ -72,7 +72,7 @@ policy::Policy fixture_policy(const fs::path& dir, const memory::HeadWindows& wi
   p.block_size = 16;
   p.sink_tokens = 2;
   p.window_levels = {8, 32, policy::kFull};
-  for (const auto& [layer, heads] : windows) p.per_layer_policies.push_back({layer, heads, {}});
+  for (const auto& [layer, heads] : windows) p.per_layer_policies.push_back({layer, heads, {}, {}});
   policy::fill_memory(p, spec);
   return p;
 }

@@ -6,6 +6,8 @@
 #include <c10/core/InferenceMode.h>
 
 #include <algorithm>
+#include <functional>
+#include <set>
 #include <numeric>
 
 #include "../arch/fixture_reference.hpp"
@@ -191,6 +193,60 @@ TEST_CASE("eviction with slots covering the sequence is full KV", "[runtime]") {
         }
       }
     }
+  }
+}
+
+// Every (global layer, KV head) of the spec for which `pick` says so.
+std::set<std::pair<int64_t, int64_t>> heads_where(const arch::ModelSpec& spec, const std::function<bool(int64_t)>& pick) {
+  std::set<std::pair<int64_t, int64_t>> out;
+  for (int64_t id : spec.global_layer_ids()) {
+    for (int64_t h = 0; h < spec.layer(id).attention->num_kv_heads; ++h) {
+      if (pick(h)) out.insert({id, h});
+    }
+  }
+  return out;
+}
+
+TEST_CASE("window heads in the eviction cache keep exactly the grouped cache's window", "[runtime]") {
+  c10::InferenceMode inference;
+  for (const auto& name : {"qwen3_next_tiny", "gemma3_gqa4", "gpt_oss_tiny"}) {
+    auto model = arch::load_model(fixture_dir(name), arch::ModelOptions{});
+    const auto& spec = model->spec();
+    const auto ids = random_ids(spec.vocab_size, kPrompt + kDecode, 11);
+    // Binding windows with sinks and block padding: slots 8 and 16 for 44 tokens.
+    const auto windows = windows_by_head(spec, [](int64_t, int64_t h) -> int64_t { return h % 2 == 0 ? 5 : 12; });
+    const auto o = options_for(spec, 64, 4, 2);
+    runtime::Decoder grouped(*model, windows, o);
+    const at::Tensor reference = run(grouped, ids, kPrompt, 16);
+    auto every_head = eviction(EvictionMethod::kH2O);
+    every_head.window_heads = heads_where(spec, [](int64_t) { return true; });
+    runtime::Decoder decoder(*model, windows, o, every_head);
+    for (int64_t chunk : {1, 3, 16}) {
+      const auto err = headwise::testing::compare(run(decoder, ids, kPrompt, chunk), reference);
+      INFO(name << " chunk " << chunk << ": max |diff| " << err.error << " (scale " << err.scale << ")");
+      CHECK(err.error <= 1e-5 * err.scale);
+    }
+    // Mixed: even heads keep their window (sinks 0, 1 and the last slots' positions), odd heads
+    // choose by H2O and differ from the window run.
+    auto mixed = eviction(EvictionMethod::kH2O);
+    mixed.window_heads = heads_where(spec, [](int64_t h) { return h % 2 == 0; });
+    runtime::Decoder mix(*model, windows, o, mixed);
+    const at::Tensor logits = run(mix, ids, kPrompt, 3);
+    const int64_t seen = kPrompt + kDecode;
+    for (const auto& [id, layer] : mix.eviction_cache()->layers()) {
+      for (int64_t h = 0; h < layer.num_kv_heads; ++h) {
+        const auto held = mix.eviction_cache()->held_positions(id, 0, h);
+        const int64_t slots = layer.capacity[static_cast<size_t>(h)];
+        CHECK(static_cast<int64_t>(held.size()) == slots);
+        if (h % 2 != 0) continue;
+        std::vector<int64_t> expected{0, 1};
+        for (int64_t p = seen - (slots - 2); p < seen; ++p) expected.push_back(p);
+        INFO(name << " layer " << id << " head " << h);
+        CHECK(held == expected);
+      }
+    }
+    const auto err = headwise::testing::compare(logits, reference);
+    CHECK(err.error > 1e-3 * err.scale);
   }
 }
 

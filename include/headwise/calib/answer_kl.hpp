@@ -113,6 +113,14 @@ class AnswerKl {
   // held stay at one layer (they stream from the mapped checkpoint again next time).
   double evaluate(int64_t layer, ActivationStream& stream, std::span<const int64_t> windows);
 
+  // The measured layer's attention output [B, T, heads, hd] from its inputs and the micro-batch's
+  // index in the stream.
+  using LayerAttention = std::function<at::Tensor(const arch::AttentionInputs& inputs, int64_t micro_batch)>;
+  // As evaluate(), with the measured layer's attention given by `attention` (keep rules: some heads
+  // choose tokens online); `what` names the assignment in errors.
+  double evaluate_attention(int64_t layer, ActivationStream& stream, const LayerAttention& attention,
+                            const std::string& what);
+
   // Mean KL(full || run) per answer position for a whole-model assignment: `embedded` holds the
   // embeddings (hidden states entering layer 0), every global layer runs at `windows`.
   double evaluate_policy(ActivationStream& embedded, const std::map<int64_t, std::vector<int64_t>>& windows);
@@ -139,6 +147,9 @@ class AnswerKl {
   }
 
  private:
+  // evaluate() and evaluate_attention(): the measured layer at `windows`, or by `attention` when given.
+  double evaluate_layer(int64_t layer, ActivationStream& stream, std::span<const int64_t> windows,
+                        const LayerAttention* attention, const std::string& what);
   // The divergence summed over the micro-batch's answer positions.
   double divergence_sum(int64_t micro_batch, const at::Tensor& final_hidden);
   void share_answer_counts(const std::string& what);

@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <map>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -34,6 +35,9 @@ struct MethodWindows {
   // Set for the online eviction baselines (snapkv, h2o, adakv): every global KV head gets the
   // slots `windows` (the policy's) give it, and the method chooses which tokens fill them.
   std::optional<runtime::EvictionOptions> eviction = std::nullopt;
+  // A policy's layers whose heads select tokens: their bookkeeping is part of the policy's bytes
+  // (the eviction baselines report theirs apart).
+  std::set<int64_t> selecting_layers = {};
 };
 
 struct BaselineInputs {
@@ -50,6 +54,10 @@ struct BaselineInputs {
 // Refuses (InputError naming `where`) an --unconditioned-policy that is not `policy`'s
 // calibration with only the conditioning removed: method `unconditioned`, and the same ladder,
 // serving shape, budget, dataset (sha256), samples, sequence length, seed, measure and heads.
+// A policy as eval runs it: its windows, and when some heads select tokens (kv_head_rules), the
+// eviction cache with H2O for those heads and the window for the rest.
+MethodWindows policy_method(const std::string& name, const policy::Policy& policy);
+
 void check_unconditioned_ablation(const policy::Policy& policy, const policy::Policy& ablation, const std::string& where);
 
 // The retrieval score (the HeadKV / RazorAttention family), measured without training: the

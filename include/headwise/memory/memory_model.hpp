@@ -5,12 +5,15 @@
 //                 (full window:           ceil(C / b) * b * head_dim * 2 * s)
 //   sliding layer: ceil(min(cache_tokens, C) / b) * b * num_kv_heads * head_dim * 2 * s
 //   recurrent / conv states: their exact shapes and dtypes (LayerSpec::states)
+//   global layer whose heads select tokens (a policy's h2o heads): per slot of the layer, its
+//                 position (int64) and keep score (float32), plus 3 int64 per KV head
 //   total = B * sum of the above.
 // runtime::GroupedCache allocates exactly these bytes; tests hold the two equal to the byte.
 #include <cstdint>
 #include <functional>
 #include <map>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -57,6 +60,7 @@ struct Components {
   int64_t linear_state_bytes = 0;
   int64_t ssm_state_bytes = 0;
   int64_t other_state_bytes = 0;
+  int64_t selection_state_bytes = 0;  // token-selection bookkeeping of layers whose heads select tokens
   int64_t total() const;
 };
 
@@ -66,6 +70,7 @@ struct LayerMemory {
   int64_t bytes = 0;        // everything the layer holds, times batch
   int64_t kv_bytes = 0;     // K + V part
   int64_t state_bytes = 0;  // recurrent/conv part
+  int64_t selection_bytes = 0;  // token-selection bookkeeping (selecting global layers only)
   std::optional<std::vector<int64_t>> kv_head_windows;  // global layers only
 };
 
@@ -77,6 +82,14 @@ struct MemoryEstimate {
 };
 
 MemoryEstimate estimate(const arch::ModelSpec& spec, const HeadWindows& windows, const MemoryOptions& options);
+// The same with the global layers in `selecting` choosing tokens online (runtime::EvictionCache):
+// their slots are the windows' slots, plus the bookkeeping selection_bytes() counts.
+MemoryEstimate estimate(const arch::ModelSpec& spec, const HeadWindows& windows, const MemoryOptions& options,
+                        const std::set<int64_t>& selecting);
+// Bytes (times batch) of one selecting global layer's bookkeeping: per slot a position (int64)
+// and a keep score (float32), per KV head its region's offset, length and fill (int64 each).
+int64_t selection_bytes(const arch::AttentionShape& attention, const std::vector<int64_t>& windows,
+                        const MemoryOptions& options);
 // Total bytes with every global head at full KV (the comparison baseline; also for `inspect`).
 int64_t full_kv_bytes(const arch::ModelSpec& spec, const MemoryOptions& options);
 // F of design.md: bytes (times batch) of everything outside global layers' KV — sliding KV and all
@@ -91,8 +104,10 @@ struct Capacity {
   int64_t max_batch = 0;               // at options.context
 };
 inline constexpr int64_t kContextSearchLimit = int64_t{1} << 30;
+// `selecting`: global layers whose heads select tokens (their bookkeeping grows with the slots).
 Capacity capacity(const arch::ModelSpec& spec, const HeadWindows& windows, const MemoryOptions& options,
-                  int64_t cache_budget_bytes, int64_t context_limit = kContextSearchLimit);
+                  int64_t cache_budget_bytes, int64_t context_limit = kContextSearchLimit,
+                  const std::set<int64_t>& selecting = {});
 // The same search for any engine's total: `total_bytes` must grow with context and be linear in batch.
 using TotalBytes = std::function<int64_t(const MemoryOptions&)>;
 Capacity capacity_search(const TotalBytes& total_bytes, const MemoryOptions& options, int64_t cache_budget_bytes,

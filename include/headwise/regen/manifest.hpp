@@ -14,7 +14,7 @@
 //       output: tiny-qwen3-next.yaml       # relative to the manifest's folder
 //       # optional, as the main command's flags: block_size, batch, sink_tokens, kv_dtype,
 //       # dtype, device, micro_batch, probe_samples, attention_chunk, conditioning (bool),
-//       # distortion, joint_heads (bool), extrapolate
+//       # distortion, joint_heads (bool), extrapolate, keep_rules, prefill_chunk
 //
 // The reader is strict: unknown or missing keys, wrong types, duplicate names or outputs are
 // InputErrors naming the file, the entry and the key.

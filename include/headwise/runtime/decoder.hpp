@@ -9,12 +9,18 @@
 
 #include "headwise/arch/model.hpp"
 #include "headwise/memory/memory_model.hpp"
+#include "headwise/policy/policy.hpp"
 #include "headwise/runtime/eviction_cache.hpp"
 #include "headwise/runtime/grouped_cache.hpp"
 
 #include <memory>
+#include <optional>
 
 namespace headwise::runtime {
+
+// How a policy's global layers run: nullopt when every head keeps its window (the grouped cache);
+// else H2O in the layers with an h2o head (kv_head_rules), whose other heads keep their windows.
+std::optional<EvictionOptions> policy_selection(const policy::Policy& policy);
 
 // Attends the new tokens' queries over exactly what the cache holds plus the new keys, then
 // writes the new keys into the cache. The cache holds positions [0, position_offset) of the
@@ -73,6 +79,9 @@ class Decoder {
   // Storage of every KV buffer and state the decoder holds (grouped cache + eviction pools):
   // memory::estimate's total. Eviction's auxiliary buffers and prompt staging are not in it.
   int64_t cache_bytes() const;
+  // The eviction cache's position and score buffers and region table (0 without one): a policy
+  // whose heads select tokens counts them in its bytes (memory::estimate with its selecting heads).
+  int64_t bookkeeping_bytes() const { return eviction_ ? eviction_->auxiliary_bytes() : 0; }
   arch::DecoderModel& model() { return model_; }
   // Fused attention by default; kExplicit reproduces the plain forward's numerics bit for bit
   // where the fused kernel would apply (to compare the two, e.g. tools/bench-runtime-attention.sh).

@@ -45,11 +45,15 @@
 //    keeps the capacity/2 most recent tokens plus the highest accumulated scores among the rest.
 //    Evicts during chunked prefill and decode: a chunk's queries see the held keys plus the
 //    chunk's own (activations, as in the grouped cache); token-by-token it is exactly H2O.
+//  - A window head (EvictionOptions::window_heads) keeps its sink positions and otherwise the
+//    most recent tokens; its capacity (>= window + sinks) holds every key its window shows.
 #include <ATen/ATen.h>
 
 #include <algorithm>
 #include <cstdint>
 #include <map>
+#include <set>
+#include <utility>
 #include <string>
 #include <vector>
 
@@ -72,7 +76,19 @@ struct EvictionOptions {
   ScorePooling pooling = ScorePooling::kMax;
   double adakv_floor = 0.2;         // AdaKV: each head's prefix budget is at least this share of the mean
   EvictionPrefill prefill = EvictionPrefill::kWholePrompt;  // SnapKV/AdaKV only (H2O always evicts per chunk)
+  // Heads that keep their window instead of choosing by the method: (layer id, KV head). Such a
+  // head holds its sinks and its most recent tokens and each query sees exactly what the grouped
+  // cache would show it (arch::key_visible with the head's window and sinks). A headwise policy
+  // whose heads mix windows and heavy-hitter selection runs as H2O with its window heads here.
+  // H2O only: SnapKV/AdaKV decide at the prompt's end over every head of a layer together.
+  std::set<std::pair<int64_t, int64_t>> window_heads;
+  // Global layers under eviction; empty: every global layer. The others keep the grouped cache's
+  // windows (and need no position or score buffers).
+  std::set<int64_t> layers;
 };
+
+// The global layers `options` puts under eviction.
+std::set<int64_t> evicted_layers(const arch::ModelSpec& spec, const EvictionOptions& options);
 
 // "snapkv", "h2o", "adakv"; "max", "avg".
 std::string eviction_method_name(EvictionMethod method);
@@ -88,6 +104,7 @@ struct EvictionLayer {
   int64_t layer_id = 0;
   int64_t num_kv_heads = 0;
   std::vector<int64_t> capacity;  // per KV head: the policy's slots
+  std::vector<int64_t> window;    // per KV head: its window when it keeps one (window_heads), else 0
   at::Tensor k, v;                // [batch, sum(capacity), head_dim]: the KV bytes
   at::Tensor position;            // [batch, sum(capacity)] int64: the position in each slot, -1 unused (aux)
   at::Tensor score;               // [batch, sum(capacity)] float32: keep priority (aux)
@@ -104,6 +121,11 @@ class EvictionCache {
   static EvictionCache allocate(const arch::ModelSpec& spec, const memory::HeadWindows& windows,
                                 const memory::MemoryOptions& options, const EvictionOptions& eviction,
                                 at::Device device = at::kCPU);
+
+  // The pools of one global layer only (simulate_eviction); internal checks, not user input.
+  static EvictionCache allocate_layer(const arch::ModelSpec& spec, int64_t layer_id, const std::vector<int64_t>& windows,
+                                      const memory::MemoryOptions& options, const EvictionOptions& eviction,
+                                      at::Device device = at::kCPU);
 
   const memory::MemoryOptions& options() const { return options_; }
   const EvictionOptions& eviction() const { return eviction_; }
@@ -129,6 +151,9 @@ class EvictionCache {
   int64_t region_length(int64_t layer_id, int64_t b, int64_t head) const;
 
  private:
+  // InputError when a window head names no KV head of the cache's layers.
+  void check_window_heads() const;
+
   memory::MemoryOptions options_;
   EvictionOptions eviction_;
   std::map<int64_t, EvictionLayer> layers_;
@@ -175,5 +200,15 @@ class EvictionAttentionCore final : public arch::AttentionCore {
   int64_t prompt_begin_ = 0;
   int64_t prompt_end_ = 0;
 };
+
+// One global layer's attention output [B, T, num_heads, head_dim] over a whole sequence as the
+// runtime decoder computes it under `eviction`: `in`'s keys and queries fed `prefill_chunk`
+// tokens at a time (from position in.position_offset = 0) into a fresh one-layer eviction cache
+// with `windows`' slots at `options` (its batch and context are taken from `in`). Calibration
+// measures a keep rule with it, so it measures what the decoder will do; the explicit kernel
+// keeps its numerics independent of the fused kernel's blocking.
+at::Tensor simulate_eviction(const arch::ModelSpec& spec, const arch::AttentionInputs& in,
+                             const std::vector<int64_t>& windows, memory::MemoryOptions options,
+                             const EvictionOptions& eviction, int64_t prefill_chunk, int64_t query_chunk);
 
 }  // namespace headwise::runtime

@@ -15,6 +15,8 @@
 //   [batch, shape...]), ready for DecoderModel::run_layer. Falcon-H1 layers hold both.
 #include <ATen/ATen.h>
 
+#include <set>
+
 #include <cstdint>
 #include <map>
 #include <optional>
@@ -46,10 +48,10 @@ struct LayerCache {
 class GroupedCache {
  public:
   // Validates the options and windows (InputError) and allocates zeroed buffers on `device`.
-  // `global_kv` false leaves the global layers' head groups out (an EvictionCache holds them).
+  // Global layers in `evicted` get no head groups (an EvictionCache holds them).
   static GroupedCache allocate(const arch::ModelSpec& spec, const memory::HeadWindows& windows,
                                const memory::MemoryOptions& options, at::Device device = at::kCPU,
-                               bool global_kv = true);
+                               const std::set<int64_t>& evicted = {});
 
   const memory::MemoryOptions& options() const { return options_; }
   LayerCache& layer(int64_t layer_id);

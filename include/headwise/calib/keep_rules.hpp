@@ -1,0 +1,73 @@
+#pragma once
+// Keep rules (`--keep-rules window,h2o`): after SeqCalib has decided every head's window, decide
+// which heads fill their slots with H2O's heavy hitters instead of their most recent tokens.
+//
+// A window keeps what is near; heavy hitters keep what the head's queries have attended to most,
+// wherever it is. Measured on the 8K default model at 4K and 50% of full KV (docs/seqcalib.md):
+// windows everywhere 0.867 mean needle accuracy, H2O in every head 0.897, H2O in the first
+// global layer's 512-token heads and windows in the last layer's 0.903. Neither rule wins
+// everywhere, so each head's rule is measured, as its window is.
+//
+// The walk. Global layers in execution order, on the stream the layers below produce under
+// their windows and the rules already chosen (with conditioning; full KV below without). For
+// each head whose slots are fewer than the calibration sequence's tokens (others never evict,
+// and their rule cannot be told apart), in head order: switch it to h2o, pay for the layer's
+// selection bookkeeping (memory::selection_bytes, counted in the policy's bytes) by taking slots
+// from the layer's h2o heads when the budget has no room for it, run the layer through exactly
+// the runtime's eviction code (runtime::simulate_eviction, chunked as the runtime prefills), and
+// keep the switch when the answer divergence at the output (the policy's measure) goes down.
+// One pass: each head is tried once, given the rules chosen before it.
+#include <nlohmann/json.hpp>
+
+#include <cstdint>
+#include <map>
+#include <vector>
+
+#include "headwise/arch/model.hpp"
+#include "headwise/calib/answer_kl.hpp"
+#include "headwise/calib/seqcalib.hpp"
+#include "headwise/memory/memory_model.hpp"
+#include "headwise/policy/policy.hpp"
+
+namespace headwise::calib {
+
+// "window" or "window,h2o" (the rules the pass may choose from); InputError naming --keep-rules.
+bool parse_keep_rules(const std::string& text);
+
+struct KeepRuleOptions {
+  memory::MemoryOptions memory;      // the policy's serving shape: slots and bookkeeping bytes
+  int64_t budget_bytes = 0;          // the whole policy (fixed bytes included) must stay within it
+  int64_t prefill_chunk = 256;       // the runtime's prefill chunk: H2O evicts after every chunk
+  int64_t micro_batch = 1;
+  ActivationPlacement activations = ActivationPlacement::kAuto;
+  bool conditioned = true;           // false: every layer measured on the full-KV stream
+  AnswerDivergence divergence = AnswerDivergence::kTv;
+};
+
+struct KeepRuleLayer {
+  int64_t layer_id = 0;
+  std::vector<int64_t> candidates;   // heads tried (their slots evict on the calibration data)
+  double divergence_windows = 0.0;   // the measure with every head at its window
+  double divergence_chosen = 0.0;    // with the rules chosen
+  int64_t selection_bytes = 0;       // bookkeeping the layer now holds (0: no h2o head)
+  int64_t slots_given_up = 0;        // slots the h2o heads gave to pay for it
+};
+
+struct KeepRuleResult {
+  std::map<int64_t, std::vector<int64_t>> windows;            // the h2o heads' shrunk where they paid
+  std::map<int64_t, std::vector<policy::KeepRule>> rules;     // per global layer, per KV head
+  std::vector<KeepRuleLayer> layers;
+  int64_t evaluations = 0;
+  double seconds = 0.0;
+};
+
+// `windows`: SeqCalib's decision (global layers). `answers[s]`: the answer positions of sequence s.
+KeepRuleResult choose_keep_rules(arch::DecoderModel& model, const std::vector<std::vector<int64_t>>& sequences,
+                                 const std::vector<std::vector<int64_t>>& answers,
+                                 const std::map<int64_t, std::vector<int64_t>>& windows, const KeepRuleOptions& options);
+
+// The report's `keep_rules` section: per layer the heads tried, the measure before and after, the
+// bookkeeping held and the slots given for it; the evaluations run and the seconds taken.
+nlohmann::json keep_rules_json(const KeepRuleResult& result);
+
+}  // namespace headwise::calib
