@@ -25,7 +25,7 @@ bench_random_tokens "$out/tokens.json" 8192
 declare -A commands=(
   [forward-8k]="forward --model $root/models/tiny-qwen3-next-8k --tokens $out/tokens.json -o {out} -q"
   [eval-2k]="eval --model $root/models/tiny-qwen3-next --policy $root/policies/tiny-qwen3-next-eval-2k-25.yaml --samples 4 --tasks needle_single,needle_multikey --baselines full,uniform,snapkv --seed 23 --json --quiet"
-  [calibrate-2k]="--model $root/models/tiny-qwen3-next --context 32k --budget 8m --windows 64,256,1k,full --seq-len 2k --samples 2 --seed 0 -o {out} --quiet"
+  [calibrate-2k]="--model $root/models/tiny-qwen3-next --context 32k --budget 8m --windows 64,256,1k,full --seq-len 2k --samples 2 --seed 0 --keep-rules window -o {out} --quiet"
 )
 rows=()
 for name in forward-8k eval-2k calibrate-2k; do

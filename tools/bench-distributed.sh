@@ -26,8 +26,9 @@ while [[ $# -gt 0 ]]; do
   esac
 done
 mkdir -p "$out"
+# Window rules: the keep-rules pass is not sharded across ranks, and this measures what is.
 args=(--model "$root/models/tiny-qwen3-next" --context 2k --budget 1m --windows 64,256,1k,full
-      --samples "$samples" --seq-len "$seq_len" --micro-batch 1 --distortion "$distortion" -q)
+      --samples "$samples" --seq-len "$seq_len" --micro-batch 1 --distortion "$distortion" --keep-rules window -q)
 port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
 
 now() { date +%s.%N; }

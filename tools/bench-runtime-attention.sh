@@ -37,7 +37,7 @@ python3 -c "import json, random; random.seed(1); json.dump([random.randrange(66,
 policy8k=$out/policy-8k-25.yaml
 if [[ ! -f $policy8k ]]; then
   # 25% of full KV's global bytes at 8K (2,134,016 of 8,536,064), the ladder of the 8K evidence run.
-  "$calc" --model "$model8k" --context 8k --budget 2134016 --windows 256,1k,4k,full --samples 2 --seed 0 \
+  "$calc" --model "$model8k" --context 8k --budget 2134016 --windows 256,1k,4k,full --samples 2 --seed 0 --keep-rules window \
     -o "$policy8k" --quiet
 fi
 methods=full,uniform,snapkv,h2o,adakv

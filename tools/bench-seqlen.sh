@@ -27,7 +27,7 @@ mkdir -p "$out"
 rows=()
 for len in ${lengths//,/ }; do
   started=$(date +%s.%N)
-  "$calc" --model "$root/models/tiny-qwen3-next" --context 32k --budget 16m --windows 256,1k,full \
+  "$calc" --model "$root/models/tiny-qwen3-next" --context 32k --budget 16m --windows 256,1k,full --keep-rules window \
     --seq-len "$len" --samples "$samples" -q -o "$out/policy-$len.yaml" --report "$out/report-$len.json" "${extra[@]}"
   seconds=$(echo "$(date +%s.%N) - $started" | bc)
   row=$(python3 - "$out/report-$len.json" "$len" "$seconds" "$samples" <<'EOF'

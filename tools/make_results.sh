@@ -6,12 +6,12 @@
 # fixed; the eval seed stream is disjoint from the calibration seed).
 # Defaults: models/tiny-qwen3-next-8k (trained to 8K) at 4K tokens, ladder 128,512,2k,full: every
 # finite level is shorter than the samples (measured with JOBS=2 on 2 cores, every method incl. the
-# chunked SnapKV/AdaKV, three tasks with needle_chain: 50.0 min alone, eval 2776 s of it).
+# chunked SnapKV/AdaKV, three tasks with needle_chain, keep rules: 85 min, eval 5092 s of it).
 #   MODEL=models/other CONTEXT=2k SHARES=25,50 SAMPLES=100 tools/make_results.sh
 #   WINDOWS=... (default 128,512,2k,full)  TASKS=... (default: eval's, needle_single,needle_multikey,needle_chain for a token model)  EVAL_SEED=23
 #   RESULTS=docs/results-2k (writes RESULTS.md and RESULTS.svg; default docs/results)
 #   CALIB_SAMPLES=8 (the main command's default)  HEADWISE_CALC=path (default build/bin/headwise-calc)
-#   KEEP_RULES=window,h2o (passed as --keep-rules; default: the main command's)
+#   KEEP_RULES=window (passed as --keep-rules; default: the main command's, auto = window,h2o)
 #   JOBS=2 (the default: budgets calibrated at once, then method runs at once in the one eval,
 #   `eval --jobs`, one intra-op thread each; the eval runs every budget, sharing the full-KV
 #   reference and the budget-free baseline work; JOBS=1 runs one thing at a time)

@@ -174,6 +174,8 @@ struct CalibrationJob::State {
   measure::WindowLadder ladder;
   int64_t seq_len = 0;
   DistortionMeasure measure = DistortionMeasure::kAnswerKl;
+  std::string keep_rules;  // resolved: "window" or "window,h2o"
+  bool selecting = false;  // keep_rules lets heads choose h2o
   std::vector<int64_t> unmeasured;
   CalibrationData data;
   policy::ModelFingerprint fingerprint;
@@ -207,10 +209,8 @@ CalibrationJob::CalibrationJob(const CalibrationRequest& request, const fs::path
                       request.distortion);
   }
   parse_extrapolation(request.extrapolate);  // InputError naming --extrapolate
-  if (parse_keep_rules(request.keep_rules) && !answer_aware(s.measure)) {
-    throw_input_error("--keep-rules {}: the rules are measured at the answers; use an answer measure (--distortion "
-                      "answer-tv or answer-kl), not {}", request.keep_rules, request.distortion);
-  }
+  s.keep_rules = resolve_keep_rules(request.keep_rules, s.measure);
+  s.selecting = parse_keep_rules(s.keep_rules);
   if (request.prefill_chunk <= 0) throw_input_error("--prefill-chunk must be positive, got {}", request.prefill_chunk);
   s.unmeasured = unmeasured_levels(s.ladder.levels, s.seq_len, s.mem.context);
   refuse_unmeasured_levels(s.unmeasured, s.seq_len, request.extrapolate);
@@ -265,8 +265,8 @@ CalibrationJob::CalibrationJob(const CalibrationRequest& request, const fs::path
       {"extrapolate", request.extrapolate},
   };
   // Only when chosen, so that window-only policies keep the hash they were made with.
-  if (parse_keep_rules(request.keep_rules)) {
-    inputs["keep_rules"] = request.keep_rules;
+  if (s.selecting) {
+    inputs["keep_rules"] = s.keep_rules;
     inputs["prefill_chunk"] = request.prefill_chunk;
   }
   s.inputs_hash = sha256_hex(inputs.dump());
@@ -378,7 +378,7 @@ CalibrationOutcome CalibrationJob::run(const RunControl& control) {
     policy.calibration["extrapolation"] = r.extrapolate;
   }
   std::optional<KeepRuleResult> rules;
-  if (parse_keep_rules(r.keep_rules)) {
+  if (s.selecting) {
     KeepRuleOptions ko;
     ko.memory = s.mem;
     ko.budget_bytes = s.budget;
@@ -388,7 +388,7 @@ CalibrationOutcome CalibrationJob::run(const RunControl& control) {
     ko.conditioned = options.conditioned;
     ko.divergence = answer_divergence(s.measure);
     rules = choose_keep_rules(*model, s.data.sequences, s.data.answer_positions, result.windows, ko);
-    policy.calibration["keep_rules"] = r.keep_rules;
+    policy.calibration["keep_rules"] = s.keep_rules;
     policy.calibration["prefill_chunk"] = r.prefill_chunk;
   }
   for (const auto& [layer_id, windows] : result.windows) {
@@ -420,10 +420,12 @@ CalibrationOutcome CalibrationJob::run(const RunControl& control) {
     out.report_json = report.dump(2) + "\n";
   }
   if (control.want_plot) {
-    out.svg = report::window_heatmap_svg(s.spec, result.windows, s.ladder,
+    // The policy's heads as served: an h2o head's slots where the pass cut them, marked.
+    out.svg = report::window_heatmap_svg(s.spec, rules ? rules->windows : result.windows, s.ladder,
                                          fmt::format("{}: KV-head windows at {} tokens, {} of the {} budget",
                                                      policy.model_name, format_tokens(s.mem.context),
-                                                     format_bytes(policy.memory.total_bytes), format_bytes(s.budget)));
+                                                     format_bytes(policy.memory.total_bytes), format_bytes(s.budget)),
+                                         rules ? rules->rules : std::map<int64_t, std::vector<policy::KeepRule>>{});
   }
   return out;
 }

@@ -135,13 +135,14 @@ const RegisterCommand kRegister{"calibrate", [](CLI::App& root) {
                   "measured levels, capped at the largest) or as-full (read as full KV's cost)")
       ->capture_default_str();
   root.add_option("--keep-rules", args.request.keep_rules,
-                  "What may fill a head's slots: window (its most recent tokens) or window,h2o (each head whose slots "
-                  "evict on the calibration data is also measured with H2O's heavy hitters, on the conditioned stream "
-                  "through the runtime's own eviction code, and keeps whichever costs the answers less; the layer's "
-                  "selection bookkeeping is paid from the budget)")
+                  "What may fill a head's slots: window (its most recent tokens; any engine with per-head windows "
+                  "can serve the policy) or window,h2o (each head whose slots evict on the calibration data is also "
+                  "measured with H2O's heavy hitters, on the conditioned stream through the runtime's own eviction "
+                  "code, and keeps whichever costs the answers less; the layer's selection bookkeeping is paid from "
+                  "the budget). auto: window,h2o with an answer measure, window with block-mse")
       ->capture_default_str();
   root.add_option("--prefill-chunk", args.request.prefill_chunk,
-                  "With --keep-rules window,h2o: tokens per prefill chunk the runtime will use (H2O evicts after each; "
+                  "With h2o keep rules: tokens per prefill chunk the runtime will use (H2O evicts after each; "
                   "eval's default)")
       ->capture_default_str();
   root.add_option("--block-size", args.request.block_size, "Paged-cache block in tokens (1 = unpaged)")->capture_default_str();

@@ -198,7 +198,8 @@ void run(const MemEstimateArgs& a) {
     windows = pol->head_windows();
     selecting = pol->selecting_layers();
     if (!selecting.empty() && report.engine != memory::Engine::kHeadwise) {
-      throw_input_error("--engine {}: {} has h2o heads (kv_head_rules), and vLLM's cache has no token selection", a.engine,
+      throw_input_error("--engine {}: {} has h2o heads (kv_head_rules), and vLLM's cache has no token selection "
+                        "(calibrate with --keep-rules window for a policy vLLM can serve)", a.engine,
                         a.config);
     }
     report.policy_label = "policy " + fs::path(a.config).filename().string();

@@ -163,14 +163,22 @@ std::string ladder_colour(size_t level, size_t levels) {
 }  // namespace
 
 std::string window_heatmap_svg(const arch::ModelSpec& spec, const std::map<int64_t, std::vector<int64_t>>& windows,
-                               const measure::WindowLadder& ladder, const std::string& title) {
+                               const measure::WindowLadder& ladder, const std::string& title,
+                               const std::map<int64_t, std::vector<policy::KeepRule>>& rules) {
   // Short windows dark, full pale: memory-hungry heads stand out as light cells.
   const int cell = 22, left = 90, top = 50, legend_w = 150;
   int64_t max_heads = 1;
   for (const auto& [id, w] : windows) max_heads = std::max<int64_t>(max_heads, static_cast<int64_t>(w.size()));
   const auto rows = static_cast<int>(windows.size());
-  // ~7 px per character at 14 px: wide enough for the title.
-  const int width = std::max(left + static_cast<int>(max_heads) * cell + legend_w, 16 + 8 * static_cast<int>(title.size()));
+  const bool any_h2o = std::any_of(rules.begin(), rules.end(), [](const auto& layer) {
+    return std::find(layer.second.begin(), layer.second.end(), policy::KeepRule::kH2O) != layer.second.end();
+  });
+  const std::string footnote =
+      fmt::format("{} global of {} layers; other layers keep their native cache{}", windows.size(), spec.num_layers(),
+                  any_h2o ? "; h: the head's slots hold heavy hitters (h2o), not a window" : "");
+  // ~8 px per character at 14 px (the title), ~6 at 11 (the footnote): wide enough for both.
+  const int width = std::max({left + static_cast<int>(max_heads) * cell + legend_w, 16 + 8 * static_cast<int>(title.size()),
+                              16 + 6 * static_cast<int>(footnote.size())});
   const int height = top + std::max(rows, static_cast<int>(ladder.size())) * cell + 40;
   std::string svg = fmt::format(
       "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{}\" height=\"{}\" font-family=\"sans-serif\" font-size=\"11\">\n"
@@ -181,9 +189,15 @@ std::string window_heatmap_svg(const arch::ModelSpec& spec, const std::map<int64
     svg += fmt::format("<text x=\"{}\" y=\"{}\" text-anchor=\"middle\">{}</text>\n", left + static_cast<int>(h) * cell + cell / 2,
                        top - 6, h);
   }
+  // An h2o head's slots may have been cut below its level to pay for bookkeeping: the smallest
+  // level that holds them (levels are ascending, full largest).
   const auto level_of = [&](int64_t w) {
-    const auto it = std::find(ladder.levels.begin(), ladder.levels.end(), w);
+    const auto it = std::lower_bound(ladder.levels.begin(), ladder.levels.end(), w);
     return static_cast<size_t>(it - ladder.levels.begin());
+  };
+  const auto is_h2o = [&](int64_t layer_id, size_t h) {
+    const auto it = rules.find(layer_id);
+    return it != rules.end() && h < it->second.size() && it->second[h] == policy::KeepRule::kH2O;
   };
   int row = 0;
   for (const auto& [layer_id, heads] : windows) {
@@ -191,10 +205,18 @@ std::string window_heatmap_svg(const arch::ModelSpec& spec, const std::map<int64
     svg += fmt::format("<text x=\"8\" y=\"{}\">layer {}</text>\n", y + 15, layer_id);
     for (size_t h = 0; h < heads.size(); ++h) {
       const size_t level = level_of(heads[h]);
+      const bool h2o = is_h2o(layer_id, h);
+      const int x = left + static_cast<int>(h) * cell;
       svg += fmt::format("<rect x=\"{}\" y=\"{}\" width=\"{}\" height=\"{}\" fill=\"{}\" stroke=\"white\"><title>layer {} "
                          "head {}: {}</title></rect>\n",
-                         left + static_cast<int>(h) * cell, y, cell, cell, ladder_colour(level, ladder.size()),
-                         layer_id, h, window_label(heads[h]));
+                         x, y, cell, cell, ladder_colour(level, ladder.size()), layer_id, h,
+                         h2o ? fmt::format("{} slots of heavy hitters (h2o)", heads[h]) : window_label(heads[h]));
+      if (h2o) {
+        // Dark cells (the lower half of the ladder) take white text, pale ones dark.
+        const bool dark = 2 * level < ladder.size();
+        svg += fmt::format("<text x=\"{}\" y=\"{}\" text-anchor=\"middle\" fill=\"{}\">h</text>\n", x + cell / 2, y + 15,
+                           dark ? "white" : "#08306b");
+      }
     }
     ++row;
   }
@@ -205,8 +227,7 @@ std::string window_heatmap_svg(const arch::ModelSpec& spec, const std::map<int64
                        y, cell - 4, cell - 4, ladder_colour(l, ladder.size()), lx + cell + 2, y + 13,
                        ladder.levels[l] == kFullWindow ? std::string("full") : format_tokens(ladder.levels[l]));
   }
-  svg += fmt::format("<text x=\"8\" y=\"{}\" fill=\"#555\">{} global of {} layers; other layers keep their native cache</text>\n",
-                     height - 12, windows.size(), spec.num_layers());
+  svg += fmt::format("<text x=\"8\" y=\"{}\" fill=\"#555\">{}</text>\n", height - 12, footnote);
   svg += "</svg>\n";
   return svg;
 }

@@ -55,3 +55,32 @@ TEST_CASE("heat map: a sequential scale from the smallest window (dark) to full 
     CHECK(*high - *low < 30);  // one hue, not a rainbow
   }
 }
+
+TEST_CASE("heat map: h2o heads are marked and coloured as the level their slots were cut from", "[calib]") {
+  const auto spec = test::toy_spec({{{test::HeadRole::kLocal}, {test::HeadRole::kLocal}, {test::HeadRole::kLocal},
+                                     {test::HeadRole::kLocal}}});
+  const measure::WindowLadder ladder{{128, 512, 2048, kFullWindow}};
+  const std::map<int64_t, std::vector<int64_t>> served{{0, {448, 448, 512, kFullWindow}}};
+  const auto colours = [](const std::string& svg) {
+    const std::regex cell(R"re(fill="(#[0-9a-f]{6})" stroke="white")re");
+    std::vector<std::string> out;
+    for (auto it = std::sregex_iterator(svg.begin(), svg.end(), cell); it != std::sregex_iterator(); ++it) out.push_back((*it)[1]);
+    return out;
+  };
+  using policy::KeepRule;
+  const std::string marked =
+      report::window_heatmap_svg(spec, served, ladder, "t", {{0, {KeepRule::kH2O, KeepRule::kH2O, KeepRule::kWindow, KeepRule::kWindow}}});
+  INFO(marked);
+  const auto cells = colours(marked);
+  REQUIRE(cells.size() == 4);
+  CHECK(cells[0] == cells[2]);  // 448 h2o slots cut from 512: 512's colour, not full's
+  CHECK(cells[0] != cells[3]);
+  const std::regex mark(R"re(>h</text>)re");
+  CHECK(std::distance(std::sregex_iterator(marked.begin(), marked.end(), mark), std::sregex_iterator()) == 2);
+  CHECK(marked.find("448 slots of heavy hitters (h2o)") != std::string::npos);
+  CHECK(marked.find("heavy hitters (h2o), not a window") != std::string::npos);  // the legend says what h is
+  // Without rules: no marks, no legend line.
+  const std::string plain = report::window_heatmap_svg(spec, {{0, {512, 512, 512, kFullWindow}}}, ladder, "t");
+  CHECK(plain.find(">h</text>") == std::string::npos);
+  CHECK(plain.find("heavy hitters") == std::string::npos);
+}

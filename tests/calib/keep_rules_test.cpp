@@ -140,3 +140,16 @@ TEST_CASE("keep-rule flags and policies with rules fail with one clear line", "[
   CHECK_THROWS_WITH(calib::parse_keep_rules("h2o"), Catch::Contains("--keep-rules"));
   CHECK_THROWS_WITH(policy::keep_rule_from_name("heavy", "x.kv_head_rules[0]"), Catch::Contains("x.kv_head_rules[0]"));
 }
+
+TEST_CASE("auto keep rules: heavy hitters under an answer measure, windows under block-mse", "[calib]") {
+  using calib::DistortionMeasure;
+  for (auto m : {DistortionMeasure::kAnswerTv, DistortionMeasure::kAnswerKl, DistortionMeasure::kAnswerGrad}) {
+    CHECK(calib::resolve_keep_rules("auto", m) == "window,h2o");
+    CHECK(calib::resolve_keep_rules("h2o,window", m) == "window,h2o");  // one spelling in the provenance
+    CHECK(calib::resolve_keep_rules("window", m) == "window");
+  }
+  CHECK(calib::resolve_keep_rules("auto", DistortionMeasure::kBlockMse) == "window");
+  CHECK(calib::resolve_keep_rules("window", DistortionMeasure::kBlockMse) == "window");
+  CHECK_THROWS_WITH(calib::resolve_keep_rules("window,h2o", DistortionMeasure::kBlockMse), Catch::Contains("--keep-rules"));
+  CHECK_THROWS_WITH(calib::resolve_keep_rules("automatic", DistortionMeasure::kAnswerTv), Catch::Contains("--keep-rules"));
+}

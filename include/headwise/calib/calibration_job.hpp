@@ -28,7 +28,7 @@ struct CalibrationRequest {
   bool independent_heads = false;
   bool validate_measure = false;  // answer-grad against answer-kl, in the report
   std::string extrapolate = "none";  // rule for levels the sequences cannot measure
-  std::string keep_rules = "window";  // "window,h2o": heads may fill their slots with heavy hitters (keep_rules.hpp)
+  std::string keep_rules = "auto";  // window, window,h2o (heads may fill their slots with heavy hitters) or auto (keep_rules.hpp)
   int64_t prefill_chunk = 256;        // with h2o: the runtime's prefill chunk (H2O evicts after each)
   int64_t block_size = 16;
   int64_t batch = 1;

@@ -34,6 +34,12 @@ namespace headwise::calib {
 // "window" or "window,h2o" (the rules the pass may choose from); InputError naming --keep-rules.
 bool parse_keep_rules(const std::string& text);
 
+// The rules a calibration uses, spelled as the policy records them ("window" or "window,h2o").
+// "auto" (the default) is window,h2o under an answer measure, the configuration that wins on
+// retrieval (docs/results.md), and window under block-mse, which cannot see what a rule costs
+// the answers. An explicit h2o with block-mse is an InputError naming --keep-rules.
+std::string resolve_keep_rules(const std::string& text, DistortionMeasure measure);
+
 struct KeepRuleOptions {
   memory::MemoryOptions memory;      // the policy's serving shape: slots and bookkeeping bytes
   int64_t budget_bytes = 0;          // the whole policy (fixed bytes included) must stay within it

@@ -9,12 +9,12 @@
 //       windows: 64,256,1k,full            # or a list: [64, 256, 1k, full]
 //       calib: data/calib.jsonl            # optional; omitted = built-in synthetic set
 //       samples: 4                         # optional (8); with seq_len, for the synthetic set
-//       seq_len: 2k                        # optional (2k)
+//       seq_len: 2k                        # optional (auto)
 //       seed: 0
 //       output: tiny-qwen3-next.yaml       # relative to the manifest's folder
 //       # optional, as the main command's flags: block_size, batch, sink_tokens, kv_dtype,
 //       # dtype, device, micro_batch, probe_samples, attention_chunk, conditioning (bool),
-//       # distortion, joint_heads (bool), extrapolate, keep_rules, prefill_chunk
+//       # distortion, joint_heads (bool), extrapolate, keep_rules (auto), prefill_chunk
 //
 // The reader is strict: unknown or missing keys, wrong types, duplicate names or outputs are
 // InputErrors naming the file, the entry and the key.

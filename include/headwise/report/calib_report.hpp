@@ -9,6 +9,7 @@
 #include "headwise/arch/model_spec.hpp"
 #include "headwise/calib/seqcalib.hpp"
 #include "headwise/measure/window_ladder.hpp"
+#include "headwise/policy/policy.hpp"
 
 namespace headwise::report {
 
@@ -31,8 +32,12 @@ nlohmann::json curves_json(const std::vector<calib::HeadCurve>& curves);
 nlohmann::json rate_distortion_curve(const std::vector<calib::HeadCurve>& probe_curves, int points);
 nlohmann::json calibration_report(const calib::SeqCalibResult& result, const ReportContext& context);
 
-// Layers (rows, global layers only) x KV heads (columns), coloured by ladder level.
+// Layers (rows, global layers only) x KV heads (columns), coloured by ladder level. `rules` (per
+// layer, per head; a layer left out keeps windows) marks the heads whose slots hold heavy
+// hitters; such a head's slot count may be off the ladder and is coloured as the level it was cut
+// from (the smallest level holding it).
 std::string window_heatmap_svg(const arch::ModelSpec& spec, const std::map<int64_t, std::vector<int64_t>>& windows,
-                               const measure::WindowLadder& ladder, const std::string& title);
+                               const measure::WindowLadder& ladder, const std::string& title,
+                               const std::map<int64_t, std::vector<policy::KeepRule>>& rules = {});
 
 }  // namespace headwise::report
