@@ -19,19 +19,10 @@ namespace {
 
 constexpr int64_t kContext = 64;
 
-memory::MemoryOptions toy_memory() {
-  memory::MemoryOptions o;
-  o.context = kContext;
-  o.batch = 1;
-  o.block_size = 1;
-  o.kv_dtype = DType::kFloat32;
-  return o;
-}
-
 calib::KeepRuleOptions rule_options(const arch::ModelSpec& spec, const std::map<int64_t, std::vector<int64_t>>& windows,
                                     int64_t slack) {
   calib::KeepRuleOptions o;
-  o.memory = toy_memory();
+  o.memory = test::toy_memory_options(kContext);
   o.budget_bytes = memory::estimate(spec, windows, o.memory).total_bytes + slack;
   o.prefill_chunk = 8;
   o.divergence = calib::AnswerDivergence::kTv;

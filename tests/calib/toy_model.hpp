@@ -23,6 +23,7 @@
 
 #include "headwise/arch/model.hpp"
 #include "headwise/arch/ops.hpp"
+#include "headwise/memory/memory_model.hpp"
 
 namespace headwise::test {
 
@@ -53,6 +54,16 @@ inline arch::ModelSpec toy_spec(const std::vector<std::vector<ToyHead>>& layers)
     spec.layers.push_back(layer);
   }
   return spec;
+}
+
+// The toys' serving shape: one sequence, unpaged (a slot per token), fp32 K/V.
+inline memory::MemoryOptions toy_memory_options(int64_t context) {
+  memory::MemoryOptions o;
+  o.context = context;
+  o.batch = 1;
+  o.block_size = 1;
+  o.kv_dtype = DType::kFloat32;
+  return o;
 }
 
 struct ToyReadout {

@@ -98,15 +98,6 @@ arch::ModelSpec toy_layer(size_t heads) {
   return test::toy_spec({std::vector<test::ToyHead>(heads, test::ToyHead{test::HeadRole::kLocal})});
 }
 
-memory::MemoryOptions toy_options(int64_t context) {
-  memory::MemoryOptions o;
-  o.context = context;
-  o.batch = 1;
-  o.block_size = 1;
-  o.kv_dtype = DType::kFloat32;
-  return o;
-}
-
 // Attention inputs at layer 0 for queries/keys given per head as [heads, T, 16] (values: one-hot
 // positions, unused by the checks).
 arch::AttentionInputs toy_inputs(const at::Tensor& q, const at::Tensor& k, int64_t offset) {
@@ -298,7 +289,7 @@ TEST_CASE("SnapKV and H2O keep a planted high-attention key and evict a low one"
     auto o = eviction(EvictionMethod::kSnapKV);
     o.observation_window = 2;
     o.pooling_kernel = 1;
-    auto cache = runtime::EvictionCache::allocate(spec, windows, toy_options(32), o);
+    auto cache = runtime::EvictionCache::allocate(spec, windows, test::toy_memory_options(32), o);
     runtime::EvictionAttentionCore core(cache, 5);
     core.begin_prompt(0, kT);
     core.attend(toy_inputs(q, k, 0));
@@ -310,7 +301,7 @@ TEST_CASE("SnapKV and H2O keep a planted high-attention key and evict a low one"
     // Max pooling (kernel 7, SnapKV's default) gives key 3's score to its neighbours 0..6, the
     // repelling key 5 included (SnapKV keeps clusters, not single keys); ties keep the most recent.
     o.pooling_kernel = 7;
-    auto pooled = runtime::EvictionCache::allocate(spec, windows, toy_options(32), o);
+    auto pooled = runtime::EvictionCache::allocate(spec, windows, test::toy_memory_options(32), o);
     runtime::EvictionAttentionCore pooled_core(pooled, 5);
     pooled_core.begin_prompt(0, kT);
     pooled_core.attend(toy_inputs(q, k, 0));
@@ -318,7 +309,7 @@ TEST_CASE("SnapKV and H2O keep a planted high-attention key and evict a low one"
   }
 
   SECTION("H2O: heavy hitters by accumulated attention plus the recent half, bounded token by token") {
-    auto cache = runtime::EvictionCache::allocate(spec, windows, toy_options(32), eviction(EvictionMethod::kH2O));
+    auto cache = runtime::EvictionCache::allocate(spec, windows, test::toy_memory_options(32), eviction(EvictionMethod::kH2O));
     runtime::EvictionAttentionCore core(cache, 5);
     for (int64_t t = 0; t < kT; ++t) {
       core.attend(toy_inputs(q.slice(1, t, t + 1), k.slice(1, t, t + 1), t));
@@ -350,7 +341,7 @@ TEST_CASE("AdaKV gives the head whose scores dominate more slots than its capaci
   o.observation_window = 2;
   o.pooling_kernel = 1;
 
-  auto ada = runtime::EvictionCache::allocate(spec, windows, toy_options(32), o);
+  auto ada = runtime::EvictionCache::allocate(spec, windows, test::toy_memory_options(32), o);
   runtime::EvictionAttentionCore core(ada, 4);
   core.begin_prompt(0, kT);
   core.attend(toy_inputs(q, k, 0));
@@ -365,7 +356,7 @@ TEST_CASE("AdaKV gives the head whose scores dominate more slots than its capaci
 
   // SnapKV at the same slots keeps only 6 prefix keys per head: the planted ones, exactly.
   o.method = EvictionMethod::kSnapKV;
-  auto snap = runtime::EvictionCache::allocate(spec, windows, toy_options(32), o);
+  auto snap = runtime::EvictionCache::allocate(spec, windows, test::toy_memory_options(32), o);
   runtime::EvictionAttentionCore snap_core(snap, 4);
   snap_core.begin_prompt(0, kT);
   snap_core.attend(toy_inputs(q, k, 0));
@@ -379,12 +370,12 @@ TEST_CASE("eviction refuses bad parameters and windows with one clear line", "[r
   const auto bad = [&](auto edit, const std::string& needle) {
     auto o = eviction(EvictionMethod::kSnapKV);
     edit(o);
-    CHECK_THROWS_WITH(runtime::EvictionCache::allocate(spec, windows, toy_options(32), o), Catch::Contains(needle));
+    CHECK_THROWS_WITH(runtime::EvictionCache::allocate(spec, windows, test::toy_memory_options(32), o), Catch::Contains(needle));
   };
   bad([](auto& o) { o.observation_window = 0; }, "observation window must be positive");
   bad([](auto& o) { o.pooling_kernel = 4; }, "pooling kernel must be a positive odd number");
   bad([](auto& o) { o.adakv_floor = 1.5; }, "AdaKV floor must be a share in [0, 1]");
   const memory::HeadWindows one_head_missing{{0, {8}}};
-  CHECK_THROWS_AS(runtime::EvictionCache::allocate(spec, one_head_missing, toy_options(32), eviction(EvictionMethod::kH2O)),
+  CHECK_THROWS_AS(runtime::EvictionCache::allocate(spec, one_head_missing, test::toy_memory_options(32), eviction(EvictionMethod::kH2O)),
                   InputError);
 }
