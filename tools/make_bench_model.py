@@ -6,6 +6,10 @@ memory, not quality.
 
   tools/make_bench_model.py quick OUT_DIR   # ~20 MB: for --quick (under a minute on 2 cores)
   tools/make_bench_model.py full OUT_DIR    # ~450 MB: large enough that streaming matters
+  tools/make_bench_model.py depth OUT_DIR --layers N --layout qwen3-next|gemma3
+      # tiny dims (hidden 128, 2 KV heads), any depth: how calibration's cost grows with layers.
+      # qwen3-next: 3 gated-DeltaNet : 1 gated attention, dense MLP; gemma3: 5 sliding
+      # (512-token window) : 1 global, as Gemma-3's layer_types.
 
 The output folder is written only if config.json is missing there (delete it to rebuild).
 """
@@ -43,21 +47,76 @@ SIZES = {
 }
 
 
+# The depth sweep's layer: the default model's widths (hidden 128), 2 KV heads.
+DEPTH = {
+    "qwen3-next": {
+        "vocab_size": 1024, "hidden_size": 128, "intermediate_size": 384, "num_attention_heads": 4,
+        "num_key_value_heads": 2, "head_dim": 32, "linear_num_key_heads": 2, "linear_num_value_heads": 4,
+        "linear_key_head_dim": 32, "linear_value_head_dim": 32, "num_experts": 0, "num_experts_per_tok": 1,
+        "moe_intermediate_size": 384, "shared_expert_intermediate_size": 384, "mlp_only_layers": [],
+    },
+    "gemma3": {
+        "vocab_size": 1024, "hidden_size": 128, "intermediate_size": 384, "num_attention_heads": 4,
+        "num_key_value_heads": 2, "head_dim": 32, "sliding_window": 512, "rope_theta": 1000000.0,
+        "rope_local_base_freq": 10000.0, "query_pre_attn_scalar": 32, "max_position_embeddings": 131072,
+        "rms_norm_eps": 1e-6, "tie_word_embeddings": True,
+    },
+}
+
+
+def depth_config(layout, layers):
+    if layout == "qwen3-next":
+        if layers % 4:
+            raise SystemExit("make_bench_model: --layers must be a multiple of 4 for the qwen3-next layout")
+        config = dict(BASE, **DEPTH[layout], num_hidden_layers=layers)
+        config["layer_types"] = (["linear_attention"] * 3 + ["full_attention"]) * (layers // 4)
+        return "qwen3_next", config
+    if layers % 6:
+        raise SystemExit("make_bench_model: --layers must be a multiple of 6 for the gemma3 layout")
+    config = dict(DEPTH[layout], num_hidden_layers=layers)
+    config["layer_types"] = (["sliding_attention"] * 5 + ["full_attention"]) * (layers // 6)
+    return "gemma3_text", config
+
+
+def parse_depth_args(args):
+    layers, layout = None, "qwen3-next"
+    while args:
+        flag = args.pop(0)
+        if flag not in ("--layers", "--layout") or not args:
+            raise SystemExit(f"make_bench_model: unknown or incomplete argument {flag}")
+        value = args.pop(0)
+        if flag == "--layers":
+            layers = int(value)
+        elif value in DEPTH:
+            layout = value
+        else:
+            raise SystemExit(f"make_bench_model: --layout must be one of {', '.join(DEPTH)}, got {value}")
+    if not layers or layers <= 0:
+        raise SystemExit("make_bench_model: depth needs --layers N (N > 0)")
+    return depth_config(layout, layers)
+
+
 def main():
-    if len(sys.argv) != 3 or sys.argv[1] not in SIZES:
-        raise SystemExit(f"usage: {sys.argv[0]} {{{','.join(SIZES)}}} OUT_DIR")
+    usage = f"usage: {sys.argv[0]} {{{','.join(SIZES)}}} OUT_DIR | depth OUT_DIR --layers N [--layout qwen3-next|gemma3]"
+    if len(sys.argv) < 3 or (sys.argv[1] not in SIZES and sys.argv[1] != "depth"):
+        raise SystemExit(usage)
     size, out = sys.argv[1], pathlib.Path(sys.argv[2])
+    if size == "depth":
+        model_type, config = parse_depth_args(sys.argv[3:])
+    elif len(sys.argv) != 3:
+        raise SystemExit(usage)
+    else:
+        model_type, config = "qwen3_next", dict(BASE, **SIZES[size])
+        layers = config["num_hidden_layers"]
+        config["layer_types"] = (["linear_attention"] * 3 + ["full_attention"]) * (layers // 4)
     if (out / "config.json").exists():
         return
     check_versions()
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    config = dict(BASE, **SIZES[size])
-    layers = config["num_hidden_layers"]
-    config["layer_types"] = (["linear_attention"] * 3 + ["full_attention"]) * (layers // 4)
     torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_config(AutoConfig.for_model("qwen3_next", **config), dtype=torch.bfloat16)
+    model = AutoModelForCausalLM.from_config(AutoConfig.for_model(model_type, **config), dtype=torch.bfloat16)
     out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out, safe_serialization=True)
     params = sum(p.numel() for p in model.parameters())

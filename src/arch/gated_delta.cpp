@@ -80,9 +80,13 @@ at::Tensor causal_conv1d_silu(const at::Tensor& x, const at::Tensor& weight,
 DeltaRuleOutput chunk_gated_delta_rule(const at::Tensor& q_in, const at::Tensor& k_in,
                                        const at::Tensor& v_in, const at::Tensor& g_in,
                                        const at::Tensor& beta_in, const at::Tensor& initial_state,
-                                       int64_t chunk) {
+                                       int64_t max_chunk) {
   const at::ScalarType out_dtype = q_in.scalar_type();
   const int64_t batch = k_in.size(0), steps = k_in.size(1), k_dim = k_in.size(3);
+  // A run shorter than one chunk is one chunk of its own length: the same arithmetic without the
+  // padding, whose intra-chunk products grow with the chunk's square (the answer span's short
+  // runs through every layer above a measured one, small prefill chunks).
+  const int64_t chunk = std::max<int64_t>(1, std::min(max_chunk, steps));
   const int64_t heads = v_in.size(2), v_dim = v_in.size(3);
   at::Tensor query = l2norm(heads_first_fp32(q_in));
   at::Tensor key = l2norm(heads_first_fp32(k_in));

@@ -88,6 +88,21 @@ void ActivationStream::visit(const std::function<void(const at::Tensor&)>& fn) {
   for (const auto& h : hidden_) fn(to_device(h));
 }
 
+std::vector<at::Tensor> ActivationStream::copy() const {
+  std::vector<at::Tensor> out;
+  for (const auto& h : hidden_) out.push_back(h.clone());
+  return out;
+}
+
+void ActivationStream::assign(const std::vector<at::Tensor>& hidden) {
+  HEADWISE_CHECK(hidden.size() == hidden_.size(), "activation stream: {} micro-batches for {}", hidden.size(), hidden_.size());
+  for (size_t m = 0; m < hidden.size(); ++m) {
+    HEADWISE_CHECK(hidden[m].sizes() == hidden_[m].sizes(), "activation stream: micro-batch {} is {}, not {}", m,
+                   arch::shape_string(hidden[m].sizes()), arch::shape_string(hidden_[m].sizes()));
+    hidden_[m] = hidden[m].clone();
+  }
+}
+
 int64_t ActivationStream::bytes() const {
   int64_t total = 0;
   for (const auto& h : hidden_) total += static_cast<int64_t>(h.nbytes());

@@ -91,7 +91,10 @@ DistortionMeasure parse_distortion_measure(const std::string& text) {
   if (text == "answer-kl") return DistortionMeasure::kAnswerKl;
   if (text == "answer-tv") return DistortionMeasure::kAnswerTv;
   if (text == "answer-grad") return DistortionMeasure::kAnswerGrad;
-  throw_input_error("--distortion: '{}' is not one of answer-tv, answer-kl, answer-grad, block-mse", text);
+  if (text == "answer-tv-span") return DistortionMeasure::kAnswerTvSpan;
+  if (text == "answer-kl-span") return DistortionMeasure::kAnswerKlSpan;
+  throw_input_error("--distortion: '{}' is not one of answer-tv-span, answer-kl-span, answer-tv, answer-kl, answer-grad, "
+                    "block-mse", text);
 }
 
 const char* distortion_measure_name(DistortionMeasure measure) {
@@ -100,6 +103,8 @@ const char* distortion_measure_name(DistortionMeasure measure) {
     case DistortionMeasure::kAnswerKl: return "answer-kl";
     case DistortionMeasure::kAnswerTv: return "answer-tv";
     case DistortionMeasure::kAnswerGrad: return "answer-grad";
+    case DistortionMeasure::kAnswerTvSpan: return "answer-tv-span";
+    case DistortionMeasure::kAnswerKlSpan: return "answer-kl-span";
   }
   return "?";
 }

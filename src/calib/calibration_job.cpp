@@ -9,6 +9,7 @@
 #include "headwise/arch/context_guard.hpp"
 #include "headwise/arch/model.hpp"
 #include "headwise/calib/activations.hpp"
+#include "headwise/calib/answer_span.hpp"
 #include "headwise/calib/calibration_data.hpp"
 #include "headwise/calib/keep_rules.hpp"
 #include "headwise/calib/memory_plan.hpp"
@@ -204,10 +205,12 @@ CalibrationJob::CalibrationJob(const CalibrationRequest& request, const fs::path
   s.seq_len = request.seq_len == "auto" ? auto_calibration_length(s.ladder.levels, s.mem.context)
                                         : parse_token_count(request.seq_len, "--seq-len");
   s.measure = parse_distortion_measure(request.distortion);
-  if (request.validate_measure && s.measure != DistortionMeasure::kAnswerGrad) {
-    throw_input_error("--validate-measure checks --distortion answer-grad against answer-kl; got --distortion {}",
+  if (request.validate_measure && s.measure != DistortionMeasure::kAnswerGrad && !span_measure(s.measure)) {
+    throw_input_error("--validate-measure checks --distortion answer-grad, answer-tv-span or answer-kl-span against the "
+                      "exact measure; got --distortion {}",
                       request.distortion);
   }
+  if (request.span_margin < 0) throw_input_error("--span-margin must not be negative, got {}", request.span_margin);
   parse_extrapolation(request.extrapolate);  // InputError naming --extrapolate
   s.keep_rules = resolve_keep_rules(request.keep_rules, s.measure);
   s.selecting = parse_keep_rules(s.keep_rules);
@@ -264,6 +267,7 @@ CalibrationJob::CalibrationJob(const CalibrationRequest& request, const fs::path
       {"joint_heads", !request.independent_heads},
       {"extrapolate", request.extrapolate},
   };
+  if (span_measure(s.measure)) inputs["span_margin"] = request.span_margin;
   // Only when chosen, so that window-only policies keep the hash they were made with.
   if (s.selecting) {
     inputs["keep_rules"] = s.keep_rules;
@@ -300,7 +304,9 @@ CalibrationOutcome CalibrationJob::run(const RunControl& control) {
   auto model = arch::load_model(s.dir, model_options);
 
   CalibrationShape shape{local_sequences, s.seq_len, micro_batch, r.attention_chunk,
-                                static_cast<int64_t>(s.ladder.size()), static_cast<int64_t>(c10::elementSize(model->dtype()))};
+                         static_cast<int64_t>(s.ladder.size()), static_cast<int64_t>(c10::elementSize(model->dtype()))};
+  shape.answer_span = span_measure(s.measure);
+  if (!r.no_conditioning) shape.stream_checkpoint_limit_bytes = kStreamCheckpointLimitBytes;
   const bool cpu = model->device().is_cpu();
   const MemoryPlan plan = plan_calibration_memory(s.spec, model->checkpoint(), shape, cpu || r.activations != "host",
                                                   cpu ? available_host_bytes() : free_device_bytes(model->device()));
@@ -338,6 +344,26 @@ CalibrationOutcome CalibrationJob::run(const RunControl& control) {
       write_file_atomically(control.checkpoint, j.dump() + "\n");
     };
   }
+  // The answer-span measure's reference forward, on this rank's shard: SeqCalib and the keep-rules
+  // pass both measure with it.
+  std::unique_ptr<AnswerSpan> span;
+  std::vector<std::vector<int64_t>> shard_sequences, shard_answers;
+  if (span_measure(s.measure)) {
+    for (size_t i : dist::shard_sequences(s.data.sequences.size(), micro_batch, world.rank(), world.world_size())) {
+      shard_sequences.push_back(s.data.sequences[i]);
+      shard_answers.push_back(s.data.answer_positions.at(i));
+    }
+    AnswerSpanOptions so;
+    so.micro_batch = micro_batch;
+    so.sink_tokens = r.sink_tokens;
+    so.windows = s.ladder.levels;
+    so.margin = r.span_margin;
+    so.divergence = answer_divergence(s.measure);
+    spdlog::info("{}: full-KV reference and the answer span's caches ({} sequences)", distortion_measure_name(s.measure),
+                 shard_sequences.size());
+    span = std::make_unique<AnswerSpan>(*model, shard_sequences, shard_answers, so, world);
+    options.span = span.get();
+  }
   const SeqCalibResult result = run_seqcalib(*model, s.data.sequences, options);
 
   CalibrationOutcome out;
@@ -368,6 +394,7 @@ CalibrationOutcome CalibrationJob::run(const RunControl& control) {
   if (answer_aware(s.measure)) {
     policy.calibration["answer_positions"] = s.data.answer_rule;
     policy.calibration["heads"] = r.independent_heads ? "independent" : "joint";
+    if (span) policy.calibration["answer_span"] = {{"first_position", span->span_begin()}, {"margin", r.span_margin}};
   }
   if (s.context_warning) {
     // Recorded so whoever deploys the policy sees it, not only whoever ran the calibration.
@@ -387,7 +414,9 @@ CalibrationOutcome CalibrationJob::run(const RunControl& control) {
     ko.activations = options.activations;
     ko.conditioned = options.conditioned;
     ko.divergence = answer_divergence(s.measure);
-    rules = choose_keep_rules(*model, s.data.sequences, s.data.answer_positions, result.windows, ko);
+    ko.span = span.get();
+    rules = span ? choose_keep_rules(*model, shard_sequences, shard_answers, result.windows, ko)
+                 : choose_keep_rules(*model, s.data.sequences, s.data.answer_positions, result.windows, ko);
     policy.calibration["keep_rules"] = s.keep_rules;
     policy.calibration["prefill_chunk"] = r.prefill_chunk;
   }

@@ -17,15 +17,30 @@ namespace {
 // bytes moved, then the lower head and level (stable).
 bool best_joint_move(const std::vector<solve::Group>& groups, std::vector<size_t>& assign, const JointMeasure& joint,
                      const std::function<bool(size_t head, size_t level, int64_t bytes_after)>& allowed, bool cutting,
-                     double price = -1.0) {
-  const double here = joint(assign);
+                     double price, const JointPrefetch& prefetch) {
   const int64_t bytes_here = layer_bytes(groups, assign);
+  const auto admitted = [&](size_t h, size_t l) {
+    if (cutting ? l >= assign[h] : l <= assign[h]) return false;
+    const int64_t delta_bytes = groups[h].options[l].bytes - groups[h].options[assign[h]].bytes;
+    return allowed(h, l, bytes_here + delta_bytes);
+  };
+  if (prefetch) {
+    std::vector<std::vector<size_t>> step{assign};
+    for (size_t h = 0; h < assign.size(); ++h) {
+      for (size_t l = 0; l < groups[h].options.size(); ++l) {
+        if (!admitted(h, l)) continue;
+        step.push_back(assign);
+        step.back()[h] = l;
+      }
+    }
+    prefetch(step);
+  }
+  const double here = joint(assign);
   std::optional<std::tuple<double, int64_t, size_t, size_t>> best;
   for (size_t h = 0; h < assign.size(); ++h) {
     for (size_t l = 0; l < groups[h].options.size(); ++l) {
-      if (cutting ? l >= assign[h] : l <= assign[h]) continue;
+      if (!admitted(h, l)) continue;
       const int64_t delta_bytes = groups[h].options[l].bytes - groups[h].options[assign[h]].bytes;
-      if (!allowed(h, l, bytes_here + delta_bytes)) continue;
       std::vector<size_t> moved = assign;
       moved[h] = l;
       const double delta_kl = joint(moved) - here;
@@ -52,22 +67,22 @@ int64_t layer_bytes(const std::vector<solve::Group>& groups, const std::vector<s
 }
 
 std::vector<size_t> greedy_joint_descent(const std::vector<solve::Group>& groups, int64_t allowance,
-                                         const JointMeasure& joint, double price) {
+                                         const JointMeasure& joint, double price, const JointPrefetch& prefetch) {
   std::vector<size_t> assign;
   for (const auto& group : groups) assign.push_back(group.options.size() - 1);  // the top level
   const auto any = [](size_t, size_t, int64_t) { return true; };
   while (layer_bytes(groups, assign) > allowance) {
-    const bool moved = best_joint_move(groups, assign, joint, any, true);
+    const bool moved = best_joint_move(groups, assign, joint, any, true, -1.0, prefetch);
     HEADWISE_CHECK(moved, "greedy descent: nothing left to cut at {} bytes over an allowance of {}",
                    layer_bytes(groups, assign), allowance);
   }
   if (price >= 0.0) {
-    while (best_joint_move(groups, assign, joint, any, true, price)) {
+    while (best_joint_move(groups, assign, joint, any, true, price, prefetch)) {
     }
   }
   while (best_joint_move(groups, assign, joint,
                          [allowance](size_t, size_t, int64_t bytes_after) { return bytes_after <= allowance; }, false,
-                         price)) {
+                         price, prefetch)) {
   }
   return assign;
 }
@@ -76,7 +91,28 @@ std::vector<size_t> greedy_joint_descent(const std::vector<solve::Group>& groups
 // and lowers `measure`; applied, returns true. Ties: the first found (heads, then levels, in
 // order), so the result is deterministic.
 bool best_swap(const std::vector<solve::Group>& groups, std::vector<size_t>& assign, int64_t allowance,
-               const JointMeasure& measure) {
+               const JointMeasure& measure, const JointPrefetch& prefetch) {
+  if (prefetch) {
+    std::vector<std::vector<size_t>> step{assign};
+    for (size_t h = 0; h < assign.size(); ++h) {
+      for (size_t l = 0; l < groups[h].options.size(); ++l) {
+        if (l == assign[h]) continue;
+        std::vector<size_t> one = assign;
+        one[h] = l;
+        if (layer_bytes(groups, one) <= allowance) step.push_back(one);
+        for (size_t g = 0; g < assign.size(); ++g) {
+          if (g == h) continue;
+          for (size_t m = 0; m < groups[g].options.size(); ++m) {
+            if (m == assign[g]) continue;
+            std::vector<size_t> two = one;
+            two[g] = m;
+            if (layer_bytes(groups, two) <= allowance) step.push_back(two);
+          }
+        }
+      }
+    }
+    prefetch(step);
+  }
   const double here = measure(assign);
   double best = here;
   std::optional<std::vector<size_t>> chosen;

@@ -47,6 +47,70 @@ class RuleCore final : public arch::AttentionCore {
   arch::ExactAttentionCore exact_;
 };
 
+// The answer-span measure's trials of one layer: each KV head's attention output at the span,
+// from the site's window outputs or from H2O at the head's slots. H2O chooses each head's tokens
+// from that head's own scores, so one eviction run with every candidate head under H2O at a
+// given window gives every candidate's output at it: a layer runs the eviction once per distinct
+// window its trials give their h2o heads, not once per trial.
+class SpanTrials {
+ public:
+  SpanTrials(const arch::ModelSpec& spec, const SpanSite& site, const std::vector<int64_t>& candidates,
+             const std::vector<int64_t>& base, const KeepRuleOptions& o, int64_t chunk)
+      : spec_(spec), site_(site), candidates_(candidates), base_(base), options_(o), chunk_(chunk) {}
+
+  SpanOutputs compose(const std::vector<int64_t>& windows, const std::set<int64_t>& h2o) {
+    SpanOutputs out;
+    for (size_t m = 0; m < site_.input.size(); ++m) {
+      const auto kv = static_cast<int64_t>(windows.size());
+      at::Tensor composed;
+      for (int64_t h = 0; h < kv; ++h) {
+        const int64_t w = windows[static_cast<size_t>(h)];
+        const at::Tensor& source = h2o.contains(h) ? h2o_at(w)[m] : site_.levels.at(w)[m];  // [Bm, S, heads, hd]
+        if (!composed.defined()) composed = at::empty_like(source);
+        const int64_t group = source.size(2) / kv;
+        composed.slice(2, h * group, (h + 1) * group).copy_(source.slice(2, h * group, (h + 1) * group));
+      }
+      out.push_back(composed);
+    }
+    return out;
+  }
+
+ private:
+  const SpanOutputs& h2o_at(int64_t window) {
+    auto it = h2o_.find(window);
+    if (it != h2o_.end()) return it->second;
+    std::vector<int64_t> windows = base_;
+    runtime::EvictionOptions eviction;
+    eviction.method = runtime::EvictionMethod::kH2O;
+    eviction.layers = {site_.layer};
+    for (int64_t h = 0; h < static_cast<int64_t>(windows.size()); ++h) {
+      if (std::find(candidates_.begin(), candidates_.end(), h) != candidates_.end()) {
+        windows[static_cast<size_t>(h)] = window;
+      } else {
+        eviction.window_heads.insert({site_.layer, h});
+      }
+    }
+    SpanOutputs outputs;
+    for (const auto& in : site_.attention) {
+      const at::Tensor all = runtime::simulate_eviction(spec_, in, windows, options_.memory, eviction, options_.prefill_chunk, chunk_);
+      outputs.push_back(all.slice(1, all.size(1) - site_.input.front().size(1), all.size(1)));
+    }
+    return h2o_.emplace(window, std::move(outputs)).first->second;
+  }
+
+  const arch::ModelSpec& spec_;
+  const SpanSite& site_;
+  const std::vector<int64_t>& candidates_;
+  std::vector<int64_t> base_;
+  const KeepRuleOptions& options_;
+  int64_t chunk_;
+  std::map<int64_t, SpanOutputs> h2o_;  // window → every candidate head's H2O output at the span
+};
+
+// With the span measure, a layer with at most this many candidate heads measures every set of them
+// in one batch (2^n - 1 trials); above it, each trial runs when the pass reaches it.
+constexpr size_t kBatchedTrialHeads = 4;
+
 // The policy's total bytes with `windows` and the layers in `selecting` holding bookkeeping.
 int64_t total_bytes(const arch::ModelSpec& spec, const Windows& windows, const std::set<int64_t>& selecting,
                     const memory::MemoryOptions& options) {
@@ -121,7 +185,12 @@ KeepRuleResult choose_keep_rules(arch::DecoderModel& model, const std::vector<st
   std::set<int64_t> selecting;
   HEADWISE_CHECK(total_bytes(spec, windows, selecting, o.memory) <= o.budget_bytes, "keep rules: the windows exceed the budget");
 
-  AnswerKl measure(model, sequences, answers, o.micro_batch, o.memory.sink_tokens, dist::single_process(), o.divergence);
+  // The exact measure runs the layers above over every token per trial; the span measure runs them
+  // on the answer span against its caches (answer_span.hpp).
+  std::optional<AnswerKl> exact_measure;
+  if (o.span == nullptr) {
+    exact_measure.emplace(model, sequences, answers, o.micro_batch, o.memory.sink_tokens, dist::single_process(), o.divergence);
+  }
   ActivationStream stream(model, sequences, o.micro_batch, o.activations);
   arch::ExactAttentionCore exact(chunk);
   for (int64_t i = 0; i < spec.num_layers(); ++i) {
@@ -137,24 +206,91 @@ KeepRuleResult choose_keep_rules(arch::DecoderModel& model, const std::vector<st
       }
       std::vector<int64_t> current = base;
       double best = 0.0;
+      // The windows of a trial's layer, its h2o heads paying for the bookkeeping (nullopt: no room).
+      const auto paid_for = [&](const std::set<int64_t>& trial, int64_t& given_up) {
+        Windows trial_windows = result.windows;
+        trial_windows[i] = base;
+        return pay_for_bookkeeping(spec, trial_windows, selecting, i, trial, o, given_up);
+      };
+      std::optional<SpanSite> site;
+      std::optional<SpanTrials> trials;
+      std::map<std::set<int64_t>, double> span_memo;  // trial → divergence (the span measure)
+      // Every set of candidates measured: choose the best set, not one head at a time. (A lone h2o
+      // head pays the layer's whole bookkeeping from its slots; measured on the 8K default model, the
+      // first head's trial then looks worse than its window while three heads at 448 slots beat it.)
+      bool exhaustive = false;
+      if (o.span != nullptr && !report.candidates.empty()) {
+        site.emplace(o.span->capture(i, stream, /*keep_attention=*/true));
+        trials.emplace(spec, *site, report.candidates, base, o, chunk);
+        // Every trial the pass can reach, in one batch when there are few: the windows, then each
+        // set of candidates (the pass tries each head given the ones chosen before it).
+        std::vector<std::set<int64_t>> reachable{{}};
+        if (report.candidates.size() <= kBatchedTrialHeads) {
+          for (size_t mask = 1; mask < (size_t{1} << report.candidates.size()); ++mask) {
+            std::set<int64_t> trial;
+            for (size_t c = 0; c < report.candidates.size(); ++c) {
+              if (mask >> c & 1) trial.insert(report.candidates[c]);
+            }
+            reachable.push_back(trial);
+          }
+        }
+        std::vector<std::set<int64_t>> batch;
+        std::vector<SpanOutputs> outputs;
+        for (const auto& trial : reachable) {
+          int64_t given_up = 0;
+          const auto paid = trial.empty() ? std::optional(base) : paid_for(trial, given_up);
+          if (!paid) continue;
+          batch.push_back(trial);
+          outputs.push_back(trials->compose(*paid, trial));
+        }
+        const auto values = o.span->evaluate(*site, outputs, fmt::format("layer {}: keep rules", i));
+        for (size_t t = 0; t < batch.size(); ++t) span_memo.emplace(batch[t], values[t]);
+        exhaustive = reachable.size() > 1;
+      }
+      // The span measure of a trial, from the batch or on its own.
+      const auto span_value = [&](const std::set<int64_t>& trial, const std::vector<int64_t>& paid) {
+        if (!span_memo.contains(trial)) {
+          span_memo[trial] = o.span->evaluate(*site, {trials->compose(paid, trial)},
+                                              fmt::format("layer {}: {}", i, rules_label(paid, trial))).front();
+        }
+        return span_memo.at(trial);
+      };
       if (!report.candidates.empty()) {
-        best = report.divergence_windows = measure.evaluate(i, stream, base);
+        best = report.divergence_windows = site ? span_value({}, base) : exact_measure->evaluate(i, stream, base);
         ++result.evaluations;
       }
-      for (int64_t h : report.candidates) {
+      if (exhaustive) {
+        for (const auto& [trial, value] : span_memo) {
+          if (trial.empty()) continue;
+          ++result.evaluations;
+          int64_t given_up = 0;
+          const auto paid = paid_for(trial, given_up);
+          spdlog::info("layer {} {}: {} {:.6g}", i, rules_label(*paid, trial), divergence_label(o.divergence), value);
+          if (value < best) {
+            best = value;
+            chosen = trial;
+            current = *paid;
+            report.slots_given_up = given_up;
+          }
+        }
+      }
+      for (int64_t h : exhaustive ? std::vector<int64_t>{} : report.candidates) {
         std::set<int64_t> trial = chosen;
         trial.insert(h);
         int64_t given_up = 0;
-        Windows trial_windows = result.windows;
-        trial_windows[i] = base;
-        const auto paid = pay_for_bookkeeping(spec, trial_windows, selecting, i, trial, o, given_up);
+        const auto paid = paid_for(trial, given_up);
         if (!paid) {
           spdlog::info("layer {} head {}: h2o does not fit the budget with the layer's selection bookkeeping", i, h);
           continue;
         }
-        RuleCore core(spec, i, *paid, trial, o, chunk);
-        const double divergence = measure.evaluate_attention(
-            i, stream, [&](const arch::AttentionInputs& in, int64_t) { return core.attend(in); }, rules_label(*paid, trial));
+        double divergence = 0.0;
+        if (site) {
+          divergence = span_value(trial, *paid);
+        } else {
+          RuleCore core(spec, i, *paid, trial, o, chunk);
+          divergence = exact_measure->evaluate_attention(
+              i, stream, [&](const arch::AttentionInputs& in, int64_t) { return core.attend(in); }, rules_label(*paid, trial));
+        }
         ++result.evaluations;
         spdlog::info("layer {} {}: {} {:.6g} (best so far {:.6g})", i, rules_label(*paid, trial),
                      divergence_label(o.divergence), divergence, best);
@@ -186,6 +322,7 @@ KeepRuleResult choose_keep_rules(arch::DecoderModel& model, const std::vector<st
     model.release_layer(i);
   }
   HEADWISE_CHECK(total_bytes(spec, result.windows, selecting, o.memory) <= o.budget_bytes, "keep rules: over the budget");
+  if (o.span != nullptr) result.divergence_final = o.span->evaluate_final(stream);
   result.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   return result;
 }
@@ -206,7 +343,9 @@ nlohmann::json keep_rules_json(const KeepRuleResult& result) {
                       {"selection_bytes", l.selection_bytes},
                       {"slots_given_up", l.slots_given_up}});
   }
-  return {{"layers", layers}, {"evaluations", result.evaluations}, {"seconds", result.seconds}};
+  nlohmann::json out = {{"layers", layers}, {"evaluations", result.evaluations}, {"seconds", result.seconds}};
+  if (result.divergence_final >= 0) out["end_to_end"] = result.divergence_final;
+  return out;
 }
 
 }  // namespace headwise::calib

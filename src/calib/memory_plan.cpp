@@ -57,6 +57,24 @@ fs::path cgroup_folder(const fs::path& mount, const std::string& path) {
 
 }  // namespace
 
+int64_t answer_span_cache_bytes(const arch::ModelSpec& spec, const CalibrationShape& shape) {
+  const int64_t e = shape.compute_element_size;
+  int64_t per_sequence = 0;
+  for (const auto& layer : spec.layers) {
+    if (layer.attention) {
+      const auto& a = *layer.attention;
+      const int64_t tokens = a.sliding_window > 0 ? std::min(a.sliding_window, shape.seq_len) : shape.seq_len;
+      per_sequence += 2 * tokens * a.num_kv_heads * a.head_dim * e;
+    }
+    for (const auto& state : layer.states) {
+      int64_t numel = 1;
+      for (int64_t d : state.shape) numel *= d;
+      per_sequence += numel * std::max<int64_t>(e, 4);  // recurrent states are kept in fp32
+    }
+  }
+  return shape.samples * per_sequence;
+}
+
 std::optional<CgroupMemory> cgroup_memory_from(const fs::path& proc_self_cgroup, const fs::path& sys_fs_cgroup) {
   std::ifstream in(proc_self_cgroup);
   std::string line;
@@ -99,8 +117,9 @@ std::optional<int64_t> available_host_bytes() {
 }
 
 int64_t MemoryPlan::device_peak_bytes() const {
-  const int64_t activations = activations_on_device ? activation_bytes : 0;
-  return largest_layer_weight_bytes + embedding_weight_bytes + activations + micro_batch_bytes + workspace_bytes;
+  const int64_t activations = activations_on_device ? activation_bytes + stream_checkpoint_bytes : 0;
+  return largest_layer_weight_bytes + embedding_weight_bytes + activations + micro_batch_bytes + workspace_bytes +
+         answer_span_cache_bytes;
 }
 
 nlohmann::json MemoryPlan::to_json() const {
@@ -111,18 +130,23 @@ nlohmann::json MemoryPlan::to_json() const {
                      {"activations_on_device", activations_on_device},
                      {"micro_batch_bytes", micro_batch_bytes},
                      {"attention_workspace_bytes", workspace_bytes},
+                     {"answer_span_cache_bytes", answer_span_cache_bytes},
+                     {"stream_checkpoint_bytes", stream_checkpoint_bytes},
                      {"mapped_weight_bytes", mapped_weight_bytes}};
   out["available_bytes"] = available_bytes ? nlohmann::json(*available_bytes) : nlohmann::json(nullptr);
   return out;
 }
 
 std::string MemoryPlan::describe() const {
-  return fmt::format("planned peak {} = largest layer {} + embeddings {} + activations {} ({}) + micro-batch {} + "
-                     "attention workspace {}; plus up to {} of mapped checkpoint pages (page cache, reclaimable){}",
+  const std::string span =
+      answer_span_cache_bytes > 0 ? fmt::format(" + answer-span caches {}", format_bytes(answer_span_cache_bytes)) : "";
+  return fmt::format("planned peak {} = largest layer {} + embeddings {} + activations {} and stream checkpoints {} ({}) + "
+                     "micro-batch {} + attention workspace {}{}; plus up to {} of mapped checkpoint pages (page cache, "
+                     "reclaimable){}",
                      format_bytes(device_peak_bytes()), format_bytes(largest_layer_weight_bytes),
                      format_bytes(embedding_weight_bytes), format_bytes(activation_bytes),
-                     activations_on_device ? "on the device" : "in host memory", format_bytes(micro_batch_bytes),
-                     format_bytes(workspace_bytes), format_bytes(mapped_weight_bytes),
+                     format_bytes(stream_checkpoint_bytes), activations_on_device ? "on the device" : "in host memory",
+                     format_bytes(micro_batch_bytes), format_bytes(workspace_bytes), span, format_bytes(mapped_weight_bytes),
                      available_bytes ? fmt::format("; {} available", format_bytes(*available_bytes)) : "");
 }
 
@@ -171,6 +195,9 @@ MemoryPlan plan_calibration_memory(const arch::ModelSpec& spec, const io::Checkp
   const int64_t chunk = std::min(shape.attention_chunk, shape.seq_len);
   plan.workspace_bytes =
       shape.micro_batch * widest_heads * chunk * (9 * shape.seq_len / 2 + 2 * shape.levels * 256) * 4;
+  const int64_t global_layers = static_cast<int64_t>(spec.global_layer_ids().size());
+  plan.stream_checkpoint_bytes = std::min(shape.stream_checkpoint_limit_bytes, global_layers * plan.activation_bytes);
+  if (shape.answer_span) plan.answer_span_cache_bytes = answer_span_cache_bytes(spec, shape);
   return plan;
 }
 

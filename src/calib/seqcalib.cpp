@@ -15,6 +15,7 @@
 #include "headwise/arch/attention.hpp"
 #include "headwise/calib/activations.hpp"
 #include "headwise/calib/answer_grad.hpp"
+#include "headwise/calib/answer_span.hpp"
 #include "headwise/calib/walk_state.hpp"
 #include "finite_checks.hpp"
 #include "joint_descent.hpp"
@@ -88,6 +89,16 @@ std::vector<HeadCurve> to_curves(const std::vector<solve::Group>& groups) {
   return curves;
 }
 
+MeasureCheck measure_check(int64_t layer, int64_t head, std::vector<int64_t> windows, double predicted, double measured) {
+  MeasureCheck c;
+  c.layer_id = layer;
+  c.kv_head = head;
+  c.windows = std::move(windows);
+  c.predicted = predicted;
+  c.measured = measured;
+  return c;
+}
+
 template <typename T>
 void append(std::vector<T>& to, const std::vector<T>& from) {
   to.insert(to.end(), from.begin(), from.end());
@@ -108,16 +119,7 @@ class SeqCalibRun {
     reset_peak_device_bytes(model_.device());
     validate();
     take_shard();
-    if (answer_aware()) {
-      spdlog::info("{}: full-KV reference at the answer positions ({} sequences)",
-                   distortion_measure_name(options_.measure), local_sequences_.size());
-      answer_kl_ = std::make_unique<AnswerKl>(model_, local_sequences_, local_answers_, options_.micro_batch,
-                                              options_.sink_tokens, world_, answer_divergence(options_.measure));
-      if (gradient_measure()) {
-        sensitivity_ = std::make_unique<AnswerSensitivity>(model_, *answer_kl_, options_.ladder.levels, options_.sink_tokens);
-      }
-      if (gradient_measure() && options_.validate_measure) result_.validation.emplace();
-    }
+    if (answer_aware()) prepare_answer_measures();
     if (options_.resume) {
       restore(*options_.resume);
     } else {
@@ -126,7 +128,10 @@ class SeqCalibRun {
     if (!options_.conditioned) plan_unconditioned();
     walk();
     complete();
-    if (answer_aware()) {
+    if (span()) {
+      // Verified end to end by the walks' own final streams (no extra forward): one re-solve at most.
+      if (options_.conditioned) resolve_across_layers_by_walks();
+    } else if (answer_aware()) {
       measure_completion_effect();
       if (options_.conditioned) {
         rewalk_while_completion_moves_lower_layers();
@@ -184,6 +189,59 @@ class SeqCalibRun {
 
   bool answer_aware() const { return calib::answer_aware(options_.measure); }
   bool gradient_measure() const { return options_.measure == DistortionMeasure::kAnswerGrad; }
+  bool span() const { return span_measure(options_.measure); }
+
+  // The reference forward of the answer measure, and for validation the exact measure beside it.
+  void prepare_answer_measures() {
+    if (span()) {
+      span_ = options_.span;
+      if (span_ == nullptr) {
+        AnswerSpanOptions so;
+        so.micro_batch = options_.micro_batch;
+        so.sink_tokens = options_.sink_tokens;
+        so.windows = options_.ladder.levels;
+        so.divergence = answer_divergence(options_.measure);
+        own_span_ = std::make_unique<AnswerSpan>(model_, local_sequences_, local_answers_, so, world_);
+        span_ = own_span_.get();
+      }
+      if (!options_.validate_measure) return;
+      result_.validation.emplace();
+    }
+    spdlog::info("{}: full-KV reference at the answer positions ({} sequences)",
+                 span() ? "validation (exact measure)" : distortion_measure_name(options_.measure), local_sequences_.size());
+    answer_kl_ = std::make_unique<AnswerKl>(model_, local_sequences_, local_answers_, options_.micro_batch,
+                                            options_.sink_tokens, world_, answer_divergence(options_.measure));
+    if (gradient_measure()) {
+      sensitivity_ = std::make_unique<AnswerSensitivity>(model_, *answer_kl_, options_.ladder.levels, options_.sink_tokens);
+    }
+    if (gradient_measure() && options_.validate_measure) result_.validation.emplace();
+  }
+
+  // The answer-span measure of layer `site.layer`'s joint windows, memoised in `memo`; its
+  // prefetch measures every assignment a step names in one batch.
+  struct LayerMeasure {
+    std::function<double(const std::vector<size_t>&)> measure;
+    JointPrefetch prefetch;
+  };
+  LayerMeasure span_layer_measure(const SpanSite& site, std::map<std::vector<size_t>, double>& memo) {
+    const auto run = [this, &site, &memo](const std::vector<std::vector<size_t>>& assignments) {
+      std::vector<std::vector<size_t>> missing;
+      std::vector<SpanOutputs> outputs;
+      for (const auto& levels : assignments) {
+        if (memo.contains(levels) || std::find(missing.begin(), missing.end(), levels) != missing.end()) continue;
+        missing.push_back(levels);
+        outputs.push_back(site.compose(windows_of(levels)));
+      }
+      if (missing.empty()) return;
+      const auto values = span_->evaluate(site, outputs, fmt::format("layer {}: {}", site.layer, measured_label()));
+      for (size_t c = 0; c < missing.size(); ++c) memo.emplace(missing[c], values[c]);
+    };
+    return {[run, &memo](const std::vector<size_t>& levels) {
+              if (!memo.contains(levels)) run({levels});
+              return memo.at(levels);
+            },
+            run};
+  }
   // What the answer measures average, as the logs name it.
   const char* measured_label() const { return divergence_label(answer_divergence(options_.measure)); }
 
@@ -195,11 +253,14 @@ class SeqCalibRun {
       measured.push_back(p.measured);
     }
     v.spearman = spearman(predicted, measured);
-    spdlog::info("answer-grad against answer-kl: Spearman {:.3f} over {} (head, level) pairs", v.spearman,
-                 v.pairs.size());
+    spdlog::info("{} against the exact {}: Spearman {:.3f} over {} (head, level) pairs",
+                 distortion_measure_name(options_.measure), measured_label(), v.spearman, v.pairs.size());
     for (const auto& j : v.joint_decisions) {
-      spdlog::info("layer {} decision [{}]: predicted added answer KL {:.4g}, measured {:.4g}", j.layer_id,
-                   fmt::join(j.windows, ","), j.predicted, j.measured);
+      spdlog::info("layer {} decision [{}]: predicted added {} {:.4g}, measured {:.4g}{}", j.layer_id,
+                   window_labels(j.windows), measured_label(), j.predicted, j.measured,
+                   j.exact_windows.empty() ? std::string()
+                                           : fmt::format("; the exact measure's own decision [{}]: {:.4g}",
+                                                         window_labels(j.exact_windows), j.exact_measured));
     }
   }
 
@@ -222,22 +283,32 @@ class SeqCalibRun {
     for (size_t h = 0; h < predicted.size(); ++h) {
       for (size_t l = 0; l < top; ++l) {
         const int64_t window = options_.ladder.levels[l];
-        result_.validation->pairs.push_back({layer_id, static_cast<int64_t>(h), {window},
-                                             predicted[h].options[l].distortion, measured[h].options[l].distortion});
+        result_.validation->pairs.push_back(measure_check(layer_id, static_cast<int64_t>(h), {window},
+                                                          predicted[h].options[l].distortion,
+                                                          measured[h].options[l].distortion));
       }
     }
     result_.validation->seconds += seconds_since(start);
   }
 
-  // Validation: the chosen joint windows' predicted added KL against the measured one.
+  // Validation: the chosen joint windows' predicted added KL against the measured one; for the span
+  // measure also the exact measure's own decision on the same stream (the same descent, allowance
+  // and price), and what it costs by the exact measure.
   void validate_joint_decision(int64_t layer_id, ActivationStream& stream, const std::vector<size_t>& assign,
-                               const std::function<double(const std::vector<size_t>&)>& predicted) {
+                               const std::function<double(const std::vector<size_t>&)>& predicted,
+                               const std::vector<solve::Group>& groups, int64_t allowance, double price) {
     const auto start = Clock::now();
     std::map<std::vector<size_t>, double> memo;
     const auto exact = joint_measure(*answer_kl_, layer_id, stream, memo);
     const std::vector<size_t> all_top(assign.size(), options_.ladder.size() - 1);
-    result_.validation->joint_decisions.push_back(
-        {layer_id, -1, windows_of(assign), predicted(assign) - predicted(all_top), exact(assign) - exact(all_top)});
+    MeasureCheck check =
+        measure_check(layer_id, -1, windows_of(assign), predicted(assign) - predicted(all_top), exact(assign) - exact(all_top));
+    if (span() && options_.joint_heads) {
+      const std::vector<size_t> own = greedy_joint_descent(groups, allowance, with_extrapolated_levels(exact, groups), price);
+      check.exact_windows = windows_of(own);
+      check.exact_measured = exact(own) - exact(all_top);
+    }
+    result_.validation->joint_decisions.push_back(std::move(check));
     result_.answer_kl_evaluations += static_cast<int64_t>(memo.size());
     result_.validation->seconds += seconds_since(start);
   }
@@ -254,9 +325,11 @@ class SeqCalibRun {
   // Every head's curve against the other heads at `at`: d(h, l) = E(at, head h at l) -
   // E(at, head h at the top level), E the measured answer KL of the layer's joint windows.
   std::vector<solve::Group> marginal_groups(int64_t layer_id, const std::vector<size_t>& at,
-                                            const std::function<double(const std::vector<size_t>&)>& joint) const {
+                                            const std::function<double(const std::vector<size_t>&)>& joint,
+                                            const JointPrefetch& prefetch = {}) const {
     const auto& layer = spec_.layer(layer_id);
     const size_t top = options_.ladder.size() - 1;
+    if (prefetch) prefetch(marginal_assignments(at));
     std::vector<solve::Group> groups;
     for (size_t h = 0; h < at.size(); ++h) {
       std::vector<size_t> probe = at;
@@ -273,6 +346,37 @@ class SeqCalibRun {
     }
     extrapolate_curves(groups, options_.unmeasured_levels, options_.extrapolation);
     return groups;
+  }
+
+  // Every joint assignment of a layer of `heads` KV heads when there are at most
+  // kEnumeratedAssignments of them (the descent then prices from one batch); else none.
+  static constexpr size_t kEnumeratedAssignments = 64;
+  std::vector<std::vector<size_t>> every_assignment(size_t heads) const {
+    const size_t levels = options_.ladder.size();
+    size_t count = 1;
+    for (size_t h = 0; h < heads; ++h) {
+      count *= levels;
+      if (count > kEnumeratedAssignments) return {};
+    }
+    std::vector<std::vector<size_t>> all;
+    for (size_t index = 0; index < count; ++index) {
+      std::vector<size_t> levels_of(heads);
+      for (size_t h = 0, rest = index; h < heads; ++h, rest /= levels) levels_of[h] = rest % levels;
+      all.push_back(std::move(levels_of));
+    }
+    return all;
+  }
+
+  // Every assignment marginal_groups(at) prices: each head at each level, the others at `at`.
+  std::vector<std::vector<size_t>> marginal_assignments(const std::vector<size_t>& at) const {
+    std::vector<std::vector<size_t>> all;
+    for (size_t h = 0; h < at.size(); ++h) {
+      for (size_t l = 0; l < options_.ladder.size(); ++l) {
+        all.push_back(at);
+        all.back()[h] = l;
+      }
+    }
+    return all;
   }
 
   // A memoised measure of one layer's joint windows on the stream entering it.
@@ -303,13 +407,18 @@ class SeqCalibRun {
   // Unconditioned curves: every global layer measured with full KV below.
   void probe() {
     const auto start = Clock::now();
-    const int64_t samples = effective_probe_samples(options_.probe_samples, static_cast<int64_t>(sequences_.size()));
-    const std::vector<std::vector<int64_t>> probe_sequences = local_prefix(samples);
-    ActivationStream stream(model_, probe_sequences, options_.micro_batch, options_.activations);
-    if (answer_aware()) {
-      answer_probe(stream, probe_sequences);
+    const int64_t samples = span() ? static_cast<int64_t>(sequences_.size())
+                                   : effective_probe_samples(options_.probe_samples, static_cast<int64_t>(sequences_.size()));
+    if (span()) {
+      span_probe();
     } else {
-      block_mse_probe(stream);
+      const std::vector<std::vector<int64_t>> probe_sequences = local_prefix(samples);
+      ActivationStream stream(model_, probe_sequences, options_.micro_batch, options_.activations);
+      if (answer_aware()) {
+        answer_probe(stream, probe_sequences);
+      } else {
+        block_mse_probe(stream);
+      }
     }
     std::vector<solve::Group> all;
     for (const auto& [id, groups] : probe_groups_) append(all, groups);
@@ -317,6 +426,76 @@ class SeqCalibRun {
     result_.probe_seconds = seconds_since(start);
     spdlog::info("probe: {} global layers measured on {} sequences in {:.1f}s, lambda {:.4g}", probe_groups_.size(),
                  samples, result_.probe_seconds, result_.probe_lambda);
+  }
+
+  // The answer-span probe: every global layer's curves on the full-KV stream (the reference pass's
+  // sites), every (head, level) of every layer in one sweep over the layers. Every sequence serves:
+  // the probe costs no forward here.
+  void span_probe() {
+    std::vector<int64_t> layers = spec_.global_layer_ids();
+    std::vector<AnswerSpan::SweepItem> items;
+    std::vector<std::vector<std::vector<size_t>>> assignments;
+    for (int64_t id : layers) {
+      const auto heads = static_cast<size_t>(spec_.layer(id).attention->num_kv_heads);
+      const std::vector<size_t> top(heads, options_.ladder.size() - 1);
+      std::vector<std::vector<size_t>> wanted = marginal_assignments(top);
+      // Nothing below the lowest global layer is cut: the walk measures it on this very stream, so
+      // the sweep measures every assignment the walk may ask for (when there are few) once.
+      if (id == layers.front()) append(wanted, every_assignment(heads));
+      // Every head at full KV on the full-KV stream is the reference itself: divergence 0, no run.
+      wanted.erase(std::remove(wanted.begin(), wanted.end(), top), wanted.end());
+      assignments.push_back(unique_assignments(std::move(wanted)));
+      const SpanSite& site = span_->reference_site(id);
+      AnswerSpan::SweepItem item{&site, {}};
+      for (const auto& levels : assignments.back()) item.candidates.push_back(site.compose(windows_of(levels)));
+      items.push_back(std::move(item));
+    }
+    const auto values = span_->sweep(items, fmt::format("probe (full KV): {}", measured_label()));
+    model_.release_all();
+    for (size_t i = 0; i < layers.size(); ++i) {
+      std::map<std::vector<size_t>, double>& memo = probe_memo_[layers[i]];
+      for (size_t c = 0; c < assignments[i].size(); ++c) memo.emplace(assignments[i][c], values[i][c]);
+      const auto heads = static_cast<size_t>(spec_.layer(layers[i]).attention->num_kv_heads);
+      const std::vector<size_t> top(heads, options_.ladder.size() - 1);
+      memo.emplace(top, 0.0);
+      probe_groups_[layers[i]] = marginal_groups(layers[i], top, [&memo](const std::vector<size_t>& l) { return memo.at(l); });
+      append(result_.probe_curves, to_curves(probe_groups_[layers[i]]));
+    }
+    result_.answer_kl_evaluations += span_->evaluations();
+    if (result_.validation) validate_span_probe();
+  }
+
+  static std::vector<std::vector<size_t>> unique_assignments(std::vector<std::vector<size_t>> all) {
+    std::vector<std::vector<size_t>> out;
+    for (auto& a : all) {
+      if (std::find(out.begin(), out.end(), a) == out.end()) out.push_back(std::move(a));
+    }
+    return out;
+  }
+
+  // Validation: every probe (head, finite level) pair of the span measure against the exact measure,
+  // on a full-KV walk of the same sequences.
+  void validate_span_probe() {
+    const auto start = Clock::now();
+    ActivationStream stream(model_, local_sequences_, options_.micro_batch, options_.activations);
+    arch::ExactAttentionCore exact(model_.attention_chunk());
+    const size_t top = options_.ladder.size() - 1;
+    for (int64_t i = 0; i < spec_.num_layers(); ++i) {
+      if (spec_.layer(i).is_global()) {
+        const std::vector<solve::Group> measured = answer_probe_groups(*answer_kl_, nullptr, i, stream);
+        const std::vector<solve::Group>& predicted = probe_groups_.at(i);
+        for (size_t h = 0; h < predicted.size(); ++h) {
+          for (size_t l = 0; l < top; ++l) {
+            result_.validation->pairs.push_back(measure_check(i, static_cast<int64_t>(h), {options_.ladder.levels[l]},
+                                                              predicted[h].options[l].distortion,
+                                                              measured[h].options[l].distortion));
+          }
+        }
+      }
+      stream.apply([&](const at::Tensor& h) { return model_.run_layer(i, h, {&exact, nullptr, 0}); });
+      model_.release_layer(i);
+    }
+    result_.validation->seconds += seconds_since(start);
   }
 
   void answer_probe(ActivationStream& stream, const std::vector<std::vector<int64_t>>& probe_sequences) {
@@ -436,7 +615,9 @@ class SeqCalibRun {
     result_.activations = stream.placement_name();
     PolicyAttentionCore policy_core(result_.windows, options_.sink_tokens, model_.attention_chunk());
     Progress progress(options_.conditioned ? "SeqCalib" : "calibrate (unconditioned)", spec_.num_layers());
-    for (int64_t i = 0; i < spec_.num_layers(); ++i) {
+    const int64_t resume_at = restore_stream_checkpoint(stream);
+    for (int64_t i = resume_at; i < spec_.num_layers(); ++i) {
+      if (spec_.layer(i).is_global() && i > replay_until_) keep_stream_checkpoint(i, stream);
       if (i <= replay_until_) {  // decided before the interruption: recompute the stream only
         stream.apply([&](const at::Tensor& h) { return model_.run_layer(i, h, {&policy_core, nullptr, 0}); });
         model_.release_layer(i);
@@ -468,7 +649,46 @@ class SeqCalibRun {
     progress.finish();
     // The stream has passed every layer under the walk's windows: its end-to-end answer KL costs
     // no further run.
-    if (answer_aware()) result_.answer_kl_walk = answer_kl_->evaluate_final(stream);
+    if (span()) {
+      result_.answer_kl_walk = span_->evaluate_final(stream);
+    } else if (answer_aware()) {
+      result_.answer_kl_walk = answer_kl_->evaluate_final(stream);
+    }
+  }
+
+  // The walk's stream entering a global layer, with the windows of the global layers below it as the
+  // walk ran them: a re-walk that replays the same windows below starts there instead of at the
+  // embeddings. Kept while they fit kStreamCheckpointLimitBytes (the same tensors a replay would compute).
+  struct StreamCheckpoint {
+    Windows below;
+    std::vector<at::Tensor> hidden;
+  };
+
+  void keep_stream_checkpoint(int64_t layer, const ActivationStream& stream) {
+    if (stream_checkpoints_.contains(layer) || stream_checkpoint_bytes_ + stream.bytes() > kStreamCheckpointLimitBytes) return;
+    StreamCheckpoint c;
+    for (const auto& [id, w] : result_.windows) {
+      if (id < layer) c.below[id] = w;
+    }
+    c.hidden = stream.copy();
+    stream_checkpoint_bytes_ += stream.bytes();
+    stream_checkpoints_.emplace(layer, std::move(c));
+  }
+
+  // The first layer the walk must run: past the highest checkpoint at or below replay_until_ whose
+  // windows below are the ones the replay would run (the stream then holds it).
+  int64_t restore_stream_checkpoint(ActivationStream& stream) const {
+    for (auto it = stream_checkpoints_.rbegin(); it != stream_checkpoints_.rend(); ++it) {
+      if (it->first > replay_until_) continue;
+      const bool same = std::all_of(it->second.below.begin(), it->second.below.end(), [&](const auto& entry) {
+        const auto now = result_.windows.find(entry.first);
+        return now != result_.windows.end() && now->second == entry.second;
+      });
+      if (!same) continue;
+      stream.assign(it->second.hidden);
+      return it->first;
+    }
+    return 0;
   }
 
   // Records a layer's decision: its curves, choice and bytes.
@@ -501,27 +721,47 @@ class SeqCalibRun {
   // conditioned on the steps before, as SeqCalib conditions each layer on the layers below.
   // Without the price, the relaxed allowance was spent in full on the first global layer and
   // left the last one short (in-sample answer KL 3.95 against 2.38 with it, default model, 25%).
-  std::vector<int64_t> decide_jointly(int64_t layer_id, ActivationStream& stream, LayerReport& report) {
+  std::vector<int64_t> decide_jointly(int64_t layer_id, ActivationStream& stream, LayerReport& report,
+                                      const SpanSite* given = nullptr) {
     if (!options_.conditioned) return record_decision(probe_groups_.at(layer_id), unconditioned_plan_.at(layer_id), report);
     std::map<std::vector<size_t>, double> memo;
-    const auto measured = layer_measure(*answer_kl_, sensitivity_.get(), layer_id, stream, memo);
+    std::optional<SpanSite> captured;
+    LayerMeasure layer_cost;
+    size_t known = 0;  // assignments measured before this layer's walk (the probe's)
+    if (span()) {
+      // The lowest global layer sees the full-KV stream the probe measured (nothing below it is cut).
+      const bool lowest = layer_id == spec_.global_layer_ids().front() && probe_memo_.contains(layer_id);
+      if (lowest) memo = probe_memo_.at(layer_id);
+      known = memo.size();
+      const SpanSite& site = lowest   ? span_->reference_site(layer_id)
+                             : given ? *given
+                                     : captured.emplace(span_->capture(layer_id, stream));
+      layer_cost = span_layer_measure(site, memo);
+      // A small layer's every joint assignment in one batch: one run of the layers above.
+      const std::vector<std::vector<size_t>> all = every_assignment(static_cast<size_t>(spec_.layer(layer_id).attention->num_kv_heads));
+      if (!all.empty()) layer_cost.prefetch(all);
+    } else {
+      layer_cost.measure = layer_measure(*answer_kl_, sensitivity_.get(), layer_id, stream, memo);
+    }
+    const auto& measured = layer_cost.measure;
+    const auto& prefetch = layer_cost.prefetch;
     const auto& layer = spec_.layer(layer_id);
     const auto heads = static_cast<size_t>(layer.attention->num_kv_heads);
     std::vector<size_t> assign(heads, options_.ladder.size() - 1);
-    std::vector<solve::Group> groups = marginal_groups(layer_id, assign, measured);
+    std::vector<solve::Group> groups = marginal_groups(layer_id, assign, measured, prefetch);
     const auto joint = with_extrapolated_levels(measured, groups);
     const int64_t allowance = price_layer(layer_id, groups, report);
     if (options_.joint_heads) {
-      assign = greedy_joint_descent(groups, allowance, joint, report.lambda);
+      assign = greedy_joint_descent(groups, allowance, joint, report.lambda, prefetch);
       if (sensitivity_) relinearise_and_improve(layer_id, stream, groups, allowance, assign, joint);
-      groups = marginal_groups(layer_id, assign, joint);
+      groups = marginal_groups(layer_id, assign, joint, prefetch);
     } else {
       assign = solve::solve_exact(groups, allowance).choice;
     }
-    result_.answer_kl_evaluations += static_cast<int64_t>(memo.size());
+    result_.answer_kl_evaluations += static_cast<int64_t>(memo.size() - known);
     spdlog::debug("layer {}: windows [{}], joint {} {:.6g} ({} evaluations)", layer_id, labels_of(assign),
-                  measured_label(), joint(assign), memo.size());
-    if (result_.validation) validate_joint_decision(layer_id, stream, assign, joint);
+                  measured_label(), joint(assign), memo.size() - known);
+    if (result_.validation) validate_joint_decision(layer_id, stream, assign, joint, groups, allowance, report.lambda);
     return record_decision(groups, assign, report);
   }
 
@@ -563,7 +803,42 @@ class SeqCalibRun {
   }
 
 
+  // The span measure decides a layer inside the layer's own pass over the stream: its attention
+  // inputs give the site, the decision gives the windows its output is computed with. One pass
+  // over the layer instead of a capture pass and a propagation pass (one micro-batch, no state).
+  class DecidingCore final : public arch::AttentionCore {
+   public:
+    using Decide = std::function<std::vector<int64_t>(const arch::AttentionInputs&)>;
+    DecidingCore(int64_t sinks, int64_t chunk, Decide decide) : sinks_(sinks), chunk_(chunk), decide_(std::move(decide)) {}
+    at::Tensor attend(const arch::AttentionInputs& in) override {
+      return arch::windowed_attention(in, decide_(in), sinks_, chunk_);
+    }
+
+   private:
+    int64_t sinks_;
+    int64_t chunk_;
+    Decide decide_;
+  };
+
+  bool decides_in_its_pass(int64_t i, const ActivationStream& stream) const {
+    return span() && options_.conditioned && stream.micro_batches() == 1 && spec_.layer(i).states.empty() &&
+           !result_.validation && i != spec_.global_layer_ids().front();
+  }
+
   void run_global_layer(int64_t i, ActivationStream& stream, PolicyAttentionCore& policy_core, LayerReport& report) {
+    if (decides_in_its_pass(i, stream)) {
+      std::vector<at::Tensor> input;  // the layer's input at the span, set before the pass
+      DecidingCore core(options_.sink_tokens, model_.attention_chunk(), [&](const arch::AttentionInputs& in) {
+        const SpanSite site = span_->site_of(i, std::move(input), {in});
+        result_.windows[i] = decide_jointly(i, stream, report, &site);
+        return result_.windows[i];
+      });
+      stream.apply([&](const at::Tensor& h) {
+        input = {h.slice(1, span_->span_begin(), h.size(1)).clone()};
+        return checked_finite(model_.run_layer(i, h, {&core, nullptr, 0}), i, spec_.layer(i).kind);
+      });
+      return;
+    }
     if (answer_aware()) {
       result_.windows[i] = decide_jointly(i, stream, report);
       stream.apply([&](const at::Tensor& h) {
@@ -656,6 +931,40 @@ class SeqCalibRun {
       if (!outcome.kept) return;
       result_.resolves = pass + 1;
     }
+  }
+
+  // The span measure's cross-layer re-solve (see resolve_across_layers): one pass, kept when the
+  // re-walk's end-to-end answer divergence (read off its own final stream) is below the first
+  // walk's, both before their completions: no forward beyond the re-walk itself.
+  void resolve_across_layers_by_walks() {
+    result_.answer_kl_by_resolve = {result_.answer_kl_walk};
+    const Windows proposed = decided_windows(solve::solve_exact(decided_groups_, options_.global_budget_bytes).choice);
+    const std::optional<int64_t> lowest = lowest_changed_layer_below_a_global_layer(proposed);
+    if (!lowest) return;
+    spdlog::info("re-solve: the exact solve over the conditioned curves moves layer {} to [{}]; re-deciding the layers "
+                 "above it",
+                 *lowest, fmt::join(proposed.at(*lowest), ","));
+    const auto kept_result = result_;
+    const auto kept = std::make_tuple(decided_groups_, decided_choice_, spent_, replay_until_);
+    result_.windows = proposed;
+    fix_layers_up_to(*lowest);
+    rewalking_ = true;
+    walk();
+    rewalking_ = false;
+    complete();
+    result_.answer_kl_by_resolve.push_back(result_.answer_kl_walk);
+    if (!(result_.answer_kl_walk < kept_result.answer_kl_walk)) {
+      spdlog::info("re-solved walk: {} {:.6g}, not below {:.6g}: kept the first walk's policy", measured_label(),
+                   result_.answer_kl_walk, kept_result.answer_kl_walk);
+      auto tried = result_.answer_kl_by_resolve;
+      result_ = kept_result;
+      result_.answer_kl_by_resolve = std::move(tried);
+      std::tie(decided_groups_, decided_choice_, spent_, replay_until_) = kept;
+      return;
+    }
+    spdlog::info("re-solved walk: {} {:.6g} (was {:.6g}): kept", measured_label(), result_.answer_kl_walk,
+                 kept_result.answer_kl_walk);
+    result_.resolves = 1;
   }
 
   struct RewalkOutcome {
@@ -770,7 +1079,12 @@ class SeqCalibRun {
   int64_t spent_ = 0;
   int64_t replay_until_ = -1;  // resume: layers 0..replay_until_ were decided before
   bool rewalking_ = false;
-  std::unique_ptr<AnswerKl> answer_kl_;  // answer-aware measures only
+  std::map<int64_t, StreamCheckpoint> stream_checkpoints_;
+  int64_t stream_checkpoint_bytes_ = 0;
+  std::unique_ptr<AnswerKl> answer_kl_;  // the exact answer measures (and the span measure's validation)
+  AnswerSpan* span_ = nullptr;           // the answer-span measures: options_.span or own_span_
+  std::map<int64_t, std::map<std::vector<size_t>, double>> probe_memo_;  // span probe: layer → assignment → measure
+  std::unique_ptr<AnswerSpan> own_span_;
   std::unique_ptr<AnswerSensitivity> sensitivity_;  // answer-grad only
 };
 

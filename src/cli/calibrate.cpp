@@ -118,18 +118,26 @@ const RegisterCommand kRegister{"calibrate", [](CLI::App& root) {
                   "quarter (at least 2k), so every level is measured")
       ->capture_default_str();
   root.add_option("--distortion", args.request.distortion,
-                  "What a window costs: answer-tv (total variation to the full model's next-token distribution at "
-                  "the answer positions, measured by running the layers above; heads of a layer decided jointly), "
+                  "What a window costs: answer-tv-span (total variation to the full model's next-token distribution "
+                  "at the answer positions, heads of a layer decided jointly; each candidate runs on the answer span "
+                  "against the layers' cached prompt, so its cost does not grow with depth: docs/seqcalib.md), "
+                  "answer-kl-span (the same with KL), answer-tv (the exact measure: the layers above run over every "
+                  "token for each candidate), "
                   "answer-kl (the same with KL, which a lost needle dominates), answer-grad (the KL predicted to second "
                   "order from gradients: one backward pass per probe instead of a run per assignment) or block-mse "
                   "(the attention block's output error over all positions)")
+      ->capture_default_str();
+  root.add_option("--span-margin", args.request.span_margin,
+                  "answer-*-span: tokens before the first answer position that the span measure also runs exactly "
+                  "(the question's own tokens and context before it)")
       ->capture_default_str();
   root.add_flag("--independent-heads", args.request.independent_heads,
                 "answer-kl/answer-grad: decide a layer's heads from curves measured with the other heads at full "
                 "(the ablation of the joint decision)");
   root.add_flag("--validate-measure", args.request.validate_measure,
-                "answer-grad: also measure every probe (head, level) and each layer's decision exactly (answer-kl) "
-                "and report the prediction against it (report.json: measure_validation)");
+                "answer-grad, answer-*-span: also measure every probe (head, level) and each layer's decision with "
+                "the exact measure (and, for the span measures, the exact measure's own decision) and report the "
+                "prediction against it (report.json: measure_validation)");
   root.add_option("--extrapolate", args.request.extrapolate,
                   "Rule for --windows levels >= --seq-len: none (refuse), power-law (each head's curve fitted over its "
                   "measured levels, capped at the largest) or as-full (read as full KV's cost)")

@@ -49,14 +49,22 @@ nlohmann::json measure_checks_json(const std::vector<calib::MeasureCheck>& check
   for (const auto& c : checks) {
     nlohmann::json windows = nlohmann::json::array();
     for (int64_t w : c.windows) windows.push_back(window_json(w));
-    out.push_back({{"layer", c.layer_id}, {"kv_head", c.kv_head}, {"windows", windows},
-                   {"predicted", c.predicted}, {"measured", c.measured}});
+    nlohmann::json check = {{"layer", c.layer_id}, {"kv_head", c.kv_head}, {"windows", windows},
+                            {"predicted", c.predicted}, {"measured", c.measured}};
+    if (!c.exact_windows.empty()) {
+      // The span measure's joint decision against the exact measure's own on the same stream.
+      nlohmann::json own = nlohmann::json::array();
+      for (int64_t w : c.exact_windows) own.push_back(window_json(w));
+      check["exact_decision_windows"] = own;
+      check["exact_decision_measured"] = c.exact_measured;
+    }
+    out.push_back(std::move(check));
   }
   return out;
 }
 
-// answer-grad's predictions against the exact answer-kl measure: the probe's (head, level) pairs
-// with their rank correlation, and each layer's chosen joint windows.
+// A cheap measure's predictions (answer-grad, the answer-span measures) against the exact measure:
+// the probe's (head, level) pairs with their rank correlation, and each layer's chosen joint windows.
 nlohmann::json measure_validation_json(const calib::MeasureValidation& v) {
   return {{"spearman", std::isfinite(v.spearman) ? nlohmann::json(v.spearman) : nlohmann::json(nullptr)},
           {"pairs", measure_checks_json(v.pairs)},

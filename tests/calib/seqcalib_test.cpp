@@ -369,3 +369,81 @@ TEST_CASE("cross-layer re-solve: bytes a lower layer kept go to the layer above 
   without_conditioning.conditioned = false;
   CHECK(calib::run_seqcalib(model, seqs, without_conditioning).resolves == 0);
 }
+
+namespace {
+
+calib::SeqCalibOptions span_options(const char* ladder, int64_t budget, const std::vector<std::vector<int64_t>>& seqs) {
+  auto o = answer_options(ladder, budget, seqs);
+  o.measure = calib::DistortionMeasure::kAnswerTvSpan;
+  return o;
+}
+
+}  // namespace
+
+TEST_CASE("answer-tv-span decides the planted toys as the exact answer-tv does, validated against it", "[calib]") {
+  // The retrieval head that writes little and the two backup retrievers: the cases answer-kl is
+  // built for. The span measure runs each candidate on the answer span only; here it must keep
+  // the retrieval head and exactly one of the two backups, as the exact measure does.
+  {
+    test::ToyModel model({{{HeadRole::kFar, 0.05}, {HeadRole::kUniform}, {HeadRole::kUniform}, {HeadRole::kUniform}}},
+                         test::ToyReadout{200.0});
+    const auto seqs = test::toy_sequences(4, kContext, 31);
+    const int64_t budget = toy_head_bytes(kFullWindow) + 3 * toy_head_bytes(4);
+    auto exact_options = answer_options("4,16,full", budget, seqs);
+    exact_options.measure = calib::DistortionMeasure::kAnswerTv;
+    const auto exact = calib::run_seqcalib(model, seqs, exact_options);
+    auto options = span_options("4,16,full", budget, seqs);
+    options.validate_measure = true;
+    const auto span = calib::run_seqcalib(model, seqs, options);
+    INFO("exact " << fmt::format("{}", fmt::join(exact.windows.at(0), ",")) << " span "
+                  << fmt::format("{}", fmt::join(span.windows.at(0), ",")));
+    CHECK(span.windows == exact.windows);
+    CHECK(span.windows.at(0).front() == kFullWindow);
+    REQUIRE(span.validation.has_value());
+    CHECK(span.validation->pairs.size() == 4 * 2);
+    INFO("Spearman " << span.validation->spearman);
+    CHECK(span.validation->spearman >= 0.9);
+    REQUIRE(span.validation->joint_decisions.size() == 1);
+    const auto& decision = span.validation->joint_decisions.front();
+    CHECK(decision.exact_windows == decision.windows);  // the exact measure's own decision is the same
+    CHECK(decision.measured <= 1.1 * decision.exact_measured + 1e-9);
+  }
+  {
+    const std::vector<test::ToyHead> layer{{HeadRole::kFar, 0.5}, {HeadRole::kFar, 0.5}, {HeadRole::kUniform}, {HeadRole::kUniform}};
+    test::ToyModel model({layer}, test::ToyReadout{4.0, 0.5});
+    const auto seqs = test::toy_sequences(4, kContext, 41);
+    const int64_t budget = 2 * toy_head_bytes(kFullWindow) + 2 * toy_head_bytes(4);
+    const auto span = calib::run_seqcalib(model, seqs, span_options("4,full", budget, seqs));
+    const auto& w = span.windows.at(0);
+    INFO("span " << fmt::format("{}", fmt::join(w, ",")));
+    CHECK((w[0] == kFullWindow) + (w[1] == kFullWindow) == 1);
+    CHECK(span.global_bytes <= budget);
+    // The walk's end-to-end divergence is read off its own final stream: measured, and small.
+    CHECK(span.answer_kl_walk >= 0.0);
+    CHECK(span.answer_kl_walk < 0.1);
+  }
+}
+
+TEST_CASE("answer-tv-span is deterministic, independent of the micro-batch split, and refuses a bad margin", "[calib]") {
+  const std::vector<test::ToyHead> layer{{HeadRole::kUniform}, {HeadRole::kFar}, {HeadRole::kLocal}};
+  test::ToyModel model({layer, layer}, test::ToyReadout{20.0});
+  const auto seqs = test::toy_sequences(4, kContext, 23);
+  const int64_t budget = 2 * (toy_head_bytes(kFullWindow) + toy_head_bytes(16) + toy_head_bytes(4));
+  auto options = span_options("4,16,full", budget, seqs);
+  const auto a = calib::run_seqcalib(model, seqs, options);
+  const auto b = calib::run_seqcalib(model, seqs, options);
+  options.micro_batch = 3;
+  const auto split = calib::run_seqcalib(model, seqs, options);
+  CHECK(a.windows == b.windows);
+  CHECK(a.windows == split.windows);
+  REQUIRE(a.curves.size() == split.curves.size());
+  for (size_t i = 0; i < a.curves.size(); ++i) {
+    CHECK(a.curves[i].distortion == b.curves[i].distortion);
+    for (size_t l = 0; l < a.curves[i].distortion.size(); ++l) {
+      CHECK(split.curves[i].distortion[l] == Approx(a.curves[i].distortion[l]).epsilon(1e-5).margin(1e-9));
+    }
+  }
+  CHECK(calib::parse_distortion_measure("answer-tv-span") == calib::DistortionMeasure::kAnswerTvSpan);
+  CHECK(calib::parse_distortion_measure("answer-kl-span") == calib::DistortionMeasure::kAnswerKlSpan);
+  CHECK(calib::answer_divergence(calib::DistortionMeasure::kAnswerKlSpan) == calib::AnswerDivergence::kKl);
+}

@@ -37,11 +37,12 @@ struct DeltaRuleOutput {
 
 // q, k [B, T, nv, dk] (already repeated over value heads), v [B, T, nv, dv], g (log decay) and
 // beta [B, T, nv]. q and k are l2-normalised in fp32 here, q scaled by dk^-1/2. Chunked form
-// (workspace O(T * chunk) per head, never T x T); `initial_state` [B, nv, dk, dv] or undefined.
+// (workspace O(T * chunk) per head, never T x T; a run shorter than `max_chunk` is one chunk);
+// `initial_state` [B, nv, dk, dv] or undefined.
 DeltaRuleOutput chunk_gated_delta_rule(const at::Tensor& q, const at::Tensor& k,
                                        const at::Tensor& v, const at::Tensor& g,
                                        const at::Tensor& beta, const at::Tensor& initial_state,
-                                       int64_t chunk = 64);
+                                       int64_t max_chunk = 64);
 // Token-by-token form HF uses for single-token cached decode. Same arguments.
 DeltaRuleOutput recurrent_gated_delta_rule(const at::Tensor& q, const at::Tensor& k,
                                            const at::Tensor& v, const at::Tensor& g,

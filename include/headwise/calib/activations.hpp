@@ -25,6 +25,9 @@ class ActivationStream {
   // Runs fn on every micro-batch without replacing it.
   void visit(const std::function<void(const at::Tensor&)>& fn);
   std::string placement_name() const { return on_device_ ? "device" : "host"; }
+  // A copy of every micro-batch's hidden states (where they live), and putting such a copy back.
+  std::vector<at::Tensor> copy() const;
+  void assign(const std::vector<at::Tensor>& hidden);
   int64_t bytes() const;
 
  private:

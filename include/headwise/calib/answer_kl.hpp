@@ -27,14 +27,21 @@ namespace headwise::calib {
 
 class ActivationStream;
 
-enum class DistortionMeasure { kBlockMse, kAnswerKl, kAnswerTv, kAnswerGrad };
+// answer-tv-span / answer-kl-span: the same divergences measured on the answer span against cached
+// layers (answer_span.hpp), at a cost that does not grow with depth; answer-tv-span is the default.
+enum class DistortionMeasure { kBlockMse, kAnswerKl, kAnswerTv, kAnswerGrad, kAnswerTvSpan, kAnswerKlSpan };
 
-// "block-mse", "answer-kl", "answer-tv" or "answer-grad"; InputError naming --distortion otherwise.
+// "block-mse", "answer-kl", "answer-tv", "answer-grad", "answer-tv-span" or "answer-kl-span";
+// InputError naming --distortion otherwise.
 DistortionMeasure parse_distortion_measure(const std::string& text);
 // The name parse_distortion_measure() reads.
 const char* distortion_measure_name(DistortionMeasure measure);
 // Whether the measure scores answer positions (and needs them).
 inline bool answer_aware(DistortionMeasure m) { return m != DistortionMeasure::kBlockMse; }
+// Whether the measure runs candidates on the answer span (answer_span.hpp).
+inline bool span_measure(DistortionMeasure m) {
+  return m == DistortionMeasure::kAnswerTvSpan || m == DistortionMeasure::kAnswerKlSpan;
+}
 
 // How the answer measures compare a run's next-token distribution q with the full model's p at
 // an answer position. KL(p || q) is unbounded: one needle the windows lose outright costs as
@@ -45,7 +52,8 @@ inline bool answer_aware(DistortionMeasure m) { return m != DistortionMeasure::k
 // lost needle costs at most 1, and keeping most needles exact is what pays.
 enum class AnswerDivergence { kKl, kTv };
 inline AnswerDivergence answer_divergence(DistortionMeasure m) {
-  return m == DistortionMeasure::kAnswerTv ? AnswerDivergence::kTv : AnswerDivergence::kKl;
+  return m == DistortionMeasure::kAnswerTv || m == DistortionMeasure::kAnswerTvSpan ? AnswerDivergence::kTv
+                                                                                   : AnswerDivergence::kKl;
 }
 // "answer KL" or "answer TV", as logs name the measured quantity.
 const char* divergence_label(AnswerDivergence divergence);

@@ -24,9 +24,12 @@ struct CalibrationRequest {
   std::string calib;  // empty: the built-in synthetic set
   int64_t samples = 8;
   std::string seq_len = "auto";  // auto: long enough to measure every finite ladder level
-  std::string distortion = "answer-tv";  // see AnswerDivergence: what wins on retrieval accuracy
+  // answer-tv-span: answer TV (what wins on retrieval accuracy, see AnswerDivergence) measured on the
+  // answer span, at a cost flat in depth (answer_span.hpp); answer-tv is the exact measure.
+  std::string distortion = "answer-tv-span";
+  int64_t span_margin = 8;  // answer-span measures: tokens of the span before the first answer
   bool independent_heads = false;
-  bool validate_measure = false;  // answer-grad against answer-kl, in the report
+  bool validate_measure = false;  // answer-grad / answer-*-span against the exact measure, in the report
   std::string extrapolate = "none";  // rule for levels the sequences cannot measure
   std::string keep_rules = "auto";  // window, window,h2o (heads may fill their slots with heavy hitters) or auto (keep_rules.hpp)
   int64_t prefill_chunk = 256;        // with h2o: the runtime's prefill chunk (H2O evicts after each)

@@ -25,6 +25,7 @@
 
 #include "headwise/arch/model.hpp"
 #include "headwise/calib/answer_kl.hpp"
+#include "headwise/calib/answer_span.hpp"
 #include "headwise/calib/seqcalib.hpp"
 #include "headwise/memory/memory_model.hpp"
 #include "headwise/policy/policy.hpp"
@@ -48,6 +49,10 @@ struct KeepRuleOptions {
   ActivationPlacement activations = ActivationPlacement::kAuto;
   bool conditioned = true;           // false: every layer measured on the full-KV stream
   AnswerDivergence divergence = AnswerDivergence::kTv;
+  // The answer-span measure (its reference done, on these sequences): trials run on the span, and the
+  // sequences may be this rank's shard (its evaluations sum over every rank). nullptr: the exact
+  // measure on every sequence.
+  AnswerSpan* span = nullptr;
 };
 
 struct KeepRuleLayer {
@@ -65,6 +70,9 @@ struct KeepRuleResult {
   std::vector<KeepRuleLayer> layers;
   int64_t evaluations = 0;
   double seconds = 0.0;
+  // The policy's end-to-end answer divergence (windows and rules) on the calibration sequences, read
+  // off the pass's final stream; -1 when not measured (the exact measure's pass).
+  double divergence_final = -1.0;
 };
 
 // `windows`: SeqCalib's decision (global layers). `answers[s]`: the answer positions of sequence s.

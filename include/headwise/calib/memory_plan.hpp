@@ -23,6 +23,10 @@ struct CalibrationShape {
   int64_t attention_chunk = 512;
   int64_t levels = 5;
   int64_t compute_element_size = 4;
+  // The answer-span measures keep every layer's cache of the calibration batch before the span
+  // (answer_span.hpp); the conditioned walk keeps copies of its stream for re-walks.
+  bool answer_span = false;
+  int64_t stream_checkpoint_limit_bytes = 0;
 };
 
 struct MemoryPlan {
@@ -31,6 +35,11 @@ struct MemoryPlan {
   int64_t activation_bytes = 0;  // all calibration hidden states
   int64_t micro_batch_bytes = 0;  // one micro-batch's hidden states and layer intermediates
   int64_t workspace_bytes = 0;    // attention scores and multi-window partials of one chunk
+  // Answer-span measures: every attention layer's K/V before the span (a sliding layer's window of
+  // them) and every recurrent/convolution state at its start, for all calibration sequences; an
+  // upper bound (the span starts before the last token).
+  int64_t answer_span_cache_bytes = 0;
+  int64_t stream_checkpoint_bytes = 0;  // the walk's kept streams, with the activations
   // Host memory, outside the peak: the mapped checkpoint pages of the layer being converted and of
   // the one being prefetched. They are page cache, which the kernel reclaims (and the loader
   // drops) under a memory limit, so they are resident when memory is free and cost nothing
@@ -47,6 +56,10 @@ struct MemoryPlan {
 
 MemoryPlan plan_calibration_memory(const arch::ModelSpec& spec, const io::Checkpoint& checkpoint,
                                    const CalibrationShape& shape, bool on_device, std::optional<int64_t> available);
+
+// The answer-span caches of `shape.samples` sequences (an upper bound: the whole sequence before
+// the span), in the compute dtype, as AnswerSpan keeps them.
+int64_t answer_span_cache_bytes(const arch::ModelSpec& spec, const CalibrationShape& shape);
 
 // Host memory this process may still use: MemAvailable of /proc/meminfo, lowered to the memory
 // cgroup's headroom (limit minus anonymous memory charged) when a limit is set; nullopt if unknown.

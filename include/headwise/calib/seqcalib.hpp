@@ -9,6 +9,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <limits>
 #include <map>
 #include <optional>
 #include <string>
@@ -29,10 +30,15 @@ using HeadBytesFn = std::function<int64_t(const arch::LayerSpec& layer, int64_t 
 enum class ActivationPlacement { kAuto, kDevice, kHost };
 
 struct WalkState;  // walk_state.hpp: the resume checkpoint's contents
+class AnswerSpan;  // answer_span.hpp
 
 // The probe pass only steers the walk's Lagrangian controller (its curves price the layers not
 // yet walked); the decisions come from the conditioned curves and the exact completion. Half the
 // sequences (rounded up) steer it as well and keep a whole run under two plain forwards.
+// The walk keeps copies of its stream entering global layers, up to this many bytes, so that a
+// re-walk starts at the highest unchanged layer instead of the embeddings.
+inline constexpr int64_t kStreamCheckpointLimitBytes = int64_t{1} << 30;
+
 int64_t default_probe_samples(int64_t sequences);
 
 // Sequences the probe pass uses: `requested` (clamped to what there is) or, when 0, the default.
@@ -65,6 +71,9 @@ struct SeqCalibOptions {
   // each global layer, for writing the resume checkpoint.
   const WalkState* resume = nullptr;
   std::function<void(const WalkState& state)> checkpoint;
+  // The answer-span measures: the measure (its reference forward done) on this rank's shard, shared
+  // with the keep-rules pass that follows; nullptr: run_seqcalib makes its own.
+  AnswerSpan* span = nullptr;
   // Data parallel (dist/collective.hpp): this process measures its shard of the sequences (its
   // micro-batches, dist::shard_sequences) and combines every sum with the other ranks, so each
   // rank takes the decisions a single process would. nullptr: one process.
@@ -99,6 +108,10 @@ struct MeasureCheck {
   std::vector<int64_t> windows;
   double predicted = 0.0;
   double measured = 0.0;
+  // Joint decisions of the span measure: the exact measure's own decision on the same stream and
+  // its exact added divergence (empty / NaN otherwise).
+  std::vector<int64_t> exact_windows;
+  double exact_measured = std::numeric_limits<double>::quiet_NaN();
 };
 
 struct MeasureValidation {
