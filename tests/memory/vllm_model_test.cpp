@@ -11,6 +11,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "../support/skip.hpp"
 #include "../test_configs.hpp"
 #include "headwise/core/error.hpp"
 #include "headwise/memory/vllm_model.hpp"
@@ -193,8 +194,7 @@ TEST_CASE("vLLM: capacity search and bad options", "[memory]") {
 TEST_CASE("vLLM: totals equal vLLM's own code when it is importable", "[memory]") {
   const char* python = std::getenv("HEADWISE_VLLM_PYTHON");
   if (python == nullptr || !has_builder("gemma3_text") || !has_builder("qwen3_next") || !has_builder("gpt_oss")) {
-    WARN("HEADWISE_VLLM_PYTHON is not set: the comparison with vLLM's code is skipped");
-    return;
+    HEADWISE_SKIP("HEADWISE_VLLM_PYTHON is not set: the comparison with vLLM's code needs vLLM");
   }
   const auto file = std::filesystem::temp_directory_path() / "headwise_vllm_cases.jsonl";
   std::vector<std::pair<std::string, int64_t>> ours;
@@ -239,8 +239,7 @@ TEST_CASE("vLLM: totals equal vLLM's own code when it is importable", "[memory]"
   }
   const int status = pclose(pipe);
   if (WEXITSTATUS(status) == 3) {
-    WARN("vLLM is not importable with " << python << ": the comparison is skipped");
-    return;
+    HEADWISE_SKIP(std::string("vLLM is not importable with ") + python);
   }
   REQUIRE(theirs.size() == ours.size());
   for (const auto& [name, bytes] : ours) {
