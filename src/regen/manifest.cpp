@@ -68,7 +68,7 @@ const std::set<std::string> kRequired = {"name", "model", "context", "budget", "
 const std::set<std::string> kOptional = {"calib", "samples", "seq_len", "block_size", "batch", "sink_tokens", "kv_dtype",
                                          "dtype", "device", "micro_batch", "probe_samples", "attention_chunk",
                                          "conditioning", "distortion", "joint_heads", "extrapolate", "keep_rules",
-                                         "prefill_chunk"};
+                                         "prefill_chunk", "state_dtype"};
 
 std::string resolve(const fs::path& base, const std::string& path) {
   const fs::path p(path);
@@ -123,6 +123,7 @@ ManifestEntry parse_entry(const YAML::Node& node, size_t index, std::string_view
   if (node["extrapolate"]) q.extrapolate = r.text(node, "extrapolate");
   if (node["keep_rules"]) q.keep_rules = r.text(node, "keep_rules");
   if (node["prefill_chunk"]) q.prefill_chunk = r.integer(node, "prefill_chunk");
+  if (node["state_dtype"]) q.state_dtype = r.text(node, "state_dtype");
   return e;
 }
 

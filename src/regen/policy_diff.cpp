@@ -76,6 +76,10 @@ std::vector<std::string> diff_policies(const policy::Policy& a, const policy::Po
   field(out, "context", a.context, b.context);
   field(out, "batch", a.batch, b.batch);
   field(out, "dtype", std::string(dtype_name(a.dtype)), std::string(dtype_name(b.dtype)));
+  const auto state = [](const policy::Policy& p) {
+    return p.state_dtype ? std::string(dtype_name(*p.state_dtype)) : std::string("(absent: native)");
+  };
+  field(out, "state_dtype", state(a), state(b));
   field(out, "block_size", a.block_size, b.block_size);
   field(out, "sink_tokens", a.sink_tokens, b.sink_tokens);
   field(out, "window_levels", levels(a.window_levels), levels(b.window_levels));

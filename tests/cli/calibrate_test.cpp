@@ -136,6 +136,39 @@ TEST_CASE("calibrate: a budget at full KV gives full everywhere", "[cli]") {
   }
 }
 
+TEST_CASE("calibrate --state-dtype: float32 by default, in the policy and its bytes; native writes no field", "[cli]") {
+  // A bf16 checkpoint: its conv states are bf16 natively, so the choice moves the bytes.
+  TempDir dir("calibrate-states");
+  const std::string model = std::string(HEADWISE_FIXTURES_DIR) + "/qwen3_next_tiny_bf16";
+  const auto calibrated = [&](const std::string& name, const std::string& state_dtype) {
+    const auto run = run_cli(with({{"--model", model}, {"--budget", "1m"}, {"--state-dtype", state_dtype},
+                                   {"-o", (dir / (name + ".yaml")).string()}}));
+    INFO(run.err);
+    REQUIRE(run.status == 0);
+    return policy::read_policy(dir / (name + ".yaml"));
+  };
+  const policy::Policy fp32 = calibrated("fp32", ""), bf16 = calibrated("bf16", "bfloat16"), native = calibrated("native", "native");
+  CHECK(fp32.state_dtype == DType::kFloat32);
+  CHECK(read_text_file(dir / "fp32.yaml").find("\nstate_dtype: float32\n") != std::string::npos);
+  CHECK(bf16.state_dtype == DType::kBFloat16);
+  CHECK_FALSE(native.state_dtype.has_value());
+  CHECK(read_text_file(dir / "native.yaml").find("state_dtype") == std::string::npos);
+  // Natively: conv states bf16, recurrent float32; float32 doubles the conv part, bf16 halves the rest.
+  const int64_t f = fp32.memory.components.linear_state_bytes, b = bf16.memory.components.linear_state_bytes,
+                n = native.memory.components.linear_state_bytes;
+  CHECK(f == 2 * b);
+  CHECK(n > b);
+  CHECK(n < f);
+  for (const auto* p : {&fp32, &bf16, &native}) {
+    const auto est = run_cli("mem-estimate --config " + (dir / (p == &fp32 ? "fp32.yaml" : p == &bf16 ? "bf16.yaml" : "native.yaml")).string() + " --json -q");
+    REQUIRE(est.status == 0);
+    CHECK(nlohmann::json::parse(est.out).at("total_bytes") == p->memory.total_bytes);
+  }
+  // The state dtype is an input: each policy records its own inputs_sha256.
+  CHECK(fp32.calibration["inputs_sha256"] != native.calibration["inputs_sha256"]);
+  CHECK(fp32.calibration["inputs_sha256"] != bf16.calibration["inputs_sha256"]);
+}
+
 TEST_CASE("calibrate refuses bad input with one line and writes nothing", "[cli]") {
   TempDir dir("calibrate");
   const auto out = (dir / "p.yaml").string();
@@ -162,6 +195,8 @@ TEST_CASE("calibrate refuses bad input with one line and writes nothing", "[cli]
       {with({{"--keep-rules", "h2o"}, {"-o", out}}), 1, "--keep-rules"},
       {with({{"--keep-rules", "window,h2o"}, {"--distortion", "block-mse"}, {"-o", out}}), 1, "--keep-rules"},
       {with({{"--prefill-chunk", "0"}, {"-o", out}}), 1, "--prefill-chunk"},
+      {with({{"--state-dtype", "int8"}, {"-o", out}}), 1, "--state-dtype"},
+      {with({{"--state-dtype", "fp8"}, {"-o", out}}), 1, "--state-dtype"},
   };
   for (const auto& c : cases) {
     INFO(c.args);

@@ -74,6 +74,50 @@ TEST_CASE("policy round-trips and writes byte-identically", "[policy]") {
   for (const char* name : {"a.yaml", "b.yaml"}) std::filesystem::remove(dir / name);
 }
 
+TEST_CASE("state_dtype: absent means native (as before the field), present is written and priced", "[policy]") {
+  // A policy written before the field (sample_policy has none): it reads, writes back byte for
+  // byte without the field, and its memory is each state's native dtype (bamba: conv states in
+  // the checkpoint's bf16, SSM state float32).
+  const policy::Policy native = sample_policy();
+  const std::string text = policy::to_yaml(native);
+  CHECK(text.find("state_dtype") == std::string::npos);
+  const policy::Policy read_native = policy::from_yaml(text, "old.yaml");
+  CHECK_FALSE(read_native.state_dtype.has_value());
+  CHECK_FALSE(read_native.memory_options().state_dtype.has_value());
+  CHECK(policy::to_yaml(read_native) == text);
+
+  const auto spec = spec_from_config("bamba_tiny.json");
+  for (const DType d : {DType::kFloat32, DType::kBFloat16, DType::kFloat16}) {
+    INFO(dtype_name(d));
+    policy::Policy p = sample_policy();
+    p.state_dtype = d;
+    policy::fill_memory(p, spec);
+    const std::string yaml = policy::to_yaml(p);
+    CHECK(yaml.find(fmt::format("dtype: bfloat16\nstate_dtype: {}\n", dtype_name(d))) != std::string::npos);
+    const policy::Policy q = policy::from_yaml(yaml, "p.yaml");
+    CHECK(q.state_dtype == d);
+    CHECK(q.memory_options().state_dtype == d);
+    CHECK(policy::to_yaml(q) == yaml);
+    policy::validate_against_model(q, spec, "p.yaml");
+    // Every state at the policy's dtype: two mamba layers, batch 2.
+    int64_t per_sequence = 0;
+    for (const auto& s : spec.layer(0).states) per_sequence += s.bytes_per_sequence() / element_size(s.dtype) * element_size(d);
+    CHECK(p.memory.components.ssm_state_bytes == 2 * 2 * per_sequence);
+    // The memory block is checked against the field: the native figures are stale here.
+    if (p.memory.components.ssm_state_bytes != native.memory.components.ssm_state_bytes) {
+      CHECK_THROWS_WITH(policy::validate_against_model(policy::from_yaml(replace(text, "dtype: bfloat16\n",
+                                                                              fmt::format("dtype: bfloat16\nstate_dtype: {}\n", dtype_name(d))),
+                                                                      "p.yaml"),
+                                                       spec, "p.yaml"),
+                        Catch::Contains("memory.total_bytes"));
+    }
+  }
+  CHECK_THROWS_WITH(policy::from_yaml(replace(text, "dtype: bfloat16\n", "dtype: bfloat16\nstate_dtype: int8\n"), "p.yaml"),
+                    Catch::Contains("p.yaml: state_dtype") && Catch::Contains("not a state dtype"));
+  CHECK_THROWS_WITH(policy::from_yaml(replace(text, "dtype: bfloat16\n", "dtype: bfloat16\nstate_dtype: native\n"), "p.yaml"),
+                    Catch::Contains("state_dtype"));  // native is spelled by leaving the field out
+}
+
 TEST_CASE("memory block equals the memory model", "[policy]") {
   const policy::Policy p = sample_policy();
   // layer 1: window 256 + 4 sinks → 272 slots; full → 4096; layer 3: 1024 + 4 → 1040 (block 16)
