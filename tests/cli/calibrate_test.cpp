@@ -229,6 +229,26 @@ TEST_CASE("calibrate --keep-rules window,h2o: rules in the policy, bookkeeping i
     CHECK(layer.at("divergence_chosen").get<double>() <= layer.at("divergence_windows").get<double>());
     CHECK(layer.at("kv_head_rules").size() == 2);
   }
+  // Heavy hitters must win somewhere here (32-token slots on 96-token sequences: every layer's
+  // heads evict; measured: layer 1 both heads h2o, layer 3 head 0), or the case tests nothing of
+  // the rule: the policy lists them, the report agrees head for head, a layer that took h2o
+  // lowered its answer divergence strictly, and the bookkeeping is in the bytes.
+  int64_t h2o_heads = 0;
+  for (size_t l = 0; l < p.per_layer_policies.size(); ++l) {
+    const auto& lp = p.per_layer_policies[l];
+    INFO("layer " << lp.layer_id << ": " << layers[l].dump());
+    REQUIRE(lp.kv_head_rules.size() == 2);
+    bool layer_h2o = false;
+    for (size_t h = 0; h < 2; ++h) {
+      const bool h2o = lp.kv_head_rules[h] == policy::KeepRule::kH2O;
+      CHECK(layers[l].at("kv_head_rules")[h] == (h2o ? "h2o" : "window"));
+      h2o_heads += h2o ? 1 : 0;
+      layer_h2o = layer_h2o || h2o;
+    }
+    if (layer_h2o) CHECK(layers[l].at("divergence_chosen").get<double>() < layers[l].at("divergence_windows").get<double>());
+  }
+  CHECK(h2o_heads >= 1);
+  CHECK(p.memory.components.selection_state_bytes > 0);
   // mem-estimate reads the same bytes back, and forward serves the policy (h2o layers evicting).
   const auto est = run_cli("mem-estimate --config " + out.string() + " --json -q");
   REQUIRE(est.status == 0);
