@@ -82,8 +82,8 @@ bool compare(const regen::ManifestEntry& entry, const calib::CalibrationOutcome&
     const policy::Policy committed = policy::from_yaml(committed_text, entry.output.string());
     if (const auto gap = regen::distortion_noise_only(committed, committed_text, produced.policy, produced.policy_yaml)) {
       if (!quiet) {
-        std::cout << fmt::format("{}: {} is up to date (expected_distortion within {:.1e} relative of this machine's "
-                                 "measurement: float noise, not a change)\n",
+        std::cout << fmt::format("{}: {} is up to date (expected_distortion within {:.1e} of its layer's scale of this "
+                                 "machine's measurement: float noise, not a change)\n",
                                  entry.name, entry.output.string(), *gap);
       }
       return true;

@@ -32,9 +32,11 @@ struct Run {
   std::string err;
 };
 
-Run run_cli(const std::string& args, const fs::path& scratch) {
+// `env`: assignments put before the command ("OMP_NUM_THREADS=4").
+Run run_cli(const std::string& args, const fs::path& scratch, const std::string& env = "") {
   const fs::path err_file = scratch / "stderr.txt";
-  const std::string command = std::string(HEADWISE_CLI) + " " + args + " 2>" + err_file.string();
+  const std::string command = (env.empty() ? "" : "env " + env + " ") + std::string(HEADWISE_CLI) + " " + args + " 2>" +
+                              err_file.string();
   Run r;
   FILE* pipe = popen(command.c_str(), "r");
   REQUIRE(pipe != nullptr);
@@ -310,6 +312,23 @@ TEST_CASE("eval --jobs 2 gives the figures of --jobs 1 and runs a repeated metho
   }
   CHECK(reused == expected);
   CHECK(parallel.err.find("2 jobs at 1 intra-op thread each") != std::string::npos);
+
+  // The thread count must not matter either: --jobs 1 at 4 and 16 intra-op threads, --jobs 2 at
+  // 2 threads each (what a 4-core machine runs by default), give the 1-thread figures (eval's
+  // sums are thread-count free and small GEMMs run on one MKL thread: core/reproducible_math).
+  for (const auto& [jobs, threads] : std::vector<std::pair<std::string, std::string>>{{"1", "4"}, {"1", "16"}, {"2", "4"}}) {
+    INFO("--jobs " << jobs << " at OMP_NUM_THREADS=" << threads);
+    const Run r = run_cli(common + " --quiet --jobs " + jobs, tmp.path(), "OMP_NUM_THREADS=" + threads);
+    REQUIRE(r.status == 0);
+    auto c = nlohmann::json::parse(r.out).at("evaluations");
+    for (auto& e : c) {
+      for (auto& m : e["methods"]) {
+        m.erase("prefill_tokens_per_s");
+        m.erase("decode_tokens_per_s");
+      }
+    }
+    CHECK(c == a);
+  }
 }
 
 TEST_CASE("eval bad input: one line naming the flag, non-zero exit", "[runtime]") {
