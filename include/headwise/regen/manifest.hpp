@@ -48,7 +48,25 @@ struct Manifest {
   std::filesystem::path path;
   std::filesystem::path folder;  // absolute; read_manifest's relative paths start here
   std::vector<ManifestEntry> entries;
+  // Entry names `regen --check` recalibrates; nullopt (no key): every entry.
+  std::optional<std::vector<std::string>> recalibrate_on_check;
+
+  // Whether `regen --check` recalibrates `name` (else: its fingerprint is checked).
+  bool recalibrated_on_check(const std::string& name) const;
 };
+
+// What an entry's calibration runs, for the coverage rule of recalibrate_on_check: the resolved
+// distortion measure, keep rules and method ("answer-tv", "window,h2o", "seqcalib").
+struct CalibrationKind {
+  std::string measure;
+  std::string keep_rules;
+  std::string method;
+};
+CalibrationKind calibration_kind(const calib::CalibrationRequest& request);
+
+// InputError (naming the manifest, the key and the uncovered value with the entries that use it)
+// when recalibrate_on_check leaves a measure, keep-rules choice or method of some entry uncovered.
+void check_recalibration_coverage(const Manifest& manifest);
 
 // `where` names the source in errors; relative paths are joined to `base` (empty: kept as
 // written, relative to the manifest's folder).
