@@ -7,6 +7,7 @@
 #include <map>
 #include <nlohmann/json.hpp>
 
+#include "../support/test_paths.hpp"
 #include "../support/temp_dir.hpp"
 #include "headwise/calib/calibration_job.hpp"
 #include "headwise/core/files.hpp"

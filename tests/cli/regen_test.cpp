@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <regex>
 
+#include "../support/test_paths.hpp"
 #include "../arch/fixture_reference.hpp"
 #include "cli_helpers.hpp"
 #include "headwise/arch/registry.hpp"

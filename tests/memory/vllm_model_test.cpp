@@ -11,6 +11,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "../support/test_paths.hpp"
 #include "../support/skip.hpp"
 #include "../test_configs.hpp"
 #include "headwise/core/error.hpp"
@@ -226,7 +227,7 @@ TEST_CASE("vLLM: totals equal vLLM's own code when it is importable", "[memory]"
       ours.emplace_back(name, e.total_bytes);
     }
   }
-  const std::string cmd = std::string(python) + " " + HEADWISE_SOURCE_DIR "/tools/vllm_reference.py < " + file.string() +
+  const std::string cmd = std::string(python) + " " + HEADWISE_SOURCE_DIR + "/tools/vllm_reference.py < " + file.string() +
                           " 2>/dev/null";
   FILE* pipe = popen(cmd.c_str(), "r");
   REQUIRE(pipe != nullptr);

@@ -12,6 +12,7 @@
 #include <random>
 #include <set>
 
+#include "../support/test_paths.hpp"
 #include "../arch/fixture_reference.hpp"
 #include "../test_configs.hpp"
 #include "headwise/calib/seqcalib.hpp"

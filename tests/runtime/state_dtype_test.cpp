@@ -8,6 +8,7 @@
 #include <ATen/CPUGeneratorImpl.h>
 #include <c10/core/InferenceMode.h>
 
+#include "../support/test_paths.hpp"
 #include "../arch/fixture_reference.hpp"
 #include "headwise/runtime/decoder.hpp"
 
