@@ -219,8 +219,8 @@ void check_recalibration_coverage(const Manifest& manifest) {
     if (!use.covered) uncovered.push_back(fmt::format("{} '{}' (used by {})", key.first, key.second, fmt::join(use.everywhere, ", ")));
   }
   if (!uncovered.empty()) {
-    throw_input_error("{}: recalibrate_on_check: no entry it names calibrates with {}: add one entry for each, so "
-                      "regen --check runs that code",
+    throw_input_error("{}: recalibrate_on_check: no entry it names calibrates with {}: list under recalibrate_on_check "
+                      "one entry that uses each of these, so regen --check runs that code",
                       manifest.path.string(), fmt::join(uncovered, "; "));
   }
 }

@@ -236,7 +236,9 @@ TEST_CASE("recalibrate_on_check names entries and covers every measure, keep-rul
   CHECK_FALSE(m.recalibrated_on_check("b"));
   CHECK(regen::parse_manifest(entries, "m.yaml", fs::path()).recalibrated_on_check("b"));  // no key: all
   CHECK(regen::calibration_kind(m.entries[0].request).keep_rules == "window,h2o");  // auto under answer-kl
-  CHECK(regen::calibration_kind(m.entries[1].request).measure == "answer-tv");       // the default measure
+  // b and c name no measure: they use calibrate's default, whatever it is at the time.
+  const std::string default_measure = calib::CalibrationRequest{}.distortion;
+  CHECK(regen::calibration_kind(m.entries[1].request).measure == default_measure);
 
   // a: answer-kl + window,h2o; b: answer-tv + window; c: answer-tv + window, unconditioned.
   CHECK(coverage_error("recalibrate_on_check: [a, b, c]\n") == "(accepted)");
@@ -244,6 +246,12 @@ TEST_CASE("recalibrate_on_check names entries and covers every measure, keep-rul
   CHECK_THAT(coverage_error("recalibrate_on_check: [a, b]\n"),
              Catch::Contains("recalibrate_on_check") && Catch::Contains("method 'unconditioned' (used by c)"));
   CHECK_THAT(coverage_error("recalibrate_on_check: [b, c]\n"), Catch::Contains("distortion measure 'answer-kl' (used by a)"));
+  // A new default measure leaves every entry without `distortion:` uncovered until one of them
+  // is listed: the error names the measure, the entries that use it and what to do.
+  CHECK_THAT(coverage_error("recalibrate_on_check: [a]\n"),
+             Catch::Contains("m.yaml: recalibrate_on_check: no entry it names calibrates with distortion measure '" +
+                             default_measure + "' (used by b, c)") &&
+                 Catch::Contains("list under recalibrate_on_check one entry that uses each of these"));
   CHECK_THAT(coverage_error("recalibrate_on_check: [c]\n"),  // every uncovered value, in one line
              Catch::Contains("distortion measure 'answer-kl' (used by a)") &&
                  Catch::Contains("keep rules 'window,h2o' (used by a)"));
