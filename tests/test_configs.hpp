@@ -5,6 +5,7 @@
 #include <string>
 #include <vector>
 
+#include "support/test_paths.hpp"
 #include "headwise/arch/registry.hpp"
 #include "headwise/core/files.hpp"
 

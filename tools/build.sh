@@ -1,9 +1,18 @@
 #!/usr/bin/env bash
-# Configures and builds headwise into build/ (build/bin/headwise-calc, build/bin/headwise-tests).
+# Configures and builds headwise into build/: every target (build/bin/headwise-calc, the test
+# binary), or only the targets named (`tools/build.sh headwise-calc`: the CLI and its library).
+# With ccache installed, compiles go through it with the clone as its base dir, so a fresh clone
+# reuses an earlier clone's objects (set CMAKE_CXX_COMPILER_LAUNCHER= to build without it).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
 "$root/tools/setup.sh"
 jobs=${HEADWISE_JOBS:-$(nproc)}
+if [[ -z ${CMAKE_CXX_COMPILER_LAUNCHER+set} ]] && command -v ccache >/dev/null; then
+  # Read by CMake at the first configure of build/ only.
+  export CMAKE_CXX_COMPILER_LAUNCHER=ccache CMAKE_CUDA_COMPILER_LAUNCHER=ccache
+fi
+# Paths under the clone hash as relative ones: the same sources hit in any checkout.
+export CCACHE_BASEDIR=${CCACHE_BASEDIR:-$root}
 cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release >/dev/null
-ninja -C build -j "$jobs"
+ninja -C build -j "$jobs" "$@"

@@ -16,17 +16,20 @@ A layer's `update` does not return all keys: it returns the new keys tagged with
 the `headwise` attention function (attention.py) attends each group's queries over what the
 group holds plus the new keys under the visible-keys rule (include/headwise/arch/visible_keys.hpp),
 then writes the new keys into the rings. Attending before writing keeps chunks longer than a ring
-exact (runtime/cached_attention.cpp does the same). Other layers are transformers' own.
+exact (runtime/cached_attention.cpp does the same). Other layers are transformers' own, except that
+linear-attention/conv layers keep their states in the policy's `state_dtype` (the runtime decoder's
+rule: a state is stored, so rounded, at the end of every forward call and read back from there).
 """
 from __future__ import annotations
 
+import json
 import os
 import warnings
 from typing import Optional
 
 import torch
 from transformers import DynamicCache
-from transformers.cache_utils import CacheLayerMixin
+from transformers.cache_utils import CacheLayerMixin, LinearAttentionCacheLayerMixin
 
 from .policy import FULL, Policy, PolicyError, config_sha256, head_slots, read_policy
 
@@ -299,6 +302,57 @@ class HeadwiseLayer(CacheLayerMixin):
         return f"HeadwiseLayer(layer={self.layer_id}, windows=[{ws}], sinks={self.sinks})"
 
 
+def _round_states_into(layer) -> None:
+    """Reallocates `layer`'s freshly initialised state buffers in its headwise state dtypes."""
+    for states, dtype in ((layer.conv_states, layer._headwise_conv_dtype),
+                          (layer.recurrent_states, layer._headwise_recurrent_dtype)):
+        for i, t in states.items():
+            if t is not None and dtype is not None and t.dtype != dtype:
+                states[i] = t.to(dtype)
+
+
+_STATE_LAYER_CLASSES: dict = {}
+
+
+def _keep_states_in(layer, conv_dtype: Optional[torch.dtype], recurrent_dtype: Optional[torch.dtype]) -> None:
+    """Keeps a transformers linear-attention cache layer's conv and recurrent states in given dtypes
+    (None: as transformers allocates it), before its first update.
+
+    transformers allocates each state buffer at its first update in the dtype of that update's
+    tensor and copies every later state into it; allocating the buffer in the policy's dtype
+    instead makes that copy the rounding point, once per forward call (prefill chunk or decode
+    step), as headwise's runtime decoder stores its states. The layer keeps its object (and
+    everything transformers set on it) and gets a subclass that adds only that reallocation."""
+    cls = type(layer)
+    if cls not in _STATE_LAYER_CLASSES:
+        def lazy_initialization(self, *args, **kwargs):
+            cls.lazy_initialization(self, *args, **kwargs)
+            _round_states_into(self)
+
+        _STATE_LAYER_CLASSES[cls] = type(f"HeadwiseStates{cls.__name__}", (cls,),
+                                         {"lazy_initialization": lazy_initialization})
+    layer.__class__ = _STATE_LAYER_CLASSES[cls]
+    layer._headwise_conv_dtype = conv_dtype
+    layer._headwise_recurrent_dtype = recurrent_dtype
+
+
+def _declared_dtype(model_dir: Optional[str], config) -> torch.dtype:
+    """The checkpoint's dtype as its config.json declares it (`dtype` / `torch_dtype`, else bfloat16),
+    as headwise reads it; transformers' loaded config says the dtype it was loaded in instead, which
+    is only the fallback when the model did not come from a folder."""
+    declared = None
+    if model_dir and os.path.isfile(os.path.join(model_dir, "config.json")):
+        with open(os.path.join(model_dir, "config.json"), encoding="utf-8") as f:
+            doc = json.load(f)
+        declared = next((doc[k] for k in ("dtype", "torch_dtype") if isinstance(doc.get(k), str) and doc[k] != "auto"),
+                        "bfloat16")
+    else:
+        declared = getattr(config, "dtype", None) or "bfloat16"
+    if isinstance(declared, torch.dtype):
+        return declared
+    return getattr(torch, str(declared).replace("torch.", ""))
+
+
 def _model_dir(model) -> Optional[str]:
     path = getattr(getattr(model, "config", None), "_name_or_path", None) or getattr(model, "name_or_path", None)
     return path if path and os.path.isdir(path) else None
@@ -311,7 +365,8 @@ class HeadwiseCache(DynamicCache):
     with any transformers cache (pass it as `past_key_values` to `model(...)` or `model.generate`).
     """
 
-    def __init__(self, policy: Policy, config, *, preallocate: bool = False, allow_beyond_context: bool = False):
+    def __init__(self, policy: Policy, config, *, preallocate: bool = False, allow_beyond_context: bool = False,
+                 checkpoint_dtype: Optional[torch.dtype] = None):
         super().__init__(config=config)
         text = config.get_text_config(decoder=True)
         self.policy = policy
@@ -329,6 +384,15 @@ class HeadwiseCache(DynamicCache):
             self.layers[layer_id] = HeadwiseLayer(layer_id, windows, policy, preallocate=preallocate,
                                                   allow_beyond_context=allow_beyond_context,
                                                   attn_check=self._check_attention)
+        # States: the policy's state_dtype; without one (native), conv states in the checkpoint's
+        # dtype and recurrent states as the model's rule returns them (float32 for gated DeltaNet),
+        # which is what headwise allocates for them (arch::StateTensorSpec).
+        state = policy.state_torch_dtype
+        native_conv = checkpoint_dtype or _declared_dtype(None, text)
+        conv, recurrent = (state, state) if state is not None else (native_conv, None)
+        for layer in self.layers:
+            if isinstance(layer, LinearAttentionCacheLayerMixin):
+                _keep_states_in(layer, conv, recurrent)
 
     def _check_attention(self):
         if self._config._attn_implementation != "headwise":
@@ -348,8 +412,8 @@ class HeadwiseCache(DynamicCache):
         from .attention import install
 
         policy = policy_path if isinstance(policy_path, Policy) else read_policy(policy_path)
+        model_dir = _model_dir(model)
         if check_fingerprint:
-            model_dir = _model_dir(model)
             actual = config_sha256(model_dir) if model_dir else None
             if actual is None:
                 warnings.warn(f"HeadwiseCache: cannot check {policy.path}'s model fingerprint (the model was not "
@@ -358,7 +422,8 @@ class HeadwiseCache(DynamicCache):
                 raise PolicyError(f"{policy.path}: model_fingerprint.config_sha256 does not match "
                                   f"{os.path.join(model_dir, 'config.json')} (a policy for another model)")
         install(model)
-        return cls(policy, model.config, preallocate=preallocate, allow_beyond_context=allow_beyond_context)
+        return cls(policy, model.config, preallocate=preallocate, allow_beyond_context=allow_beyond_context,
+                   checkpoint_dtype=_declared_dtype(model_dir, model.config.get_text_config(decoder=True)))
 
     def headwise_layers(self) -> list[HeadwiseLayer]:
         return [l for l in self.layers if isinstance(l, HeadwiseLayer)]

@@ -1,7 +1,7 @@
 """Reading a headwise policy (policy.yaml, schema headwise/policy/v1) for the transformers cache.
 
-Only what the cache needs is read: the serving shape (context, dtype, block size, sink tokens),
-the model fingerprint and each global layer's per-KV-head windows. headwise's C++ reader is the
+Only what the cache needs is read: the serving shape (context, dtype, state dtype, block size,
+sink tokens), the model fingerprint and each global layer's per-KV-head windows. headwise's C++ reader is the
 strict one; this one checks what would make the cache wrong.
 """
 from __future__ import annotations
@@ -24,6 +24,8 @@ _DTYPES = {
     "float8_e4m3fn": getattr(torch, "float8_e4m3fn", None),
     "float8_e5m2": getattr(torch, "float8_e5m2", None),
 }
+# The dtypes a policy may keep its recurrent/conv states in (headwise's policy::parse_state_dtype).
+_STATE_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 class PolicyError(ValueError):
@@ -41,6 +43,10 @@ class Policy:
     dtype: str
     block_size: int
     sink_tokens: int
+    # The dtype every recurrent/conv state is kept in between forward calls; None when the policy
+    # has no `state_dtype` (made before the field: each state in its native dtype, i.e. conv states
+    # in the checkpoint's dtype, recurrent/SSM states as the model's own rule returns them).
+    state_dtype: Optional[str]
     # layer id -> one window per KV head (None = full)
     windows: dict[int, list[Optional[int]]]
     memory: dict
@@ -48,6 +54,10 @@ class Policy:
     @property
     def kv_dtype(self) -> torch.dtype:
         return _DTYPES[self.dtype]
+
+    @property
+    def state_torch_dtype(self) -> Optional[torch.dtype]:
+        return None if self.state_dtype is None else _STATE_DTYPES[self.state_dtype]
 
 
 def _window(value, where: str) -> Optional[int]:
@@ -78,6 +88,9 @@ def read_policy(path: str | os.PathLike) -> Policy:
     dtype = field("dtype", str)
     if _DTYPES.get(dtype) is None:
         raise PolicyError(f"{path}: dtype: {dtype} is not a KV dtype this torch has ({', '.join(k for k, v in _DTYPES.items() if v is not None)})")
+    state_dtype = doc.get("state_dtype")
+    if state_dtype is not None and state_dtype not in _STATE_DTYPES:
+        raise PolicyError(f"{path}: state_dtype: {state_dtype!r} is not a state dtype ({', '.join(_STATE_DTYPES)})")
     context, block, sinks = field("context", int), field("block_size", int), field("sink_tokens", int)
     if context <= 0 or block <= 0 or sinks < 0:
         raise PolicyError(f"{path}: context, block_size must be positive and sink_tokens >= 0")
@@ -103,6 +116,7 @@ def read_policy(path: str | os.PathLike) -> Policy:
         dtype=dtype,
         block_size=block,
         sink_tokens=sinks,
+        state_dtype=state_dtype,
         windows=windows,
         memory=dict(doc.get("memory") or {}),
     )

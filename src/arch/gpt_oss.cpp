@@ -16,6 +16,7 @@
 #include "headwise/arch/rope_params.hpp"
 #include "headwise/arch/state_shapes.hpp"
 #include "headwise/core/error.hpp"
+#include "headwise/core/reproducible_math.hpp"
 #include "headwise/io/checkpoint.hpp"
 
 namespace headwise::arch {
@@ -200,6 +201,9 @@ class GptOssModel final : public DecoderModel {
       const auto where = at::where(top_experts.transpose(0, 1).eq(e));
       const at::Tensor& slot = where[0];
       const at::Tensor& token = where[1];
+      // A few tokens per expert: small products, pinned to one MKL thread (reproducible_math.hpp).
+      const SmallGemmOnOneThread pinned(token.size(0), std::min(gate_up_proj[e].size(-1), down_proj[e].size(-1)),
+                                        flat.is_cpu());
       const at::Tensor gate_up =
           at::matmul(flat.index_select(0, token), gate_up_proj[e]) + gate_up_bias[e];
       const at::Tensor gate = gate_up.slice(-1, 0, c10::nullopt, 2).clamp_max(limit);

@@ -14,6 +14,7 @@
 #include "headwise/arch/registry.hpp"
 #include "headwise/arch/state_shapes.hpp"
 #include "headwise/core/error.hpp"
+#include "headwise/core/reproducible_math.hpp"
 
 namespace headwise::arch {
 namespace {
@@ -237,8 +238,12 @@ class JambaModel final : public DecoderModel {
     const at::Tensor C = rms_norm(parts[2], layer_tensor(layer, "mamba.c_layernorm.weight"), eps,
                                   NormStyle::kScaleAfterCast);
     // HF: dt_proj.weight @ dt^T (the bias is added inside the scan, in fp32, before the softplus).
-    at::Tensor dt =
-        at::matmul(layer_tensor(layer, "mamba.dt_proj.weight"), time_step.transpose(1, 2));
+    const at::Tensor& dt_proj = layer_tensor(layer, "mamba.dt_proj.weight");
+    at::Tensor dt;
+    {
+      const SmallGemmOnOneThread pinned(dt_proj.size(0), time_step.size(1), time_step.is_cpu());  // per sequence
+      dt = at::matmul(dt_proj, time_step.transpose(1, 2));
+    }
     dt = at::softplus(dt + layer_tensor(layer, "mamba.dt_proj.bias")
                                .to(at::kFloat)
                                .to(dt.scalar_type())

@@ -1,8 +1,54 @@
 #include "headwise/arch/ops.hpp"
 
+#include <ATen/core/grad_mode.h>
+#include <torch/csrc/autograd/custom_function.h>
+
 #include "headwise/core/error.hpp"
+#include "headwise/core/reproducible_math.hpp"
 
 namespace headwise::arch {
+namespace {
+
+int64_t rows_of(const at::Tensor& t) { return t.numel() / std::max<int64_t>(t.size(-1), 1); }
+
+at::Tensor pinned_linear(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias) {
+  // Small products on one MKL thread: their bits would depend on the thread count otherwise.
+  const SmallGemmOnOneThread pinned(rows_of(x), weight.size(0), x.is_cpu());
+  return bias.defined() ? at::linear(x, weight, bias) : at::linear(x, weight);
+}
+
+// at::linear whose backward products are pinned like its forward: answer-grad and duo's gate
+// training back-propagate through the layers, and autograd's own linear backward would run
+// grad @ weight ([tokens, in]: small on small models) on every MKL thread. The bias is a constant
+// (nothing here trains one; linear() does not take this path for a bias that needs a gradient).
+struct PinnedLinear : public torch::autograd::Function<PinnedLinear> {
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x, const at::Tensor& weight,
+                            const std::optional<at::Tensor>& bias) {
+    ctx->save_for_backward({x, weight});
+    return pinned_linear(x, weight, bias.value_or(at::Tensor()));
+  }
+
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    const at::Tensor& x = saved[0];
+    const at::Tensor& weight = saved[1];
+    const at::Tensor& g = grads[0];
+    at::Tensor gx, gw;
+    if (ctx->needs_input_grad(0)) {
+      const SmallGemmOnOneThread pinned(rows_of(g), weight.size(1), g.is_cpu());
+      gx = at::matmul(g, weight);
+    }
+    const at::Tensor g2 = g.reshape({-1, g.size(-1)});
+    if (ctx->needs_input_grad(1)) {
+      const SmallGemmOnOneThread pinned(weight.size(0), weight.size(1), g.is_cpu());
+      gw = at::matmul(g2.t(), x.reshape({-1, x.size(-1)}));
+    }
+    return {gx, gw, at::Tensor()};
+  }
+};
+
+}  // namespace
 
 at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps, NormStyle style) {
   const at::ScalarType dtype = x.scalar_type();
@@ -49,7 +95,10 @@ at::Tensor apply_rotary(const at::Tensor& x, const RotaryTable& table) {
 }
 
 at::Tensor linear(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias) {
-  return bias.defined() ? at::linear(x, weight, bias) : at::linear(x, weight);
+  if (bias.defined() && bias.requires_grad()) return at::linear(x, weight, bias);  // never in headwise
+  const bool tracked = at::GradMode::is_enabled() && (x.requires_grad() || weight.requires_grad());
+  if (!tracked) return pinned_linear(x, weight, bias);
+  return PinnedLinear::apply(x, weight, bias.defined() ? std::optional<at::Tensor>(bias) : std::nullopt);
 }
 
 at::Tensor pre_norm_residual(const at::Tensor& x, const at::Tensor& first_norm, const at::Tensor& second_norm,

@@ -19,6 +19,7 @@
 #include "headwise/arch/attention.hpp"
 #include "headwise/calib/activations.hpp"
 #include "headwise/core/error.hpp"
+#include "headwise/core/reproducible_math.hpp"
 #include "headwise/measure/multiwindow.hpp"
 
 namespace headwise::calib {
@@ -178,7 +179,7 @@ AnswerSensitivity::Slots AnswerSensitivity::answer_slots(int64_t micro_batch,
   }
   const at::Tensor slot_of = at::tensor(slots.slot, at::kLong).to(log_odds.device());
   for (int64_t j = 0; j < count; ++j) {
-    const at::Tensor loss = at::where(slot_of == j, log_odds, at::zeros_like(log_odds)).sum();
+    const at::Tensor loss = thread_count_independent_sum(at::where(slot_of == j, log_odds, at::zeros_like(log_odds)));
     slots.cotangents.push_back(torch::autograd::grad({loss}, {top}, {}, j + 1 < count)[0]);
   }
   return slots;

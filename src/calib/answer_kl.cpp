@@ -7,6 +7,7 @@
 #include "headwise/calib/activations.hpp"
 #include "headwise/calib/seqcalib.hpp"
 #include "headwise/core/error.hpp"
+#include "headwise/core/reproducible_math.hpp"
 #include "finite_checks.hpp"
 
 namespace headwise::calib {
@@ -261,8 +262,9 @@ double AnswerKl::evaluate_final(ActivationStream& final_hidden) {
 double AnswerKl::divergence_sum(int64_t micro_batch, const at::Tensor& final_hidden) {
   const at::Tensor log_p = output_log_probs(micro_batch, final_hidden);
   const at::Tensor& ref = reference_[static_cast<size_t>(micro_batch)];
-  // Per-position sums in fp64, added in a fixed order: reproducible, independent of timing.
-  return divergence_per_position(ref, log_p, divergence_).to(at::kDouble).sum().item<double>();
+  // Per-position sums in fp64, added in a fixed order: reproducible, independent of timing and,
+  // past 32768 answer positions in one micro-batch, of the thread count (reproducible_math.hpp).
+  return thread_count_independent_sum(divergence_per_position(ref, log_p, divergence_), at::kDouble).item<double>();
 }
 
 }  // namespace headwise::calib

@@ -199,6 +199,7 @@ CalibrationJob::CalibrationJob(const CalibrationRequest& request, const fs::path
   s.mem.block_size = request.block_size;
   s.mem.sink_tokens = request.sink_tokens;
   s.mem.kv_dtype = request.kv_dtype.empty() ? s.spec.dtype : parse_dtype(request.kv_dtype, "--kv-dtype");
+  if (request.state_dtype != "native") s.mem.state_dtype = policy::parse_state_dtype(request.state_dtype, "--state-dtype");
   memory::validate_options(s.mem);
   s.budget = parse_byte_size(request.budget, "--budget");
   s.ladder = measure::parse_window_ladder(request.windows, "--windows");
@@ -268,6 +269,8 @@ CalibrationJob::CalibrationJob(const CalibrationRequest& request, const fs::path
       {"extrapolate", request.extrapolate},
   };
   if (span_measure(s.measure)) inputs["span_margin"] = request.span_margin;
+  // Only when not native, so that policies made before --state-dtype keep the hash they were made with.
+  if (s.mem.state_dtype) inputs["state_dtype"] = std::string(dtype_name(*s.mem.state_dtype));
   // Only when chosen, so that window-only policies keep the hash they were made with.
   if (s.selecting) {
     inputs["keep_rules"] = s.keep_rules;
@@ -375,6 +378,7 @@ CalibrationOutcome CalibrationJob::run(const RunControl& control) {
   policy.context = s.mem.context;
   policy.batch = s.mem.batch;
   policy.dtype = s.mem.kv_dtype;
+  policy.state_dtype = s.mem.state_dtype;
   policy.block_size = s.mem.block_size;
   policy.sink_tokens = s.mem.sink_tokens;
   policy.window_levels = s.ladder.levels;

@@ -157,6 +157,12 @@ const RegisterCommand kRegister{"calibrate", [](CLI::App& root) {
   root.add_option("--batch", args.request.batch, "Sequences served at once")->capture_default_str();
   root.add_option("--sink-tokens", args.request.sink_tokens, "First tokens every windowed head keeps")->capture_default_str();
   root.add_option("--kv-dtype", args.request.kv_dtype, "KV cache dtype (default: the checkpoint's)");
+  root.add_option("--state-dtype", args.request.state_dtype,
+                  "dtype the serving cache keeps every recurrent/conv state in (policy's state_dtype; its bytes follow "
+                  "it): float32 (default: the runtime then computes the model calibration measured, whatever the "
+                  "prefill chunking), bfloat16, float16, or native (each state's own dtype: the checkpoint's for "
+                  "convolution states, float32 for recurrent/SSM states; what policies without the field mean)")
+      ->capture_default_str();
   root.add_option("--seed", args.request.seed, "Seed for the calibration data")->capture_default_str();
   root.add_option("--device", args.request.device, "cpu, cuda or cuda:N")->capture_default_str();
   root.add_option("--dtype", args.request.dtype, "Compute dtype (default: float32 on CPU, the checkpoint's on CUDA)");

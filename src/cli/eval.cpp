@@ -101,17 +101,22 @@ void print_table(const std::vector<eval::MethodResult>& results, const std::vect
   }
 }
 
+std::string state_dtype_label(const policy::Policy& p) {
+  return p.state_dtype ? std::string(dtype_name(*p.state_dtype)) : std::string("native (absent)");
+}
+
 // Policies evaluated together share their samples and the full-KV reference, so they must be
 // served the same way: only their budgets (and so their windows) may differ.
 void check_same_serving_shape(const policy::Policy& first, const std::string& first_path, const policy::Policy& p,
                               const std::string& path) {
   const auto differs = [&](const char* field, const std::string& a, const std::string& b) {
     throw_input_error("--policy {}: {} is {}, but --policy {} has {}; policies evaluated together must share the "
-                      "context, KV dtype, block size and sink tokens",
+                      "context, KV dtype, state dtype, block size and sink tokens",
                       path, field, b, first_path, a);
   };
   if (p.context != first.context) differs("context", std::to_string(first.context), std::to_string(p.context));
   if (p.dtype != first.dtype) differs("dtype", std::string(dtype_name(first.dtype)), std::string(dtype_name(p.dtype)));
+  if (p.state_dtype != first.state_dtype) differs("state_dtype", state_dtype_label(first), state_dtype_label(p));
   if (p.block_size != first.block_size) {
     differs("block_size", std::to_string(first.block_size), std::to_string(p.block_size));
   }
@@ -172,6 +177,8 @@ nlohmann::json evaluation_json(const PolicyUnderTest& p, const memory::MemoryOpt
           {"context", options.context},
           {"batch", options.batch},
           {"kv_dtype", dtype_name(options.kv_dtype)},
+          {"state_dtype", options.state_dtype ? nlohmann::json(std::string(dtype_name(*options.state_dtype)))
+                                              : nlohmann::json("native")},
           {"seq_len", seq_len},
           {"samples_per_task", args.samples},
           {"seed", args.seed},

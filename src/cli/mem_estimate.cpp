@@ -116,7 +116,11 @@ void apply_overrides(const MemEstimateArgs& a, memory::MemoryOptions& o) {
     o.sink_tokens = a.sink_tokens == "0" ? 0 : parse_token_count(a.sink_tokens, "--sink-tokens");
   }
   if (!a.kv_dtype.empty()) o.kv_dtype = parse_dtype(a.kv_dtype, "--kv-dtype");
-  if (!a.state_dtype.empty()) o.state_dtype = parse_dtype(a.state_dtype, "--state-dtype");
+  if (a.state_dtype == "native") {
+    o.state_dtype.reset();
+  } else if (!a.state_dtype.empty()) {
+    o.state_dtype = parse_dtype(a.state_dtype, "--state-dtype");
+  }
   if (o.context <= 0) throw_input_error("--context: required with --model (e.g. --context 128k or --max-model-len 128k)");
   memory::validate_options(o);
 }
@@ -247,7 +251,8 @@ void setup(CLI::App& root) {
   app->add_option("--kv-dtype", args->kv_dtype, "KV element type: bf16, fp16, fp32, fp8 (default: model dtype)");
   app->add_option("--sink-tokens", args->sink_tokens, "Sink tokens every windowed head keeps (default 0)");
   app->add_option("--state-dtype", args->state_dtype,
-                  "Override the dtype of every recurrent/conv state (default: as the architecture keeps them); "
+                  "Override the dtype of every recurrent/conv state (default: the policy's state_dtype, else as the "
+                  "architecture keeps them; native: as the architecture keeps them); "
                   "with --engine vllm: its mamba_ssm_cache_dtype (conv states stay at the model dtype)");
   app->add_option("--gpu-memory", args->gpu_memory, "GPU memory (e.g. 80g = 80 GiB): report the largest context and batch that fit");
   app->add_option("--reserve", args->reserve, "Bytes kept free for activations/runtime with --gpu-memory (e.g. 2g)");

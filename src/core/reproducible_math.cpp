@@ -1,5 +1,6 @@
 #include "headwise/core/reproducible_math.hpp"
 
+#include <ATen/Parallel.h>
 #include <dlfcn.h>
 
 #include <cstdlib>
@@ -29,6 +30,44 @@ bool pin_cpu_math_threads() {
 
 namespace {
 [[maybe_unused]] const bool kPinnedAtLoad = pin_cpu_math_threads();
+
+// Below ATen's GRAIN_SIZE (32768), so the last reduction runs on one thread.
+constexpr int64_t kBlock = 4096;
 }  // namespace
+
+namespace {
+
+// MKL_Set_Num_Threads_Local (by value; 0 restores the global setting), looked up at run time like
+// MKL_Set_Dynamic: null on torch builds without MKL.
+using SetLocalThreads = int (*)(int);
+SetLocalThreads mkl_set_local_threads() {
+  static const auto fn = reinterpret_cast<SetLocalThreads>(::dlsym(RTLD_DEFAULT, "MKL_Set_Num_Threads_Local"));
+  return fn;
+}
+
+constexpr int64_t kOutputPerThread = 4096;
+
+}  // namespace
+
+SmallGemmOnOneThread::SmallGemmOnOneThread(int64_t rows, int64_t cols, bool on_cpu) {
+  // Read once: HEADWISE_MKL_STRICT=0 (MKL's defaults, for tools/bench-strict-math.sh) turns this off too.
+  static const bool strict = strict_cpu_math_requested();
+  const int threads = at::get_num_threads();
+  if (!strict || !on_cpu || threads <= 1 || rows * cols >= threads * kOutputPerThread) return;
+  if (const SetLocalThreads set = mkl_set_local_threads()) previous_ = set(1);
+}
+
+SmallGemmOnOneThread::~SmallGemmOnOneThread() {
+  if (previous_ >= 0) mkl_set_local_threads()(previous_);
+}
+
+at::Tensor thread_count_independent_sum(const at::Tensor& t, std::optional<at::ScalarType> dtype) {
+  at::Tensor x = t.to(dtype.value_or(t.scalar_type())).reshape({-1});
+  while (x.numel() > kBlock) {
+    const int64_t pad = (kBlock - x.numel() % kBlock) % kBlock;
+    x = at::constant_pad_nd(x, {0, pad}).view({-1, kBlock}).sum(-1);  // one output per block: thread-count free
+  }
+  return x.sum();
+}
 
 }  // namespace headwise

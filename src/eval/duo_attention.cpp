@@ -7,6 +7,7 @@
 
 #include "headwise/arch/attention.hpp"
 #include "headwise/core/error.hpp"
+#include "headwise/core/reproducible_math.hpp"
 
 namespace headwise::eval {
 namespace {
@@ -94,8 +95,11 @@ DuoGates train_duo_gates(arch::DecoderModel& model, const std::vector<EvalSample
     const Supervised& s = data[static_cast<size_t>(step) % data.size()];
     adam.zero_grad();
     const at::Tensor hidden = model.hidden_states(s.ids, core)[0].index_select(0, s.rows).to(at::kFloat);
-    const at::Tensor distill = (hidden - s.reference).pow(2).sum() / s.reference.pow(2).sum().clamp_min(1e-12);
-    const at::Tensor l1 = at::cat(parameters).abs().mean();
+    // Thread-count-free sums: the gates (and so eval's duo row) must not depend on --jobs.
+    const at::Tensor distill = thread_count_independent_sum((hidden - s.reference).pow(2)) /
+                               thread_count_independent_sum(s.reference.pow(2)).clamp_min(1e-12);
+    const at::Tensor all_gates = at::cat(parameters);
+    const at::Tensor l1 = thread_count_independent_sum(all_gates.abs()) / static_cast<double>(all_gates.numel());
     const at::Tensor loss = distill + options.l1_weight * l1;
     loss.backward();
     adam.step();

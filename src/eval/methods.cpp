@@ -232,6 +232,7 @@ void check_unconditioned_ablation(const policy::Policy& policy, const policy::Po
   if (ablation.context != policy.context) differs("context");
   if (ablation.batch != policy.batch) differs("batch");
   if (ablation.dtype != policy.dtype) differs("dtype");
+  if (ablation.state_dtype != policy.state_dtype) differs("state_dtype");
   if (ablation.block_size != policy.block_size) differs("block_size");
   if (ablation.sink_tokens != policy.sink_tokens) differs("sink_tokens");
   if (ablation.budget_gb != policy.budget_gb) differs("budget_gb");

@@ -7,6 +7,7 @@
 #include <cmath>
 
 #include "headwise/core/error.hpp"
+#include "headwise/core/reproducible_math.hpp"
 #include "headwise/eval/eval.hpp"
 #include "headwise/runtime/decoder.hpp"
 
@@ -87,7 +88,10 @@ MethodResult run_method(arch::DecoderModel& model, const MethodWindows& method, 
     const at::Tensor logp = at::log_softmax(logits.select(0, 0), -1).cpu();  // [P, V]
     if (prompt_len > 1) {
       const at::Tensor next = at::tensor(std::vector<int64_t>(s.prompt.begin() + 1, s.prompt.end()), long_opts);
-      const double sample_nll = -logp.slice(0, 0, prompt_len - 1).gather(1, next.view({-1, 1})).sum().item<double>();
+      // Sums whose bits do not depend on the thread count: `--jobs N` runs each job on fewer threads.
+      const double sample_nll =
+          -thread_count_independent_sum(logp.slice(0, 0, prompt_len - 1).gather(1, next.view({-1, 1})), at::kDouble)
+               .item<double>();
       nll += sample_nll;
       nll_count += prompt_len - 1;
       r.nll_per_sample.push_back(sample_nll / static_cast<double>(prompt_len - 1));
@@ -100,7 +104,7 @@ MethodResult run_method(arch::DecoderModel& model, const MethodWindows& method, 
       const at::Tensor& ref = reference->logprobs[i];
       HEADWISE_CHECK(ref.sizes() == tail.sizes(), "reference logprobs {} vs {}", arch::shape_string(ref.sizes()),
                      arch::shape_string(tail.sizes()));
-      const double sample_kl = (ref.exp() * (ref - tail)).sum().item<double>();
+      const double sample_kl = thread_count_independent_sum(ref.exp() * (ref - tail), at::kDouble).item<double>();
       kl += sample_kl;
       kl_count += k;
       r.kl_per_sample.push_back(sample_kl / static_cast<double>(k));

@@ -4,6 +4,7 @@
 #include <limits>
 
 #include "headwise/core/error.hpp"
+#include "headwise/core/reproducible_math.hpp"
 #include "headwise/arch/attention_cuda.hpp"
 
 namespace headwise::measure {
@@ -221,7 +222,8 @@ at::Tensor measure_window_distortion(const arch::AttentionInputs& in, const Wind
     };
     const at::Tensor y_full = at::bmm(per_head_rows(full), wo).sum(0);  // [B*tc, hidden]
     // Every sum of this chunk goes to the host in one copy (one device sync on CUDA).
-    std::vector<at::Tensor> sums{y_full.to(at::kDouble).pow(2).sum().view({1})};
+    // One output: ATen would split it by thread (reproducible_math.hpp), the per-head sums below not.
+    std::vector<at::Tensor> sums{thread_count_independent_sum(y_full.to(at::kDouble).pow(2)).view({1})};
     for (const auto& level : levels) {
       const at::Tensor delta = per_head_rows(level - full);  // [kv, B*tc, g*hd]
       sums.push_back((use_gram ? (at::bmm(delta, gram) * delta).to(at::kDouble)

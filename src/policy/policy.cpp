@@ -16,6 +16,7 @@ memory::MemoryOptions Policy::memory_options() const {
   o.context = context;
   o.batch = batch;
   o.kv_dtype = dtype;
+  o.state_dtype = state_dtype;
   o.block_size = block_size;
   o.sink_tokens = sink_tokens;
   return o;
@@ -58,6 +59,14 @@ KeepRule keep_rule_from_name(std::string_view name, std::string_view key) {
   if (name == "window") return KeepRule::kWindow;
   if (name == "h2o") return KeepRule::kH2O;
   throw_input_error("{}: '{}' is not a keep rule (window, h2o)", key, name);
+}
+
+DType parse_state_dtype(std::string_view text, std::string_view what) {
+  const DType d = parse_dtype(text, what);
+  if (d != DType::kFloat32 && d != DType::kBFloat16 && d != DType::kFloat16) {
+    throw_input_error("{}: '{}' is not a state dtype (float32, bfloat16, float16)", what, text);
+  }
+  return d;
 }
 
 ModelFingerprint fingerprint_model(const std::filesystem::path& model_dir) {

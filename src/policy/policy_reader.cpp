@@ -247,7 +247,7 @@ ModelFingerprint read_fingerprint(const Reader& r, const YAML::Node& node) {
 Policy read_document(const Reader& r, const YAML::Node& root) {
   r.check_keys(root, "",
                {"schema", "model_name", "model_path", "model_fingerprint", "budget_gb", "context", "batch", "dtype",
-                "block_size", "sink_tokens", "window_levels", "calibration", "memory", "non_global_layers",
+                "state_dtype", "block_size", "sink_tokens", "window_levels", "calibration", "memory", "non_global_layers",
                 "per_layer_policies"},
                {"schema", "model_name", "budget_gb", "context", "batch", "dtype", "block_size", "sink_tokens",
                 "window_levels", "per_layer_policies"});
@@ -263,6 +263,10 @@ Policy read_document(const Reader& r, const YAML::Node& root) {
   p.context = r.positive(root["context"], "context");
   p.batch = r.positive(root["batch"], "batch");
   p.dtype = parse_dtype(r.scalar(root["dtype"], "dtype"), fmt::format("{}: dtype", r.where()));
+  // Absent in every policy written before the field: the states' native dtypes, as then.
+  if (root["state_dtype"]) {
+    p.state_dtype = parse_state_dtype(r.scalar(root["state_dtype"], "state_dtype"), fmt::format("{}: state_dtype", r.where()));
+  }
   p.block_size = r.positive(root["block_size"], "block_size");
   p.sink_tokens = r.non_negative(root["sink_tokens"], "sink_tokens");
   p.window_levels = read_ladder(r, root["window_levels"]);

@@ -107,6 +107,8 @@ std::string to_yaml(const Policy& p) {
   out << YAML::Key << "context" << YAML::Value << p.context;
   out << YAML::Key << "batch" << YAML::Value << p.batch;
   out << YAML::Key << "dtype" << YAML::Value << std::string(dtype_name(p.dtype));
+  // Omitted for native states, so policies written before the field stay byte-identical.
+  if (p.state_dtype) out << YAML::Key << "state_dtype" << YAML::Value << std::string(dtype_name(*p.state_dtype));
   out << YAML::Key << "block_size" << YAML::Value << p.block_size;
   out << YAML::Key << "sink_tokens" << YAML::Value << p.sink_tokens;
   out << YAML::Key << "window_levels" << YAML::Value;

@@ -3,10 +3,14 @@
 
 #include <yaml-cpp/yaml.h>
 
+#include <algorithm>
 #include <charconv>
+#include <map>
 #include <regex>
 #include <set>
 
+#include "headwise/calib/answer_kl.hpp"
+#include "headwise/calib/keep_rules.hpp"
 #include "headwise/core/error.hpp"
 #include "headwise/core/files.hpp"
 
@@ -68,7 +72,7 @@ const std::set<std::string> kRequired = {"name", "model", "context", "budget", "
 const std::set<std::string> kOptional = {"calib", "samples", "seq_len", "block_size", "batch", "sink_tokens", "kv_dtype",
                                          "dtype", "device", "micro_batch", "probe_samples", "attention_chunk",
                                          "conditioning", "distortion", "joint_heads", "extrapolate", "keep_rules",
-                                         "prefill_chunk"};
+                                         "prefill_chunk", "state_dtype"};
 
 std::string resolve(const fs::path& base, const std::string& path) {
   const fs::path p(path);
@@ -123,6 +127,7 @@ ManifestEntry parse_entry(const YAML::Node& node, size_t index, std::string_view
   if (node["extrapolate"]) q.extrapolate = r.text(node, "extrapolate");
   if (node["keep_rules"]) q.keep_rules = r.text(node, "keep_rules");
   if (node["prefill_chunk"]) q.prefill_chunk = r.integer(node, "prefill_chunk");
+  if (node["state_dtype"]) q.state_dtype = r.text(node, "state_dtype");
   return e;
 }
 
@@ -138,7 +143,10 @@ Manifest parse_manifest(std::string_view text, std::string_view where, const fs:
   const EntryReader top(where, "manifest");
   if (!root.IsMap()) top.fail(root, "", "must be a mapping with a 'policies' list");
   for (const auto& item : root) {
-    if (item.first.Scalar() != "policies") top.fail(item.first, item.first.Scalar(), "unknown key (allowed: policies)");
+    const std::string key = item.first.Scalar();
+    if (key != "policies" && key != "recalibrate_on_check") {
+      top.fail(item.first, key, "unknown key (allowed: policies, recalibrate_on_check)");
+    }
   }
   const YAML::Node list = root["policies"];
   if (!list || !list.IsSequence() || list.size() == 0) top.fail(root, "policies", "must be a non-empty list of entries");
@@ -154,7 +162,67 @@ Manifest parse_manifest(std::string_view text, std::string_view where, const fs:
     }
     manifest.entries.push_back(std::move(entry));
   }
+  if (const YAML::Node list = root["recalibrate_on_check"]) {
+    if (!list.IsSequence()) top.fail(list, "recalibrate_on_check", "must be a list of entry names");
+    std::vector<std::string> chosen;
+    for (const auto& item : list) {
+      if (!item.IsScalar()) top.fail(item, "recalibrate_on_check", "every item must be an entry name");
+      const std::string name = item.Scalar();
+      if (!names.contains(name)) {
+        top.fail(item, "recalibrate_on_check", fmt::format("no entry '{}' (entries: {})", name, fmt::join(names, ", ")));
+      }
+      if (std::find(chosen.begin(), chosen.end(), name) != chosen.end()) {
+        top.fail(item, "recalibrate_on_check", fmt::format("'{}' appears twice", name));
+      }
+      chosen.push_back(name);
+    }
+    manifest.recalibrate_on_check = std::move(chosen);
+  }
   return manifest;
+}
+
+bool Manifest::recalibrated_on_check(const std::string& name) const {
+  return !recalibrate_on_check ||
+         std::find(recalibrate_on_check->begin(), recalibrate_on_check->end(), name) != recalibrate_on_check->end();
+}
+
+CalibrationKind calibration_kind(const calib::CalibrationRequest& request) {
+  const calib::DistortionMeasure measure = calib::parse_distortion_measure(request.distortion);
+  return {calib::distortion_measure_name(measure), calib::resolve_keep_rules(request.keep_rules, measure),
+          request.no_conditioning ? "unconditioned" : "seqcalib"};
+}
+
+void check_recalibration_coverage(const Manifest& manifest) {
+  if (!manifest.recalibrate_on_check) return;
+  struct Use {
+    std::set<std::string> everywhere;                     // the entries that use the value
+    bool covered = false;
+  };
+  std::map<std::pair<std::string, std::string>, Use> uses;  // (what, value)
+  for (const auto& e : manifest.entries) {
+    CalibrationKind kind;
+    try {
+      kind = calibration_kind(e.request);
+    } catch (const InputError& error) {
+      throw_input_error("{}: entry '{}': {}", manifest.path.string(), e.name, error.what());
+    }
+    const bool recalibrated = manifest.recalibrated_on_check(e.name);
+    for (const auto& [what, value] : {std::pair<std::string, std::string>{"distortion measure", kind.measure},
+                                      {"keep rules", kind.keep_rules}, {"method", kind.method}}) {
+      Use& use = uses[{what, value}];
+      use.everywhere.insert(e.name);
+      use.covered = use.covered || recalibrated;
+    }
+  }
+  std::vector<std::string> uncovered;
+  for (const auto& [key, use] : uses) {
+    if (!use.covered) uncovered.push_back(fmt::format("{} '{}' (used by {})", key.first, key.second, fmt::join(use.everywhere, ", ")));
+  }
+  if (!uncovered.empty()) {
+    throw_input_error("{}: recalibrate_on_check: no entry it names calibrates with {}: list under recalibrate_on_check "
+                      "one entry that uses each of these, so regen --check runs that code",
+                      manifest.path.string(), fmt::join(uncovered, "; "));
+  }
 }
 
 Manifest read_manifest(const fs::path& path) {

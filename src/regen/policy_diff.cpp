@@ -76,6 +76,10 @@ std::vector<std::string> diff_policies(const policy::Policy& a, const policy::Po
   field(out, "context", a.context, b.context);
   field(out, "batch", a.batch, b.batch);
   field(out, "dtype", std::string(dtype_name(a.dtype)), std::string(dtype_name(b.dtype)));
+  const auto state = [](const policy::Policy& p) {
+    return p.state_dtype ? std::string(dtype_name(*p.state_dtype)) : std::string("(absent: native)");
+  };
+  field(out, "state_dtype", state(a), state(b));
   field(out, "block_size", a.block_size, b.block_size);
   field(out, "sink_tokens", a.sink_tokens, b.sink_tokens);
   field(out, "window_levels", levels(a.window_levels), levels(b.window_levels));
@@ -101,14 +105,26 @@ std::optional<double> distortion_noise_only(const policy::Policy& committed, con
   if (policy::to_yaml(committed) != committed_text) return std::nullopt;
   if (committed.per_layer_policies.size() != produced.per_layer_policies.size()) return std::nullopt;
   policy::Policy aligned = committed;
+  const auto largest = [](const std::vector<double>& a, const std::vector<double>& b) {
+    double m = 0.0;
+    for (double v : a) m = std::max(m, std::abs(v));
+    for (double v : b) m = std::max(m, std::abs(v));
+    return m;
+  };
+  double policy_scale = 0.0;
+  for (size_t l = 0; l < aligned.per_layer_policies.size(); ++l) {
+    policy_scale = std::max(policy_scale, largest(aligned.per_layer_policies[l].expected_distortion,
+                                                  produced.per_layer_policies[l].expected_distortion));
+  }
   double worst = 0.0;
   for (size_t l = 0; l < aligned.per_layer_policies.size(); ++l) {
     auto& mine = aligned.per_layer_policies[l].expected_distortion;
     const auto& theirs = produced.per_layer_policies[l].expected_distortion;
     if (mine.size() != theirs.size()) return std::nullopt;
+    const double layer_scale = std::max(largest(mine, theirs), kLayerScaleFloor * policy_scale);
     for (size_t h = 0; h < mine.size(); ++h) {
-      const double scale = std::max(std::abs(mine[h]), std::abs(theirs[h]));
-      const double gap = scale == 0.0 ? 0.0 : std::abs(mine[h] - theirs[h]) / scale;
+      const double difference = std::abs(mine[h] - theirs[h]);
+      const double gap = difference == 0.0 ? 0.0 : difference / layer_scale;
       if (!(gap <= relative_tolerance)) return std::nullopt;  // NaN fails too
       worst = std::max(worst, gap);
       mine[h] = theirs[h];

@@ -10,6 +10,7 @@
 #include <numeric>
 
 #include "headwise/core/error.hpp"
+#include "headwise/core/reproducible_math.hpp"
 #include "headwise/arch/visible_keys.hpp"
 #include "headwise/runtime/eviction_cache.hpp"
 
@@ -74,7 +75,12 @@ at::Tensor visible(int64_t q_begin, int64_t t, const Entries& keys, Visibility s
 at::Tensor attention_probs(const at::Tensor& q, int64_t q_begin, const Entries& keys, const arch::AttentionInputs& in,
                            const at::Tensor& sink_logits, Visibility shown = {}) {
   const int64_t g = q.size(0), t = q.size(1);
-  at::Tensor scores = at::matmul(q, keys.k.transpose(0, 1)) * in.scaling;  // [g, t, n]
+  at::Tensor scores;
+  {
+    // One [g*t, hd] x [hd, n] product: small at H2O's slot counts, so pinned (reproducible_math.hpp).
+    const SmallGemmOnOneThread pinned(g * t, keys.k.size(0), q.is_cpu());
+    scores = at::matmul(q, keys.k.transpose(0, 1)) * in.scaling;  // [g, t, n]
+  }
   if (in.logit_softcap > 0) scores = at::tanh(scores / in.logit_softcap) * in.logit_softcap;
   const at::Tensor logits = scores.to(at::kFloat).masked_fill(visible(q_begin, t, keys, shown).logical_not(), -kInf);
   return arch::softmax_with_sink_logit(logits, sink_logits.defined() ? sink_logits.view({g, 1, 1}) : at::Tensor());
@@ -101,6 +107,7 @@ at::Tensor attend_head(const at::Tensor& q, int64_t q_begin, const Entries& keys
       continue;
     }
     const at::Tensor probs = attention_probs(q.slice(1, t0, t1), q_begin + t0, keys, in, sink_logits, shown);
+    const SmallGemmOnOneThread pinned(g * (t1 - t0), hd, q.is_cpu());
     out.slice(1, t0, t1).copy_(at::matmul(probs.to(keys.v.scalar_type()), keys.v));
     if (received != nullptr) *received += probs.sum(at::IntArrayRef{0, 1});
   }

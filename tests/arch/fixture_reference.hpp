@@ -5,6 +5,7 @@
 #include <ATen/ATen.h>
 #include <catch2/catch.hpp>
 
+#include "../support/test_paths.hpp"
 #include "../support/temp_dir.hpp"
 #include <nlohmann/json.hpp>
 #include <unistd.h>
@@ -22,9 +23,6 @@
 #include "headwise/io/safetensors.hpp"
 #include "headwise/memory/memory_model.hpp"
 
-#ifndef HEADWISE_SOURCE_DIR
-#define HEADWISE_SOURCE_DIR HEADWISE_FIXTURES_DIR "/../.."
-#endif
 
 namespace headwise::testing {
 

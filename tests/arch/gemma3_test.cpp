@@ -5,6 +5,7 @@
 
 #include <cmath>
 
+#include "../support/test_paths.hpp"
 #include "fixture_reference.hpp"
 #include "headwise/arch/registry.hpp"
 #include "headwise/core/error.hpp"

@@ -6,6 +6,7 @@
 
 #include <filesystem>
 
+#include "../support/test_paths.hpp"
 #include "headwise/arch/attention.hpp"
 #include "headwise/arch/model.hpp"
 #include "headwise/arch/registry.hpp"

@@ -8,6 +8,7 @@
 #include <unistd.h>
 #include <catch2/catch.hpp>
 
+#include "../support/test_paths.hpp"
 #include "../support/temp_dir.hpp"
 
 #include <cmath>

@@ -5,6 +5,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "../support/test_paths.hpp"
 #include "headwise/arch/model_spec.hpp"
 #include "headwise/arch/qwen_hybrid_config.hpp"
 #include "headwise/arch/registry.hpp"
@@ -16,7 +17,7 @@ using headwise::arch::LayerKind;
 namespace {
 
 nlohmann::json qwen3_next_80b() {
-  std::ifstream in(HEADWISE_SOURCE_DIR "/tests/configs/qwen3_next_80b_a3b.json");
+  std::ifstream in(std::string(HEADWISE_SOURCE_DIR) + "/tests/configs/qwen3_next_80b_a3b.json");
   return nlohmann::json::parse(in);
 }
 

@@ -13,6 +13,7 @@
 #include <set>
 #include <vector>
 
+#include "../support/skip.hpp"
 #include "../test_configs.hpp"
 #include "headwise/arch/attention.hpp"
 #include "headwise/arch/visible_keys.hpp"
@@ -260,10 +261,7 @@ TEST_CASE("visible keys: the runtime's ring buffers, fed in uneven chunks", "[ar
 }
 
 TEST_CASE("visible keys: the CUDA kernel (where a GPU is present)", "[arch][gpu]") {
-  if (!at::hasCUDA()) {
-    SUCCEED("no CUDA device: the kernel is checked by tools/gpu-check.sh on a GPU machine");
-    return;
-  }
+  if (!at::hasCUDA()) HEADWISE_SKIP("no CUDA device: the kernel is checked by tools/gpu-check.sh on a GPU machine");
   uint64_t seed = 90;
   for (const auto& c : kCases) {
     auto in = inputs(4, 2, 32, seed += 3);  // head_dim a multiple of 32: the kernel's path

@@ -4,6 +4,7 @@
 #include <filesystem>
 #include <fstream>
 
+#include "../support/test_paths.hpp"
 #include "headwise/calib/dataset.hpp"
 #include "headwise/core/error.hpp"
 #include "headwise/core/files.hpp"

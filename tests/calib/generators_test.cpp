@@ -5,6 +5,7 @@
 #include <filesystem>
 #include <fstream>
 
+#include "../support/test_paths.hpp"
 #include "headwise/calib/generators.hpp"
 #include "headwise/core/error.hpp"
 #include "headwise/core/files.hpp"

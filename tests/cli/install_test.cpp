@@ -8,6 +8,7 @@
 #include <cstdlib>
 #include <filesystem>
 
+#include "../support/test_paths.hpp"
 #include "../support/temp_dir.hpp"
 #include "headwise/core/files.hpp"
 #include "headwise/policy/policy.hpp"
@@ -31,7 +32,7 @@ TEST_CASE("an installed headwise-calc runs the main job and finds its data outsi
   const fs::path& prefix = dir.path();
   const fs::path log = prefix / "log.txt";
   const auto last_output = [&] { return fs::exists(log) ? read_text_file(log) : std::string(); };
-  REQUIRE(run_in(prefix, "cmake --install '" HEADWISE_BUILD_DIR "' --prefix '" + prefix.string() + "'", log) == 0);
+  REQUIRE(run_in(prefix, "cmake --install '" + std::string(HEADWISE_BUILD_DIR) + "' --prefix '" + prefix.string() + "'", log) == 0);
   const fs::path binary = prefix / "bin" / "headwise-calc";
   REQUIRE(fs::exists(binary));
   REQUIRE(fs::exists(prefix / "share" / "headwise" / "calib-data" / "haystack"));

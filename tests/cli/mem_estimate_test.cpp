@@ -118,6 +118,23 @@ TEST_CASE("mem-estimate --config policy.yaml, with overrides", "[cli]") {
   r = run_cli("mem-estimate --config " + file.string() + " --batch 1 --json");
   REQUIRE(r.status == 0);
   CHECK(nlohmann::json::parse(r.out)["components"]["global_kv_bytes"] == 4 * 896);
+  const int64_t native_states = j["components"]["ssm_state_bytes"];
+
+  // The policy's state_dtype prices the states (the fixture's conv states are bf16 natively):
+  // mem-estimate follows it, and --state-dtype native goes back to the architecture's dtypes.
+  p.state_dtype = DType::kFloat32;
+  policy::fill_memory(p, headwise::testing::spec_from_config("bamba_tiny.json"));
+  policy::write_policy(file, p);
+  r = run_cli("mem-estimate --config " + file.string() + " --json");
+  REQUIRE(r.status == 0);
+  j = nlohmann::json::parse(r.out);
+  CHECK(j["total_bytes"] == p.memory.total_bytes);
+  CHECK(j["state_dtype"] == "float32");
+  CHECK(j["components"]["ssm_state_bytes"].get<int64_t>() > native_states);
+  CHECK(j["components"]["ssm_state_bytes"] == p.memory.components.ssm_state_bytes);
+  r = run_cli("mem-estimate --config " + file.string() + " --state-dtype native --json");
+  REQUIRE(r.status == 0);
+  CHECK(nlohmann::json::parse(r.out)["components"]["ssm_state_bytes"] == native_states);
 
   // a policy for another model: the fingerprint says so
   const auto other = model_dir("jamba_tiny.json");

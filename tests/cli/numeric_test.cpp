@@ -6,6 +6,7 @@
 #include <cstring>
 #include <limits>
 
+#include "../support/test_paths.hpp"
 #include "../arch/fixture_reference.hpp"
 #include "cli_helpers.hpp"
 

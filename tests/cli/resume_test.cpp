@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <csignal>
 
+#include "../support/test_paths.hpp"
 #include "../arch/fixture_reference.hpp"
 #include "cli_helpers.hpp"
 #include "headwise/arch/registry.hpp"

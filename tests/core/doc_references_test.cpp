@@ -1,5 +1,6 @@
 // Every `docs/<name>.md` (or .svg) the repository mentions exists: code comments and pages must
 // not send a reader to a page that is not there.
+#include "../support/test_paths.hpp"
 #include <catch2/catch.hpp>
 
 #include <cctype>

@@ -3,6 +3,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "../support/test_paths.hpp"
 #include "../arch/fixture_reference.hpp"
 #include "../test_configs.hpp"
 #include "headwise/arch/registry.hpp"

@@ -1,6 +1,7 @@
 // The parts stay in layers: the library never includes the command line (src/cli/ is compiled into
 // the executable alone, with CLI11), and measure/ builds on arch/, never the reverse. A break
 // here would show up as a link error only in some build, or as a cycle nobody meant.
+#include "../support/test_paths.hpp"
 #include <catch2/catch.hpp>
 
 #include <filesystem>

@@ -11,6 +11,7 @@
 #include <chrono>
 #include <thread>
 
+#include "../support/test_paths.hpp"
 #include "../cli/cli_helpers.hpp"
 #include "port.hpp"
 

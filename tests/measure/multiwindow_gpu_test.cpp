@@ -1,7 +1,9 @@
 // The CUDA kernel (src/arch/attention_cuda.cu) against the CPU path. Without a GPU every
-// case returns early with a warning (Catch2 v2 has no SKIP); tools/gpu-check.sh runs them on
-// the GPU machine.
+// case skips (HEADWISE_SKIP: the [gpu] ctest entry then reports "skipped"); tools/gpu-check.sh
+// runs them on the GPU machine.
 #include <catch2/catch.hpp>
+
+#include "../support/skip.hpp"
 
 #include "headwise/arch/attention.hpp"
 #include "headwise/measure/multiwindow.hpp"
@@ -10,11 +12,7 @@ using namespace headwise;
 
 namespace {
 
-bool have_gpu() {
-  if (at::hasCUDA()) return true;
-  WARN("no CUDA device: GPU test skipped");
-  return false;
-}
+constexpr const char* kNoGpu = "no CUDA device (tools/gpu-check.sh runs this on a GPU machine)";
 
 struct Case {
   int64_t batch, heads, kv, steps, hd;
@@ -65,7 +63,7 @@ const std::vector<Case> kCases = {
 }  // namespace
 
 TEST_CASE("CUDA multi-window levels equal the CPU path", "[gpu]") {
-  if (!have_gpu()) return;
+  if (!at::hasCUDA()) HEADWISE_SKIP(kNoGpu);
   const auto ladder = measure::parse_window_ladder("4,9,20,64,full", "test");
   uint64_t seed = 100;
   for (const auto& c : kCases) {
@@ -83,7 +81,7 @@ TEST_CASE("CUDA multi-window levels equal the CPU path", "[gpu]") {
 }
 
 TEST_CASE("CUDA windowed attention equals the masked reference", "[gpu]") {
-  if (!have_gpu()) return;
+  if (!at::hasCUDA()) HEADWISE_SKIP(kNoGpu);
   uint64_t seed = 200;
   for (const auto& c : kCases) {
     const auto in = random_inputs(c, ++seed);
@@ -102,7 +100,7 @@ TEST_CASE("CUDA windowed attention equals the masked reference", "[gpu]") {
 }
 
 TEST_CASE("CUDA distortion measurement equals the CPU measurement", "[gpu]") {
-  if (!have_gpu()) return;
+  if (!at::hasCUDA()) HEADWISE_SKIP(kNoGpu);
   const auto ladder = measure::parse_window_ladder("8,32,full", "test");
   uint64_t seed = 300;
   for (const auto& c : kCases) {

@@ -11,6 +11,8 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "../support/test_paths.hpp"
+#include "../support/skip.hpp"
 #include "../test_configs.hpp"
 #include "headwise/core/error.hpp"
 #include "headwise/memory/vllm_model.hpp"
@@ -193,8 +195,7 @@ TEST_CASE("vLLM: capacity search and bad options", "[memory]") {
 TEST_CASE("vLLM: totals equal vLLM's own code when it is importable", "[memory]") {
   const char* python = std::getenv("HEADWISE_VLLM_PYTHON");
   if (python == nullptr || !has_builder("gemma3_text") || !has_builder("qwen3_next") || !has_builder("gpt_oss")) {
-    WARN("HEADWISE_VLLM_PYTHON is not set: the comparison with vLLM's code is skipped");
-    return;
+    HEADWISE_SKIP("HEADWISE_VLLM_PYTHON is not set: the comparison with vLLM's code needs vLLM");
   }
   const auto file = std::filesystem::temp_directory_path() / "headwise_vllm_cases.jsonl";
   std::vector<std::pair<std::string, int64_t>> ours;
@@ -226,7 +227,7 @@ TEST_CASE("vLLM: totals equal vLLM's own code when it is importable", "[memory]"
       ours.emplace_back(name, e.total_bytes);
     }
   }
-  const std::string cmd = std::string(python) + " " + HEADWISE_SOURCE_DIR "/tools/vllm_reference.py < " + file.string() +
+  const std::string cmd = std::string(python) + " " + HEADWISE_SOURCE_DIR + "/tools/vllm_reference.py < " + file.string() +
                           " 2>/dev/null";
   FILE* pipe = popen(cmd.c_str(), "r");
   REQUIRE(pipe != nullptr);
@@ -239,8 +240,7 @@ TEST_CASE("vLLM: totals equal vLLM's own code when it is importable", "[memory]"
   }
   const int status = pclose(pipe);
   if (WEXITSTATUS(status) == 3) {
-    WARN("vLLM is not importable with " << python << ": the comparison is skipped");
-    return;
+    HEADWISE_SKIP(std::string("vLLM is not importable with ") + python);
   }
   REQUIRE(theirs.size() == ours.size());
   for (const auto& [name, bytes] : ours) {

@@ -1,6 +1,9 @@
 // eval: baselines at the policy's bytes (within one block per head), measured == estimated
-// bytes through the CLI, full KV has KL 0, and bad input fails with one line.
+// bytes through the CLI (a policy with h2o heads included), full KV has KL 0, the reported
+// accuracies, KL and perplexity equal a teacher-forced masked forward computed here, and bad
+// input fails with one line.
 #include <catch2/catch.hpp>
+#include <c10/core/InferenceMode.h>
 
 #include <algorithm>
 #include <cmath>
@@ -9,8 +12,10 @@
 #include <random>
 #include <set>
 
+#include "../support/test_paths.hpp"
 #include "../arch/fixture_reference.hpp"
 #include "../test_configs.hpp"
+#include "headwise/calib/seqcalib.hpp"
 #include "headwise/core/error.hpp"
 #include "headwise/eval/baselines.hpp"
 #include "headwise/eval/eval.hpp"
@@ -28,9 +33,11 @@ struct Run {
   std::string err;
 };
 
-Run run_cli(const std::string& args, const fs::path& scratch) {
+// `env`: assignments put before the command ("OMP_NUM_THREADS=4").
+Run run_cli(const std::string& args, const fs::path& scratch, const std::string& env = "") {
   const fs::path err_file = scratch / "stderr.txt";
-  const std::string command = std::string(HEADWISE_CLI) + " " + args + " 2>" + err_file.string();
+  const std::string command = (env.empty() ? "" : "env " + env + " ") + std::string(HEADWISE_CLI) + " " + args + " 2>" +
+                              err_file.string();
   Run r;
   FILE* pipe = popen(command.c_str(), "r");
   REQUIRE(pipe != nullptr);
@@ -306,6 +313,23 @@ TEST_CASE("eval --jobs 2 gives the figures of --jobs 1 and runs a repeated metho
   }
   CHECK(reused == expected);
   CHECK(parallel.err.find("2 jobs at 1 intra-op thread each") != std::string::npos);
+
+  // The thread count must not matter either: --jobs 1 at 4 and 16 intra-op threads, --jobs 2 at
+  // 2 threads each (what a 4-core machine runs by default), give the 1-thread figures (eval's
+  // sums are thread-count free and small GEMMs run on one MKL thread: core/reproducible_math).
+  for (const auto& [jobs, threads] : std::vector<std::pair<std::string, std::string>>{{"1", "4"}, {"1", "16"}, {"2", "4"}}) {
+    INFO("--jobs " << jobs << " at OMP_NUM_THREADS=" << threads);
+    const Run r = run_cli(common + " --quiet --jobs " + jobs, tmp.path(), "OMP_NUM_THREADS=" + threads);
+    REQUIRE(r.status == 0);
+    auto c = nlohmann::json::parse(r.out).at("evaluations");
+    for (auto& e : c) {
+      for (auto& m : e["methods"]) {
+        m.erase("prefill_tokens_per_s");
+        m.erase("decode_tokens_per_s");
+      }
+    }
+    CHECK(c == a);
+  }
 }
 
 TEST_CASE("eval bad input: one line naming the flag, non-zero exit", "[runtime]") {
@@ -504,4 +528,152 @@ TEST_CASE("eval --unconditioned-policy: the exact ablation is used as given, and
       CHECK((heads[h] == policy::kFull ? w == "full" : w == heads[h]));
     }
   }
+}
+
+namespace {
+
+// Logits of `tokens` [1, T] with `windows` applied as masks over one full-sequence call (the
+// calibration's PolicyAttentionCore), or the plain forward for full KV: no cache, no chunks, no
+// greedy loop, apart from the runtime decoder eval runs.
+at::Tensor masked_logits(arch::DecoderModel& model, const std::vector<int64_t>& tokens, const memory::HeadWindows& windows) {
+  c10::InferenceMode inference;
+  const at::Tensor ids = at::tensor(tokens, at::TensorOptions().dtype(at::kLong)).view({1, -1});
+  calib::PolicyAttentionCore core(windows, /*sink_tokens=*/0, 64);
+  at::Tensor hidden = model.embed(ids);
+  arch::LayerRun run;
+  run.attention = &core;
+  for (int64_t i = 0; i < model.spec().num_layers(); ++i) hidden = model.run_layer(i, hidden, run);
+  return model.logits(hidden)[0];  // [T, V]
+}
+
+struct Recomputed {
+  std::map<std::string, std::pair<int64_t, int64_t>> counts;  // task → (right, total)
+  std::vector<at::Tensor> tails;                              // per sample: last k prompt log-probs
+  double nll = 0;
+  int64_t nll_tokens = 0;
+};
+
+// What eval reports for one method, recomputed from teacher-forced logits: a sample is right when
+// the argmax at every answer row is the answer token (greedy decoding produces the answer exactly
+// iff it does), perplexity over the prompts' next tokens, and the last `kl_positions` prompt rows.
+Recomputed recompute(arch::DecoderModel& model, const std::vector<eval::EvalSample>& samples,
+                     const memory::HeadWindows& windows, int64_t kl_positions) {
+  Recomputed r;
+  for (const auto& s : samples) {
+    const eval::TeacherForced tf = eval::teacher_forced(s);
+    const at::Tensor logp = at::log_softmax(masked_logits(model, tf.tokens, windows).to(at::kDouble), -1);
+    bool right = true;
+    for (size_t i = 0; i < s.answer.size(); ++i) {
+      right = right && logp[tf.first_answer_row + static_cast<int64_t>(i)].argmax().item<int64_t>() == s.answer[i];
+    }
+    auto& [hits, total] = r.counts[s.task];
+    hits += right ? 1 : 0;
+    ++total;
+    const auto p = static_cast<int64_t>(s.prompt.size());
+    for (int64_t t = 0; t + 1 < p; ++t) r.nll -= logp[t][s.prompt[static_cast<size_t>(t + 1)]].item<double>();
+    r.nll_tokens += p - 1;
+    r.tails.push_back(logp.slice(0, p - std::min(kl_positions, p), p));
+  }
+  return r;
+}
+
+const nlohmann::json& method_row(const nlohmann::json& j, const std::string& name) {
+  for (const auto& m : j.at("methods")) {
+    if (m.at("name") == name) return m;
+  }
+  FAIL("no method " << name);
+  return j;
+}
+
+memory::HeadWindows windows_of(const nlohmann::json& row) {
+  memory::HeadWindows out;
+  for (const auto& [layer, heads] : row.at("windows").items()) {
+    for (const auto& w : heads) out[std::stoll(layer)].push_back(w.is_string() ? kFullWindow : w.get<int64_t>());
+  }
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("eval's accuracies, KL and perplexity equal a teacher-forced masked forward computed here", "[runtime]") {
+  // The 2K default model, trained on these tasks (accuracies are neither all 0 nor all 1), under a
+  // policy with float32 K/V and states: the decoder then computes what the masked reference does,
+  // so every figure must agree (counts exactly, KL and perplexity to float rounding).
+  headwise::testing::TempDir tmp;
+  const fs::path dir = fs::path(HEADWISE_SOURCE_DIR) / "models" / "tiny-qwen3-next";
+  const auto spec = arch::load_model_spec(dir);
+  policy::Policy p = fixture_policy(dir, {{1, {32, kFullWindow, 32, 64}}, {3, {64, 32, kFullWindow, 32}}});
+  p.context = 512;
+  p.sink_tokens = 0;
+  p.state_dtype = DType::kFloat32;
+  p.window_levels = {32, 64, kFullWindow};
+  policy::fill_memory(p, spec);
+  policy::write_policy(tmp.path() / "policy.yaml", p);
+  const int64_t kl_positions = 100;
+  const Run r = run_cli("eval --model " + dir.string() + " --policy " + (tmp.path() / "policy.yaml").string() +
+                            " --baselines full,uniform --tasks needle_single,needle_multikey --samples 6 --seq-len 320"
+                            " --prefill-chunk 64 --kl-positions " + std::to_string(kl_positions) + " --json --quiet",
+                        tmp.path());
+  INFO(r.err);
+  REQUIRE(r.status == 0);
+  const auto j = nlohmann::json::parse(r.out);
+  CHECK(j.at("state_dtype") == "float32");
+
+  eval::TaskRequest request{{"needle_single", "needle_multikey"}, 6, 320, 0};  // eval's defaults: seed 0
+  const auto samples = eval::make_eval_samples(dir, spec.vocab_size, request);
+  auto model = arch::load_model(dir, arch::ModelOptions{});
+  const Recomputed full = recompute(*model, samples, memory::full_kv_windows(spec), kl_positions);
+  int64_t right_anywhere = 0, wrong_anywhere = 0;
+  for (const char* name : {"full", "headwise", "uniform"}) {
+    const auto& row = method_row(j, name);
+    INFO(name << ": " << row.dump());
+    const Recomputed mine = recompute(*model, samples, windows_of(row), kl_positions);
+    for (const auto& [task, counts] : mine.counts) {
+      CHECK(row.at("tasks_counts").at(task).at("right") == counts.first);
+      CHECK(row.at("tasks_counts").at(task).at("total") == counts.second);
+      CHECK(row.at("tasks").at(task).get<double>() == Approx(static_cast<double>(counts.first) / counts.second));
+      right_anywhere += counts.first;
+      wrong_anywhere += counts.second - counts.first;
+    }
+    CHECK(row.at("perplexity").get<double>() == Approx(std::exp(mine.nll / static_cast<double>(mine.nll_tokens))).epsilon(1e-5));
+    double kl = 0;
+    int64_t positions = 0;
+    for (size_t i = 0; i < samples.size(); ++i) {
+      kl += (full.tails[i].exp() * (full.tails[i] - mine.tails[i])).sum().item<double>();
+      positions += full.tails[i].size(0);
+    }
+    CHECK(row.at("kl_vs_full").get<double>() == Approx(kl / static_cast<double>(positions)).epsilon(1e-3).margin(1e-7));
+  }
+  // The comparison must be able to disagree: some answers right, some wrong.
+  CHECK(right_anywhere > 0);
+  CHECK(wrong_anywhere > 0);
+}
+
+TEST_CASE("eval of a policy with h2o heads: measured bytes equal the policy's, bookkeeping included", "[runtime]") {
+  headwise::testing::TempDir tmp;
+  const auto dir = headwise::testing::fixture_dir("qwen3_next_tiny");
+  const auto spec = arch::load_model_spec(dir);
+  policy::Policy p = fixture_policy(dir, {{1, {8, 32}}, {3, {kFullWindow, 8}}});
+  p.per_layer_policies[0].kv_head_rules = {policy::KeepRule::kH2O, policy::KeepRule::kWindow};
+  p.per_layer_policies[1].kv_head_rules = {policy::KeepRule::kWindow, policy::KeepRule::kH2O};
+  policy::fill_memory(p, spec);
+  REQUIRE(p.memory.components.selection_state_bytes > 0);
+  policy::write_policy(tmp.path() / "policy.yaml", p);
+  const Run r = run_cli("eval --model " + dir.string() + " --policy " + (tmp.path() / "policy.yaml").string() +
+                            " --baselines full,h2o --samples 2 --seq-len 120 --prefill-chunk 50 --json --quiet",
+                        tmp.path());
+  INFO(r.err);
+  REQUIRE(r.status == 0);
+  const auto j = nlohmann::json::parse(r.out);
+  const auto& row = method_row(j, "headwise");
+  INFO(row.dump());
+  CHECK(row.at("cache_bytes_measured") == p.memory.total_bytes);
+  CHECK(row.at("cache_bytes_estimated") == p.memory.total_bytes);
+  CHECK(row.at("global_kv_bytes") == p.memory.components.global_kv_bytes);
+  // The eviction cache's positions and scores: exactly the policy's selection_state_bytes.
+  CHECK(row.at("details").at("auxiliary_bytes_measured") == p.memory.components.selection_state_bytes);
+  // The h2o baseline runs H2O in every head on the same slots, its bookkeeping reported apart.
+  CHECK(method_row(j, "h2o").at("windows") == row.at("windows"));
+  CHECK(method_row(j, "h2o").at("cache_bytes_estimated").get<int64_t>() + p.memory.components.selection_state_bytes ==
+        p.memory.total_bytes);
 }

@@ -3,6 +3,7 @@
 //
 // POSIX calls on purpose: libtorch.so exports its own std::filesystem::remove_all, which the
 // dynamic linker binds first and which crashes (a null call). Our folders are flat.
+#include "test_paths.hpp"
 #include <catch2/catch.hpp>
 #include <dirent.h>
 #include <sys/wait.h>

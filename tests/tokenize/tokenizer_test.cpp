@@ -7,6 +7,7 @@
 #include <iostream>
 #include <nlohmann/json.hpp>
 
+#include "../support/test_paths.hpp"
 #include "headwise/core/error.hpp"
 #include "headwise/core/files.hpp"
 #include "headwise/tokenize/tokenizer.hpp"

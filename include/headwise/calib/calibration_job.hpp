@@ -37,6 +37,11 @@ struct CalibrationRequest {
   int64_t batch = 1;
   int64_t sink_tokens = 0;
   std::string kv_dtype;
+  // The dtype the serving cache keeps recurrent/conv states in (policy.yaml's state_dtype):
+  // float32 by default, so the runtime decoder computes what calibration measured (the plain
+  // forward) whatever the prefill chunking; native = each state's own dtype (policies made before
+  // the option; no state_dtype field). See docs/memory.md.
+  std::string state_dtype = "float32";
   uint64_t seed = 0;
   std::string device = "cpu";
   std::string dtype;

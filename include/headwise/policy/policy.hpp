@@ -10,6 +10,7 @@
 //   context: 131072
 //   batch: 1
 //   dtype: bfloat16                          # KV dtype
+//   state_dtype: float32                     # optional: every recurrent/conv state's dtype
 //   block_size: 16
 //   sink_tokens: 0
 //   window_levels: [1024, 4096, 16384, full] # the ladder; `full` = untruncated
@@ -83,6 +84,13 @@ struct Policy {
   int64_t context = 0;
   int64_t batch = 1;
   DType dtype = DType::kBFloat16;
+  // The dtype the serving cache keeps every recurrent/convolution state in (linear-attention,
+  // SSM, short-conv layers), between prefill chunks and decode steps. nullopt (`state_dtype`
+  // absent, as in every policy written before the field existed; `--state-dtype native`): each
+  // state in the dtype the architecture's reference cache allocates (arch::StateTensorSpec::dtype:
+  // convolution states in the checkpoint's dtype, Qwen3-Next's recurrent and Mamba's SSM states in
+  // float32).
+  std::optional<DType> state_dtype;
   int64_t block_size = 16;
   int64_t sink_tokens = 0;
   std::vector<int64_t> window_levels;  // ascending, kFull last if present
@@ -91,7 +99,7 @@ struct Policy {
   std::vector<NonGlobalLayer> non_global_layers;
   std::vector<LayerPolicy> per_layer_policies;  // ascending layer_id
 
-  memory::MemoryOptions memory_options() const;  // context, batch, dtype, block size, sinks
+  memory::MemoryOptions memory_options() const;  // context, batch, dtype, state dtype, block size, sinks
   memory::HeadWindows head_windows() const;
   // Global layers with an h2o head (the runtime's eviction cache holds them; their bookkeeping is
   // in the memory block), and the (layer id, KV head) pairs of those layers that keep windows.
@@ -121,6 +129,10 @@ Policy from_yaml(std::string_view text, std::string_view where);
 
 void write_policy(const std::filesystem::path& path, const Policy& policy);  // atomic
 Policy read_policy(const std::filesystem::path& path);
+
+// The dtypes a policy may keep its states in (float32, bfloat16, float16); anything else is an
+// InputError naming `what`. "native" is not a dtype: callers map it to nullopt first.
+DType parse_state_dtype(std::string_view text, std::string_view what);
 
 // "full" or the integer.
 std::string window_name(int64_t window);

@@ -14,11 +14,22 @@
 //       output: tiny-qwen3-next.yaml       # relative to the manifest's folder
 //       # optional, as the main command's flags: block_size, batch, sink_tokens, kv_dtype,
 //       # dtype, device, micro_batch, probe_samples, attention_chunk, conditioning (bool),
-//       # distortion, joint_heads (bool), extrapolate, keep_rules (auto), prefill_chunk
+//       # distortion, joint_heads (bool), extrapolate, keep_rules (auto), prefill_chunk,
+//       # state_dtype (float32; native for policies made before the option)
+//
+//   recalibrate_on_check: [tiny-qwen3-next]  # optional; see below
+//
+// `regen --check` recalibrates the entries `recalibrate_on_check` names and checks every other
+// one by its fingerprint (the inputs_sha256 it records must equal what the entry hashes to now:
+// model, data, options, tool and calibration revision; the file must be as headwise writes it
+// and agree with the model's memory). Without the key every entry is recalibrated. The list must
+// cover every distortion measure, keep-rules choice and method (conditioned or not) the entries
+// use, so a change of the calibration code that a fingerprint cannot see still fails CI.
 //
 // The reader is strict: unknown or missing keys, wrong types, duplicate names or outputs are
 // InputErrors naming the file, the entry and the key.
 #include <filesystem>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -37,7 +48,25 @@ struct Manifest {
   std::filesystem::path path;
   std::filesystem::path folder;  // absolute; read_manifest's relative paths start here
   std::vector<ManifestEntry> entries;
+  // Entry names `regen --check` recalibrates; nullopt (no key): every entry.
+  std::optional<std::vector<std::string>> recalibrate_on_check;
+
+  // Whether `regen --check` recalibrates `name` (else: its fingerprint is checked).
+  bool recalibrated_on_check(const std::string& name) const;
 };
+
+// What an entry's calibration runs, for the coverage rule of recalibrate_on_check: the resolved
+// distortion measure, keep rules and method ("answer-tv", "window,h2o", "seqcalib").
+struct CalibrationKind {
+  std::string measure;
+  std::string keep_rules;
+  std::string method;
+};
+CalibrationKind calibration_kind(const calib::CalibrationRequest& request);
+
+// InputError (naming the manifest, the key and the uncovered value with the entries that use it)
+// when recalibrate_on_check leaves a measure, keep-rules choice or method of some entry uncovered.
+void check_recalibration_coverage(const Manifest& manifest);
 
 // `where` names the source in errors; relative paths are joined to `base` (empty: kept as
 // written, relative to the manifest's folder).
