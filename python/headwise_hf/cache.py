@@ -566,6 +566,19 @@ def _model_dir(model) -> Optional[str]:
     return path if path and os.path.isdir(path) else None
 
 
+def _warn_state_dtype(policy: Policy, text_config) -> None:
+    """The recurrent/conv states of linear-attention and SSM layers stay transformers' own (as the
+    model computes them); a policy that records another state dtype is told so, not ignored."""
+    if policy.state_dtype is None:
+        return
+    kinds = set(getattr(text_config, "layer_types", None) or [])
+    stateful = kinds - {"full_attention", "sliding_attention"}
+    if stateful:
+        warnings.warn(f"HeadwiseCache: {policy.path} records state_dtype {policy.state_dtype}; the "
+                      f"{', '.join(sorted(stateful))} layers keep transformers' own states (the model's dtype), "
+                      "so their rounding may differ from headwise's runtime")
+
+
 class HeadwiseCache(DynamicCache):
     """A DynamicCache whose global attention layers keep only what a headwise policy gives each KV head.
 
@@ -623,6 +636,7 @@ class HeadwiseCache(DynamicCache):
             elif policy.config_sha256 and actual != policy.config_sha256:
                 raise PolicyError(f"{policy.path}: model_fingerprint.config_sha256 does not match "
                                   f"{os.path.join(model_dir, 'config.json')} (a policy for another model)")
+        _warn_state_dtype(policy, model.config.get_text_config(decoder=True))
         install(model)
         return cls(policy, model.config, preallocate=preallocate, allow_beyond_context=allow_beyond_context)
 
