@@ -33,7 +33,7 @@ import time
 
 from headwise_hf.policy import PolicyError, read_policy
 
-from .plan import ENV_POLICY, check_servable
+from .plan import ENV_POLICY, check_servable, plan_model
 
 
 class CheckError(Exception):
@@ -178,12 +178,25 @@ def write_logprobs(path: str, out, tokens: list[int], vocab: int) -> None:
         raise
 
 
-def start_engine(args):
-    """vLLM's LLM for args.model under args.policy (`none`: without), in this process."""
+def preflight(policy, model_dir: str) -> None:
+    """What the plugin will refuse, checked before vLLM starts: one line instead of vLLM's traces."""
+    from transformers import AutoConfig
+
+    check_servable(policy)
+    try:
+        config = AutoConfig.from_pretrained(model_dir)
+    except (OSError, ValueError) as e:
+        raise CheckError(f"--model {model_dir}: transformers cannot read its config.json ({e})") from None
+    plan_model(policy, config.get_text_config(decoder=True), model_dir)
+
+
+def start_engine(args, log_stats: bool = False):
+    """vLLM's LLM for args.model under args.policy (`none`: without), in this process;
+    log_stats: vLLM's per-request timestamps in each output's metrics."""
     if args.policy == "none":
         os.environ.pop(ENV_POLICY, None)
     else:
-        check_servable(read_policy(args.policy))
+        preflight(read_policy(args.policy), args.model)
         os.environ[ENV_POLICY] = os.path.abspath(args.policy)
     # The engine in this process: its scheduler (and so the KV cache config) is reachable.
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
@@ -195,7 +208,7 @@ def start_engine(args):
         install()  # as the entry point does; also when an earlier engine here had no policy
     kwargs = dict(model=args.model, skip_tokenizer_init=True, max_model_len=args.max_model_len, dtype=args.dtype,
                   enforce_eager=args.enforce_eager, gpu_memory_utilization=args.gpu_memory_utilization,
-                  enable_prefix_caching=False, seed=0)
+                  enable_prefix_caching=False, seed=0, disable_log_stats=not log_stats)
     if args.block_size:
         kwargs["block_size"] = args.block_size
     if args.max_num_batched_tokens:

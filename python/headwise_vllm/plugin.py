@@ -38,9 +38,11 @@ def _refuse_unserved(method):
         if os.environ.get(ENV_POLICY) and arch not in _served_architectures():
             from headwise_hf.policy import PolicyError
 
+            why = (" (a gated-DeltaNet hybrid: docs/deploy.md says where its policies run)"
+                   if arch.startswith(("Qwen3Next", "Qwen3_5")) else "")
             raise PolicyError(f"{ENV_POLICY}={os.environ.get(ENV_POLICY)}: architecture {arch} is not one headwise_vllm "
-                              f"serves ({', '.join(sorted(_served_architectures()))}); unset {ENV_POLICY} to serve "
-                              "the model without the policy")
+                              f"serves ({', '.join(sorted(_served_architectures()))}){why}; unset {ENV_POLICY} to "
+                              "serve the model without the policy")
         return result
 
     wrapper._headwise_wrapped = True
@@ -70,6 +72,11 @@ def install() -> None:
     # until its cache entry exists); these import only the four stock model modules.
     for arch, (_, base_name) in models.ARCHITECTURES.items():
         ModelRegistry.register_model(arch, getattr(models, f"Headwise{base_name}"))
+    # vLLM caches each model folder's resolved class; an engine built here before the policy was
+    # set (headwise_vllm.check starts several) must not hand the next one the stock class.
+    from vllm.model_executor.model_loader import utils as loader_utils
+
+    loader_utils._MODEL_ARCH_BY_HASH.clear()
     for name in ("resolve_model_cls", "inspect_model_cls"):
         method = getattr(_ModelRegistry, name)
         if not getattr(method, "_headwise_wrapped", False):

@@ -17,7 +17,9 @@ Run with .venv-vllm/bin/python (tools/setup.sh --vllm). Every engine runs in thi
      vLLM's block size, max_num_batched_tokens and KV dtype, and so does the request's total;
      without a policy, vLLM's configuration equals `mem-estimate --full-kv --engine vllm`. With a
      fixed VLLM_CPU_KVCACHE_SPACE, vLLM's maximum concurrency is what mem-estimate's bytes give
-     in that pool, with and without the policy, so it grows by mem-estimate's ratio.
+     in that pool, with and without the policy, so it grows by mem-estimate's ratio. The engine
+     without a policy runs first: the plugin must take over in a process that built the stock
+     class already.
   3. Refusals: a policy with h2o heads (one line naming --keep-rules window, from the check tool
      and from the plugin's entry point), sink tokens, another model's policy, a model family the
      plugin does not serve.
@@ -161,6 +163,12 @@ def check_refusals(fixtures, tmp):
              "--tokens", ids], expect_ok=False)
     ok(r.returncode == 1 and "sink_tokens" in r.stderr and len(r.stderr.strip().splitlines()) == 1,
        f"sink tokens refused: {r.stderr.strip()}")
+    qnext = fixtures / "qwen3_next_tiny"
+    qnext_policy = write_policy(tmp / "qnext.yaml", qnext, {1: [8, 8], 3: [8, None]}, context=256)
+    r = run([sys.executable, "-m", "headwise_vllm.check", "--model", qnext, "--policy", qnext_policy,
+             "--max-model-len", 256, "--tokens", ids], expect_ok=False)
+    ok(r.returncode == 1 and "gated-DeltaNet" in r.stderr and len(r.stderr.strip().splitlines()) == 1,
+       f"check refuses a qwen3_next model before vLLM starts: {r.stderr.strip()}")
     from transformers import AutoConfig
 
     llama_cfg = AutoConfig.from_pretrained(fixtures / "llama_vllm")
@@ -256,6 +264,18 @@ def main():
         check_plan_unit()
         check_refusals(fixtures, tmp)
         predicted = {}
+        rng_none = random.Random(41)
+        none_report = none_estimate = None
+        if not args.only or "gemma3_vllm" in args.only:
+            # First, before any engine with a policy: the plugin must take over from the stock
+            # class in a process that already built it (vLLM caches a folder's class).
+            fixture = fixtures / "gemma3_vllm"
+            ids = tmp / "none.json"
+            ids.write_text(json.dumps([rng_none.randrange(128) for _ in range(PROMPTS[0])]))
+            none_report = check.run(engine_args(model_view(fixture, tmp), "none", ids))
+            none_estimate = mem_estimate(args.cli, none_report, "--full-kv", "--model", fixture)
+            predicted[("gemma3_vllm", "none")] = check_bytes(args.cli, "gemma3_vllm without a policy", none_report,
+                                                             none_estimate)
         for name, windows in POLICIES.items():
             if args.only and name not in args.only:
                 continue
@@ -277,12 +297,9 @@ def main():
             predicted[(name, "policy")] = check_bytes(args.cli, f"{name} under its policy", reports[0], estimate)
             print(f"     {name}: {time.time() - t0:.0f} s", flush=True)
             if name == "gemma3_vllm":
-                report = check.run(engine_args(view, "none", tmp / f"{name}_{PROMPTS[0]}.json"))
-                estimate_full = mem_estimate(args.cli, report, "--full-kv", "--model", fixture)
-                full = check_bytes(args.cli, f"{name} without a policy", report, estimate_full)
-                measured = reports[0]["max_concurrency"] / report["max_concurrency"]
-                ratio = predicted[(name, "policy")] / full
-                bytes_ratio = estimate_full["total_bytes"] / estimate["total_bytes"]
+                measured = reports[0]["max_concurrency"] / none_report["max_concurrency"]
+                ratio = predicted[(name, "policy")] / predicted[(name, "none")]
+                bytes_ratio = none_estimate["total_bytes"] / estimate["total_bytes"]
                 ok(abs(measured - ratio) <= 1e-9 * ratio and abs(ratio - bytes_ratio) <= 0.01 * bytes_ratio,
                    f"{name}: the policy raises vLLM's max concurrency x{measured:.4f}; mem-estimate predicts "
                    f"x{ratio:.4f} in this pool (bytes ratio {bytes_ratio:.4f})")
