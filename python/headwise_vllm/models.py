@@ -23,7 +23,8 @@ from headwise_hf.policy import FULL, PolicyError, read_policy
 from .attention import HeadwiseSplitAttention, permute_layer_weights
 from .plan import ENV_POLICY, LayerPlan, layer_kinds, plan_model
 
-logger = logging.getLogger("headwise_vllm")
+# Under vLLM's own logger, so its handlers and VLLM_LOGGING_LEVEL apply.
+logger = logging.getLogger("vllm.headwise_vllm")
 
 
 def _model_dir(vllm_config) -> Optional[str]:
