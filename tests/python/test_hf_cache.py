@@ -6,8 +6,11 @@ windows and sink tokens, chunked prefill through HeadwiseCache must give the log
 `forward --policy` gives (<= 1e-4, fp32); with `full` everywhere both must equal the plain
 full-KV logits (transformers' and `forward`'s); the cache's K/V bytes must equal
 `mem-estimate --config policy.yaml --json` global_kv_bytes at the cached length (and at the
-policy's context with preallocate=True); generate() must run through the cache; forward
---policy must refuse another model's policy, a context overflow and a stray --prefill-chunk.
+policy's context with preallocate=True); generate() must run through the cache; the same with
+h2o heads (kv_head_rules) in the first global layer, served as the runtime serves them (logits
+equal forward --policy's at the same prefill chunk, K/V and position/score bytes equal
+mem-estimate's global_kv_bytes and selection_state_bytes, decoding evicts); forward --policy must
+refuse another model's policy, a context overflow and a stray --prefill-chunk.
 
 Usage: test_hf_cache.py --cli build/bin/headwise-calc [--fixtures tests/fixtures]
 Exit 0 on success, 1 on any failure. Without torch/transformers/safetensors: 1 (tools/test.sh, which
@@ -65,9 +68,9 @@ def global_layers(config):
     return [i for i, t in enumerate(types) if t == "full_attention"]
 
 
-def write_policy(path, fixture_dir, windows, *, context, sinks, levels, dtype="float32", block=16):
+def write_policy(path, fixture_dir, windows, *, context, sinks, levels, dtype="float32", block=16, rules=None):
     """A hand-written serving policy (no memory block: headwise's reader then checks only the
-    layers and windows against the model)."""
+    layers and windows against the model); `rules`: layer -> kv_head_rules."""
     name = lambda w: "full" if w is None else str(w)  # noqa: E731
     lines = [
         "schema: headwise/policy/v1",
@@ -86,6 +89,8 @@ def write_policy(path, fixture_dir, windows, *, context, sinks, levels, dtype="f
     ]
     for layer, heads in sorted(windows.items()):
         lines += [f"  - layer_id: {layer}", f"    kv_head_windows: [{', '.join(name(w) for w in heads)}]"]
+        if rules and layer in rules:
+            lines += [f"    kv_head_rules: [{', '.join(rules[layer])}]"]
     path.write_text("\n".join(lines) + "\n")
     return path
 
@@ -105,9 +110,50 @@ def cli_logits(cli, fixture, ids_path, out, *extra):
     return load_file(str(out))["logits"]
 
 
-def estimate_global_kv(cli, policy, context=None):
+def estimate_components(cli, policy, context=None):
     args = ["mem-estimate", "--config", policy, "--json"] + (["--context", context] if context else [])
-    return json.loads(run(cli, *args).stdout)["components"]["global_kv_bytes"]
+    return json.loads(run(cli, *args).stdout)["components"]
+
+
+def estimate_global_kv(cli, policy, context=None):
+    return estimate_components(cli, policy, context)["global_kv_bytes"]
+
+
+def check_h2o(cli, fixture, model, ids, ids_path, tmp, mixed, chunk, plain):
+    """kv_head_rules served as the runtime serves them: H2O in an h2o head's slots, evicting after
+    every chunk; the layer's window heads keep their windows."""
+    from headwise_hf.cache import HeadwiseH2OLayer
+
+    first = sorted(mixed)[0]
+    rules = {first: ["h2o" if h % 2 == 0 else "window" for h in range(len(mixed[first]))]}
+    policy = write_policy(tmp / f"{fixture.name}.h2o.yaml", fixture, mixed, context=256, sinks=3,
+                          levels=[8, 24, None], rules=rules)
+    ref = cli_logits(cli, fixture, ids_path, tmp / "h2o.st", "--policy", policy, "--prefill-chunk", chunk)
+    seq_len = ids.shape[1]
+    chunks = [chunk] * (seq_len // chunk) + ([seq_len % chunk] if seq_len % chunk else [])
+    cache = HeadwiseCache.from_policy(policy, model)
+    got = hf_logits(model, ids, cache, chunks)
+    diff = (got - ref).abs().max().item()
+    windows_only = cli_logits(cli, fixture, ids_path, tmp / "win.st", "--policy",
+                              write_policy(tmp / f"{fixture.name}.win.yaml", fixture, mixed, context=256, sinks=3,
+                                           levels=[8, 24, None]), "--prefill-chunk", chunk)
+    check(diff <= TOL and isinstance(cache.layers[first], HeadwiseH2OLayer) and
+          (ref - windows_only).abs().max().item() > 1e-3,
+          f"{fixture.name}: h2o heads {rules} (HeadwiseCache, chunks of {chunk}) vs forward --policy: max |diff| "
+          f"{diff:.2e}; h2o changes the logits by {(ref - windows_only).abs().max().item():.2e} from windows")
+    est = estimate_components(cli, policy, context=seq_len)
+    check(cache.kv_bytes() == est["global_kv_bytes"] and cache.selection_bytes() == est["selection_state_bytes"],
+          f"{fixture.name}: h2o layer bytes: K/V {cache.kv_bytes()} == {est['global_kv_bytes']}, positions/scores "
+          f"{cache.selection_bytes()} == selection_state_bytes {est['selection_state_bytes']} (mem-estimate at {seq_len})")
+    # Token by token after a prefill chunk: decode steps evict too.
+    cache = HeadwiseCache.from_policy(policy, model)
+    with torch.no_grad():
+        out = model.generate(ids[:, :100], past_key_values=cache, max_new_tokens=8, do_sample=False,
+                             pad_token_id=0, min_new_tokens=8)
+    held = cache.layers[first].heads[0].held[0]
+    check(out.shape[1] == 108 and held == cache.layers[first].heads[0].capacity,
+          f"{fixture.name}: generate() through an h2o layer (head 0 holds {held} of its "
+          f"{cache.layers[first].heads[0].capacity} slots)")
 
 
 def check_fixture(cli, fixture, tmp, seq_len, chunk, mixed_levels):
@@ -155,7 +201,8 @@ def check_fixture(cli, fixture, tmp, seq_len, chunk, mixed_levels):
     # Full everywhere: both equal the plain full-KV logits.
     full_cli = cli_logits(cli, fixture, ids_path, tmp / "full.st", "--policy", full_policy, "--prefill-chunk", chunk)
     full_hf = hf_logits(model, ids, HeadwiseCache.from_policy(full_policy, model), chunks)
-    model.set_attn_implementation("sdpa")
+    # transformers has no sdpa path for gpt-oss's sink logits: its reference is eager attention.
+    model.set_attn_implementation("eager" if config.model_type == "gpt_oss" else "sdpa")
     with torch.no_grad():
         hf_plain = model(ids).logits[0].float()
     for name, a, b in (("forward --policy full vs forward", full_cli, plain),
@@ -172,6 +219,7 @@ def check_fixture(cli, fixture, tmp, seq_len, chunk, mixed_levels):
     check(out.shape[1] == 108 and cache.get_seq_length() == 107 and
           cache.kv_bytes() == estimate_global_kv(cli, mixed_policy, context=107),
           f"{fixture.name}: generate() through HeadwiseCache (8 new tokens, cache length {cache.get_seq_length()})")
+    check_h2o(cli, fixture, model, ids, ids_path, tmp, mixed, chunk, plain)
     print(f"     {fixture.name}: {time.time() - t0:.1f} s", flush=True)
     return mixed_policy, ids_path
 
@@ -225,9 +273,9 @@ def main():
              ("llama_rope3", 160, 48, [8, 24, None]),
              ("qwen3_gqa", 160, 48, [8, 24, None]),
              ("gemma3_gqa4", 160, 48, [8, 24, None])]
-    if args.all:  # more of the same paths (about 5 s each): softcapping, sliding qwen3, Qwen3.5's hybrid
+    if args.all:  # more of the same paths: softcapping, sliding qwen3, Qwen3.5's hybrid, gpt-oss's sink logits
         cases += [(name, 160, 48, [8, 24, None]) for name in ("gemma3_softcap", "qwen3_sliding", "qwen3_5_text_tiny",
-                                                              "qwen3_yarn")]
+                                                              "qwen3_yarn", "gpt_oss_tiny")]
     with tempfile.TemporaryDirectory(prefix="headwise-hf-") as d:
         tmp = pathlib.Path(d)
         for name, seq_len, chunk, levels in cases:

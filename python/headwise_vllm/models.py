@@ -1,0 +1,184 @@
+"""vLLM model classes that serve a headwise policy: the stock classes of each family, built with
+every attention layer set as the policy and the HF config say, and the heads of split layers
+permuted when the weights load.
+
+While the stock __init__ runs, the name `Attention` in the family's vLLM module is replaced by a
+factory that decides per layer (from the layer index in its prefix):
+  - a sliding layer of the config (layer_types): vLLM's Attention with the config's window
+    (vLLM's own Qwen3 ignores layer_types and would compute those layers as full);
+  - a global layer whose heads share one window: vLLM's Attention with that window (None: full);
+  - a global layer with several windows: HeadwiseSplitAttention, one Attention per window group.
+"""
+from __future__ import annotations
+
+import contextlib
+import importlib
+import inspect
+import logging
+import os
+from typing import Optional
+
+from headwise_hf.policy import FULL, PolicyError, read_policy
+
+from .attention import HeadwiseSplitAttention, permute_layer_weights
+from .plan import ENV_POLICY, LayerPlan, layer_kinds, plan_model
+
+# Under vLLM's own logger, so its handlers and VLLM_LOGGING_LEVEL apply.
+logger = logging.getLogger("vllm.headwise_vllm")
+
+
+def _model_dir(vllm_config) -> Optional[str]:
+    path = getattr(vllm_config.model_config, "model", None)
+    return path if path and os.path.isdir(path) else None
+
+
+def _check_engine(vllm_config, policy) -> None:
+    parallel = vllm_config.parallel_config
+    if parallel.tensor_parallel_size != 1 or parallel.pipeline_parallel_size != 1:
+        raise PolicyError(f"{policy.path}: headwise_vllm permutes whole layers' heads, so it serves with "
+                          "tensor_parallel_size 1 and pipeline_parallel_size 1 only")
+    max_len = vllm_config.model_config.max_model_len
+    if max_len > policy.context:
+        logger.warning("headwise_vllm: max_model_len %d exceeds the policy's context %d (its windows were "
+                       "chosen for %d tokens)", max_len, policy.context, policy.context)
+
+
+class _AttentionFactory:
+    """Stands in for `Attention` in a family's module while its model is built."""
+
+    def __init__(self, attention_cls, text_config, plans: dict[int, LayerPlan]):
+        self.attention_cls = attention_cls
+        self.signature = inspect.signature(attention_cls.__init__)
+        self.kinds = layer_kinds(text_config)
+        self.sliding_window = getattr(text_config, "sliding_window", None)
+        self.plans = plans
+        self.built: dict[int, object] = {}
+
+    def __call__(self, *args, **kwargs):
+        from vllm.model_executor.models.utils import extract_layer_index
+
+        bound = self.signature.bind(None, *args, **kwargs)
+        arguments = dict(bound.arguments)
+        arguments.pop("self", None)
+        extra = arguments.pop("extra_impl_args", {}) or {}
+        arguments.update(extra)
+        prefix = arguments.get("prefix", "")
+        layer = extract_layer_index(prefix)
+        if self.kinds[layer] == "sliding_attention":
+            arguments["per_layer_sliding_window"] = self.sliding_window
+            return self.attention_cls(**arguments)
+        plan = self.plans[layer]
+        self.built[layer] = prefix
+        if not plan.split:
+            arguments["per_layer_sliding_window"] = plan.groups[0].window
+            return self.attention_cls(**arguments)
+        if arguments.get("alibi_slopes") is not None:
+            raise PolicyError(f"layer {layer}: ALiBi slopes are per query head; headwise_vllm does not permute them")
+        names = ("num_heads", "head_size", "scale", "num_kv_heads", "prefix", "per_layer_sliding_window", "sinks",
+                 "head_size_v")
+        fixed = {n: arguments.pop(n, None) for n in names}
+        return HeadwiseSplitAttention(self.attention_cls, plan, num_heads=fixed["num_heads"],
+                                      head_size=fixed["head_size"], scale=fixed["scale"],
+                                      num_kv_heads=fixed["num_kv_heads"] or fixed["num_heads"],
+                                      prefix=fixed["prefix"], sinks=fixed["sinks"], head_size_v=fixed["head_size_v"],
+                                      **arguments)
+
+
+@contextlib.contextmanager
+def _patched_attention(module_name: str, factory_args):
+    module = importlib.import_module(module_name)
+    original = module.Attention
+    factory = _AttentionFactory(original, *factory_args)
+    module.Attention = factory
+    try:
+        yield factory
+    finally:
+        module.Attention = original
+
+
+@contextlib.contextmanager
+def _qwen2_window_layers(text_config):
+    # vLLM's Qwen2Model asserts max_window_layers == num_hidden_layers whenever layer_types mixes
+    # kinds, because it cannot window only some layers; the factory does, so let it build.
+    saved = getattr(text_config, "max_window_layers", None)
+    if saved is not None and len(set(layer_kinds(text_config))) > 1:
+        text_config.max_window_layers = text_config.num_hidden_layers
+    try:
+        yield
+    finally:
+        if saved is not None:
+            text_config.max_window_layers = saved
+
+
+class HeadwiseServing:
+    """Mixin for a stock vLLM causal-LM class: builds it under the policy, permutes after loading."""
+
+    _vllm_module = ""
+
+    def __init__(self, *, vllm_config, prefix: str = ""):
+        from vllm.model_executor.layers.linear import UnquantizedLinearMethod
+
+        path = os.environ.get(ENV_POLICY, "")
+        if not path:  # no policy (now): the stock model
+            super().__init__(vllm_config=vllm_config, prefix=prefix)
+            self._headwise_policy, self._headwise_splits = None, []
+            return
+        policy = read_policy(path)
+        text_config = vllm_config.model_config.hf_config.get_text_config()
+        plans = plan_model(policy, text_config, _model_dir(vllm_config))
+        _check_engine(vllm_config, policy)
+        with _patched_attention(self._vllm_module, (text_config, plans)) as factory, \
+                _qwen2_window_layers(text_config):
+            super().__init__(vllm_config=vllm_config, prefix=prefix)
+        missing = sorted(set(plans) - set(factory.built))
+        if missing:
+            raise PolicyError(f"{policy.path}: the model built no attention layer for global layers {missing}")
+        self._headwise_policy = policy
+        self._headwise_splits = []
+        for name, module in self.named_modules():
+            split = getattr(module, "attn", None)
+            if not isinstance(split, HeadwiseSplitAttention):
+                continue
+            for proj in ("qkv_proj", "o_proj"):
+                method = getattr(getattr(module, proj, None), "quant_method", None)
+                if not isinstance(method, UnquantizedLinearMethod):
+                    raise PolicyError(f"{policy.path}: {name}.{proj} is quantized ({type(method).__name__}); "
+                                      "headwise_vllm permutes unquantized attention weights only")
+            self._headwise_splits.append((module, split))
+        windows = {l: ["full" if w is FULL else w for w in p.windows] for l, p in plans.items()}
+        logger.info("headwise_vllm: serving %s: %d global layers, %d split by window: %s", policy.path, len(plans),
+                    len(self._headwise_splits), windows)
+
+    def load_weights(self, weights):
+        loaded = super().load_weights(weights)
+        # The checkpoint arrives in its own head order; every load reorders it.
+        for parent, split in self._headwise_splits:
+            permute_layer_weights(parent, split)
+        return loaded
+
+
+def _served(base_module: str, base_name: str):
+    base = getattr(importlib.import_module(base_module), base_name)
+    cls = type(f"Headwise{base_name}", (HeadwiseServing, base), {"_vllm_module": base_module,
+                                                                   "__module__": __name__})
+    return cls
+
+
+# Architecture name (config.json "architectures") -> the served class, imported lazily by vLLM
+# (ModelRegistry string form "headwise_vllm.models:<name>").
+ARCHITECTURES = {
+    "Gemma3ForCausalLM": ("vllm.model_executor.models.gemma3", "Gemma3ForCausalLM"),
+    "Qwen3ForCausalLM": ("vllm.model_executor.models.qwen3", "Qwen3ForCausalLM"),
+    "LlamaForCausalLM": ("vllm.model_executor.models.llama", "LlamaForCausalLM"),
+    "GptOssForCausalLM": ("vllm.model_executor.models.gpt_oss", "GptOssForCausalLM"),
+}
+
+
+def __getattr__(name: str):
+    # headwise_vllm.models:HeadwiseGemma3ForCausalLM etc., built on first use.
+    for arch, (module, base_name) in ARCHITECTURES.items():
+        if name == f"Headwise{base_name}":
+            cls = _served(module, base_name)
+            globals()[name] = cls
+            return cls
+    raise AttributeError(name)

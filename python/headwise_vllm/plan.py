@@ -1,0 +1,122 @@
+"""What vLLM must build for a policy: pure functions, no vLLM import (tested on their own).
+
+For each global attention layer the policy names, the KV heads are grouped by window (ascending,
+`full` last: the order of headwise's runtime grouped cache and of HeadwiseCache) and permuted so
+each group is contiguous. Each group becomes one vLLM attention layer over its slice of heads,
+with `sliding_window = W` (None for `full`), so vLLM's hybrid KV cache manager gives it its own
+block table and frees what leaves its window, exactly as it does for a model's own sliding layers.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+from typing import Optional
+
+from headwise_hf.policy import FULL, Policy, PolicyError, config_sha256
+
+# Families the plugin serves: HF model_type -> the text config's layer kinds come from layer_types
+# (absent: every layer global).
+SERVED_MODEL_TYPES = ("gemma3_text", "qwen3", "llama", "gpt_oss")
+# Hybrids with gated DeltaNet: headwise calibrates them, this plugin does not serve them (docs/deploy.md).
+UNSERVED_HYBRIDS = ("qwen3_next", "qwen3_5_text", "qwen3_5_moe_text")
+
+ENV_POLICY = "HEADWISE_POLICY"
+
+
+@dataclasses.dataclass(frozen=True)
+class HeadGroup:
+    """KV heads [first, first + count) of the permuted layer, all keeping `window` tokens."""
+    first: int
+    count: int
+    window: Optional[int]  # None: full
+
+    @property
+    def name(self) -> str:
+        # A layer-name suffix without a bare integer: vLLM reads the layer index as the only
+        # all-digit component of a layer name (extract_layer_index).
+        return "headwise_full" if self.window is FULL else f"headwise_w{self.window}"
+
+
+@dataclasses.dataclass(frozen=True)
+class LayerPlan:
+    layer_id: int
+    windows: tuple  # the policy's windows, checkpoint head order
+    permutation: tuple  # new KV head j is checkpoint KV head permutation[j]
+    groups: tuple  # HeadGroup, in permuted order
+
+    @property
+    def split(self) -> bool:
+        """More than one window: the layer becomes one attention layer per group."""
+        return len(self.groups) > 1
+
+    def query_permutation(self, num_heads: int) -> list[int]:
+        """New query head i is checkpoint query head result[i] (each KV head's GQA group follows it)."""
+        kv = len(self.windows)
+        if num_heads % kv:
+            raise PolicyError(f"layer {self.layer_id}: {num_heads} query heads do not split over {kv} KV heads")
+        per = num_heads // kv
+        return [h * per + j for h in self.permutation for j in range(per)]
+
+
+def plan_layer(layer_id: int, windows: list) -> LayerPlan:
+    by_window: dict = {}
+    for head, w in enumerate(windows):
+        by_window.setdefault(w, []).append(head)
+    order = sorted(by_window, key=lambda w: (w is FULL, w or 0))
+    permutation, groups = [], []
+    for w in order:
+        groups.append(HeadGroup(first=len(permutation), count=len(by_window[w]), window=w))
+        permutation.extend(by_window[w])
+    return LayerPlan(layer_id=layer_id, windows=tuple(windows), permutation=tuple(permutation), groups=tuple(groups))
+
+
+def layer_kinds(text_config) -> list[str]:
+    n = text_config.num_hidden_layers
+    kinds = list(getattr(text_config, "layer_types", None) or ["full_attention"] * n)
+    if len(kinds) != n:
+        raise PolicyError(f"the model's layer_types lists {len(kinds)} layers, num_hidden_layers is {n}")
+    return kinds
+
+
+def check_servable(policy: Policy) -> None:
+    """What the policy asks that no vLLM attention layer can do: refused before the model loads."""
+    h2o = policy.h2o_heads()
+    if h2o:
+        where = ", ".join(f"layer {l} heads {heads}" for l, heads in h2o.items())
+        raise PolicyError(f"{policy.path}: kv_head_rules has h2o heads ({where}); vLLM keeps a window per layer and "
+                          "selects no tokens, so it cannot serve them: calibrate with --keep-rules window for a "
+                          "policy vLLM can serve (docs/deploy.md says where an h2o policy runs)")
+    if policy.sink_tokens:
+        raise PolicyError(f"{policy.path}: sink_tokens: {policy.sink_tokens}; vLLM's sliding-window attention keeps no "
+                          "sink tokens, so the windowed heads would lose them: calibrate with --sink-tokens 0 to serve "
+                          "this model in vLLM")
+
+
+def plan_model(policy: Policy, text_config, model_dir: Optional[str]) -> dict[int, LayerPlan]:
+    """Checks the policy against the model vLLM is loading and plans every global layer."""
+    check_servable(policy)
+    model_type = getattr(text_config, "model_type", "")
+    if model_type in UNSERVED_HYBRIDS:
+        raise PolicyError(f"{policy.path}: {model_type}: headwise_vllm does not serve gated-DeltaNet hybrids "
+                          "(docs/deploy.md: vLLM's CPU path loads no shipped headwise model of this family); serve "
+                          "this policy with headwise's runtime decoder or python/headwise_hf")
+    if model_type not in SERVED_MODEL_TYPES:
+        raise PolicyError(f"{policy.path}: model_type {model_type!r} is not a family headwise_vllm serves "
+                          f"({', '.join(SERVED_MODEL_TYPES)})")
+    if model_dir and policy.config_sha256:
+        actual = config_sha256(model_dir)
+        if actual is not None and actual != policy.config_sha256:
+            raise PolicyError(f"{policy.path}: model_fingerprint.config_sha256 does not match "
+                              f"{os.path.join(model_dir, 'config.json')} (a policy for another model)")
+    kinds = layer_kinds(text_config)
+    globals_ = [i for i, k in enumerate(kinds) if k == "full_attention"]
+    if sorted(policy.windows) != globals_:
+        raise PolicyError(f"{policy.path}: per_layer_policies names layers {sorted(policy.windows)}, the model's "
+                          f"global attention layers are {globals_} (a policy for another model?)")
+    num_kv = getattr(text_config, "num_key_value_heads", None) or text_config.num_attention_heads
+    plans = {}
+    for layer_id, windows in sorted(policy.windows.items()):
+        if len(windows) != num_kv:
+            raise PolicyError(f"{policy.path}: layer {layer_id}: {len(windows)} kv_head_windows for {num_kv} KV heads")
+        plans[layer_id] = plan_layer(layer_id, windows)
+    return plans
