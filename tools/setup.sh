@@ -1,8 +1,18 @@
 #!/usr/bin/env bash
 # Installs what headwise needs to build and test, at the versions pinned in versions.env.
 # Idempotent: does nothing (and needs no network) when everything is already there.
+#   tools/setup.sh --kvpress   also creates .venv-kvpress/ (git-ignored): PyPI kvpress $KVPRESS_VERSION, which pins
+#                              transformers<5.3, in a virtual environment of its own that reuses this machine's torch
+#                              (tools/peers_eval.py runs kvpress's presses there)
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
+with_kvpress=0
+for arg in "$@"; do
+  case $arg in
+    --kvpress) with_kvpress=1 ;;
+    *) echo "setup: unknown option $arg (have: --kvpress)" >&2; exit 2 ;;
+  esac
+done
 # shellcheck source=../versions.env
 source "$root/versions.env"
 
@@ -38,3 +48,19 @@ if ((${#pip_wants[@]})); then
   python3 -m pip install -q "${pip_wants[@]}"
 fi
 echo "setup: ok (torch $TORCH_VERSION, transformers $TRANSFORMERS_VERSION)"
+
+if ((with_kvpress)); then
+  venv=$root/.venv-kvpress
+  # --system-site-packages: the project's torch (kvpress asks torch>=2.3.1,<3), so both sides of the
+  # comparison run the same kernels; kvpress's transformers shadows the project's inside the venv.
+  [[ -x $venv/bin/python ]] || python3 -m venv --system-site-packages "$venv"
+  if ! "$venv/bin/python" - "$KVPRESS_VERSION" "$KVPRESS_TRANSFORMERS_VERSION" <<'PY' 2>/dev/null; then
+import importlib.metadata as md, sys
+sys.exit(0 if md.version("kvpress") == sys.argv[1] and md.version("transformers") == sys.argv[2] else 1)
+PY
+    echo "setup: installing kvpress $KVPRESS_VERSION into $venv"
+    "$venv/bin/python" -m pip install -q "kvpress==$KVPRESS_VERSION" "transformers==$KVPRESS_TRANSFORMERS_VERSION" \
+      "torch==$TORCH_VERSION"
+  fi
+  echo "setup: kvpress $KVPRESS_VERSION ok in $venv (transformers $KVPRESS_TRANSFORMERS_VERSION, torch $TORCH_VERSION)"
+fi
