@@ -87,59 +87,53 @@ std::vector<size_t> greedy_joint_descent(const std::vector<solve::Group>& groups
   return assign;
 }
 
-// The best move of one head, or of two heads at once, that keeps the layer within `allowance`
-// and lowers `measure`; applied, returns true. Ties: the first found (heads, then levels, in
-// order), so the result is deterministic.
-bool best_swap(const std::vector<solve::Group>& groups, std::vector<size_t>& assign, int64_t allowance,
-               const JointMeasure& measure, const JointPrefetch& prefetch) {
-  if (prefetch) {
-    std::vector<std::vector<size_t>> step{assign};
-    for (size_t h = 0; h < assign.size(); ++h) {
-      for (size_t l = 0; l < groups[h].options.size(); ++l) {
-        if (l == assign[h]) continue;
-        std::vector<size_t> one = assign;
-        one[h] = l;
-        if (layer_bytes(groups, one) <= allowance) step.push_back(one);
-        for (size_t g = 0; g < assign.size(); ++g) {
-          if (g == h) continue;
-          for (size_t m = 0; m < groups[g].options.size(); ++m) {
-            if (m == assign[g]) continue;
-            std::vector<size_t> two = one;
-            two[g] = m;
-            if (layer_bytes(groups, two) <= allowance) step.push_back(two);
-          }
-        }
-      }
-    }
-    prefetch(step);
-  }
-  const double here = measure(assign);
-  double best = here;
-  std::optional<std::vector<size_t>> chosen;
-  const auto consider = [&](const std::vector<size_t>& candidate) {
-    if (layer_bytes(groups, candidate) > allowance) return;
-    const double value = measure(candidate);
-    // Relative margin: a move must beat rounding, or two equal choices would alternate.
-    if (value < best - 1e-12 * std::max(1.0, std::abs(best))) {
-      best = value;
-      chosen = candidate;
-    }
+// Every assignment one move from `assign` (one head at another level, or two heads at once) that
+// keeps the layer within `allowance`, in a fixed order: heads, then levels.
+static std::vector<std::vector<size_t>> moves_within(const std::vector<solve::Group>& groups, const std::vector<size_t>& assign,
+                                              int64_t allowance) {
+  std::vector<std::vector<size_t>> out;
+  const auto keep_if_fits = [&](const std::vector<size_t>& candidate) {
+    if (layer_bytes(groups, candidate) <= allowance) out.push_back(candidate);
   };
   for (size_t h = 0; h < assign.size(); ++h) {
     for (size_t l = 0; l < groups[h].options.size(); ++l) {
       if (l == assign[h]) continue;
       std::vector<size_t> one = assign;
       one[h] = l;
-      consider(one);
+      keep_if_fits(one);
       for (size_t g = 0; g < assign.size(); ++g) {
         if (g == h) continue;
         for (size_t m = 0; m < groups[g].options.size(); ++m) {
           if (m == assign[g]) continue;
           std::vector<size_t> two = one;
           two[g] = m;
-          consider(two);
+          keep_if_fits(two);
         }
       }
+    }
+  }
+  return out;
+}
+
+// The best move of one head, or of two heads at once, that keeps the layer within `allowance`
+// and lowers `measure`; applied, returns true. Ties: the first found (heads, then levels, in
+// order), so the result is deterministic.
+bool best_swap(const std::vector<solve::Group>& groups, std::vector<size_t>& assign, int64_t allowance,
+               const JointMeasure& measure, const JointPrefetch& prefetch) {
+  const std::vector<std::vector<size_t>> moves = moves_within(groups, assign, allowance);
+  if (prefetch) {
+    std::vector<std::vector<size_t>> step{assign};
+    step.insert(step.end(), moves.begin(), moves.end());
+    prefetch(step);
+  }
+  double best = measure(assign);
+  std::optional<std::vector<size_t>> chosen;
+  for (const auto& candidate : moves) {
+    const double value = measure(candidate);
+    // Relative margin: a move must beat rounding, or two equal choices would alternate.
+    if (value < best - 1e-12 * std::max(1.0, std::abs(best))) {
+      best = value;
+      chosen = candidate;
     }
   }
   if (!chosen) return false;
