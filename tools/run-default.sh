@@ -15,6 +15,14 @@ build/bin/headwise-calc --model models/tiny-qwen3-next-8k --context 4k --budget 
   --windows 128,512,2k,full --samples 8 --seed 0 --state-dtype native \
   -o out/policy.yaml --report out/report.json --plot out/windows.svg "$@"
 build/bin/headwise-calc mem-estimate --config out/policy.yaml
-if cmp -s out/policy.yaml policies/tiny-qwen3-next-8k-eval-4k-50.yaml; then
-  echo "out/policy.yaml is byte-identical to policies/tiny-qwen3-next-8k-eval-4k-50.yaml (evaluated in docs/results.md)"
+committed=policies/tiny-qwen3-next-8k-eval-4k-50.yaml
+if cmp -s out/policy.yaml "$committed"; then
+  echo "out/policy.yaml is byte-identical to $committed (evaluated in docs/results.md)"
+elif cmp -s <(grep -v expected_distortion: out/policy.yaml) <(grep -v expected_distortion: "$committed"); then
+  # Seen on an AMD EPYC host: the curves' last digits follow the CPU's floating point (MKL's code
+  # path), not the thread count; the choices do not move. regen --check allows 1e-4 of a layer's scale.
+  echo "out/policy.yaml makes the choices of $committed (evaluated in docs/results.md): the same windows," \
+       "rules and bytes; only expected_distortion differs, in its last digits (this CPU's floating point)"
+else
+  echo "out/policy.yaml differs from $committed (evaluated in docs/results.md): diff them to see how"
 fi
