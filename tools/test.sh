@@ -28,4 +28,6 @@ export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
 # This command installs torch and transformers (tools/setup.sh): their absence is a failure here,
 # never a skip (docs/hardening.md, "Test exit codes").
 unset HEADWISE_PYTHON_STACK_OPTIONAL
-ctest --output-on-failure -j "${HEADWISE_TEST_JOBS:-$(nproc)}" "$@"
+# Cores, not OMP_NUM_THREADS: GNU nproc returns OMP_NUM_THREADS when it is set (1 here), which ran
+# the entries one at a time.
+ctest --output-on-failure -j "${HEADWISE_TEST_JOBS:-$(env -u OMP_NUM_THREADS -u OMP_THREAD_LIMIT nproc)}" "$@"
