@@ -183,6 +183,9 @@ class AnswerSpan::Capture final : public arch::AttentionCore {
   }
 
   at::Tensor attend(const arch::AttentionInputs& in) override {
+    // A measured (global) layer's bad head is named here, before its NaN spreads to every head's
+    // output and the layers above.
+    if (levels_ != nullptr) check_heads_finite(in);
     switch (part_) {
       case Part::kWhole: {
         if (keep_ != nullptr) *keep_ = in;
