@@ -28,10 +28,7 @@ struct EvalArgs {
   std::vector<std::string> policies;
   std::vector<std::string> unconditioned_policies;
   std::string tasks;
-  std::string baselines =
-      "full,uniform,streamingllm,pyramid-windows,retrieval-score,duo,random,unconditioned,h2o,snapkv,adakv,pyramidkv,"
-      "snapkv-chunked,adakv-chunked,pyramidkv-chunked,h2o-headwise-slots,snapkv-headwise-slots,adakv-headwise-slots,"
-      "snapkv-chunked-headwise-slots,adakv-chunked-headwise-slots";
+  std::string baselines = "full,uniform,pyramid,retrieval-score,duo,random,unconditioned,snapkv,h2o,adakv,snapkv-chunked,adakv-chunked";
   int64_t samples = 100;
   std::string seq_len = "context";  // the policy's context
   bool allow_short_seq_len = false;
@@ -202,8 +199,7 @@ void run_eval(const EvalArgs& args) {
   for (const auto& b : baselines) {
     const auto& known = eval::baseline_names();
     if (std::find(known.begin(), known.end(), b) == known.end()) {
-      throw_input_error("--baselines {}: unknown baseline (have: {}){}", b, fmt::join(known, ", "),
-                        b == "pyramid" ? "; `pyramid` is now `pyramid-windows` (PyramidKV itself is `pyramidkv`)" : "");
+      throw_input_error("--baselines {}: unknown baseline (have: {})", b, fmt::join(known, ", "));
     }
   }
   // One sequence at a time: the figures are per sequence, at the policies' context and dtype.
@@ -317,8 +313,7 @@ const RegisterCommand kRegister{"eval", [](CLI::App& root) {
   cmd->add_option("--baselines", args.baselines, "Comma-separated baselines")->capture_default_str();
   cmd->add_option("--calib-samples", args.calib_samples, "Samples per task for retrieval scores, duo gate training and unconditioned curves")
       ->capture_default_str();
-  cmd->add_option("--duo-steps", args.duo_steps,
-                  "Adam steps of the duo baseline's gate training (one sample each; DuoAttention's paper trains 2000)")
+  cmd->add_option("--duo-steps", args.duo_steps, "Adam steps of the duo baseline's gate training (one sample each)")
       ->capture_default_str();
   cmd->add_option("--seed", args.seed, "Seed of the samples and of the random baseline")->capture_default_str();
   cmd->add_option("--prefill-chunk", args.prefill_chunk, "Tokens per prefill chunk")->capture_default_str();

@@ -54,9 +54,8 @@ std::vector<int64_t> greedy_answer(runtime::Decoder& decoder, const at::Tensor& 
   return produced;
 }
 
-MethodResult run_method(arch::DecoderModel& model, const MethodWindows& method, const memory::MemoryOptions& policy_options,
+MethodResult run_method(arch::DecoderModel& model, const MethodWindows& method, const memory::MemoryOptions& options,
                         const std::vector<EvalSample>& samples, const RunOptions& run, const MethodResult* reference) {
-  const memory::MemoryOptions options = method_options(method, policy_options);
   c10::InferenceMode inference;
   HEADWISE_CHECK(options.batch == 1, "eval runs one sequence at a time, got batch {}", options.batch);
   HEADWISE_CHECK(reference == nullptr || reference->logprobs.size() == samples.size(), "reference has {} samples, not {}",
@@ -117,8 +116,7 @@ MethodResult run_method(arch::DecoderModel& model, const MethodWindows& method, 
     ++total;
     r.correct_per_sample.push_back(exact ? 1 : 0);
   }
-  // A method that selects tokens holds its bookkeeping as long as its K/V: part of its bytes.
-  r.cache_bytes_measured = decoder.cache_bytes() + (method.eviction ? decoder.bookkeeping_bytes() : 0);
+  r.cache_bytes_measured = decoder.cache_bytes() + (method.selecting_layers.empty() ? 0 : decoder.bookkeeping_bytes());
   if (const runtime::EvictionCache* ev = decoder.eviction_cache()) {
     r.runtime_details = {{"auxiliary_bytes_measured", ev->auxiliary_bytes()},
                          {"prefill_staged_peak_bytes_measured", ev->peak_staged_bytes()}};
