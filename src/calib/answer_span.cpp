@@ -4,7 +4,6 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
-#include <cstring>
 #include <limits>
 
 #include "headwise/arch/attention.hpp"
@@ -90,38 +89,6 @@ at::Tensor interleave_candidates(const std::vector<const at::Tensor*>& outputs) 
   return stacked.reshape({stacked.size(0) * stacked.size(1), stacked.size(2), stacked.size(3), stacked.size(4)});
 }
 
-std::string sum_bytes(const std::vector<ExactSum>& sums) {
-  std::string out;
-  for (const auto& s : sums) {
-    const std::string b = s.to_bytes();
-    const auto n = static_cast<uint32_t>(b.size());
-    out.append(reinterpret_cast<const char*>(&n), sizeof n);
-    out += b;
-  }
-  return out;
-}
-
-// Every rank's per-candidate sums, merged (exact: the order of ranks does not matter).
-std::vector<ExactSum> sum_each_over_ranks(dist::Collective& world, std::vector<ExactSum> local, const std::string& what) {
-  if (world.world_size() == 1) return local;
-  const auto all = world.all_gather(sum_bytes(local), what);
-  for (size_t r = 0; r < all.size(); ++r) {
-    if (static_cast<int>(r) == world.rank()) continue;
-    size_t at = 0;
-    for (auto& sum : local) {
-      uint32_t n = 0;
-      HEADWISE_CHECK(at + sizeof n <= all[r].size(), "{}: short message from rank {}", what, r);
-      std::memcpy(&n, all[r].data() + at, sizeof n);
-      at += sizeof n;
-      HEADWISE_CHECK(at + n <= all[r].size(), "{}: short message from rank {}", what, r);
-      sum.merge(ExactSum::from_bytes(std::string_view(all[r]).substr(at, n)));
-      at += n;
-    }
-    HEADWISE_CHECK(at == all[r].size(), "{}: rank {} sent {} sums' worth of bytes too many", what, r, all[r].size() - at);
-  }
-  return local;
-}
-
 }  // namespace
 
 SpanOutputs SpanSite::compose(const std::vector<int64_t>& windows) const {
@@ -146,7 +113,7 @@ class AnswerSpan::Capture final : public arch::AttentionCore {
   Capture(int64_t span_begin, int64_t sinks, int64_t chunk, const std::vector<int64_t>* site_windows,
           bool need_prefix_output)
       : span_begin_(span_begin),
-        sinks_(sink_count(sinks)),
+        sinks_(sinks),
         chunk_(chunk),
         site_windows_(site_windows),
         need_prefix_output_(need_prefix_output) {}
@@ -209,8 +176,6 @@ class AnswerSpan::Capture final : public arch::AttentionCore {
  private:
   enum class Part { kWhole, kPrefix, kSpan };
 
-  static int64_t sink_count(int64_t sinks) { return sinks; }
-
   static arch::AttentionInputs slice_rows(const arch::AttentionInputs& in, int64_t begin, int64_t end) {
     arch::AttentionInputs out = in;
     out.q = in.q.slice(2, begin, end);
@@ -231,12 +196,12 @@ class AnswerSpan::Capture final : public arch::AttentionCore {
   // The keys before P the span's queries can see: all of them, or a sliding layer's last window.
   void remember_keys(const arch::AttentionInputs& prefix_in, int64_t first) {
     const int64_t n = prefix_in.k.size(2);
-    const int64_t keep_from = in_window_from(prefix_in, n);
+    const int64_t keep_from = in_window_from(prefix_in);
     cache_->keys = {prefix_in.k.slice(2, keep_from, n).clone(), prefix_in.v.slice(2, keep_from, n).clone(),
                     first + keep_from};
   }
 
-  int64_t in_window_from(const arch::AttentionInputs& in, int64_t n) const {
+  int64_t in_window_from(const arch::AttentionInputs& in) const {
     if (in.sliding_window <= 0) return 0;
     return std::max<int64_t>(0, span_begin_ - in.sliding_window + 1 - in.position_offset);
   }
@@ -377,7 +342,6 @@ SpanSite AnswerSpan::capture(int64_t layer, ActivationStream& stream, bool keep_
   HEADWISE_CHECK(model_.spec().layer(layer).is_global(), "answer span: layer {} is not a global layer", layer);
   SpanSite site;
   site.layer = layer;
-  size_t m = 0;
   stream.visit([&](const at::Tensor& hidden) {
     site.input.push_back(hidden.slice(1, span_begin_, hidden.size(1)).clone());
     LayerCache scratch;
@@ -388,7 +352,6 @@ SpanSite AnswerSpan::capture(int64_t layer, ActivationStream& stream, bool keep_
     for (auto& [w, t] : levels) site.levels[w].push_back(t);
     if (stateful(model_.spec().layer(layer))) site.state.push_back(scratch.state);
     if (keep_attention) site.attention.push_back(kept);
-    ++m;
   });
   return site;
 }
@@ -525,7 +488,7 @@ std::vector<std::vector<double>> AnswerSpan::sweep(const std::vector<SweepItem>&
   std::vector<std::vector<double>> means(items.size());
   for (size_t i = 0; i < items.size(); ++i) {
     evaluations_ += static_cast<int64_t>(items[i].candidates.size());
-    const auto merged = sum_each_over_ranks(*world_, std::move(sums[i]), what);
+    const auto merged = dist::sum_all(*world_, std::move(sums[i]), what);
     for (size_t c = 0; c < merged.size(); ++c) {
       const double mean = merged[c].value() / static_cast<double>(answers_);
       if (!std::isfinite(mean)) {

@@ -104,6 +104,33 @@ ExactSum sum_all(Collective& c, const ExactSum& local, const std::string& what) 
   return total;
 }
 
+std::vector<ExactSum> sum_all(Collective& c, std::vector<ExactSum> local, const std::string& what) {
+  if (c.world_size() == 1) return local;
+  std::string mine;
+  for (const auto& s : local) {
+    const std::string b = s.to_bytes();
+    const auto n = static_cast<uint32_t>(b.size());
+    mine.append(reinterpret_cast<const char*>(&n), sizeof n);
+    mine += b;
+  }
+  const auto all = c.all_gather(mine, what);
+  for (size_t r = 0; r < all.size(); ++r) {
+    if (static_cast<int>(r) == c.rank()) continue;
+    size_t at = 0;
+    for (auto& sum : local) {
+      uint32_t n = 0;
+      HEADWISE_CHECK(at + sizeof n <= all[r].size(), "{}: short message from rank {}", what, r);
+      std::memcpy(&n, all[r].data() + at, sizeof n);
+      at += sizeof n;
+      HEADWISE_CHECK(at + n <= all[r].size(), "{}: short message from rank {}", what, r);
+      sum.merge(ExactSum::from_bytes(std::string_view(all[r]).substr(at, n)));
+      at += n;
+    }
+    HEADWISE_CHECK(at == all[r].size(), "{}: rank {} sent {} sums' worth of bytes too many", what, r, all[r].size() - at);
+  }
+  return local;
+}
+
 int64_t sum_all(Collective& c, int64_t local, const std::string& what) {
   int64_t total = 0;
   for (const auto& bytes : c.all_gather(int_bytes(local), what)) total += int_from_bytes(bytes);

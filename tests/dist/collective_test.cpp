@@ -86,14 +86,22 @@ TEST_CASE("all_gather returns every rank's bytes in rank order", "[dist]") {
     ExactSum local;
     local.add(rank == 0 ? 1e300 : rank == 1 ? 1.0 : -1e300);
     const double exact = dist::sum_all(*world, local, "exact").value();
+    // Element-wise: element i gets rank + i from each rank, and the 1e300 cancellation in element 1.
+    std::vector<ExactSum> each(3);
+    for (size_t i = 0; i < each.size(); ++i) each[i].add(static_cast<double>(rank) + static_cast<double>(i));
+    each[1].add(rank == 0 ? 1e300 : rank == 2 ? -1e300 : 0.0);
+    std::vector<double> each_total;
+    for (const auto& e : dist::sum_all(*world, each, "each")) each_total.push_back(e.value());
     world->finish();
-    return std::make_tuple(rounds, sent, total, exact);
+    return std::make_tuple(rounds, sent, total, exact, each_total);
   };
   auto r1 = std::async(std::launch::async, run_rank, 1);
   auto r2 = std::async(std::launch::async, run_rank, 2);
-  const auto [rounds, sent, total, exact] = run_rank(0);
-  r1.get();
-  r2.get();
+  const auto [rounds, sent, total, exact, each_total] = run_rank(0);
+  // Assertions on this thread only (Catch2 is not thread-safe): every rank holds the same sums.
+  CHECK(std::get<4>(r1.get()) == each_total);
+  CHECK(std::get<4>(r2.get()) == each_total);
+  CHECK(each_total == std::vector<double>{3.0, 6.0, 9.0});
   CHECK(rounds[2] == std::vector<std::string>{"aa", "bbb", "cccc"});
   CHECK(rounds[0] == std::vector<std::string>{"", "b", "cc"});
   CHECK(sent > 0);

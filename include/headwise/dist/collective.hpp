@@ -73,6 +73,8 @@ std::unique_ptr<Collective> connect(const LaunchConfig& config);
 
 // Helpers over all_gather.
 ExactSum sum_all(Collective& c, const ExactSum& local, const std::string& what);
+// Each element summed over the ranks (every rank passes as many); one message per rank.
+std::vector<ExactSum> sum_all(Collective& c, std::vector<ExactSum> local, const std::string& what);
 int64_t sum_all(Collective& c, int64_t local, const std::string& what);
 int64_t min_all(Collective& c, int64_t local, const std::string& what);
 
