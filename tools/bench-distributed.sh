@@ -16,15 +16,10 @@ set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 calc=${HEADWISE_CALC:-$root/build/bin/headwise-calc}
 samples=4 seq_len=2k distortion=answer-kl out=/tmp/headwise-bench-distributed
-while [[ $# -gt 0 ]]; do
-  case $1 in
-    --samples) samples=$2; shift 2 ;;
-    --seq-len) seq_len=$2; shift 2 ;;
-    --distortion) distortion=$2; shift 2 ;;
-    --out) out=$2; shift 2 ;;
-    *) echo "bench-distributed: unknown argument $1" >&2; exit 2 ;;
-  esac
-done
+# shellcheck source=tools/bench_common.sh
+source "$root/tools/bench_common.sh"
+bench_flags="samples seq-len distortion out"
+bench_parse_args bench-distributed "$@"
 mkdir -p "$out"
 # Window rules: the keep-rules pass is not sharded across ranks, and this measures what is.
 args=(--model "$root/models/tiny-qwen3-next" --context 2k --budget 1m --windows 64,256,1k,full

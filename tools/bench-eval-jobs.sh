@@ -16,15 +16,10 @@ set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 calc=${HEADWISE_CALC:-$root/build/bin/headwise-calc}
 samples=10 duo_steps=32 reps=1 out=/tmp/headwise-bench-eval-jobs
-while [[ $# -gt 0 ]]; do
-  case $1 in
-    --samples) samples=$2; shift 2 ;;
-    --duo-steps) duo_steps=$2; shift 2 ;;
-    --reps) reps=$2; shift 2 ;;
-    --out) out=$2; shift 2 ;;
-    *) echo "bench-eval-jobs: unknown argument $1" >&2; exit 2 ;;
-  esac
-done
+# shellcheck source=tools/bench_common.sh
+source "$root/tools/bench_common.sh"
+bench_flags="samples duo-steps reps out"
+bench_parse_args bench-eval-jobs "$@"
 mkdir -p "$out"
 p=$root/policies/tiny-qwen3-next-eval-2k
 cmd="eval --model $root/models/tiny-qwen3-next --policy $p-25.yaml --policy $p-50.yaml

@@ -21,19 +21,14 @@ set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 calc=${HEADWISE_CALC:-$root/build/bin/headwise-calc}
 threads=1 reps=1 samples=4 out=/tmp/headwise-bench-runtime-attention
-while [[ $# -gt 0 ]]; do
-  case $1 in
-    --threads) threads=$2; shift 2 ;;
-    --reps) reps=$2; shift 2 ;;
-    --samples) samples=$2; shift 2 ;;
-    --out) out=$2; shift 2 ;;
-    *) echo "bench-runtime-attention: unknown argument $1" >&2; exit 2 ;;
-  esac
-done
+# shellcheck source=tools/bench_common.sh
+source "$root/tools/bench_common.sh"
+bench_flags="threads reps samples out"
+bench_parse_args bench-runtime-attention "$@"
 mkdir -p "$out"
 export OMP_NUM_THREADS=$threads MKL_NUM_THREADS=$threads
 model8k=$root/models/tiny-qwen3-next-8k
-python3 -c "import json, random; random.seed(1); json.dump([random.randrange(66, 512) for _ in range(8192)], open('$out/tokens.json', 'w'))"
+bench_random_tokens "$out/tokens.json" 8192
 policy8k=$out/policy-8k-25.yaml
 if [[ ! -f $policy8k ]]; then
   # 25% of full KV's global bytes at 8K (2,134,016 of 8,536,064), the ladder of the 8K evidence run.

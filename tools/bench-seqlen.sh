@@ -13,16 +13,11 @@ set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 calc=${HEADWISE_CALC:-$root/build/bin/headwise-calc}
 lengths=4k,8k,16k,32k samples=2 out=/tmp/headwise-seqlen
-while [[ $# -gt 0 ]]; do
-  case $1 in
-    --lengths) lengths=$2; shift 2 ;;
-    --samples) samples=$2; shift 2 ;;
-    --out) out=$2; shift 2 ;;
-    --) shift; break ;;
-    *) echo "bench-seqlen: unknown argument $1" >&2; exit 2 ;;
-  esac
-done
-extra=("$@")
+# shellcheck source=tools/bench_common.sh
+source "$root/tools/bench_common.sh"
+bench_flags="lengths samples out"
+bench_parse_args bench-seqlen "$@"
+extra=(${bench_extra[@]+"${bench_extra[@]}"})
 mkdir -p "$out"
 rows=()
 for len in ${lengths//,/ }; do

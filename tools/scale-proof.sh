@@ -16,16 +16,11 @@ set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 calc=${HEADWISE_CALC:-$root/build/bin/headwise-calc}
 layers=8 cap=12G out=/tmp/headwise-scale
-while [[ $# -gt 0 ]]; do
-  case $1 in
-    --layers) layers=$2; shift 2 ;;
-    --cap) cap=$2; shift 2 ;;
-    --out) out=$2; shift 2 ;;
-    --) shift; break ;;
-    *) echo "scale-proof: unknown argument $1" >&2; exit 2 ;;
-  esac
-done
-extra=("$@")
+# shellcheck source=tools/bench_common.sh
+source "$root/tools/bench_common.sh"
+bench_flags="layers cap out"
+bench_parse_args scale-proof "$@"
+extra=(${bench_extra[@]+"${bench_extra[@]}"})
 model=$out/qwen3-next-80b-a3b-${layers}l
 mkdir -p "$out"
 if [[ ! -f $model/config.json ]]; then
