@@ -137,16 +137,42 @@ calib::SeqCalibOptions answer_options(const char* ladder, int64_t budget, const 
   return o;
 }
 
+// The planted toys the answer measures are tested on: a model, its sequences, a budget.
+struct PlantedToy {
+  test::ToyModel model;
+  std::vector<std::vector<int64_t>> seqs;
+  int64_t budget = 0;
+};
+
+// Head 0 retrieves position 0 but writes it with a small weight; the readout amplifies it, so
+// the answer hinges on it. Heads 1-3 average content with full weight: a large block output,
+// a moderate effect on the answer. The budget pays for one full window.
+PlantedToy quiet_retriever() {
+  return {test::ToyModel({{{HeadRole::kFar, 0.05}, {HeadRole::kUniform}, {HeadRole::kUniform}, {HeadRole::kUniform}}},
+                         test::ToyReadout{200.0}),
+          test::toy_sequences(4, kContext, 31), toy_head_bytes(kFullWindow) + 3 * toy_head_bytes(4)};
+}
+
+// Heads 0 and 1 each retrieve position 0 into the same slot; the readout caps the slot at what
+// one of them writes, so either alone answers and cutting one alone costs nothing. Cutting both
+// loses the answer. Heads 2 and 3 average content. The budget pays for two full windows.
+PlantedToy backup_retrievers(test::ToyReadout readout) {
+  const std::vector<test::ToyHead> layer{{HeadRole::kFar, 0.5}, {HeadRole::kFar, 0.5}, {HeadRole::kUniform}, {HeadRole::kUniform}};
+  return {test::ToyModel({layer}, readout), test::toy_sequences(4, kContext, 41),
+          2 * toy_head_bytes(kFullWindow) + 2 * toy_head_bytes(4)};
+}
+
+// Two layers of the three roles: the model the determinism checks run on.
+PlantedToy two_mixed_layers() {
+  const std::vector<test::ToyHead> layer{{HeadRole::kUniform}, {HeadRole::kFar}, {HeadRole::kLocal}};
+  return {test::ToyModel({layer, layer}, test::ToyReadout{20.0}), test::toy_sequences(4, kContext, 23),
+          2 * (toy_head_bytes(kFullWindow) + toy_head_bytes(16) + toy_head_bytes(4))};
+}
+
 }  // namespace
 
 TEST_CASE("answer-kl keeps the retrieval head whose block output is small; block-mse cuts it", "[calib]") {
-  // Head 0 retrieves position 0 but writes it with a small weight; the readout amplifies it, so
-  // the answer hinges on it. Heads 1-3 average content with full weight: a large block output,
-  // a moderate effect on the answer. The budget pays for one full window.
-  test::ToyModel model({{{HeadRole::kFar, 0.05}, {HeadRole::kUniform}, {HeadRole::kUniform}, {HeadRole::kUniform}}},
-                       test::ToyReadout{200.0});
-  const auto seqs = test::toy_sequences(4, kContext, 31);
-  const int64_t budget = toy_head_bytes(kFullWindow) + 3 * toy_head_bytes(4);
+  auto [model, seqs, budget] = quiet_retriever();
   const auto block = calib::run_seqcalib(model, seqs, toy_options("4,16,full", budget));
   const auto answer = calib::run_seqcalib(model, seqs, answer_options("4,16,full", budget, seqs));
   INFO("block-mse " << fmt::format("{}", fmt::join(block.windows.at(0), ",")) << " answer-kl "
@@ -239,10 +265,7 @@ TEST_CASE("answer-grad predicts a joint cut that flips the answer from heads tha
   // retrieved slot is the answer): at full KV either one's gradient is zero, so the first
   // linearisation cuts both; re-linearised there, restoring one is predicted to bring the answer
   // back, and the decision keeps one.
-  const std::vector<test::ToyHead> layer{{HeadRole::kFar, 0.5}, {HeadRole::kFar, 0.5}, {HeadRole::kUniform}, {HeadRole::kUniform}};
-  test::ToyModel model({layer}, test::ToyReadout{40.0, 0.5});
-  const auto seqs = test::toy_sequences(4, kContext, 41);
-  const int64_t budget = 2 * toy_head_bytes(kFullWindow) + 2 * toy_head_bytes(4);
+  auto [model, seqs, budget] = backup_retrievers(test::ToyReadout{40.0, 0.5});
   auto options = answer_options("4,full", budget, seqs);
   options.measure = calib::DistortionMeasure::kAnswerGrad;
   const auto gradient = calib::run_seqcalib(model, seqs, options);
@@ -253,13 +276,7 @@ TEST_CASE("answer-grad predicts a joint cut that flips the answer from heads tha
 }
 
 TEST_CASE("answer-kl decides a layer's heads jointly: of two heads that back each other up, one stays", "[calib]") {
-  // Heads 0 and 1 each retrieve position 0 into the same slot; the readout caps the slot at what
-  // one of them writes, so either alone answers and cutting one alone costs nothing. Cutting both
-  // loses the answer. Heads 2 and 3 average content. The budget pays for two full windows.
-  const std::vector<test::ToyHead> layer{{HeadRole::kFar, 0.5}, {HeadRole::kFar, 0.5}, {HeadRole::kUniform}, {HeadRole::kUniform}};
-  test::ToyModel model({layer}, test::ToyReadout{4.0, 0.5});
-  const auto seqs = test::toy_sequences(4, kContext, 41);
-  const int64_t budget = 2 * toy_head_bytes(kFullWindow) + 2 * toy_head_bytes(4);
+  auto [model, seqs, budget] = backup_retrievers(test::ToyReadout{4.0, 0.5});
   auto independent_options = answer_options("4,full", budget, seqs);
   independent_options.joint_heads = false;
   const auto independent = calib::run_seqcalib(model, seqs, independent_options);
@@ -276,10 +293,7 @@ TEST_CASE("answer-kl decides a layer's heads jointly: of two heads that back eac
 }
 
 TEST_CASE("answer-kl is deterministic and independent of the micro-batch split", "[calib]") {
-  const std::vector<test::ToyHead> layer{{HeadRole::kUniform}, {HeadRole::kFar}, {HeadRole::kLocal}};
-  test::ToyModel model({layer, layer}, test::ToyReadout{20.0});
-  const auto seqs = test::toy_sequences(4, kContext, 23);
-  const int64_t budget = 2 * (toy_head_bytes(kFullWindow) + toy_head_bytes(16) + toy_head_bytes(4));
+  auto [model, seqs, budget] = two_mixed_layers();
   auto options = answer_options("4,16,full", budget, seqs);
   const auto a = calib::run_seqcalib(model, seqs, options);
   const auto b = calib::run_seqcalib(model, seqs, options);
@@ -385,10 +399,7 @@ TEST_CASE("answer-tv-span decides the planted toys as the exact answer-tv does, 
   // built for. The span measure runs each candidate on the answer span only; here it must keep
   // the retrieval head and exactly one of the two backups, as the exact measure does.
   {
-    test::ToyModel model({{{HeadRole::kFar, 0.05}, {HeadRole::kUniform}, {HeadRole::kUniform}, {HeadRole::kUniform}}},
-                         test::ToyReadout{200.0});
-    const auto seqs = test::toy_sequences(4, kContext, 31);
-    const int64_t budget = toy_head_bytes(kFullWindow) + 3 * toy_head_bytes(4);
+    auto [model, seqs, budget] = quiet_retriever();
     auto exact_options = answer_options("4,16,full", budget, seqs);
     exact_options.measure = calib::DistortionMeasure::kAnswerTv;
     const auto exact = calib::run_seqcalib(model, seqs, exact_options);
@@ -409,10 +420,7 @@ TEST_CASE("answer-tv-span decides the planted toys as the exact answer-tv does, 
     CHECK(decision.measured <= 1.1 * decision.exact_measured + 1e-9);
   }
   {
-    const std::vector<test::ToyHead> layer{{HeadRole::kFar, 0.5}, {HeadRole::kFar, 0.5}, {HeadRole::kUniform}, {HeadRole::kUniform}};
-    test::ToyModel model({layer}, test::ToyReadout{4.0, 0.5});
-    const auto seqs = test::toy_sequences(4, kContext, 41);
-    const int64_t budget = 2 * toy_head_bytes(kFullWindow) + 2 * toy_head_bytes(4);
+    auto [model, seqs, budget] = backup_retrievers(test::ToyReadout{4.0, 0.5});
     const auto span = calib::run_seqcalib(model, seqs, span_options("4,full", budget, seqs));
     const auto& w = span.windows.at(0);
     INFO("span " << fmt::format("{}", fmt::join(w, ",")));
@@ -425,10 +433,7 @@ TEST_CASE("answer-tv-span decides the planted toys as the exact answer-tv does, 
 }
 
 TEST_CASE("answer-tv-span is deterministic, independent of the micro-batch split, and refuses a bad margin", "[calib]") {
-  const std::vector<test::ToyHead> layer{{HeadRole::kUniform}, {HeadRole::kFar}, {HeadRole::kLocal}};
-  test::ToyModel model({layer, layer}, test::ToyReadout{20.0});
-  const auto seqs = test::toy_sequences(4, kContext, 23);
-  const int64_t budget = 2 * (toy_head_bytes(kFullWindow) + toy_head_bytes(16) + toy_head_bytes(4));
+  auto [model, seqs, budget] = two_mixed_layers();
   auto options = span_options("4,16,full", budget, seqs);
   const auto a = calib::run_seqcalib(model, seqs, options);
   const auto b = calib::run_seqcalib(model, seqs, options);
