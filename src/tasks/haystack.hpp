@@ -7,10 +7,10 @@
 #include <string>
 #include <vector>
 
-#include "headwise/calib/generators.hpp"
+#include "headwise/tasks/generators.hpp"
 #include "rng.hpp"
 
-namespace headwise::calib {
+namespace headwise::tasks {
 
 struct Haystack {
   std::vector<std::string> sentences;  // essays in file order, split into sentences
@@ -53,4 +53,4 @@ nlohmann::json make_record(const std::string& task, const std::string& prompt, c
                            const std::vector<std::string>& answers, nlohmann::json params,
                            const TokenCounter& counter);
 
-}  // namespace headwise::calib
+}  // namespace headwise::tasks

@@ -7,7 +7,7 @@
 #include <string>
 #include <vector>
 
-namespace headwise::calib {
+namespace headwise::tasks {
 
 class Rng {
  public:
@@ -52,4 +52,4 @@ class Rng {
   std::mt19937_64 engine_;
 };
 
-}  // namespace headwise::calib
+}  // namespace headwise::tasks

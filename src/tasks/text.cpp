@@ -1,8 +1,8 @@
 // RULER's common-words extraction and QA with distractor documents.
 #include "headwise/core/error.hpp"
-#include "tasks.hpp"
+#include "text_tasks.hpp"
 
-namespace headwise::calib {
+namespace headwise::tasks {
 
 nlohmann::json make_common_words(const TaskContext& ctx) {
   // RULER cwe: 10 common words appear 30 times each, every other word 3 times; the
@@ -110,4 +110,4 @@ nlohmann::json make_qa_distractors(const TaskContext& ctx) {
   return make_record(ctx.request.task, build_prompt(n), answer_text, {gold.answer}, std::move(params), ctx.counter);
 }
 
-}  // namespace headwise::calib
+}  // namespace headwise::tasks

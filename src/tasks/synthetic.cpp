@@ -1,4 +1,4 @@
-#include "headwise/calib/synthetic.hpp"
+#include "headwise/tasks/synthetic.hpp"
 
 #include <algorithm>
 #include <numeric>
@@ -6,7 +6,7 @@
 #include "headwise/core/error.hpp"
 #include "headwise/core/rng.hpp"
 
-namespace headwise::calib {
+namespace headwise::tasks {
 namespace {
 
 constexpr int64_t kKeyLen = kSyntheticKeyLen;
@@ -161,4 +161,4 @@ std::string synthetic_set_description(const SyntheticOptions& options) {
                      o.samples, o.seq_len, o.needles, o.seed);
 }
 
-}  // namespace headwise::calib
+}  // namespace headwise::tasks

@@ -9,7 +9,7 @@
 #include "headwise/core/error.hpp"
 #include "headwise/core/files.hpp"
 
-namespace headwise::calib {
+namespace headwise::tasks {
 namespace fs = std::filesystem;
 namespace {
 
@@ -213,4 +213,4 @@ nlohmann::json make_record(const std::string& task, const std::string& prompt, c
           {"tokens", counter.count(text)}, {"token_counter", counter.name()}};
 }
 
-}  // namespace headwise::calib
+}  // namespace headwise::tasks

@@ -1,8 +1,8 @@
 // RULER's needle-in-a-haystack family and variable tracking.
 #include "headwise/core/error.hpp"
-#include "tasks.hpp"
+#include "text_tasks.hpp"
 
-namespace headwise::calib {
+namespace headwise::tasks {
 namespace {
 
 // Enough haystack sentences for any length the fitter may try (about 20 tokens each).
@@ -91,4 +91,4 @@ nlohmann::json make_variable_tracking(const TaskContext& ctx) {
   return make_record(ctx.request.task, build_prompt(n), answer_text, names, std::move(params), ctx.counter);
 }
 
-}  // namespace headwise::calib
+}  // namespace headwise::tasks
