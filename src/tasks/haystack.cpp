@@ -153,6 +153,12 @@ std::vector<std::string> person_names(Rng& rng, size_t count) {
   return names;
 }
 
+std::string random_number(Rng& rng, int digits) {
+  std::string out(1, static_cast<char>('1' + rng.below(9)));
+  while (static_cast<int>(out.size()) < digits) out.push_back(static_cast<char>('0' + rng.below(10)));
+  return out;
+}
+
 const std::vector<std::string>& city_names() { return kCities; }
 
 double sample_depth(int64_t index, int64_t samples) {

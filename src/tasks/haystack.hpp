@@ -7,8 +7,8 @@
 #include <string>
 #include <vector>
 
+#include "headwise/core/rng.hpp"
 #include "headwise/tasks/generators.hpp"
-#include "rng.hpp"
 
 namespace headwise::tasks {
 
@@ -28,6 +28,8 @@ std::vector<std::string> noise_run(size_t count);
 std::vector<std::string> random_keys(Rng& rng, size_t count);
 std::vector<std::string> word_pool(const Haystack& haystack, Rng& rng, size_t count);
 std::vector<std::string> person_names(Rng& rng, size_t count);
+// A random decimal number with exactly `digits` digits (no leading zero).
+std::string random_number(Rng& rng, int digits);
 const std::vector<std::string>& city_names();
 
 // Depth of sample i of k, spread evenly over [0, 1].

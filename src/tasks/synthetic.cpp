@@ -42,10 +42,10 @@ std::vector<int64_t> in_order(int64_t n) {
   return order;
 }
 
-// A uniformly random order of 0..n-1 (Fisher-Yates).
+// A uniformly random order of 0..n-1.
 std::vector<int64_t> shuffled_order(Rng& rng, int64_t n) {
   std::vector<int64_t> order = in_order(n);
-  for (int64_t i = n - 1; i > 0; --i) std::swap(order[static_cast<size_t>(i)], order[static_cast<size_t>(rng.below(i + 1))]);
+  rng.shuffle(order);
   return order;
 }
 
