@@ -6,6 +6,7 @@
 #include <chrono>
 #include <cmath>
 
+#include "headwise/core/clock.hpp"
 #include "headwise/core/error.hpp"
 #include "headwise/core/reproducible_math.hpp"
 #include "headwise/eval/eval.hpp"
@@ -13,10 +14,6 @@
 
 namespace headwise::eval {
 namespace {
-
-double seconds_since(std::chrono::steady_clock::time_point start) {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-}
 
 nlohmann::json windows_json(const memory::HeadWindows& windows) {
   nlohmann::json out = nlohmann::json::object();
