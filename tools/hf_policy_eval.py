@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Checks a headwise policy on a model in Hugging Face transformers, with python/headwise_hf.
 
-A needle task in the format of headwise's built-in retrieval set (src/calib/synthetic.cpp):
+A needle task in the format of headwise's built-in retrieval set (src/tasks/synthetic.cpp):
 needles `MARKER k1 k2 SEP v1 v2 v3` at spread depths in a haystack of recurring random
 phrases of content tokens, every needle queried at the end (`MARKER k1 k2 SEP` → its value).
 MARKER, SEP and the content range follow headwise's alphabet for the vocabulary: the first

@@ -196,7 +196,7 @@ def sample_mqar(rng, T, gap=48, key_len=1):
     return b.tokens[:T], b.weights[:T]
 
 
-# The format of headwise's built-in retrieval set (src/calib/synthetic.cpp) for a 512-token
+# The format of headwise's built-in retrieval set (src/tasks/synthetic.cpp) for a 512-token
 # vocabulary, which `headwise-calc eval` plants as its needle tasks: a needle is
 # MARKER k1 k2 SEP v1 v2 v3; the haystack is short phrases of content tokens repeated in random
 # order (or the synthetic language); every needle is queried at the end in shuffled order.

@@ -4,9 +4,9 @@
 #include <optional>
 
 #include "headwise/calib/dataset.hpp"
-#include "headwise/calib/synthetic.hpp"
 #include "headwise/core/error.hpp"
 #include "headwise/core/files.hpp"
+#include "headwise/tasks/synthetic.hpp"
 #include "headwise/tokenize/tokenizer.hpp"
 
 namespace headwise::calib {
@@ -36,11 +36,11 @@ CalibrationData load_calibration_data(const std::string& calib_path, const std::
                                       int64_t vocab_size, int64_t samples, int64_t seq_len, uint64_t seed) {
   CalibrationData data;
   if (calib_path.empty()) {
-    SyntheticOptions options{vocab_size, samples, seq_len, seed};
-    data.sequences = synthetic_retrieval_set(options);
-    data.description = synthetic_set_description(options);
+    tasks::SyntheticOptions options{vocab_size, samples, seq_len, seed};
+    data.sequences = tasks::synthetic_retrieval_set(options);
+    data.description = tasks::synthetic_set_description(options);
     data.sha256 = token_ids_sha256(data.sequences);
-    data.answer_positions.assign(data.sequences.size(), synthetic_answer_positions(options));
+    data.answer_positions.assign(data.sequences.size(), tasks::synthetic_answer_positions(options));
     data.answer_rule = "builtin:queried-value-tokens";
     return data;
   }

@@ -4,11 +4,11 @@
 #include <memory>
 #include <optional>
 
-#include "headwise/calib/generators.hpp"
 #include "headwise/cli/command.hpp"
 #include "headwise/core/error.hpp"
 #include "headwise/core/files.hpp"
 #include "headwise/core/units.hpp"
+#include "headwise/tasks/generators.hpp"
 #include "headwise/tokenize/tokenizer.hpp"
 
 namespace headwise::cli {
@@ -23,7 +23,7 @@ struct MakeCalibOptions {
 
 void run_make_calib(const MakeCalibOptions& options) {
   apply_logging(options.common);
-  calib::GeneratorRequest request;
+  tasks::GeneratorRequest request;
   request.task = options.task;
   request.length = parse_token_count(options.length, "--length");
   request.samples = options.samples;
@@ -36,8 +36,8 @@ void run_make_calib(const MakeCalibOptions& options) {
     spdlog::warn("no --tokenizer: lengths are counted in UTF-8 bytes, which over-counts real tokens (about 3-4x "
                  "for English), so records will be shorter than {} model tokens", request.length);
   }
-  const auto counter = calib::make_token_counter(tokenizer ? &*tokenizer : nullptr);
-  const auto records = calib::generate_calibration(request, *counter);
+  const auto counter = tasks::make_token_counter(tokenizer ? &*tokenizer : nullptr);
+  const auto records = tasks::generate_calibration(request, *counter);
   std::string jsonl;
   int64_t tokens = 0;
   for (const auto& record : records) {
@@ -52,7 +52,7 @@ void run_make_calib(const MakeCalibOptions& options) {
 const RegisterCommand kRegister("make-calib", [](CLI::App& root) {
   auto options = std::make_shared<MakeCalibOptions>();
   std::string tasks;
-  for (const auto& name : calib::generator_tasks()) tasks += (tasks.empty() ? "" : ", ") + name;
+  for (const auto& name : tasks::generator_tasks()) tasks += (tasks.empty() ? "" : ", ") + name;
   auto* app = root.add_subcommand("make-calib", "Generate a synthetic long-context calibration set (JSONL)");
   app->add_option("--task", options->task, "Task: " + tasks)->required();
   app->add_option("--length", options->length, "Target tokens per record (k/m suffixes: 4k = 4096)")->capture_default_str();

@@ -127,7 +127,7 @@ memory::HeadWindows random_baseline(const arch::ModelSpec& spec, const memory::M
   memory::HeadWindows windows;
   for (const auto& h : heads) windows[h.layer].push_back(ladder.front());
   require_fits(global_kv_bytes(spec, windows, o), budget, "random");
-  for (size_t i = heads.size(); i > 1; --i) std::swap(heads[i - 1], heads[static_cast<size_t>(rng.below(static_cast<int64_t>(i)))]);
+  rng.shuffle(heads);
   int64_t spent = global_kv_bytes(spec, windows, o);
   for (const auto& h : heads) {
     const int64_t base = head_cost(spec, h, ladder.front(), o);
@@ -135,7 +135,7 @@ memory::HeadWindows random_baseline(const arch::ModelSpec& spec, const memory::M
     for (int64_t level : ladder) {
       if (spent - base + head_cost(spec, h, level, o) <= budget) fitting.push_back(level);
     }
-    const int64_t pick = fitting[static_cast<size_t>(rng.below(static_cast<int64_t>(fitting.size())))];
+    const int64_t pick = rng.pick(fitting);
     spent += head_cost(spec, h, pick, o) - base;
     windows[h.layer][h.head] = pick;
   }

@@ -6,25 +6,20 @@
 #include <chrono>
 #include <cmath>
 
+#include "headwise/core/clock.hpp"
 #include "headwise/core/error.hpp"
 #include "headwise/core/reproducible_math.hpp"
+#include "headwise/core/window_json.hpp"
 #include "headwise/eval/eval.hpp"
 #include "headwise/runtime/decoder.hpp"
 
 namespace headwise::eval {
 namespace {
 
-double seconds_since(std::chrono::steady_clock::time_point start) {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-}
-
-nlohmann::json windows_json(const memory::HeadWindows& windows) {
+// {"<layer id>": [window per KV head]}: mem-estimate's kv_head_windows, keyed by layer.
+nlohmann::json layer_windows_json(const memory::HeadWindows& windows) {
   nlohmann::json out = nlohmann::json::object();
-  for (const auto& [layer, heads] : windows) {
-    nlohmann::json list = nlohmann::json::array();
-    for (int64_t w : heads) list.push_back(w == kFullWindow ? nlohmann::json("full") : nlohmann::json(w));
-    out[std::to_string(layer)] = list;
-  }
+  for (const auto& [layer, heads] : windows) out[std::to_string(layer)] = windows_json(heads);
   return out;
 }
 
@@ -241,7 +236,7 @@ nlohmann::json to_json(const MethodResult& r, const arch::ModelSpec& spec) {
           {"perplexity", r.perplexity},
           {"prefill_tokens_per_s", r.prefill_tokens_per_s},
           {"decode_tokens_per_s", r.decode_tokens_per_s},
-          {"windows", windows_json(r.windows)}};
+          {"windows", layer_windows_json(r.windows)}};
 }
 
 }  // namespace headwise::eval

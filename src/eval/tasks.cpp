@@ -4,9 +4,9 @@
 #include <cctype>
 #include <optional>
 
-#include "headwise/calib/generators.hpp"
-#include "headwise/calib/synthetic.hpp"
 #include "headwise/core/error.hpp"
+#include "headwise/tasks/generators.hpp"
+#include "headwise/tasks/synthetic.hpp"
 #include "headwise/tokenize/tokenizer.hpp"
 
 namespace headwise::eval {
@@ -16,7 +16,7 @@ namespace fs = std::filesystem;
 
 // Token-level needle tasks: name → key→value pairs planted in the haystack. Independent needles:
 // the last query's value (the sequence's final kValueLen tokens) is the answer. A chain (variable
-// tracking, calib::synthetic_chain_set): the answer is every hop's value from the first query on,
+// tracking, tasks::synthetic_chain_set): the answer is every hop's value from the first query on,
 // each later query's key being the model's own answer to the hop before.
 struct TokenTask {
   const char* name;
@@ -25,8 +25,8 @@ struct TokenTask {
 };
 constexpr TokenTask kTokenTasks[] = {
     {"needle_single", 1}, {"needle_multikey", 4}, {"needle_multikey8", 8}, {"needle_chain", 4, true}};
-constexpr int64_t kKeyLen = calib::kSyntheticKeyLen;
-constexpr int64_t kValueLen = calib::kSyntheticValueLen;
+constexpr int64_t kKeyLen = tasks::kSyntheticKeyLen;
+constexpr int64_t kValueLen = tasks::kSyntheticValueLen;
 constexpr int64_t kQueryLen = 2 + kKeyLen + kValueLen;  // marker, key, separator, value
 
 const std::vector<std::string> kDefaultTextTasks{"niah_single", "niah_multikey", "niah_multivalue", "variable_tracking"};
@@ -93,7 +93,7 @@ EvalSample chain_sample(const std::string& task, const std::vector<int64_t>& seq
 }
 
 std::vector<EvalSample> token_task_samples(const TokenTask& task, int64_t vocab, const TaskRequest& r) {
-  calib::SyntheticOptions o;
+  tasks::SyntheticOptions o;
   o.vocab_size = vocab;
   o.samples = r.samples;
   o.seq_len = r.seq_len;
@@ -102,10 +102,10 @@ std::vector<EvalSample> token_task_samples(const TokenTask& task, int64_t vocab,
   o.needles = task.needles;
   std::vector<EvalSample> out;
   if (task.chained) {
-    for (const auto& seq : calib::synthetic_chain_set(o)) out.push_back(chain_sample(task.name, seq, task.needles));
+    for (const auto& seq : tasks::synthetic_chain_set(o)) out.push_back(chain_sample(task.name, seq, task.needles));
     return out;
   }
-  for (auto& seq : calib::synthetic_retrieval_set(o)) {
+  for (auto& seq : tasks::synthetic_retrieval_set(o)) {
     EvalSample s;
     s.task = task.name;
     s.answer.assign(seq.end() - kValueLen, seq.end());
@@ -117,14 +117,14 @@ std::vector<EvalSample> token_task_samples(const TokenTask& task, int64_t vocab,
 
 std::vector<EvalSample> text_task_samples(const std::string& task, const tokenize::Tokenizer& tokenizer,
                                           const TaskRequest& r) {
-  const auto counter = calib::make_token_counter(&tokenizer);
-  calib::GeneratorRequest g;
+  const auto counter = tasks::make_token_counter(&tokenizer);
+  tasks::GeneratorRequest g;
   g.task = task;
   g.length = r.seq_len;
   g.samples = r.samples;
   g.seed = r.seed;
   std::vector<EvalSample> out;
-  for (const auto& record : calib::generate_calibration(g, *counter)) {
+  for (const auto& record : tasks::generate_calibration(g, *counter)) {
     const std::string text = record.at("text").get<std::string>();
     const std::string answer_text = record.at("answer_text").get<std::string>();
     const std::string prompt_text = text.substr(0, text.size() - answer_text.size());
@@ -161,7 +161,7 @@ std::vector<std::string> available_tasks(const fs::path& model_dir) {
   std::vector<std::string> out;
   for (const auto& t : kTokenTasks) out.push_back(t.name);
   if (has_tokenizer(model_dir)) {
-    for (const auto& t : calib::generator_tasks()) out.push_back(t);
+    for (const auto& t : tasks::generator_tasks()) out.push_back(t);
   }
   return out;
 }
@@ -201,7 +201,7 @@ std::vector<EvalSample> make_eval_samples(const fs::path& model_dir, int64_t voc
   const auto tasks = !request.tasks.empty()     ? request.tasks
                      : has_tokenizer(model_dir) ? default_tasks_for(&loaded_tokenizer())
                                                 : default_tasks_for(nullptr);
-  const auto text_tasks = calib::generator_tasks();
+  const auto text_tasks = tasks::generator_tasks();
   std::vector<EvalSample> out;
   for (const auto& task : tasks) {
     std::vector<EvalSample> samples;

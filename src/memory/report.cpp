@@ -6,17 +6,10 @@
 
 #include "headwise/core/error.hpp"
 #include "headwise/core/units.hpp"
+#include "headwise/core/window_json.hpp"
 
 namespace headwise::memory {
 namespace {
-
-nlohmann::json windows_json(const std::vector<int64_t>& windows) {
-  nlohmann::json out = nlohmann::json::array();
-  for (int64_t w : windows) {
-    if (w == kFullWindow) out.push_back("full"); else out.push_back(w);
-  }
-  return out;
-}
 
 nlohmann::json layers_json(const std::vector<LayerMemory>& layers) {
   nlohmann::json out = nlohmann::json::array();

@@ -5,7 +5,6 @@
 
 #include "headwise/calib/calibration_data.hpp"
 #include "headwise/calib/seqcalib.hpp"
-#include "headwise/calib/synthetic.hpp"
 #include "headwise/core/error.hpp"
 #include "headwise/core/window.hpp"
 #include "toy_model.hpp"
@@ -313,26 +312,6 @@ TEST_CASE("answer-kl refuses sequences without answer positions", "[calib]") {
   CHECK_THROWS_AS(calib::run_seqcalib(model, seqs, options), InputError);
   options.answer_positions.pop_back();
   CHECK_THROWS_AS(calib::run_seqcalib(model, seqs, options), InputError);
-}
-
-TEST_CASE("the built-in set's answer positions predict the queried values", "[calib]") {
-  const calib::SyntheticOptions o{512, 3, 1024, 7};
-  const auto seqs = calib::synthetic_retrieval_set(o);
-  const auto positions = calib::synthetic_answer_positions(o);
-  REQUIRE(positions.size() == 2 * 3);  // 1024 tokens: 2 needles, 3 value tokens each
-  for (const auto& seq : seqs) {
-    for (size_t q = 0; q < positions.size(); q += 3) {
-      const auto sep = static_cast<size_t>(positions[q]);
-      CHECK(seq[sep] == 65);        // the separator (vocabulary 512: marker 64, separator 65)
-      CHECK(seq[sep - 3] == 64);    // the query's marker
-      CHECK(positions[q + 2] == positions[q] + 2);
-      // The value that follows was planted earlier, after the same key.
-      const std::vector<int64_t> needle(seq.begin() + static_cast<std::ptrdiff_t>(sep - 3),
-                                        seq.begin() + static_cast<std::ptrdiff_t>(sep + 4));
-      const auto first = std::search(seq.begin(), seq.end(), needle.begin(), needle.end());
-      CHECK(first - seq.begin() < static_cast<std::ptrdiff_t>(sep) - 3);
-    }
-  }
 }
 
 TEST_CASE("fresh conditioning: a completion that moves a lower layer triggers a re-walk, kept only if it helps",

@@ -1,6 +1,7 @@
 // The parts stay in layers: the library never includes the command line (src/cli/ is compiled into
 // the executable alone, with CLI11), and measure/ builds on arch/, never the reverse. A break
-// here would show up as a link error only in some build, or as a cycle nobody meant.
+// here would show up as a link error only in some build, or as a cycle nobody meant. The task
+// generators (tasks/) sit below both calib/ and eval/, which use them.
 #include "../support/test_paths.hpp"
 #include <catch2/catch.hpp>
 
@@ -52,4 +53,11 @@ TEST_CASE("no library part includes the command line", "[core]") {
 TEST_CASE("arch does not include measure (measure builds on arch)", "[core]") {
   CHECK(includers({"src/arch", "include/headwise/arch"}, "measure").empty());
   CHECK_FALSE(includers({"src/measure"}, "arch").empty());  // the direction that is meant
+}
+
+TEST_CASE("tasks does not include calib or eval (both build on the task generators)", "[core]") {
+  CHECK(includers({"src/tasks", "include/headwise/tasks"}, "calib").empty());
+  CHECK(includers({"src/tasks", "include/headwise/tasks"}, "eval").empty());
+  CHECK_FALSE(includers({"src/calib"}, "tasks").empty());  // the direction that is meant
+  CHECK_FALSE(includers({"src/eval"}, "tasks").empty());
 }

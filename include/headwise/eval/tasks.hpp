@@ -1,8 +1,8 @@
 #pragma once
 // Evaluation samples: a prompt and the exact answer tokens a greedy continuation must produce.
 // With the model's tokenizer.json the project's RULER/LoCoMo-style text generators are used
-// (calib/generators.hpp); without one, token-level needle tasks over the model's vocabulary
-// (calib/synthetic.hpp's key→value retrieval sequences, asking for the last key's value).
+// (tasks/generators.hpp); without one, token-level needle tasks over the model's vocabulary
+// (tasks/synthetic.hpp's key→value retrieval sequences, asking for the last key's value).
 #include <cstdint>
 #include <filesystem>
 #include <string>

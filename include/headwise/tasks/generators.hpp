@@ -18,7 +18,7 @@ namespace headwise::tokenize {
 class Tokenizer;
 }
 
-namespace headwise::calib {
+namespace headwise::tasks {
 
 // Measures lengths in tokens: a model's tokenizer, or (without one) UTF-8 bytes, which
 // over-counts real tokens about 3-4x, so byte-counted records come out shorter in tokens.
@@ -44,4 +44,4 @@ const std::vector<std::string>& generator_tasks();
 // task, a non-positive length or sample count, or a length too short for the task.
 std::vector<nlohmann::json> generate_calibration(const GeneratorRequest& request, const TokenCounter& counter);
 
-}  // namespace headwise::calib
+}  // namespace headwise::tasks

@@ -21,7 +21,7 @@ std::vector<eval::EvalSample> toy_samples(int64_t count, uint64_t seed) {
 
 }  // namespace
 
-TEST_CASE("duo gates: the far head keeps its gate, local heads drop to streaming", "[runtime]") {
+TEST_CASE("duo gates: the far head keeps its gate, local heads drop to streaming", "[eval]") {
   const std::vector<test::ToyHead> layer{{HeadRole::kLocal}, {HeadRole::kFar}, {HeadRole::kLocal}};
   test::ToyModel model({layer, layer});
   eval::DuoTrainingOptions o;
@@ -41,7 +41,7 @@ TEST_CASE("duo gates: the far head keeps its gate, local heads drop to streaming
   CHECK(eval::train_duo_gates(model, toy_samples(3, 5), o).gates == trained.gates);
 }
 
-TEST_CASE("duo gate training refuses what it cannot train on", "[runtime]") {
+TEST_CASE("duo gate training refuses what it cannot train on", "[eval]") {
   test::ToyModel model({{{HeadRole::kFar}}});
   eval::DuoTrainingOptions o;
   CHECK_THROWS_AS(eval::train_duo_gates(model, {}, o), InputError);

@@ -1,4 +1,4 @@
-#include "headwise/calib/synthetic.hpp"
+#include "headwise/tasks/synthetic.hpp"
 
 #include <algorithm>
 #include <numeric>
@@ -6,7 +6,7 @@
 #include "headwise/core/error.hpp"
 #include "headwise/core/rng.hpp"
 
-namespace headwise::calib {
+namespace headwise::tasks {
 namespace {
 
 constexpr int64_t kKeyLen = kSyntheticKeyLen;
@@ -42,10 +42,10 @@ std::vector<int64_t> in_order(int64_t n) {
   return order;
 }
 
-// A uniformly random order of 0..n-1 (Fisher-Yates).
+// A uniformly random order of 0..n-1.
 std::vector<int64_t> shuffled_order(Rng& rng, int64_t n) {
   std::vector<int64_t> order = in_order(n);
-  for (int64_t i = n - 1; i > 0; --i) std::swap(order[static_cast<size_t>(i)], order[static_cast<size_t>(rng.below(i + 1))]);
+  rng.shuffle(order);
   return order;
 }
 
@@ -161,4 +161,4 @@ std::string synthetic_set_description(const SyntheticOptions& options) {
                      o.samples, o.seq_len, o.needles, o.seed);
 }
 
-}  // namespace headwise::calib
+}  // namespace headwise::tasks

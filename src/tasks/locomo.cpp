@@ -1,9 +1,9 @@
 // LoCoMo-style long conversations: two people talk over many dated sessions; personal
 // facts are mentioned in early sessions and asked about at the end.
 #include "headwise/core/error.hpp"
-#include "tasks.hpp"
+#include "text_tasks.hpp"
 
-namespace headwise::calib {
+namespace headwise::tasks {
 namespace {
 
 struct DialogueFact {
@@ -124,4 +124,4 @@ nlohmann::json make_locomo(const TaskContext& ctx) {
   return make_record(ctx.request.task, build_prompt(n), answer_text, answers, std::move(params), ctx.counter);
 }
 
-}  // namespace headwise::calib
+}  // namespace headwise::tasks

@@ -7,10 +7,10 @@
 #include <string>
 #include <vector>
 
-#include "headwise/calib/generators.hpp"
-#include "rng.hpp"
+#include "headwise/core/rng.hpp"
+#include "headwise/tasks/generators.hpp"
 
-namespace headwise::calib {
+namespace headwise::tasks {
 
 struct Haystack {
   std::vector<std::string> sentences;  // essays in file order, split into sentences
@@ -28,6 +28,8 @@ std::vector<std::string> noise_run(size_t count);
 std::vector<std::string> random_keys(Rng& rng, size_t count);
 std::vector<std::string> word_pool(const Haystack& haystack, Rng& rng, size_t count);
 std::vector<std::string> person_names(Rng& rng, size_t count);
+// A random decimal number with exactly `digits` digits (no leading zero).
+std::string random_number(Rng& rng, int digits);
 const std::vector<std::string>& city_names();
 
 // Depth of sample i of k, spread evenly over [0, 1].
@@ -53,4 +55,4 @@ nlohmann::json make_record(const std::string& task, const std::string& prompt, c
                            const std::vector<std::string>& answers, nlohmann::json params,
                            const TokenCounter& counter);
 
-}  // namespace headwise::calib
+}  // namespace headwise::tasks

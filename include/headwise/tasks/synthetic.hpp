@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-namespace headwise::calib {
+namespace headwise::tasks {
 
 // A needle reads MARKER key SEP value, and so does its query (the value being the answer).
 inline constexpr int64_t kSyntheticKeyLen = 2;
@@ -38,4 +38,4 @@ std::vector<int64_t> synthetic_answer_positions(const SyntheticOptions& options)
 // Identifies the generator and its parameters in a policy's provenance.
 std::string synthetic_set_description(const SyntheticOptions& options);
 
-}  // namespace headwise::calib
+}  // namespace headwise::tasks

@@ -86,7 +86,7 @@ policy::Policy fixture_policy(const fs::path& dir, const memory::HeadWindows& wi
 
 }  // namespace
 
-TEST_CASE("eval baselines spend the policy's bytes to within one block per head", "[runtime]") {
+TEST_CASE("eval baselines spend the policy's bytes to within one block per head", "[eval]") {
   std::mt19937_64 rng(5);
   const std::vector<int64_t> ladder{64, 256, 1024, kFullWindow};
   for (const auto& file : {"qwen3_next_80b_a3b.json", "gemma3_27b.json", "jamba_tiny.json", "falcon_h1_tiny.json"}) {
@@ -119,7 +119,7 @@ TEST_CASE("eval baselines spend the policy's bytes to within one block per head"
   }
 }
 
-TEST_CASE("eval baselines have their shapes: uniform is one window, pyramid decreases with depth", "[runtime]") {
+TEST_CASE("eval baselines have their shapes: uniform is one window, pyramid decreases with depth", "[eval]") {
   const auto spec = headwise::testing::spec_from_config("gemma3_27b.json");
   memory::MemoryOptions o;
   o.context = 32768;
@@ -135,7 +135,7 @@ TEST_CASE("eval baselines have their shapes: uniform is one window, pyramid decr
   CHECK(pyramid.at(ids.front()).front() > pyramid.at(ids.back()).front());
 }
 
-TEST_CASE("eval --json: every method, measured == estimated bytes, full has KL 0", "[runtime]") {
+TEST_CASE("eval --json: every method, measured == estimated bytes, full has KL 0", "[eval]") {
   // Every hybrid family with a forward: gated DeltaNet (Qwen3-Next, Qwen3.5-MoE), gpt-oss (sliding
   // layers, sink logits), LFM2 (short convolutions), the Mamba-2 hybrids (Bamba, Nemotron-H,
   // Granite 4.0-H, Falcon-H1) and Jamba (Mamba-1).
@@ -202,7 +202,7 @@ TEST_CASE("eval --json: every method, measured == estimated bytes, full has KL 0
 }
 
 TEST_CASE("eval of several policies in one run equals one run per policy, sharing the budget-free work",
-          "[runtime]") {
+          "[eval]") {
   headwise::testing::TempDir tmp;
   const auto dir = headwise::testing::fixture_dir("qwen3_next_tiny");
   const auto spec = arch::load_model_spec(dir);
@@ -265,7 +265,7 @@ TEST_CASE("eval of several policies in one run equals one run per policy, sharin
   CHECK(uneven.err.find("--unconditioned-policy given 1 times for 2 --policy") != std::string::npos);
 }
 
-TEST_CASE("eval --jobs 2 gives the figures of --jobs 1 and runs a repeated method once", "[runtime]") {
+TEST_CASE("eval --jobs 2 gives the figures of --jobs 1 and runs a repeated method once", "[eval]") {
   headwise::testing::TempDir tmp;
   const auto dir = headwise::testing::fixture_dir("qwen3_next_tiny");
   std::mt19937_64 rng(31);
@@ -332,7 +332,7 @@ TEST_CASE("eval --jobs 2 gives the figures of --jobs 1 and runs a repeated metho
   }
 }
 
-TEST_CASE("eval bad input: one line naming the flag, non-zero exit", "[runtime]") {
+TEST_CASE("eval bad input: one line naming the flag, non-zero exit", "[eval]") {
   headwise::testing::TempDir tmp;
   const auto dir = headwise::testing::fixture_dir("qwen3_next_tiny");
   std::mt19937_64 rng(4);
@@ -360,7 +360,7 @@ TEST_CASE("eval bad input: one line naming the flag, non-zero exit", "[runtime]"
 }
 
 TEST_CASE("eval text tasks need a tokenizer that can write English; otherwise the token tasks are the default",
-          "[runtime]") {
+          "[eval]") {
   headwise::testing::TempDir tmp;
   auto folder_with_tokenizer = [&](const std::string& name, const fs::path& tokenizer) {
     const fs::path dir = tmp.path() / name;
@@ -392,7 +392,7 @@ TEST_CASE("eval text tasks need a tokenizer that can write English; otherwise th
   CHECK_FALSE(eval::make_eval_samples(english, 151936, request).empty());
 }
 
-TEST_CASE("eval refuses samples no longer than the policy's windows unless allowed, and says why", "[runtime]") {
+TEST_CASE("eval refuses samples no longer than the policy's windows unless allowed, and says why", "[eval]") {
   headwise::testing::TempDir tmp;
   const auto dir = headwise::testing::fixture_dir("qwen3_next_tiny");
   const auto spec = arch::load_model_spec(dir);
@@ -427,7 +427,7 @@ TEST_CASE("eval refuses samples no longer than the policy's windows unless allow
   }
 }
 
-TEST_CASE("Wilson intervals and sample spreads", "[runtime]") {
+TEST_CASE("Wilson intervals and sample spreads", "[eval]") {
   // Reference values: the Wilson score interval at z = 1.96 (e.g. statsmodels proportion_confint).
   const auto [lo0, hi0] = eval::wilson_interval(0, 10);
   CHECK(lo0 == Approx(0.0).margin(1e-12));
@@ -444,7 +444,7 @@ TEST_CASE("Wilson intervals and sample spreads", "[runtime]") {
   CHECK(eval::largest_finite_window({{1, {64, policy::kFull}}, {3, {128, 16}}}) == 128);
 }
 
-TEST_CASE("paired comparison on the same samples: exact McNemar and the paired difference", "[runtime]") {
+TEST_CASE("paired comparison on the same samples: exact McNemar and the paired difference", "[eval]") {
   // 100 samples: both right on 50, only a on 10, only b on 2, neither on 38.
   eval::MethodResult a, b;
   for (int i = 0; i < 100; ++i) {
@@ -470,7 +470,7 @@ TEST_CASE("paired comparison on the same samples: exact McNemar and the paired d
 }
 
 TEST_CASE("eval --unconditioned-policy: the exact ablation is used as given, and only a true ablation is accepted",
-          "[runtime]") {
+          "[eval]") {
   headwise::testing::TempDir tmp;
   const auto dir = headwise::testing::fixture_dir("qwen3_next_tiny");
   const auto spec = arch::load_model_spec(dir);
@@ -595,7 +595,7 @@ memory::HeadWindows windows_of(const nlohmann::json& row) {
 
 }  // namespace
 
-TEST_CASE("eval's accuracies, KL and perplexity equal a teacher-forced masked forward computed here", "[runtime]") {
+TEST_CASE("eval's accuracies, KL and perplexity equal a teacher-forced masked forward computed here", "[eval]") {
   // The 2K default model, trained on these tasks (accuracies are neither all 0 nor all 1), under a
   // policy with float32 K/V and states: the decoder then computes what the masked reference does,
   // so every figure must agree (counts exactly, KL and perplexity to float rounding).
@@ -649,7 +649,7 @@ TEST_CASE("eval's accuracies, KL and perplexity equal a teacher-forced masked fo
   CHECK(wrong_anywhere > 0);
 }
 
-TEST_CASE("eval of a policy with h2o heads: measured bytes equal the policy's, bookkeeping included", "[runtime]") {
+TEST_CASE("eval of a policy with h2o heads: measured bytes equal the policy's, bookkeeping included", "[eval]") {
   headwise::testing::TempDir tmp;
   const auto dir = headwise::testing::fixture_dir("qwen3_next_tiny");
   const auto spec = arch::load_model_spec(dir);

@@ -1,8 +1,8 @@
 // RULER's needle-in-a-haystack family and variable tracking.
 #include "headwise/core/error.hpp"
-#include "tasks.hpp"
+#include "text_tasks.hpp"
 
-namespace headwise::calib {
+namespace headwise::tasks {
 namespace {
 
 // Enough haystack sentences for any length the fitter may try (about 20 tokens each).
@@ -29,7 +29,7 @@ nlohmann::json make_niah(const TaskContext& ctx, int keys, int values, int queri
     for (int v = 0; v < values; ++v) {
       // The first needle sits at this sample's depth; the others anywhere.
       const double d = needles.empty() ? depth : static_cast<double>(ctx.rng.below(1001)) / 1000.0;
-      needles.push_back({key_list[static_cast<size_t>(k)], ctx.rng.number(7), d});
+      needles.push_back({key_list[static_cast<size_t>(k)], random_number(ctx.rng, 7), d});
     }
   }
   const std::vector<std::string> queried(key_list.begin(), key_list.begin() + queries);
@@ -37,7 +37,7 @@ nlohmann::json make_niah(const TaskContext& ctx, int keys, int values, int queri
   for (const auto& needle : needles) {
     if (std::find(queried.begin(), queried.end(), needle.key) != queried.end()) answers.push_back(needle.value);
   }
-  const size_t start = ctx.rng.below(ctx.haystack.sentences.size());
+  const auto start = static_cast<size_t>(ctx.rng.below(static_cast<int64_t>(ctx.haystack.sentences.size())));
   const std::string question = "What are all the special magic numbers for " + listing(queried) +
                                " mentioned in the provided text?";
   const auto build_prompt = [&](int64_t n) {
@@ -68,7 +68,7 @@ nlohmann::json make_variable_tracking(const TaskContext& ctx) {
     for (int i = 0; i < 5; ++i) name.push_back(static_cast<char>('A' + ctx.rng.below(26)));
     if (std::find(names.begin(), names.end(), name) == names.end()) names.push_back(name);
   }
-  const std::string value = ctx.rng.number(5);
+  const std::string value = random_number(ctx.rng, 5);
   const double depth = sample_depth(ctx.index, ctx.request.samples);
   std::vector<std::pair<double, std::string>> items;
   const double first = 0.8 * depth;  // the chain starts at this sample's depth and runs on after it
@@ -91,4 +91,4 @@ nlohmann::json make_variable_tracking(const TaskContext& ctx) {
   return make_record(ctx.request.task, build_prompt(n), answer_text, names, std::move(params), ctx.counter);
 }
 
-}  // namespace headwise::calib
+}  // namespace headwise::tasks

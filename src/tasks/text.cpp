@@ -1,8 +1,8 @@
 // RULER's common-words extraction and QA with distractor documents.
 #include "headwise/core/error.hpp"
-#include "tasks.hpp"
+#include "text_tasks.hpp"
 
-namespace headwise::calib {
+namespace headwise::tasks {
 
 nlohmann::json make_common_words(const TaskContext& ctx) {
   // RULER cwe: 10 common words appear 30 times each, every other word 3 times; the
@@ -18,7 +18,7 @@ nlohmann::json make_common_words(const TaskContext& ctx) {
   // One fixed permutation of all occurrences, so a shorter list is a sub-list of a longer one.
   std::vector<std::pair<int64_t, uint64_t>> order;  // (word index, random key)
   for (int64_t w = 0; w < kCommon + max_rare; ++w) {
-    for (int r = 0; r < (w < kCommon ? kCommonFreq : kRareFreq); ++r) order.emplace_back(w, ctx.rng.below(UINT64_MAX));
+    for (int r = 0; r < (w < kCommon ? kCommonFreq : kRareFreq); ++r) order.emplace_back(w, ctx.rng.below_unsigned(UINT64_MAX));
   }
   std::stable_sort(order.begin(), order.end(), [](const auto& a, const auto& b) { return a.second < b.second; });
   const auto build_prompt = [&](int64_t rare) {
@@ -55,7 +55,7 @@ Fact make_fact(int kind, const std::string& person, Rng& rng) {
   const auto& city = rng.pick(city_names());
   switch (kind) {
     case 0: {
-      const std::string org = rng.pick(orgs), year = std::to_string(rng.range(1780, 1990));
+      const std::string org = rng.pick(orgs), year = std::to_string(rng.between(1780, 1990));
       return {person + " founded the " + org + " of " + city + " in " + year + ".",
               "In which year did " + person + " found the " + org + " of " + city + "?", year};
     }
@@ -65,7 +65,7 @@ Fact make_fact(int kind, const std::string& person, Rng& rng) {
               "What is the title of the first novel by " + person + "?", title};
     }
     default: {
-      const std::string bridge = std::to_string(rng.range(3, 19));
+      const std::string bridge = std::to_string(rng.between(3, 19));
       return {"The old stone bridge at " + city + " was rebuilt by " + person + " with " + bridge + " arches.",
               "How many arches did " + person + " give the old stone bridge at " + city + "?", bridge};
     }
@@ -110,4 +110,4 @@ nlohmann::json make_qa_distractors(const TaskContext& ctx) {
   return make_record(ctx.request.task, build_prompt(n), answer_text, {gold.answer}, std::move(params), ctx.counter);
 }
 
-}  // namespace headwise::calib
+}  // namespace headwise::tasks

@@ -6,9 +6,9 @@
 #include <fstream>
 
 #include "../support/test_paths.hpp"
-#include "headwise/calib/generators.hpp"
 #include "headwise/core/error.hpp"
 #include "headwise/core/files.hpp"
+#include "headwise/tasks/generators.hpp"
 #include "headwise/tokenize/tokenizer.hpp"
 
 using namespace headwise;
@@ -23,14 +23,14 @@ const tokenize::Tokenizer& fixture_tokenizer() {
 }
 
 std::vector<nlohmann::json> generate(const std::string& task, int64_t length, int64_t samples, uint64_t seed) {
-  const auto counter = calib::make_token_counter(&fixture_tokenizer());
-  return calib::generate_calibration({task, length, samples, seed, {}}, *counter);
+  const auto counter = tasks::make_token_counter(&fixture_tokenizer());
+  return tasks::generate_calibration({task, length, samples, seed, {}}, *counter);
 }
 
 }  // namespace
 
-TEST_CASE("every task fills the length without exceeding it and states its answers", "[calib]") {
-  for (const auto& task : calib::generator_tasks()) {
+TEST_CASE("every task fills the length without exceeding it and states its answers", "[tasks]") {
+  for (const auto& task : tasks::generator_tasks()) {
     INFO(task);
     const auto records = generate(task, 1500, 2, 7);
     REQUIRE(records.size() == 2);
@@ -54,8 +54,8 @@ TEST_CASE("every task fills the length without exceeding it and states its answe
   }
 }
 
-TEST_CASE("generation is deterministic for a seed", "[calib]") {
-  for (const auto& task : calib::generator_tasks()) {
+TEST_CASE("generation is deterministic for a seed", "[tasks]") {
+  for (const auto& task : tasks::generator_tasks()) {
     INFO(task);
     const auto a = generate(task, 600, 2, 11), b = generate(task, 600, 2, 11), c = generate(task, 600, 2, 12);
     CHECK(a == b);
@@ -63,7 +63,7 @@ TEST_CASE("generation is deterministic for a seed", "[calib]") {
   }
 }
 
-TEST_CASE("needle depths spread evenly across samples", "[calib]") {
+TEST_CASE("needle depths spread evenly across samples", "[tasks]") {
   const auto records = generate("niah_single", 2000, 3, 3);
   std::vector<double> depths;
   for (const auto& record : records) {
@@ -78,17 +78,17 @@ TEST_CASE("needle depths spread evenly across samples", "[calib]") {
   CHECK(depths[2] > 0.85);
 }
 
-TEST_CASE("generator errors name the flag", "[calib]") {
-  const auto counter = calib::make_token_counter(nullptr);
+TEST_CASE("generator errors name the flag", "[tasks]") {
+  const auto counter = tasks::make_token_counter(nullptr);
   CHECK(counter->count("héllo") == 6);  // byte fallback counts UTF-8 bytes
-  CHECK_THROWS_WITH(calib::generate_calibration({"no_such_task", 100, 1, 0, {}}, *counter),
+  CHECK_THROWS_WITH(tasks::generate_calibration({"no_such_task", 100, 1, 0, {}}, *counter),
                     Catch::Contains("--task no_such_task: unknown task"));
-  CHECK_THROWS_WITH(calib::generate_calibration({"niah_single", 20, 1, 0, {}}, *counter),
+  CHECK_THROWS_WITH(tasks::generate_calibration({"niah_single", 20, 1, 0, {}}, *counter),
                     Catch::Contains("--length 20: too short"));
-  CHECK_THROWS_WITH(calib::generate_calibration({"locomo", 100, 0, 0, {}}, *counter), Catch::Contains("--samples"));
+  CHECK_THROWS_WITH(tasks::generate_calibration({"locomo", 100, 0, 0, {}}, *counter), Catch::Contains("--samples"));
 }
 
-TEST_CASE("make-calib writes JSONL that the CLI reports", "[calib]") {
+TEST_CASE("make-calib writes JSONL that the CLI reports", "[tasks]") {
   const fs::path out = fs::temp_directory_path() / "headwise-make-calib.jsonl";
   const std::string tok = (fs::path(HEADWISE_FIXTURES_DIR) / "tokenizers" / "sentencepiece_llama2").string();
   const std::string command = std::string(HEADWISE_CLI) + " make-calib -q --task qa_distractors --length 2k --samples 3 " +

@@ -29,7 +29,7 @@ std::vector<int64_t> occurrences(const std::vector<int64_t>& prompt, const std::
 }  // namespace
 
 TEST_CASE("needle_chain is variable tracking: each query after the first asks for the key the hop before answered",
-          "[runtime]") {
+          "[eval]") {
   eval::TaskRequest request;
   request.tasks = {"needle_chain"};
   request.samples = 12;
@@ -94,7 +94,7 @@ TEST_CASE("needle_chain is variable tracking: each query after the first asks fo
         samples[0].prompt);
 }
 
-TEST_CASE("the multi-hop harness feeds the model's own answer into the next query, not the reference", "[runtime]") {
+TEST_CASE("the multi-hop harness feeds the model's own answer into the next query, not the reference", "[eval]") {
   c10::InferenceMode inference;
   const auto dir = headwise::testing::fixture_dir("qwen3_next_tiny");
   auto model = arch::load_model(dir, arch::ModelOptions{});

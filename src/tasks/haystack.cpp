@@ -9,7 +9,7 @@
 #include "headwise/core/error.hpp"
 #include "headwise/core/files.hpp"
 
-namespace headwise::calib {
+namespace headwise::tasks {
 namespace fs = std::filesystem;
 namespace {
 
@@ -153,6 +153,12 @@ std::vector<std::string> person_names(Rng& rng, size_t count) {
   return names;
 }
 
+std::string random_number(Rng& rng, int digits) {
+  std::string out(1, static_cast<char>('1' + rng.below(9)));
+  while (static_cast<int>(out.size()) < digits) out.push_back(static_cast<char>('0' + rng.below(10)));
+  return out;
+}
+
 const std::vector<std::string>& city_names() { return kCities; }
 
 double sample_depth(int64_t index, int64_t samples) {
@@ -213,4 +219,4 @@ nlohmann::json make_record(const std::string& task, const std::string& prompt, c
           {"tokens", counter.count(text)}, {"token_counter", counter.name()}};
 }
 
-}  // namespace headwise::calib
+}  // namespace headwise::tasks

@@ -4,7 +4,7 @@
 
 #include "haystack.hpp"
 
-namespace headwise::calib {
+namespace headwise::tasks {
 
 struct TaskContext {
   const GeneratorRequest& request;
@@ -20,4 +20,4 @@ nlohmann::json make_common_words(const TaskContext& ctx);
 nlohmann::json make_qa_distractors(const TaskContext& ctx);
 nlohmann::json make_locomo(const TaskContext& ctx);
 
-}  // namespace headwise::calib
+}  // namespace headwise::tasks

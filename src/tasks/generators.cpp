@@ -1,4 +1,4 @@
-#include "headwise/calib/generators.hpp"
+#include "headwise/tasks/generators.hpp"
 
 #include <spdlog/spdlog.h>
 
@@ -6,9 +6,9 @@
 
 #include "headwise/core/error.hpp"
 #include "headwise/tokenize/tokenizer.hpp"
-#include "tasks.hpp"
+#include "text_tasks.hpp"
 
-namespace headwise::calib {
+namespace headwise::tasks {
 namespace {
 
 class TokenizerCounter final : public TokenCounter {
@@ -96,4 +96,4 @@ std::vector<nlohmann::json> generate_calibration(const GeneratorRequest& request
   return records;
 }
 
-}  // namespace headwise::calib
+}  // namespace headwise::tasks
