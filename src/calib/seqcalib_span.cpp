@@ -4,7 +4,6 @@
 
 #include <algorithm>
 #include <map>
-#include <tuple>
 
 #include "finite_checks.hpp"
 #include "seqcalib_completion.hpp"
