@@ -1,8 +1,8 @@
 #pragma once
-// The search inside one global layer of the answer-aware measures (seqcalib.cpp decides with it):
-// each head's window is a level index into its group's options, and `JointMeasure` prices a
-// whole assignment of the layer (measured or predicted answer KL). Deterministic: ties go to the
-// lower head and level.
+// The search inside one global layer of the answer-aware measures (seqcalib_decide.cpp decides
+// with it): each head's window is a level index into its group's options, and `JointMeasure`
+// prices a whole assignment of the layer (measured or predicted answer KL). Deterministic: ties go
+// to the lower head and level.
 #include <cstdint>
 #include <functional>
 #include <vector>

@@ -1,0 +1,40 @@
+#pragma once
+// After the walk: the exact completion that spends what the controller left, what it does end to
+// end, and the passes that re-walk the layers above a lower layer it moved (fresh conditioning)
+// or that an exact solve over every layer's conditioned curves moves (cross-layer re-solve).
+#include <cstdint>
+#include <optional>
+#include <vector>
+
+#include "seqcalib_run.hpp"
+
+namespace headwise::calib::seqcalib {
+
+// Exact completion: spend what the controller left on the best upgrades.
+void complete(const RunInputs& in, RunState& state);
+
+// Upper layers were measured on the stream of the walk's windows; the completion may lengthen
+// some of them afterwards. Measure what that does end to end instead of assuming it.
+void measure_completion_effect(const RunInputs& in, const AnswerMeasures& measures,
+                               RunState& state);
+
+void rewalk_while_completion_moves_lower_layers(const RunInputs& in, const AnswerMeasures& measures,
+                                                RunState& state);
+
+void resolve_across_layers(const RunInputs& in, const AnswerMeasures& measures, RunState& state);
+
+// The windows of the decided groups at `choice` (one option index per group), by layer.
+Windows decided_windows(const Decisions& decisions, const std::vector<size_t>& choice);
+
+// The lowest global layer whose windows differ between `from` and `policy`, when a global layer
+// lies above it.
+std::optional<int64_t> lowest_changed_layer_below_a_global_layer(const RunInputs& in,
+                                                                 const Windows& policy,
+                                                                 const Windows& from);
+
+// Fixes the global layers up to `lowest` at `windows`, re-walks the layers above on that stream
+// and completes.
+void rewalk_above_fixed(const RunInputs& in, const AnswerMeasures& measures, RunState& state,
+                        int64_t lowest, const Windows& windows);
+
+}  // namespace headwise::calib::seqcalib

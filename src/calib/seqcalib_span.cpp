@@ -1,0 +1,158 @@
+#include "seqcalib_span.hpp"
+
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+#include <map>
+
+#include "finite_checks.hpp"
+#include "seqcalib_completion.hpp"
+#include "seqcalib_cores.hpp"
+#include "seqcalib_decide.hpp"
+#include "seqcalib_validation.hpp"
+
+namespace headwise::calib::seqcalib {
+namespace {
+
+// The answer-span measure of layer `site.layer`'s joint windows, memoised in `memo`; its
+// prefetch measures every assignment a step names in one batch.
+LayerMeasure span_layer_measure(const RunInputs& in, AnswerSpan& span, const SpanSite& site,
+                                LevelMemo& memo) {
+  const auto run = [&in, &span, &site, &memo](const std::vector<std::vector<size_t>>& assignments) {
+    std::vector<std::vector<size_t>> missing;
+    std::vector<SpanOutputs> outputs;
+    for (const auto& levels : assignments) {
+      if (memo.contains(levels) ||
+          std::find(missing.begin(), missing.end(), levels) != missing.end())
+        continue;
+      missing.push_back(levels);
+      outputs.push_back(site.compose(in.windows_of(levels)));
+    }
+    if (missing.empty()) return;
+    const auto values =
+        span.evaluate(site, outputs, fmt::format("layer {}: {}", site.layer, in.measured_label()));
+    for (size_t c = 0; c < missing.size(); ++c) memo.emplace(missing[c], values[c]);
+  };
+  return {[run, &memo](const std::vector<size_t>& levels) {
+            if (!memo.contains(levels)) run({levels});
+            return memo.at(levels);
+          },
+          run};
+}
+
+}  // namespace
+
+// Every sequence serves: the probe costs no forward here.
+void span_probe(const RunInputs& in, const AnswerMeasures& measures, RunState& state) {
+  AnswerSpan& span = *measures.span;
+  std::vector<int64_t> layers = in.spec.global_layer_ids();
+  std::vector<AnswerSpan::SweepItem> items;
+  std::vector<std::vector<std::vector<size_t>>> assignments;
+  for (int64_t id : layers) {
+    const auto heads = static_cast<size_t>(in.spec.layer(id).attention->num_kv_heads);
+    const std::vector<size_t> top(heads, in.options.ladder.size() - 1);
+    std::vector<std::vector<size_t>> wanted = marginal_assignments(in, top);
+    // Nothing below the lowest global layer is cut: the walk measures it on this very stream, so
+    // the sweep measures every assignment the walk may ask for (when there are few) once.
+    if (id == layers.front()) append(wanted, every_assignment(in, heads));
+    // Every head at full KV on the full-KV stream is the reference itself: divergence 0, no run.
+    wanted.erase(std::remove(wanted.begin(), wanted.end(), top), wanted.end());
+    assignments.push_back(unique_assignments(std::move(wanted)));
+    const SpanSite& site = span.reference_site(id);
+    AnswerSpan::SweepItem item{&site, {}};
+    for (const auto& levels : assignments.back())
+      item.candidates.push_back(site.compose(in.windows_of(levels)));
+    items.push_back(std::move(item));
+  }
+  const auto values = span.sweep(items, fmt::format("probe (full KV): {}", in.measured_label()));
+  in.model.release_all();
+  for (size_t i = 0; i < layers.size(); ++i) {
+    LevelMemo& memo = state.probe_memo[layers[i]];
+    for (size_t c = 0; c < assignments[i].size(); ++c)
+      memo.emplace(assignments[i][c], values[i][c]);
+    const auto heads = static_cast<size_t>(in.spec.layer(layers[i]).attention->num_kv_heads);
+    const std::vector<size_t> top(heads, in.options.ladder.size() - 1);
+    memo.emplace(top, 0.0);
+    state.probe_groups[layers[i]] = marginal_groups(
+        in, layers[i], top, [&memo](const std::vector<size_t>& l) { return memo.at(l); });
+    append(state.result.probe_curves, to_curves(state.probe_groups[layers[i]]));
+  }
+  state.result.answer_kl_evaluations += span.evaluations();
+  if (state.result.validation) {
+    validate_span_probe(in, *measures.answer_kl, state.probe_groups, *state.result.validation);
+  }
+}
+
+LayerMeasure span_decision_measure(const RunInputs& in, AnswerSpan& span, int64_t layer_id,
+                                   ActivationStream& stream, bool on_reference_stream,
+                                   const SpanSite* given, LevelMemo& memo,
+                                   std::optional<SpanSite>& captured) {
+  const SpanSite& site = on_reference_stream ? span.reference_site(layer_id)
+                         : given             ? *given
+                                             : captured.emplace(span.capture(layer_id, stream));
+  LayerMeasure layer_cost = span_layer_measure(in, span, site, memo);
+  // A small layer's every joint assignment in one batch: one run of the layers above.
+  const std::vector<std::vector<size_t>> all =
+      every_assignment(in, static_cast<size_t>(in.spec.layer(layer_id).attention->num_kv_heads));
+  if (!all.empty()) layer_cost.prefetch(all);
+  return layer_cost;
+}
+
+bool decides_in_its_pass(const RunInputs& in, const RunState& state, int64_t i,
+                         const ActivationStream& stream) {
+  return in.span() && in.options.conditioned && stream.micro_batches() == 1 &&
+         in.spec.layer(i).states.empty() && !state.result.validation &&
+         i != in.spec.global_layer_ids().front();
+}
+
+void run_deciding_in_its_pass(const RunInputs& in, const AnswerMeasures& measures, RunState& state,
+                              int64_t i, ActivationStream& stream, LayerReport& report) {
+  AnswerSpan& span = *measures.span;
+  std::vector<at::Tensor> input;  // the layer's input at the span, set before the pass
+  DecidingCore core(in.options.sink_tokens, in.model.attention_chunk(),
+                    [&](const arch::AttentionInputs& attention) {
+                      const SpanSite site = span.site_of(i, std::move(input), {attention});
+                      state.result.windows[i] =
+                          decide_jointly(in, measures, state, i, stream, report, &site);
+                      return state.result.windows[i];
+                    });
+  stream.apply([&](const at::Tensor& h) {
+    input = {h.slice(1, span.span_begin(), h.size(1)).clone()};
+    return checked_finite(in.model.run_layer(i, h, {&core, nullptr, 0}), i, in.spec.layer(i).kind);
+  });
+}
+
+void resolve_across_layers_by_walks(const RunInputs& in, const AnswerMeasures& measures,
+                                    RunState& state) {
+  SeqCalibResult& result = state.result;
+  result.answer_kl_by_resolve = {result.answer_kl_walk};
+  const Windows proposed = decided_windows(
+      state.decisions,
+      solve::solve_exact(state.decisions.groups, in.options.global_budget_bytes).choice);
+  const std::optional<int64_t> lowest =
+      lowest_changed_layer_below_a_global_layer(in, result.windows, proposed);
+  if (!lowest) return;
+  spdlog::info(
+      "re-solve: the exact solve over the conditioned curves moves layer {} to [{}]; re-deciding "
+      "the layers "
+      "above it",
+      *lowest, fmt::join(proposed.at(*lowest), ","));
+  const SeqCalibResult kept_result = result;
+  const Decisions kept = state.decisions;
+  rewalk_above_fixed(in, measures, state, *lowest, proposed);
+  result.answer_kl_by_resolve.push_back(result.answer_kl_walk);
+  if (!(result.answer_kl_walk < kept_result.answer_kl_walk)) {
+    spdlog::info("re-solved walk: {} {:.6g}, not below {:.6g}: kept the first walk's policy",
+                 in.measured_label(), result.answer_kl_walk, kept_result.answer_kl_walk);
+    auto tried = result.answer_kl_by_resolve;
+    result = kept_result;
+    result.answer_kl_by_resolve = std::move(tried);
+    state.decisions = kept;
+    return;
+  }
+  spdlog::info("re-solved walk: {} {:.6g} (was {:.6g}): kept", in.measured_label(),
+               result.answer_kl_walk, kept_result.answer_kl_walk);
+  result.resolves = 1;
+}
+
+}  // namespace headwise::calib::seqcalib

@@ -1,0 +1,169 @@
+#include "seqcalib_walk.hpp"
+
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+
+#include "finite_checks.hpp"
+#include "headwise/core/progress.hpp"
+#include "headwise/core/units.hpp"
+#include "seqcalib_cores.hpp"
+#include "seqcalib_curves.hpp"
+#include "seqcalib_decide.hpp"
+#include "seqcalib_span.hpp"
+
+namespace headwise::calib::seqcalib {
+namespace {
+
+WalkState state_after(int64_t layer_id, const RunState& state) {
+  const SeqCalibResult& result = state.result;
+  const Decisions& decisions = state.decisions;
+  return {layer_id,       state.probe_groups, result.probe_lambda, result.probe_seconds,
+          result.windows, decisions.groups,   decisions.choice,    decisions.spent,
+          result.layers};
+}
+
+at::Tensor run_checked(const RunInputs& in, int64_t i, const at::Tensor& h,
+                       arch::AttentionCore& core) {
+  return checked_finite(in.model.run_layer(i, h, {&core, nullptr, 0}), i, in.spec.layer(i).kind);
+}
+
+// block-mse: measure the layer's heads, decide, and run it under the decision.
+void run_block_mse_layer(const RunInputs& in, RunState& state, int64_t i, ActivationStream& stream,
+                         PolicyAttentionCore& policy_core, LayerReport& report) {
+  Accumulators accumulators;
+  if (stream.micro_batches() == 1) {
+    MeasuringCore core(in.options, in.model.attention_chunk(), accumulators, [&](int64_t layer_id) {
+      state.result.windows[layer_id] =
+          decide(in, state, layer_id, accumulators.at(layer_id), report);
+      return state.result.windows[layer_id];
+    });
+    stream.apply([&](const at::Tensor& h) { return run_checked(in, i, h, core); });
+    return;
+  }
+  // Several micro-batches: measure them all, decide, then propagate under the decision.
+  MeasuringCore core(in.options, in.model.attention_chunk(), accumulators, nullptr);
+  stream.visit([&](const at::Tensor& h) { in.model.run_layer(i, h, {&core, nullptr, 0}); });
+  state.result.windows[i] = decide(in, state, i, accumulators.at(i), report);
+  stream.apply([&](const at::Tensor& h) { return run_checked(in, i, h, policy_core); });
+}
+
+void run_global_layer(const RunInputs& in, const AnswerMeasures& measures, RunState& state,
+                      int64_t i, ActivationStream& stream, PolicyAttentionCore& policy_core,
+                      LayerReport& report) {
+  if (decides_in_its_pass(in, state, i, stream)) {
+    run_deciding_in_its_pass(in, measures, state, i, stream, report);
+    return;
+  }
+  if (in.answer_aware()) {
+    state.result.windows[i] = decide_jointly(in, measures, state, i, stream, report);
+    stream.apply([&](const at::Tensor& h) { return run_checked(in, i, h, policy_core); });
+    return;
+  }
+  run_block_mse_layer(in, state, i, stream, policy_core, report);
+}
+
+}  // namespace
+
+void StreamCheckpoints::keep(int64_t layer, const ActivationStream& stream,
+                             const Windows& windows) {
+  if (by_layer_.contains(layer) || bytes_ + stream.bytes() > kStreamCheckpointLimitBytes) return;
+  Checkpoint c;
+  for (const auto& [id, w] : windows) {
+    if (id < layer) c.below[id] = w;
+  }
+  c.hidden = stream.copy();
+  bytes_ += stream.bytes();
+  by_layer_.emplace(layer, std::move(c));
+}
+
+int64_t StreamCheckpoints::restore(ActivationStream& stream, int64_t replay_until,
+                                   const Windows& windows) const {
+  for (auto it = by_layer_.rbegin(); it != by_layer_.rend(); ++it) {
+    if (it->first > replay_until) continue;
+    const bool same =
+        std::all_of(it->second.below.begin(), it->second.below.end(), [&](const auto& entry) {
+          const auto now = windows.find(entry.first);
+          return now != windows.end() && now->second == entry.second;
+        });
+    if (!same) continue;
+    stream.assign(it->second.hidden);
+    return it->first;
+  }
+  return 0;
+}
+
+void restore(const WalkState& saved, RunState& state) {
+  SeqCalibResult& result = state.result;
+  state.probe_groups = saved.probe_groups;
+  for (const auto& [layer_id, groups] : state.probe_groups)
+    append(result.probe_curves, to_curves(groups));
+  result.probe_lambda = saved.probe_lambda;
+  result.probe_seconds = saved.probe_seconds;
+  result.windows = saved.windows;
+  result.layers = saved.layers;
+  result.curves = to_curves(saved.decided_groups);
+  state.decisions.groups = saved.decided_groups;
+  state.decisions.choice = saved.decided_choice;
+  state.decisions.spent = saved.spent;
+  state.decisions.replay_until = saved.last_layer;
+  spdlog::info("resuming after layer {}: {} global layers decided, {} spent", saved.last_layer,
+               saved.windows.size(), format_bytes(state.decisions.spent));
+}
+
+void walk(const RunInputs& in, const AnswerMeasures& measures, RunState& state) {
+  SeqCalibResult& result = state.result;
+  const arch::ModelSpec& spec = in.spec;
+  ActivationStream stream(in.model, in.local_sequences, in.options.micro_batch,
+                          in.options.activations);
+  result.activations = stream.placement_name();
+  PolicyAttentionCore policy_core(result.windows, in.options.sink_tokens,
+                                  in.model.attention_chunk());
+  Progress progress(in.options.conditioned ? "SeqCalib" : "calibrate (unconditioned)",
+                    spec.num_layers());
+  const int64_t replay_until = state.decisions.replay_until;
+  const int64_t resume_at = state.stream_checkpoints.restore(stream, replay_until, result.windows);
+  for (int64_t i = resume_at; i < spec.num_layers(); ++i) {
+    if (spec.layer(i).is_global() && i > replay_until)
+      state.stream_checkpoints.keep(i, stream, result.windows);
+    if (i <= replay_until) {  // decided before the interruption: recompute the stream only
+      stream.apply([&](const at::Tensor& h) {
+        return in.model.run_layer(i, h, {&policy_core, nullptr, 0});
+      });
+      in.model.release_layer(i);
+      progress.update(i + 1, fmt::format("layer {} replayed", i));
+      continue;
+    }
+    const auto start = Clock::now();
+    const int64_t sent_before = in.world.bytes_sent();
+    in.model.prefetch_layer(i + 1);  // loads while layer i computes
+    LayerReport report{i, std::string(layer_kind_name(spec.layer(i).kind))};
+    if (spec.layer(i).is_global()) {
+      run_global_layer(in, measures, state, i, stream, policy_core, report);
+    } else {
+      stream.apply([&](const at::Tensor& h) { return run_checked(in, i, h, policy_core); });
+    }
+    in.model.release_layer(i);
+    report.seconds = seconds_since(start);
+    report.exchanged_bytes = in.world.bytes_sent() - sent_before;
+    result.layers.push_back(report);
+    progress.update(i + 1, spec.layer(i).is_global()
+                               ? fmt::format("layer {} global: {} spent, lambda {:.3g}", i,
+                                             format_bytes(state.decisions.spent), report.lambda)
+                               : fmt::format("layer {} {}", i, report.kind));
+    // A re-walk is not checkpointed: a resumed run redoes it from the first walk's state.
+    if (spec.layer(i).is_global() && in.options.checkpoint && !state.rewalking) {
+      in.options.checkpoint(state_after(i, state));
+    }
+  }
+  progress.finish();
+  // The stream has passed every layer under the walk's windows: its end-to-end answer KL costs
+  // no further run.
+  if (in.span()) {
+    result.answer_kl_walk = measures.span->evaluate_final(stream);
+  } else if (in.answer_aware()) {
+    result.answer_kl_walk = measures.answer_kl->evaluate_final(stream);
+  }
+}
+
+}  // namespace headwise::calib::seqcalib
