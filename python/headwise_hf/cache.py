@@ -86,8 +86,9 @@ class _Plan:
             self.layer._write(self.filled, self.new_k, self.new_v)
 
 
-class HeadwiseLayer(CacheLayerMixin):
-    """One global attention layer under a policy: per-window head groups of ring buffers."""
+class _PolicyLayer(CacheLayerMixin):
+    """What the two kinds of policy layer share: the policy's shape, the cached length, the plan
+    handed from `update` to the attention function, and transformers' length queries."""
 
     is_sliding = False
     is_compileable = False
@@ -106,27 +107,80 @@ class HeadwiseLayer(CacheLayerMixin):
         self.preallocate = preallocate
         self.allow_beyond_context = allow_beyond_context
         self._attn_check = attn_check
-        by_window: dict = {}
-        for h, w in enumerate(windows):
-            by_window.setdefault(w, []).append(h)
-        # Ascending windows, full last: the runtime's order.
-        order = sorted(by_window, key=lambda w: (w is FULL, w or 0))
-        self.groups = [_Group(w, by_window[w]) for w in order]
         self.cumulative_length = 0
         self.pending: Optional[_Plan] = None
         self.batch_size = None
 
-    # --- storage -------------------------------------------------------------------------
-    def _slots(self, group: _Group, length: int) -> int:
-        return head_slots(group.window, self.sinks, length, self.block)
-
-    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+    def _take_shapes(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+        """The first update's dtype, device, batch and head dims; its KV heads must be the policy's."""
         self.dtype, self.device = key_states.dtype, key_states.device
         self.batch_size = key_states.shape[0]
         self.head_dim, self.value_dim = key_states.shape[-1], value_states.shape[-1]
         if key_states.shape[1] != len(self.windows):
             raise PolicyError(f"layer {self.layer_id}: the model has {key_states.shape[1]} KV heads, the policy "
                               f"gives {len(self.windows)} windows")
+
+    def _unfinished_plan(self) -> None:
+        """The last update's attention never ran (should not happen)."""
+        raise NotImplementedError
+
+    # --- the CacheLayerMixin interface ---------------------------------------------------
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
+        self._attn_check()
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        if self.pending is not None:
+            self._unfinished_plan()
+        if key_states.shape[0] != self.batch_size:
+            raise ValueError(f"HeadwiseCache layer {self.layer_id}: batch {key_states.shape[0]}, cache holds "
+                             f"{self.batch_size} sequences (use a new cache per batch)")
+        filled = self.cumulative_length
+        steps = key_states.shape[2]
+        if filled + steps > self.context and (self.preallocate or not self.allow_beyond_context):
+            raise ValueError(f"HeadwiseCache: {filled + steps} tokens exceed the policy's context of {self.context} "
+                             "tokens (the windows were chosen for it); pass allow_beyond_context=True to "
+                             "HeadwiseCache.from_policy to run past it")
+        self.cumulative_length = filled + steps
+        plan = _Plan(self, filled, key_states, value_states)
+        self.pending = plan
+        # The attention function finds the plan on the tensor it receives as `key`.
+        tagged_k = key_states.view_as(key_states)
+        tagged_k._headwise_plan = plan
+        return tagged_k, value_states
+
+    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
+        return self.cumulative_length + query_length, 0
+
+    def get_seq_length(self) -> int:
+        return self.cumulative_length
+
+    def get_max_length(self) -> int:
+        return -1 if self.allow_beyond_context and not self.preallocate else self.context
+
+
+class HeadwiseLayer(_PolicyLayer):
+    """One global attention layer under a policy: per-window head groups of ring buffers."""
+
+    def __init__(self, layer_id: int, windows: list[Optional[int]], policy: Policy, *, preallocate: bool,
+                 allow_beyond_context: bool, attn_check):
+        super().__init__(layer_id, windows, policy, preallocate=preallocate,
+                         allow_beyond_context=allow_beyond_context, attn_check=attn_check)
+        by_window: dict = {}
+        for h, w in enumerate(windows):
+            by_window.setdefault(w, []).append(h)
+        # Ascending windows, full last: the runtime's order.
+        order = sorted(by_window, key=lambda w: (w is FULL, w or 0))
+        self.groups = [_Group(w, by_window[w]) for w in order]
+
+    def _unfinished_plan(self) -> None:
+        self.pending.commit()
+
+    # --- storage -------------------------------------------------------------------------
+    def _slots(self, group: _Group, length: int) -> int:
+        return head_slots(group.window, self.sinks, length, self.block)
+
+    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+        self._take_shapes(key_states, value_states)
         length = self.context if self.preallocate else 0
         for g in self.groups:
             g.heads_t = torch.tensor(g.heads, device=self.device, dtype=torch.long)
@@ -170,30 +224,6 @@ class HeadwiseLayer(CacheLayerMixin):
             slots = self.sinks + torch.remainder(pos - self.sinks, g.window)
             g.k.index_copy_(2, slots, k[:, :, ring_begin - filled:])
             g.v.index_copy_(2, slots, v[:, :, ring_begin - filled:])
-
-    # --- the CacheLayerMixin interface ---------------------------------------------------
-    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
-        self._attn_check()
-        if not self.is_initialized:
-            self.lazy_initialization(key_states, value_states)
-        if self.pending is not None:  # the last call's attention never ran (should not happen)
-            self.pending.commit()
-        if key_states.shape[0] != self.batch_size:
-            raise ValueError(f"HeadwiseCache layer {self.layer_id}: batch {key_states.shape[0]}, cache holds "
-                             f"{self.batch_size} sequences (use a new cache per batch)")
-        filled = self.cumulative_length
-        steps = key_states.shape[2]
-        if filled + steps > self.context and (self.preallocate or not self.allow_beyond_context):
-            raise ValueError(f"HeadwiseCache: {filled + steps} tokens exceed the policy's context of {self.context} "
-                             "tokens (the windows were chosen for it); pass allow_beyond_context=True to "
-                             "HeadwiseCache.from_policy to run past it")
-        self.cumulative_length = filled + steps
-        plan = _Plan(self, filled, key_states, value_states)
-        self.pending = plan
-        # The attention function finds the plan on the tensor it receives as `key`.
-        tagged_k = key_states.view_as(key_states)
-        tagged_k._headwise_plan = plan
-        return tagged_k, value_states
 
     def attend(self, plan: _Plan, query: torch.Tensor, scaling: float, softcap: Optional[float] = None,
                s_aux: Optional[torch.Tensor] = None, query_chunk: int = 512) -> torch.Tensor:
@@ -247,15 +277,6 @@ class HeadwiseLayer(CacheLayerMixin):
         if self.pending is plan:
             self.pending = None
         return out.reshape(bsz, num_heads, steps, -1).transpose(1, 2).contiguous()
-
-    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
-        return self.cumulative_length + query_length, 0
-
-    def get_seq_length(self) -> int:
-        return self.cumulative_length
-
-    def get_max_length(self) -> int:
-        return -1 if self.allow_beyond_context and not self.preallocate else self.context
 
     def kv_bytes(self) -> int:
         """Bytes of this layer's K and V buffers (storage sizes)."""
@@ -390,32 +411,20 @@ class _Head:
         self.held: list[int] = []
 
 
-class HeadwiseH2OLayer(CacheLayerMixin):
+class HeadwiseH2OLayer(_PolicyLayer):
     """A global layer with h2o heads, as headwise's runtime serves it (its eviction cache)."""
-
-    is_sliding = False
-    is_compileable = False
-    is_croppable = False
-    supports_early_init = False
 
     def __init__(self, layer_id: int, windows: list[Optional[int]], rules: list[str], policy: Policy, *,
                  preallocate: bool, allow_beyond_context: bool, attn_check):
-        super().__init__()
-        self.layer_id = layer_id
-        self.windows, self.rules = list(windows), list(rules)
-        self.sinks = policy.sink_tokens
-        self.block = policy.block_size
-        self.context = policy.context
-        self.kv_dtype = policy.kv_dtype
-        self.preallocate = preallocate
-        self.allow_beyond_context = allow_beyond_context
-        self._attn_check = attn_check
+        super().__init__(layer_id, windows, policy, preallocate=preallocate,
+                         allow_beyond_context=allow_beyond_context, attn_check=attn_check)
+        self.rules = list(rules)
         # The slots are the policy's at its context whatever the cached length (runtime::make_layer).
         self.heads = [_Head(w, r == H2O, head_slots(w, self.sinks, self.context, self.block))
                       for w, r in zip(windows, rules)]
-        self.cumulative_length = 0
-        self.pending: Optional[_Plan] = None
-        self.batch_size = None
+
+    def _unfinished_plan(self) -> None:
+        raise RuntimeError(f"HeadwiseCache layer {self.layer_id}: the last step's attention never ran")
 
     def _slots(self, head: _Head, length: int) -> int:
         # Storage grows with the cached length as the grouped layers' does; it never needs more
@@ -423,12 +432,7 @@ class HeadwiseH2OLayer(CacheLayerMixin):
         return min(head.capacity, head_slots(head.window, self.sinks, length, self.block))
 
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
-        self.dtype, self.device = key_states.dtype, key_states.device
-        self.batch_size = key_states.shape[0]
-        self.head_dim, self.value_dim = key_states.shape[-1], value_states.shape[-1]
-        if key_states.shape[1] != len(self.windows):
-            raise PolicyError(f"layer {self.layer_id}: the model has {key_states.shape[1]} KV heads, the policy "
-                              f"gives {len(self.windows)} windows")
+        self._take_shapes(key_states, value_states)
         for head in self.heads:
             head.k = head.v = None
             head.held = [0] * self.batch_size
@@ -453,28 +457,6 @@ class HeadwiseH2OLayer(CacheLayerMixin):
                 t[:, :old] = getattr(head, name)
         for name, t in new.items():
             setattr(head, name, t)
-
-    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
-        self._attn_check()
-        if not self.is_initialized:
-            self.lazy_initialization(key_states, value_states)
-        if self.pending is not None:
-            raise RuntimeError(f"HeadwiseCache layer {self.layer_id}: the last step's attention never ran")
-        if key_states.shape[0] != self.batch_size:
-            raise ValueError(f"HeadwiseCache layer {self.layer_id}: batch {key_states.shape[0]}, cache holds "
-                             f"{self.batch_size} sequences (use a new cache per batch)")
-        filled = self.cumulative_length
-        steps = key_states.shape[2]
-        if filled + steps > self.context and (self.preallocate or not self.allow_beyond_context):
-            raise ValueError(f"HeadwiseCache: {filled + steps} tokens exceed the policy's context of {self.context} "
-                             "tokens (the windows were chosen for it); pass allow_beyond_context=True to "
-                             "HeadwiseCache.from_policy to run past it")
-        self.cumulative_length = filled + steps
-        plan = _Plan(self, filled, key_states, value_states)
-        self.pending = plan
-        tagged_k = key_states.view_as(key_states)
-        tagged_k._headwise_plan = plan
-        return tagged_k, value_states
 
     def _write(self, filled, new_k, new_v) -> None:  # attend() inserts; nothing is left to write
         return None
@@ -542,15 +524,6 @@ class HeadwiseH2OLayer(CacheLayerMixin):
         if self.pending is plan:
             self.pending = None
         return out.reshape(bsz, num_heads, steps, -1).transpose(1, 2).contiguous()
-
-    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
-        return self.cumulative_length + query_length, 0
-
-    def get_seq_length(self) -> int:
-        return self.cumulative_length
-
-    def get_max_length(self) -> int:
-        return -1 if self.allow_beyond_context and not self.preallocate else self.context
 
     def kv_bytes(self) -> int:
         return sum(t.untyped_storage().nbytes() for head in self.heads for t in (head.k, head.v) if t is not None)
