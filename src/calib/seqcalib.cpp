@@ -27,9 +27,6 @@
 namespace headwise::calib {
 namespace seqcalib {
 
-double seconds_since(Clock::time_point start) {
-  return std::chrono::duration<double>(Clock::now() - start).count();
-}
 
 RunInputs::RunInputs(arch::DecoderModel& model, const std::vector<std::vector<int64_t>>& sequences,
                      const SeqCalibOptions& options)

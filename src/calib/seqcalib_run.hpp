@@ -17,6 +17,7 @@
 #include "headwise/calib/answer_kl.hpp"
 #include "headwise/calib/answer_span.hpp"
 #include "headwise/calib/seqcalib.hpp"
+#include "headwise/core/clock.hpp"
 #include "headwise/dist/collective.hpp"
 #include "headwise/measure/distortion.hpp"
 #include "headwise/solve/mckp.hpp"
@@ -29,7 +30,7 @@ using Accumulators = std::map<int64_t, measure::DistortionAccumulator>;
 // One layer's measure by joint assignment (a ladder-level index per KV head).
 using LevelMemo = std::map<std::vector<size_t>, double>;
 
-double seconds_since(Clock::time_point start);
+using headwise::seconds_since;
 
 template <typename T>
 void append(std::vector<T>& to, const std::vector<T>& from) {

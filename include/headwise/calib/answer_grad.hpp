@@ -24,7 +24,7 @@
 // A first-order model cannot see redundancy that saturates: when two heads each write more than
 // the layers above can use, the gradient at full KV is zero for either and for both. SeqCalib
 // therefore re-linearises at the layer's tentative windows (prepare(at_windows)) and improves the
-// decision there until no move helps (seqcalib.cpp).
+// decision there until no move helps (seqcalib_decide.cpp).
 //
 // Cost per global layer, micro-batch and linearisation point: the layer once, the layers above
 // once without a graph (their inputs kept: activation checkpointing), then each layer above
