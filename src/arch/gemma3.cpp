@@ -14,6 +14,7 @@
 #include "headwise/arch/ops.hpp"
 #include "headwise/arch/registry.hpp"
 #include "headwise/arch/rope_params.hpp"
+#include "headwise/arch/weight_list.hpp"
 #include "headwise/core/error.hpp"
 #include "headwise/io/checkpoint.hpp"
 
@@ -146,23 +147,27 @@ class Gemma3Model final : public DecoderModel {
   }
 
   std::vector<WeightRequirement> required_weights() const override {
-    const int64_t h = config_.hidden_size, hd = config_.head_dim, inter = config_.intermediate_size;
-    const int64_t q_out = config_.num_heads * hd, kv_out = config_.num_kv_heads * hd;
-    std::vector<WeightRequirement> reqs{{prefix_ + "embed_tokens.weight", {config_.vocab_size, h}, -1},
-                                        {prefix_ + "norm.weight", {h}, spec().num_layers()}};
-    if (!config_.tie_word_embeddings) reqs.push_back({head_name(), {config_.vocab_size, h}, spec().num_layers()});
-    for (int64_t i = 0; i < config_.num_layers; ++i) {
-      const std::vector<std::pair<const char*, std::vector<int64_t>>> per_layer{
-          {"self_attn.q_proj.weight", {q_out, h}},  {"self_attn.k_proj.weight", {kv_out, h}},
-          {"self_attn.v_proj.weight", {kv_out, h}}, {"self_attn.o_proj.weight", {h, q_out}},
-          {"self_attn.q_norm.weight", {hd}},        {"self_attn.k_norm.weight", {hd}},
-          {"mlp.gate_proj.weight", {inter, h}},     {"mlp.up_proj.weight", {inter, h}},
-          {"mlp.down_proj.weight", {h, inter}},     {"input_layernorm.weight", {h}},
-          {"post_attention_layernorm.weight", {h}}, {"pre_feedforward_layernorm.weight", {h}},
-          {"post_feedforward_layernorm.weight", {h}}};
-      for (const auto& [name, shape] : per_layer) reqs.push_back({layer_name(i, name), shape, i});
+    const Gemma3Config& c = config_;
+    const int64_t h = c.hidden_size;
+    WeightList weights = decoder_weights({.vocab_size = c.vocab_size,
+                                          .hidden_size = h,
+                                          .tied = c.tie_word_embeddings,
+                                          .embedding = prefix_ + "embed_tokens.weight",
+                                          .final_norm = prefix_ + "norm.weight",
+                                          .head = head_name()},
+                                         prefix_);
+    for (int64_t i = 0; i < c.num_layers; ++i) {
+      LayerWeights layer = weights.layer(i);
+      layer.attention("self_attn.", attention_projections_of(c));
+      layer.add("self_attn.q_norm.weight", {c.head_dim});
+      layer.add("self_attn.k_norm.weight", {c.head_dim});
+      layer.gated_mlp("mlp.", h, c.intermediate_size);
+      for (const char* norm : {"input_layernorm", "post_attention_layernorm",
+                               "pre_feedforward_layernorm", "post_feedforward_layernorm"}) {
+        layer.add(fmt::format("{}.weight", norm), {h});
+      }
     }
-    return reqs;
+    return std::move(weights).take();
   }
 
  private:

@@ -11,6 +11,7 @@
 #include "headwise/arch/ops.hpp"
 #include "headwise/arch/registry.hpp"
 #include "headwise/arch/rope_params.hpp"
+#include "headwise/arch/weight_list.hpp"
 #include "headwise/core/error.hpp"
 #include "headwise/io/checkpoint.hpp"
 
@@ -102,39 +103,24 @@ class DenseModel final : public DecoderModel {
   }
 
   std::vector<WeightRequirement> required_weights() const override {
-    const int64_t h = config_.hidden_size, hd = config_.head_dim, inter = config_.intermediate_size;
-    const int64_t q_out = config_.num_heads * hd, kv_out = config_.num_kv_heads * hd, top = spec().num_layers();
-    std::vector<WeightRequirement> reqs{{"model.embed_tokens.weight", {config_.vocab_size, h}, -1},
-                                        {"model.norm.weight", {h}, top}};
-    if (!config_.tie_word_embeddings) reqs.push_back({"lm_head.weight", {config_.vocab_size, h}, top});
-    for (int64_t i = 0; i < config_.num_layers; ++i) {
-      auto add = [&](const std::string& name, std::vector<int64_t> shape) {
-        reqs.push_back({fmt::format("model.layers.{}.{}", i, name), std::move(shape), i});
-      };
-      auto add_proj = [&](const char* name, int64_t out, int64_t in, bool bias) {
-        add(std::string(name) + ".weight", {out, in});
-        if (bias) add(std::string(name) + ".bias", {out});
-      };
-      add_proj("self_attn.q_proj", q_out, h, config_.attention_bias);
-      add_proj("self_attn.k_proj", kv_out, h, config_.attention_bias);
-      add_proj("self_attn.v_proj", kv_out, h, config_.attention_bias);
-      add_proj("self_attn.o_proj", h, q_out, config_.attention_bias);
-      add_proj("mlp.gate_proj", inter, h, config_.mlp_bias);
-      add_proj("mlp.up_proj", inter, h, config_.mlp_bias);
-      add_proj("mlp.down_proj", h, inter, config_.mlp_bias);
-      add("input_layernorm.weight", {h});
-      add("post_attention_layernorm.weight", {h});
-      if (config_.qwen3) {
-        add("self_attn.q_norm.weight", {hd});
-        add("self_attn.k_norm.weight", {hd});
+    const DenseConfig& c = config_;
+    const int64_t h = c.hidden_size;
+    WeightList weights = decoder_weights(outer_weights_of(c));
+    for (int64_t i = 0; i < c.num_layers; ++i) {
+      LayerWeights layer = weights.layer(i);
+      layer.attention("self_attn.", attention_projections_of(c, c.attention_bias));
+      layer.gated_mlp("mlp.", h, c.intermediate_size, c.mlp_bias);
+      layer.add("input_layernorm.weight", {h});
+      layer.add("post_attention_layernorm.weight", {h});
+      if (c.qwen3) {
+        layer.add("self_attn.q_norm.weight", {c.head_dim});
+        layer.add("self_attn.k_norm.weight", {c.head_dim});
       }
     }
-    return reqs;
+    return std::move(weights).take();
   }
 
  private:
-
-
   at::Tensor attention(int64_t layer, const at::Tensor& x, const LayerRun& run) {
     const int64_t batch = x.size(0), steps = x.size(1), hd = config_.head_dim;
     const bool bias = config_.attention_bias;

@@ -32,13 +32,13 @@ class Qwen35TextModel final : public QwenHybridModel {
     return in;
   }
 
-  std::vector<WeightRequirement> linear_projection_weights(int64_t layer) const override {
+  void add_linear_projection_weights(LayerWeights& layer) const override {
     const GatedDeltaShape& s = config().linear;
     const int64_t h = config().hidden_size;
-    return {requirement(layer, "linear_attn.in_proj_qkv.weight", {s.conv_dim(), h}),
-            requirement(layer, "linear_attn.in_proj_z.weight", {s.value_dim(), h}),
-            requirement(layer, "linear_attn.in_proj_b.weight", {s.num_v_heads, h}),
-            requirement(layer, "linear_attn.in_proj_a.weight", {s.num_v_heads, h})};
+    layer.linear("linear_attn.in_proj_qkv", s.conv_dim(), h);
+    layer.linear("linear_attn.in_proj_z", s.value_dim(), h);
+    layer.linear("linear_attn.in_proj_b", s.num_v_heads, h);
+    layer.linear("linear_attn.in_proj_a", s.num_v_heads, h);
   }
 };
 

@@ -40,12 +40,11 @@ class Qwen3NextModel final : public QwenHybridModel {
     return in;
   }
 
-  std::vector<WeightRequirement> linear_projection_weights(int64_t layer) const override {
+  void add_linear_projection_weights(LayerWeights& layer) const override {
     const GatedDeltaShape& s = config().linear;
     const int64_t h = config().hidden_size;
-    return {requirement(layer, "linear_attn.in_proj_qkvz.weight",
-                        {2 * s.key_dim() + 2 * s.value_dim(), h}),
-            requirement(layer, "linear_attn.in_proj_ba.weight", {2 * s.num_v_heads, h})};
+    layer.linear("linear_attn.in_proj_qkvz", 2 * s.key_dim() + 2 * s.value_dim(), h);
+    layer.linear("linear_attn.in_proj_ba", 2 * s.num_v_heads, h);
   }
 };
 
