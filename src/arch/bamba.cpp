@@ -185,13 +185,8 @@ class BambaModel final : public DecoderModel {
   at::Tensor inv_freq_;
 };
 
-std::unique_ptr<DecoderModel> create_bamba(const ModelSpec& spec,
-                                           std::shared_ptr<const io::Checkpoint> checkpoint,
-                                           const ModelOptions& options) {
-  return std::make_unique<BambaModel>(spec, std::move(checkpoint), options);
-}
-
-const RegisterArchitecture kRegister({"bamba", {"bamba"}, build_bamba_spec, create_bamba});
+const RegisterArchitecture kRegister(
+    {"bamba", {"bamba"}, build_bamba_spec, create_model_of<BambaModel>});
 
 }  // namespace
 }  // namespace headwise::arch

@@ -223,14 +223,8 @@ class FalconH1Model final : public DecoderModel {
   at::Tensor mup_vector_;
 };
 
-std::unique_ptr<DecoderModel> create_falcon_h1(const ModelSpec& spec,
-                                               std::shared_ptr<const io::Checkpoint> checkpoint,
-                                               const ModelOptions& options) {
-  return std::make_unique<FalconH1Model>(spec, std::move(checkpoint), options);
-}
-
 const RegisterArchitecture kRegister(
-    {"falcon_h1", {"falcon_h1"}, build_falcon_h1_spec, create_falcon_h1});
+    {"falcon_h1", {"falcon_h1"}, build_falcon_h1_spec, create_model_of<FalconH1Model>});
 
 }  // namespace
 }  // namespace headwise::arch

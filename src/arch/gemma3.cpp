@@ -232,16 +232,11 @@ class Gemma3Model final : public DecoderModel {
   at::Tensor global_inv_freq_, local_inv_freq_;
 };
 
-std::unique_ptr<DecoderModel> create_gemma3(const ModelSpec& spec, std::shared_ptr<const io::Checkpoint> checkpoint,
-                                            const ModelOptions& options) {
-  return std::make_unique<Gemma3Model>(spec, std::move(checkpoint), options);
-}
-
 }  // namespace
 
 // "gemma3" is listed too: text_config_of names a wrapper's text part "gemma3_text", but a
 // wrapper config whose text part says nothing else still resolves here.
-static RegisterArchitecture gemma3_registration{
-    Architecture{"gemma3", {"gemma3_text", "gemma3"}, build_gemma3_spec, create_gemma3}};
+static RegisterArchitecture gemma3_registration{Architecture{
+    "gemma3", {"gemma3_text", "gemma3"}, build_gemma3_spec, create_model_of<Gemma3Model>}};
 
 }  // namespace headwise::arch

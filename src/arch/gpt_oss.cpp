@@ -206,13 +206,8 @@ class GptOssModel final : public DecoderModel {
   at::Tensor inv_freq_;
 };
 
-std::unique_ptr<DecoderModel> create_gpt_oss(const ModelSpec& spec,
-                                             std::shared_ptr<const io::Checkpoint> checkpoint,
-                                             const ModelOptions& options) {
-  return std::make_unique<GptOssModel>(spec, std::move(checkpoint), options);
-}
-
-const RegisterArchitecture kRegister({"gpt_oss", {"gpt_oss"}, build_gpt_oss_spec, create_gpt_oss});
+const RegisterArchitecture kRegister(
+    {"gpt_oss", {"gpt_oss"}, build_gpt_oss_spec, create_model_of<GptOssModel>});
 
 }  // namespace
 }  // namespace headwise::arch

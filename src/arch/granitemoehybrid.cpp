@@ -215,14 +215,8 @@ class GraniteModel final : public DecoderModel {
   at::Tensor inv_freq_;
 };
 
-std::unique_ptr<DecoderModel> create_granite(const ModelSpec& spec,
-                                             std::shared_ptr<const io::Checkpoint> checkpoint,
-                                             const ModelOptions& options) {
-  return std::make_unique<GraniteModel>(spec, std::move(checkpoint), options);
-}
-
 const RegisterArchitecture kRegister(
-    {"granitemoehybrid", {"granitemoehybrid"}, build_granite_spec, create_granite});
+    {"granitemoehybrid", {"granitemoehybrid"}, build_granite_spec, create_model_of<GraniteModel>});
 
 }  // namespace
 }  // namespace headwise::arch

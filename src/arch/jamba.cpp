@@ -262,13 +262,8 @@ class JambaModel final : public DecoderModel {
   JambaConfig config_;
 };
 
-std::unique_ptr<DecoderModel> create_jamba(const ModelSpec& spec,
-                                           std::shared_ptr<const io::Checkpoint> checkpoint,
-                                           const ModelOptions& options) {
-  return std::make_unique<JambaModel>(spec, std::move(checkpoint), options);
-}
-
-const RegisterArchitecture kRegister({"jamba", {"jamba"}, build_jamba_spec, create_jamba});
+const RegisterArchitecture kRegister(
+    {"jamba", {"jamba"}, build_jamba_spec, create_model_of<JambaModel>});
 
 }  // namespace
 }  // namespace headwise::arch

@@ -209,13 +209,8 @@ class Lfm2Model final : public DecoderModel {
   at::Tensor inv_freq_;
 };
 
-std::unique_ptr<DecoderModel> create_lfm2(const ModelSpec& spec,
-                                          std::shared_ptr<const io::Checkpoint> checkpoint,
-                                          const ModelOptions& options) {
-  return std::make_unique<Lfm2Model>(spec, std::move(checkpoint), options);
-}
-
-const RegisterArchitecture kRegister({"lfm2", {"lfm2"}, build_lfm2_spec, create_lfm2});
+const RegisterArchitecture kRegister(
+    {"lfm2", {"lfm2"}, build_lfm2_spec, create_model_of<Lfm2Model>});
 
 }  // namespace
 }  // namespace headwise::arch

@@ -152,14 +152,11 @@ class DenseModel final : public DecoderModel {
   at::Tensor inv_freq_;
 };
 
-std::unique_ptr<DecoderModel> create_dense(const ModelSpec& spec, std::shared_ptr<const io::Checkpoint> checkpoint,
-                                           const ModelOptions& options) {
-  return std::make_unique<DenseModel>(spec, std::move(checkpoint), options);
-}
-
 }  // namespace
 
-static RegisterArchitecture llama_registration{Architecture{"llama", {"llama"}, build_dense_spec, create_dense}};
-static RegisterArchitecture qwen3_registration{Architecture{"qwen3", {"qwen3"}, build_dense_spec, create_dense}};
+static RegisterArchitecture llama_registration{
+    Architecture{"llama", {"llama"}, build_dense_spec, create_model_of<DenseModel>}};
+static RegisterArchitecture qwen3_registration{
+    Architecture{"qwen3", {"qwen3"}, build_dense_spec, create_model_of<DenseModel>}};
 
 }  // namespace headwise::arch

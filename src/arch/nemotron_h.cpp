@@ -231,14 +231,8 @@ class NemotronHModel final : public DecoderModel {
   std::string prefix_;
 };
 
-std::unique_ptr<DecoderModel> create_nemotron_h(const ModelSpec& spec,
-                                                std::shared_ptr<const io::Checkpoint> checkpoint,
-                                                const ModelOptions& options) {
-  return std::make_unique<NemotronHModel>(spec, std::move(checkpoint), options);
-}
-
 const RegisterArchitecture kRegister(
-    {"nemotron_h", {"nemotron_h"}, build_nemotron_h_spec, create_nemotron_h});
+    {"nemotron_h", {"nemotron_h"}, build_nemotron_h_spec, create_model_of<NemotronHModel>});
 
 }  // namespace
 }  // namespace headwise::arch

@@ -6,7 +6,7 @@
 #include "headwise/arch/ops.hpp"
 #include "headwise/arch/qwen_hybrid.hpp"
 #include "headwise/arch/registry.hpp"
-#include "headwise/io/checkpoint.hpp"
+#include "headwise/arch/weight_list.hpp"
 
 namespace headwise::arch {
 namespace {
@@ -48,20 +48,8 @@ class Qwen3NextModel final : public QwenHybridModel {
   }
 };
 
-const RegisterArchitecture kRegisterQwen3Next{Architecture{
-    .name = "qwen3_next",
-    .model_types = {"qwen3_next"},
-    .build_spec =
-        [](const ConfigReader& reader) {
-          return qwen_hybrid_spec(read_qwen_hybrid_config(reader, QwenFeedForward::kSparseStep));
-        },
-    .create_model = [](const ModelSpec& spec, std::shared_ptr<const io::Checkpoint> checkpoint,
-                       const ModelOptions& options) -> std::unique_ptr<DecoderModel> {
-      const ConfigReader reader(spec.text_config, (checkpoint->dir() / "config.json").string());
-      return std::make_unique<Qwen3NextModel>(spec, std::move(checkpoint), options,
-                                              read_qwen_hybrid_config(reader, QwenFeedForward::kSparseStep));
-    },
-}};
+const RegisterArchitecture kRegisterQwen3Next{qwen_hybrid_architecture<Qwen3NextModel>(
+    "qwen3_next", "qwen3_next", QwenFeedForward::kSparseStep)};
 
 }  // namespace
 }  // namespace headwise::arch

@@ -159,6 +159,14 @@ class DecoderModel {
   const std::vector<WeightRequirement>& weights_of(int64_t layer);
 };
 
+// The ModelFactory of an architecture whose model class is built from (spec, checkpoint, options).
+template <class Model>
+std::unique_ptr<DecoderModel> create_model_of(const ModelSpec& spec,
+                                              std::shared_ptr<const io::Checkpoint> checkpoint,
+                                              const ModelOptions& options) {
+  return std::make_unique<Model>(spec, std::move(checkpoint), options);
+}
+
 // "[2, 16, 64]" for messages.
 std::string shape_string(at::IntArrayRef shape);
 

@@ -9,6 +9,7 @@
 #include "headwise/arch/gated_delta.hpp"
 #include "headwise/arch/model.hpp"
 #include "headwise/arch/qwen_hybrid_config.hpp"
+#include "headwise/io/checkpoint.hpp"
 
 namespace headwise::arch {
 
@@ -58,5 +59,27 @@ class QwenHybridModel : public DecoderModel {
   std::string prefix_;
   at::Tensor inv_freq_;
 };
+
+// The registry entry of a Qwen hybrid decoder whose model class is `Model`: the spec and the model
+// read the text config alike, with `feed_forward` saying where its MoE layers are.
+template <class Model>
+Architecture qwen_hybrid_architecture(std::string name, std::string model_type,
+                                      QwenFeedForward feed_forward) {
+  return Architecture{
+      .name = std::move(name),
+      .model_types = {std::move(model_type)},
+      .build_spec =
+          [feed_forward](const ConfigReader& reader) {
+            return qwen_hybrid_spec(read_qwen_hybrid_config(reader, feed_forward));
+          },
+      .create_model = [feed_forward](const ModelSpec& spec,
+                                     std::shared_ptr<const io::Checkpoint> checkpoint,
+                                     const ModelOptions& options) -> std::unique_ptr<DecoderModel> {
+        const ConfigReader reader(spec.text_config, (checkpoint->dir() / "config.json").string());
+        return std::make_unique<Model>(spec, std::move(checkpoint), options,
+                                       read_qwen_hybrid_config(reader, feed_forward));
+      },
+  };
+}
 
 }  // namespace headwise::arch
