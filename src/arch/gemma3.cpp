@@ -190,10 +190,9 @@ class Gemma3Model final : public DecoderModel {
     return weight(spec().num_layers(), head_name());
   }
 
-  std::string layer_name(int64_t layer, std::string_view name) const {
-    return fmt::format("{}layers.{}.{}", prefix_, layer, name);
+  const at::Tensor& w(int64_t layer, std::string_view name) {
+    return layer_tensor(layer, name, prefix_);
   }
-  const at::Tensor& w(int64_t layer, std::string_view name) { return weight(layer, layer_name(layer, name)); }
 
   at::Tensor attention(int64_t layer, const at::Tensor& x, const LayerRun& run) {
     const int64_t batch = x.size(0), steps = x.size(1), hd = config_.head_dim;
@@ -202,7 +201,6 @@ class Gemma3Model final : public DecoderModel {
     auto heads = [&](const char* proj, int64_t n) {
       return arch::linear(x, w(layer, proj)).view({batch, steps, n, hd}).transpose(1, 2);
     };
-    // Cores get contiguous [B, heads, T, hd] tensors (they may view heads as KV groups).
     at::Tensor q = rms_norm(heads("self_attn.q_proj.weight", config_.num_heads), w(layer, "self_attn.q_norm.weight"), eps,
                             NormStyle::kOnePlusWeight);
     at::Tensor k = rms_norm(heads("self_attn.k_proj.weight", config_.num_kv_heads), w(layer, "self_attn.k_norm.weight"),
@@ -212,19 +210,16 @@ class Gemma3Model final : public DecoderModel {
     const RotaryTable table =
         rotary_table(sliding ? local_inv_freq_ : global_inv_freq_, run.position_offset, steps,
                      rope_attention_factor(sliding ? config_.local_rope : config_.global_rope), q.scalar_type());
-
-    AttentionInputs in;
-    in.layer_id = layer;
-    in.q = apply_rotary(q, table).contiguous();
-    in.k = apply_rotary(k, table).contiguous();
-    in.v = heads("self_attn.v_proj.weight", config_.num_kv_heads).contiguous();
-    in.scaling = std::pow(config_.query_pre_attn_scalar, -0.5);  // HF: query_pre_attn_scalar**-0.5
-    in.logit_softcap = 0;  // see the file comment: transformers ignores attn_logit_softcapping
-    in.sliding_window = sliding ? config_.sliding_window : 0;
-    in.position_offset = run.position_offset;
-    in.o_proj_weight = w(layer, "self_attn.o_proj.weight");
-    const at::Tensor out = attend_core(in, run);
-    return arch::linear(out.reshape({batch, steps, config_.num_heads * hd}), in.o_proj_weight);
+    return attend_and_project(
+        {.layer_id = layer,
+         .q = apply_rotary(q, table),
+         .k = apply_rotary(k, table),
+         .v = heads("self_attn.v_proj.weight", config_.num_kv_heads),
+         .scaling =
+             std::pow(config_.query_pre_attn_scalar, -0.5),  // HF: query_pre_attn_scalar**-0.5
+         .logit_softcap = 0,  // see the file comment: transformers ignores attn_logit_softcapping
+         .sliding_window = sliding ? config_.sliding_window : 0},
+        run, "self_attn.o_proj", false, prefix_);
   }
 
   Gemma3Config config_;

@@ -80,9 +80,7 @@ class DenseModel final : public DecoderModel {
         config_(read_dense_config(text_config_reader())),
         inv_freq_(rope_inv_freq(config_.rope, config_.head_dim, device())) {}
 
-  at::Tensor embed(const at::Tensor& input_ids) override {
-    return at::embedding(weight(-1, "model.embed_tokens.weight"), input_ids.to(device(), at::kLong));
-  }
+  at::Tensor embed(const at::Tensor& input_ids) override { return embed_tokens(input_ids); }
 
   at::Tensor run_layer(int64_t layer, const at::Tensor& hidden, const LayerRun& run) override {
     const double eps = config_.rms_norm_eps;
@@ -95,11 +93,8 @@ class DenseModel final : public DecoderModel {
   }
 
   at::Tensor logits(const at::Tensor& hidden) override {
-    const int64_t top = spec().num_layers();
-    const at::Tensor h = rms_norm(hidden, weight(top, "model.norm.weight"), config_.rms_norm_eps, NormStyle::kScaleAfterCast);
-    const at::Tensor& head =
-        config_.tie_word_embeddings ? weight(-1, "model.embed_tokens.weight") : weight(top, "lm_head.weight");
-    return arch::linear(h, head).to(at::kFloat);
+    return norm_and_head(hidden, "model.norm.weight", config_.rms_norm_eps,
+                         NormStyle::kScaleAfterCast, config_.tie_word_embeddings);
   }
 
   std::vector<WeightRequirement> required_weights() const override {
@@ -133,19 +128,14 @@ class DenseModel final : public DecoderModel {
     }
     const RotaryTable table = rotary_table(inv_freq_, run.position_offset, steps, rope_attention_factor(config_.rope), q.scalar_type());
     const bool sliding = config_.kinds[static_cast<size_t>(layer)] == LayerKind::kSlidingAttention;
-
-    AttentionInputs in;
-    in.layer_id = layer;
-    // Cores get contiguous [B, heads, T, hd] tensors (they may view heads as KV groups).
-    in.q = apply_rotary(q.transpose(1, 2), table).contiguous();
-    in.k = apply_rotary(k.transpose(1, 2), table).contiguous();
-    in.v = heads("self_attn.v_proj", config_.num_kv_heads).transpose(1, 2).contiguous();
-    in.scaling = std::pow(static_cast<double>(hd), -0.5);  // HF: head_dim**-0.5
-    in.sliding_window = sliding ? config_.sliding_window : 0;
-    in.position_offset = run.position_offset;
-    in.o_proj_weight = layer_tensor(layer, "self_attn.o_proj.weight");
-    const at::Tensor out = attend_core(in, run);
-    return layer_linear(layer, "self_attn.o_proj", out.reshape({batch, steps, config_.num_heads * hd}), bias);
+    return attend_and_project(
+        {.layer_id = layer,
+         .q = apply_rotary(q.transpose(1, 2), table),
+         .k = apply_rotary(k.transpose(1, 2), table),
+         .v = heads("self_attn.v_proj", config_.num_kv_heads).transpose(1, 2),
+         .scaling = std::pow(static_cast<double>(hd), -0.5),  // HF: head_dim**-0.5
+         .sliding_window = sliding ? config_.sliding_window : 0},
+        run, "self_attn.o_proj", bias);
   }
 
   DenseConfig config_;
