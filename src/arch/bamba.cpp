@@ -10,6 +10,7 @@
 #include "headwise/arch/ops.hpp"
 #include "headwise/arch/registry.hpp"
 #include "headwise/arch/state_shapes.hpp"
+#include "headwise/arch/weight_list.hpp"
 #include "headwise/core/error.hpp"
 
 namespace headwise::arch {
@@ -138,34 +139,20 @@ class BambaModel final : public DecoderModel {
 
   std::vector<WeightRequirement> required_weights() const override {
     const BambaConfig& c = config_;
-    const int64_t h = c.hidden_size, hd = c.head_dim, top = spec().num_layers();
-    std::vector<WeightRequirement> reqs{{"model.embed_tokens.weight", {c.vocab_size, h}, -1},
-                                        {"model.final_layernorm.weight", {h}, top}};
-    if (!c.tie_word_embeddings) reqs.push_back({"lm_head.weight", {c.vocab_size, h}, top});
+    const int64_t h = c.hidden_size;
+    WeightList weights = decoder_weights(outer_weights_of(c, "model.final_layernorm.weight"));
     for (int64_t i = 0; i < c.num_layers; ++i) {
-      auto add = [&](const std::string& name, std::vector<int64_t> shape) {
-        reqs.push_back({fmt::format("model.layers.{}.{}", i, name), std::move(shape), i});
-      };
-      auto add_proj = [&](const std::string& name, int64_t out, int64_t in, bool bias) {
-        add(name + ".weight", {out, in});
-        if (bias) add(name + ".bias", {out});
-      };
+      LayerWeights layer = weights.layer(i);
       if (c.kinds[static_cast<size_t>(i)] == LayerKind::kFullAttention) {
-        add_proj("self_attn.q_proj", c.num_heads * hd, h, c.attention_bias);
-        add_proj("self_attn.k_proj", c.num_kv_heads * hd, h, c.attention_bias);
-        add_proj("self_attn.v_proj", c.num_kv_heads * hd, h, c.attention_bias);
-        add_proj("self_attn.o_proj", h, c.num_heads * hd, c.attention_bias);
+        layer.attention("self_attn.", attention_projections_of(c, c.attention_bias));
       } else {
-        for (auto& [name, shape] : mamba2_weight_shapes(c.mamba, h, c.conv_bias, c.proj_bias))
-          add("mamba." + name, shape);
+        layer.add_all("mamba.", mamba2_weight_shapes(c.mamba, h, c.conv_bias, c.proj_bias));
       }
-      add_proj("feed_forward.gate_proj", c.intermediate_size, h, c.mlp_bias);
-      add_proj("feed_forward.up_proj", c.intermediate_size, h, c.mlp_bias);
-      add_proj("feed_forward.down_proj", h, c.intermediate_size, c.mlp_bias);
-      add("input_layernorm.weight", {h});
-      add("pre_ff_layernorm.weight", {h});
+      layer.gated_mlp("feed_forward.", h, c.intermediate_size, c.mlp_bias);
+      layer.add("input_layernorm.weight", {h});
+      layer.add("pre_ff_layernorm.weight", {h});
     }
-    return reqs;
+    return std::move(weights).take();
   }
 
  private:
@@ -198,13 +185,8 @@ class BambaModel final : public DecoderModel {
   at::Tensor inv_freq_;
 };
 
-std::unique_ptr<DecoderModel> create_bamba(const ModelSpec& spec,
-                                           std::shared_ptr<const io::Checkpoint> checkpoint,
-                                           const ModelOptions& options) {
-  return std::make_unique<BambaModel>(spec, std::move(checkpoint), options);
-}
-
-const RegisterArchitecture kRegister({"bamba", {"bamba"}, build_bamba_spec, create_bamba});
+const RegisterArchitecture kRegister(
+    {"bamba", {"bamba"}, build_bamba_spec, create_model_of<BambaModel>});
 
 }  // namespace
 }  // namespace headwise::arch

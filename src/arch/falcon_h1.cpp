@@ -15,6 +15,7 @@
 #include "headwise/arch/registry.hpp"
 #include "headwise/arch/rope_params.hpp"
 #include "headwise/arch/state_shapes.hpp"
+#include "headwise/arch/weight_list.hpp"
 #include "headwise/core/error.hpp"
 
 namespace headwise::arch {
@@ -158,33 +159,18 @@ class FalconH1Model final : public DecoderModel {
 
   std::vector<WeightRequirement> required_weights() const override {
     const FalconConfig& c = config_;
-    const int64_t h = c.hidden_size, hd = c.head_dim, top = spec().num_layers();
-    std::vector<WeightRequirement> reqs{{"model.embed_tokens.weight", {c.vocab_size, h}, -1},
-                                        {"model.final_layernorm.weight", {h}, top}};
-    if (!c.tie_word_embeddings) reqs.push_back({"lm_head.weight", {c.vocab_size, h}, top});
+    const int64_t h = c.hidden_size;
+    WeightList weights = decoder_weights(outer_weights_of(c, "model.final_layernorm.weight"));
     for (int64_t i = 0; i < c.num_layers; ++i) {
-      auto add = [&](const std::string& name, std::vector<int64_t> shape) {
-        reqs.push_back({fmt::format("model.layers.{}.{}", i, name), std::move(shape), i});
-      };
-      auto add_proj = [&](const std::string& name, int64_t out, int64_t in, bool bias) {
-        add(name + ".weight", {out, in});
-        if (bias) add(name + ".bias", {out});
-      };
-      add_proj("self_attn.q_proj", c.num_heads * hd, h, c.attention_bias);
-      add_proj("self_attn.k_proj", c.num_kv_heads * hd, h, c.attention_bias);
-      add_proj("self_attn.v_proj", c.num_kv_heads * hd, h, c.attention_bias);
-      add_proj("self_attn.o_proj", h, c.num_heads * hd, c.attention_bias);
-      for (auto& [name, shape] : mamba2_weight_shapes(c.mamba, h, c.conv_bias, c.in_proj_bias,
-                                                      c.rms_norm, c.out_proj_bias)) {
-        add("mamba." + name, shape);
-      }
-      add_proj("feed_forward.gate_proj", c.intermediate_size, h, c.mlp_bias);
-      add_proj("feed_forward.up_proj", c.intermediate_size, h, c.mlp_bias);
-      add_proj("feed_forward.down_proj", h, c.intermediate_size, c.mlp_bias);
-      add("input_layernorm.weight", {h});
-      add("pre_ff_layernorm.weight", {h});
+      LayerWeights layer = weights.layer(i);
+      layer.attention("self_attn.", attention_projections_of(c, c.attention_bias));
+      layer.add_all("mamba.", mamba2_weight_shapes(c.mamba, h, c.conv_bias, c.in_proj_bias,
+                                                   c.rms_norm, c.out_proj_bias));
+      layer.gated_mlp("feed_forward.", h, c.intermediate_size, c.mlp_bias);
+      layer.add("input_layernorm.weight", {h});
+      layer.add("pre_ff_layernorm.weight", {h});
     }
-    return reqs;
+    return std::move(weights).take();
   }
 
  private:
@@ -237,14 +223,8 @@ class FalconH1Model final : public DecoderModel {
   at::Tensor mup_vector_;
 };
 
-std::unique_ptr<DecoderModel> create_falcon_h1(const ModelSpec& spec,
-                                               std::shared_ptr<const io::Checkpoint> checkpoint,
-                                               const ModelOptions& options) {
-  return std::make_unique<FalconH1Model>(spec, std::move(checkpoint), options);
-}
-
 const RegisterArchitecture kRegister(
-    {"falcon_h1", {"falcon_h1"}, build_falcon_h1_spec, create_falcon_h1});
+    {"falcon_h1", {"falcon_h1"}, build_falcon_h1_spec, create_model_of<FalconH1Model>});
 
 }  // namespace
 }  // namespace headwise::arch

@@ -14,6 +14,7 @@
 #include "headwise/arch/ops.hpp"
 #include "headwise/arch/registry.hpp"
 #include "headwise/arch/rope_params.hpp"
+#include "headwise/arch/weight_list.hpp"
 #include "headwise/core/error.hpp"
 #include "headwise/io/checkpoint.hpp"
 
@@ -146,23 +147,27 @@ class Gemma3Model final : public DecoderModel {
   }
 
   std::vector<WeightRequirement> required_weights() const override {
-    const int64_t h = config_.hidden_size, hd = config_.head_dim, inter = config_.intermediate_size;
-    const int64_t q_out = config_.num_heads * hd, kv_out = config_.num_kv_heads * hd;
-    std::vector<WeightRequirement> reqs{{prefix_ + "embed_tokens.weight", {config_.vocab_size, h}, -1},
-                                        {prefix_ + "norm.weight", {h}, spec().num_layers()}};
-    if (!config_.tie_word_embeddings) reqs.push_back({head_name(), {config_.vocab_size, h}, spec().num_layers()});
-    for (int64_t i = 0; i < config_.num_layers; ++i) {
-      const std::vector<std::pair<const char*, std::vector<int64_t>>> per_layer{
-          {"self_attn.q_proj.weight", {q_out, h}},  {"self_attn.k_proj.weight", {kv_out, h}},
-          {"self_attn.v_proj.weight", {kv_out, h}}, {"self_attn.o_proj.weight", {h, q_out}},
-          {"self_attn.q_norm.weight", {hd}},        {"self_attn.k_norm.weight", {hd}},
-          {"mlp.gate_proj.weight", {inter, h}},     {"mlp.up_proj.weight", {inter, h}},
-          {"mlp.down_proj.weight", {h, inter}},     {"input_layernorm.weight", {h}},
-          {"post_attention_layernorm.weight", {h}}, {"pre_feedforward_layernorm.weight", {h}},
-          {"post_feedforward_layernorm.weight", {h}}};
-      for (const auto& [name, shape] : per_layer) reqs.push_back({layer_name(i, name), shape, i});
+    const Gemma3Config& c = config_;
+    const int64_t h = c.hidden_size;
+    WeightList weights = decoder_weights({.vocab_size = c.vocab_size,
+                                          .hidden_size = h,
+                                          .tied = c.tie_word_embeddings,
+                                          .embedding = prefix_ + "embed_tokens.weight",
+                                          .final_norm = prefix_ + "norm.weight",
+                                          .head = head_name()},
+                                         prefix_);
+    for (int64_t i = 0; i < c.num_layers; ++i) {
+      LayerWeights layer = weights.layer(i);
+      layer.attention("self_attn.", attention_projections_of(c));
+      layer.add("self_attn.q_norm.weight", {c.head_dim});
+      layer.add("self_attn.k_norm.weight", {c.head_dim});
+      layer.gated_mlp("mlp.", h, c.intermediate_size);
+      for (const char* norm : {"input_layernorm", "post_attention_layernorm",
+                               "pre_feedforward_layernorm", "post_feedforward_layernorm"}) {
+        layer.add(fmt::format("{}.weight", norm), {h});
+      }
     }
-    return reqs;
+    return std::move(weights).take();
   }
 
  private:
@@ -185,10 +190,9 @@ class Gemma3Model final : public DecoderModel {
     return weight(spec().num_layers(), head_name());
   }
 
-  std::string layer_name(int64_t layer, std::string_view name) const {
-    return fmt::format("{}layers.{}.{}", prefix_, layer, name);
+  const at::Tensor& w(int64_t layer, std::string_view name) {
+    return layer_tensor(layer, name, prefix_);
   }
-  const at::Tensor& w(int64_t layer, std::string_view name) { return weight(layer, layer_name(layer, name)); }
 
   at::Tensor attention(int64_t layer, const at::Tensor& x, const LayerRun& run) {
     const int64_t batch = x.size(0), steps = x.size(1), hd = config_.head_dim;
@@ -197,7 +201,6 @@ class Gemma3Model final : public DecoderModel {
     auto heads = [&](const char* proj, int64_t n) {
       return arch::linear(x, w(layer, proj)).view({batch, steps, n, hd}).transpose(1, 2);
     };
-    // Cores get contiguous [B, heads, T, hd] tensors (they may view heads as KV groups).
     at::Tensor q = rms_norm(heads("self_attn.q_proj.weight", config_.num_heads), w(layer, "self_attn.q_norm.weight"), eps,
                             NormStyle::kOnePlusWeight);
     at::Tensor k = rms_norm(heads("self_attn.k_proj.weight", config_.num_kv_heads), w(layer, "self_attn.k_norm.weight"),
@@ -207,19 +210,16 @@ class Gemma3Model final : public DecoderModel {
     const RotaryTable table =
         rotary_table(sliding ? local_inv_freq_ : global_inv_freq_, run.position_offset, steps,
                      rope_attention_factor(sliding ? config_.local_rope : config_.global_rope), q.scalar_type());
-
-    AttentionInputs in;
-    in.layer_id = layer;
-    in.q = apply_rotary(q, table).contiguous();
-    in.k = apply_rotary(k, table).contiguous();
-    in.v = heads("self_attn.v_proj.weight", config_.num_kv_heads).contiguous();
-    in.scaling = std::pow(config_.query_pre_attn_scalar, -0.5);  // HF: query_pre_attn_scalar**-0.5
-    in.logit_softcap = 0;  // see the file comment: transformers ignores attn_logit_softcapping
-    in.sliding_window = sliding ? config_.sliding_window : 0;
-    in.position_offset = run.position_offset;
-    in.o_proj_weight = w(layer, "self_attn.o_proj.weight");
-    const at::Tensor out = attend_core(in, run);
-    return arch::linear(out.reshape({batch, steps, config_.num_heads * hd}), in.o_proj_weight);
+    return attend_and_project(
+        {.layer_id = layer,
+         .q = apply_rotary(q, table),
+         .k = apply_rotary(k, table),
+         .v = heads("self_attn.v_proj.weight", config_.num_kv_heads),
+         .scaling =
+             std::pow(config_.query_pre_attn_scalar, -0.5),  // HF: query_pre_attn_scalar**-0.5
+         .logit_softcap = 0,  // see the file comment: transformers ignores attn_logit_softcapping
+         .sliding_window = sliding ? config_.sliding_window : 0},
+        run, "self_attn.o_proj", false, prefix_);
   }
 
   Gemma3Config config_;
@@ -227,16 +227,11 @@ class Gemma3Model final : public DecoderModel {
   at::Tensor global_inv_freq_, local_inv_freq_;
 };
 
-std::unique_ptr<DecoderModel> create_gemma3(const ModelSpec& spec, std::shared_ptr<const io::Checkpoint> checkpoint,
-                                            const ModelOptions& options) {
-  return std::make_unique<Gemma3Model>(spec, std::move(checkpoint), options);
-}
-
 }  // namespace
 
 // "gemma3" is listed too: text_config_of names a wrapper's text part "gemma3_text", but a
 // wrapper config whose text part says nothing else still resolves here.
-static RegisterArchitecture gemma3_registration{
-    Architecture{"gemma3", {"gemma3_text", "gemma3"}, build_gemma3_spec, create_gemma3}};
+static RegisterArchitecture gemma3_registration{Architecture{
+    "gemma3", {"gemma3_text", "gemma3"}, build_gemma3_spec, create_model_of<Gemma3Model>}};
 
 }  // namespace headwise::arch

@@ -15,6 +15,7 @@
 #include "headwise/arch/registry.hpp"
 #include "headwise/arch/rope_params.hpp"
 #include "headwise/arch/state_shapes.hpp"
+#include "headwise/arch/weight_list.hpp"
 #include "headwise/core/error.hpp"
 #include "headwise/core/reproducible_math.hpp"
 #include "headwise/io/checkpoint.hpp"
@@ -107,37 +108,22 @@ class GptOssModel final : public DecoderModel {
   }
 
   std::vector<WeightRequirement> required_weights() const override {
-    const int64_t h = config_.hidden_size, hd = config_.head_dim, inter = config_.intermediate_size;
-    const int64_t e = config_.num_experts, q_out = config_.num_heads * hd,
-                  kv_out = config_.num_kv_heads * hd;
-    const int64_t top = spec().num_layers();
-    std::vector<WeightRequirement> reqs{{"model.embed_tokens.weight", {config_.vocab_size, h}, -1},
-                                        {"model.norm.weight", {h}, top}};
-    if (!config_.tie_word_embeddings)
-      reqs.push_back({"lm_head.weight", {config_.vocab_size, h}, top});
-    for (int64_t i = 0; i < config_.num_layers; ++i) {
-      auto add = [&](const std::string& name, std::vector<int64_t> shape) {
-        reqs.push_back({fmt::format("model.layers.{}.{}", i, name), std::move(shape), i});
-      };
-      auto add_proj = [&](const char* name, int64_t out, int64_t in) {
-        add(std::string(name) + ".weight", {out, in});
-        if (config_.attention_bias) add(std::string(name) + ".bias", {out});
-      };
-      add_proj("self_attn.q_proj", q_out, h);
-      add_proj("self_attn.k_proj", kv_out, h);
-      add_proj("self_attn.v_proj", kv_out, h);
-      add_proj("self_attn.o_proj", h, q_out);
-      add("self_attn.sinks", {config_.num_heads});
-      add("mlp.router.weight", {e, h});
-      add("mlp.router.bias", {e});
-      add("mlp.experts.gate_up_proj", {e, h, 2 * inter});
-      add("mlp.experts.gate_up_proj_bias", {e, 2 * inter});
-      add("mlp.experts.down_proj", {e, inter, h});
-      add("mlp.experts.down_proj_bias", {e, h});
-      add("input_layernorm.weight", {h});
-      add("post_attention_layernorm.weight", {h});
+    const GptOssConfig& c = config_;
+    const int64_t h = c.hidden_size, inter = c.intermediate_size, e = c.num_experts;
+    WeightList weights = decoder_weights(outer_weights_of(c));
+    for (int64_t i = 0; i < c.num_layers; ++i) {
+      LayerWeights layer = weights.layer(i);
+      layer.attention("self_attn.", attention_projections_of(c, c.attention_bias));
+      layer.add("self_attn.sinks", {c.num_heads});
+      layer.linear("mlp.router", e, h, /*bias=*/true);
+      layer.add("mlp.experts.gate_up_proj", {e, h, 2 * inter});
+      layer.add("mlp.experts.gate_up_proj_bias", {e, 2 * inter});
+      layer.add("mlp.experts.down_proj", {e, inter, h});
+      layer.add("mlp.experts.down_proj_bias", {e, h});
+      layer.add("input_layernorm.weight", {h});
+      layer.add("post_attention_layernorm.weight", {h});
     }
-    return reqs;
+    return std::move(weights).take();
   }
 
  private:
@@ -220,13 +206,8 @@ class GptOssModel final : public DecoderModel {
   at::Tensor inv_freq_;
 };
 
-std::unique_ptr<DecoderModel> create_gpt_oss(const ModelSpec& spec,
-                                             std::shared_ptr<const io::Checkpoint> checkpoint,
-                                             const ModelOptions& options) {
-  return std::make_unique<GptOssModel>(spec, std::move(checkpoint), options);
-}
-
-const RegisterArchitecture kRegister({"gpt_oss", {"gpt_oss"}, build_gpt_oss_spec, create_gpt_oss});
+const RegisterArchitecture kRegister(
+    {"gpt_oss", {"gpt_oss"}, build_gpt_oss_spec, create_model_of<GptOssModel>});
 
 }  // namespace
 }  // namespace headwise::arch

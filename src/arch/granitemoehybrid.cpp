@@ -14,6 +14,7 @@
 #include "headwise/arch/registry.hpp"
 #include "headwise/arch/rope_params.hpp"
 #include "headwise/arch/state_shapes.hpp"
+#include "headwise/arch/weight_list.hpp"
 #include "headwise/core/error.hpp"
 
 namespace headwise::arch {
@@ -130,39 +131,26 @@ class GraniteModel final : public DecoderModel {
 
   std::vector<WeightRequirement> required_weights() const override {
     const GraniteConfig& c = config_;
-    const int64_t h = c.hidden_size, hd = c.head_dim, top = spec().num_layers();
-    std::vector<WeightRequirement> reqs{{"model.embed_tokens.weight", {c.vocab_size, h}, -1},
-                                        {"model.norm.weight", {h}, top}};
-    if (!c.tie_word_embeddings) reqs.push_back({"lm_head.weight", {c.vocab_size, h}, top});
+    const int64_t h = c.hidden_size, inter = c.intermediate_size, e = c.num_experts;
+    WeightList weights = decoder_weights(outer_weights_of(c));
     for (int64_t i = 0; i < static_cast<int64_t>(c.kinds.size()); ++i) {
-      auto add = [&](const std::string& name, std::vector<int64_t> shape) {
-        reqs.push_back({fmt::format("model.layers.{}.{}", i, name), std::move(shape), i});
-      };
-      auto add_proj = [&](const std::string& name, int64_t out, int64_t in, bool bias) {
-        add(name + ".weight", {out, in});
-        if (bias) add(name + ".bias", {out});
-      };
+      LayerWeights layer = weights.layer(i);
       if (c.kinds[static_cast<size_t>(i)] == LayerKind::kFullAttention) {
-        add_proj("self_attn.q_proj", c.num_heads * hd, h, c.attention_bias);
-        add_proj("self_attn.k_proj", c.num_kv_heads * hd, h, c.attention_bias);
-        add_proj("self_attn.v_proj", c.num_kv_heads * hd, h, c.attention_bias);
-        add_proj("self_attn.o_proj", h, c.num_heads * hd, c.attention_bias);
+        layer.attention("self_attn.", attention_projections_of(c, c.attention_bias));
       } else {
-        for (auto& [name, shape] : mamba2_weight_shapes(c.mamba, h, c.conv_bias, c.proj_bias)) {
-          add("mamba." + name, shape);
-        }
+        layer.add_all("mamba.", mamba2_weight_shapes(c.mamba, h, c.conv_bias, c.proj_bias));
       }
-      if (c.num_experts > 0) {
-        add("block_sparse_moe.router.layer.weight", {c.num_experts, h});
-        add("block_sparse_moe.input_linear.weight", {c.num_experts, 2 * c.intermediate_size, h});
-        add("block_sparse_moe.output_linear.weight", {c.num_experts, h, c.intermediate_size});
+      if (e > 0) {
+        layer.add("block_sparse_moe.router.layer.weight", {e, h});
+        layer.add("block_sparse_moe.input_linear.weight", {e, 2 * inter, h});
+        layer.add("block_sparse_moe.output_linear.weight", {e, h, inter});
       }
-      add("shared_mlp.input_linear.weight", {2 * c.shared_intermediate_size, h});
-      add("shared_mlp.output_linear.weight", {h, c.shared_intermediate_size});
-      add("input_layernorm.weight", {h});
-      add("post_attention_layernorm.weight", {h});
+      layer.linear("shared_mlp.input_linear", 2 * c.shared_intermediate_size, h);
+      layer.linear("shared_mlp.output_linear", h, c.shared_intermediate_size);
+      layer.add("input_layernorm.weight", {h});
+      layer.add("post_attention_layernorm.weight", {h});
     }
-    return reqs;
+    return std::move(weights).take();
   }
 
  private:
@@ -227,14 +215,8 @@ class GraniteModel final : public DecoderModel {
   at::Tensor inv_freq_;
 };
 
-std::unique_ptr<DecoderModel> create_granite(const ModelSpec& spec,
-                                             std::shared_ptr<const io::Checkpoint> checkpoint,
-                                             const ModelOptions& options) {
-  return std::make_unique<GraniteModel>(spec, std::move(checkpoint), options);
-}
-
 const RegisterArchitecture kRegister(
-    {"granitemoehybrid", {"granitemoehybrid"}, build_granite_spec, create_granite});
+    {"granitemoehybrid", {"granitemoehybrid"}, build_granite_spec, create_model_of<GraniteModel>});
 
 }  // namespace
 }  // namespace headwise::arch

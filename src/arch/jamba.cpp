@@ -13,6 +13,7 @@
 #include "headwise/arch/ops.hpp"
 #include "headwise/arch/registry.hpp"
 #include "headwise/arch/state_shapes.hpp"
+#include "headwise/arch/weight_list.hpp"
 #include "headwise/core/error.hpp"
 #include "headwise/core/reproducible_math.hpp"
 
@@ -140,52 +141,37 @@ class JambaModel final : public DecoderModel {
 
   std::vector<WeightRequirement> required_weights() const override {
     const JambaConfig& c = config_;
-    const int64_t h = c.hidden_size, hd = c.head_dim, top = spec().num_layers(),
-                  mi = c.mamba_intermediate;
-    std::vector<WeightRequirement> reqs{{"model.embed_tokens.weight", {c.vocab_size, h}, -1},
-                                        {"model.final_layernorm.weight", {h}, top}};
-    if (!c.tie_word_embeddings) reqs.push_back({"lm_head.weight", {c.vocab_size, h}, top});
+    const int64_t h = c.hidden_size, mi = c.mamba_intermediate;
+    WeightList weights = decoder_weights(outer_weights_of(c, "model.final_layernorm.weight"));
     for (int64_t i = 0; i < c.num_layers; ++i) {
-      auto add = [&](const std::string& name, std::vector<int64_t> shape) {
-        reqs.push_back({fmt::format("model.layers.{}.{}", i, name), std::move(shape), i});
-      };
-      auto add_mlp = [&](const std::string& module) {
-        add(module + ".gate_proj.weight", {c.intermediate_size, h});
-        add(module + ".up_proj.weight", {c.intermediate_size, h});
-        add(module + ".down_proj.weight", {h, c.intermediate_size});
-      };
+      LayerWeights layer = weights.layer(i);
       if (c.kinds[static_cast<size_t>(i)] == LayerKind::kFullAttention) {
-        add("self_attn.q_proj.weight", {c.num_heads * hd, h});
-        add("self_attn.k_proj.weight", {c.num_kv_heads * hd, h});
-        add("self_attn.v_proj.weight", {c.num_kv_heads * hd, h});
-        add("self_attn.o_proj.weight", {h, c.num_heads * hd});
+        layer.attention("self_attn.", attention_projections_of(c));
       } else {
-        add("mamba.in_proj.weight", {2 * mi, h});
-        if (c.proj_bias) add("mamba.in_proj.bias", {2 * mi});
-        add("mamba.conv1d.weight", {mi, 1, c.conv_kernel});
-        if (c.conv_bias) add("mamba.conv1d.bias", {mi});
-        add("mamba.x_proj.weight", {c.dt_rank + 2 * c.state_size, mi});
-        add("mamba.dt_proj.weight", {mi, c.dt_rank});
-        add("mamba.dt_proj.bias", {mi});
-        add("mamba.A_log", {mi, c.state_size});
-        add("mamba.D", {mi});
-        add("mamba.dt_layernorm.weight", {c.dt_rank});
-        add("mamba.b_layernorm.weight", {c.state_size});
-        add("mamba.c_layernorm.weight", {c.state_size});
-        add("mamba.out_proj.weight", {h, mi});
-        if (c.proj_bias) add("mamba.out_proj.bias", {h});
+        layer.linear("mamba.in_proj", 2 * mi, h, c.proj_bias);
+        layer.add("mamba.conv1d.weight", {mi, 1, c.conv_kernel});
+        if (c.conv_bias) layer.add("mamba.conv1d.bias", {mi});
+        layer.linear("mamba.x_proj", c.dt_rank + 2 * c.state_size, mi);
+        layer.linear("mamba.dt_proj", mi, c.dt_rank, /*bias=*/true);
+        layer.add("mamba.A_log", {mi, c.state_size});
+        layer.add("mamba.D", {mi});
+        layer.add("mamba.dt_layernorm.weight", {c.dt_rank});
+        layer.add("mamba.b_layernorm.weight", {c.state_size});
+        layer.add("mamba.c_layernorm.weight", {c.state_size});
+        layer.linear("mamba.out_proj", h, mi, c.proj_bias);
       }
       if (is_expert_layer(c, i)) {
-        add("feed_forward.router.weight", {c.num_experts, h});
-        for (int64_t e = 0; e < c.num_experts; ++e)
-          add_mlp(fmt::format("feed_forward.experts.{}", e));
+        layer.add("feed_forward.router.weight", {c.num_experts, h});
+        for (int64_t e = 0; e < c.num_experts; ++e) {
+          layer.gated_mlp(fmt::format("feed_forward.experts.{}.", e), h, c.intermediate_size);
+        }
       } else {
-        add_mlp("feed_forward");
+        layer.gated_mlp("feed_forward.", h, c.intermediate_size);
       }
-      add("input_layernorm.weight", {h});
-      add("pre_ff_layernorm.weight", {h});
+      layer.add("input_layernorm.weight", {h});
+      layer.add("pre_ff_layernorm.weight", {h});
     }
-    return reqs;
+    return std::move(weights).take();
   }
 
  private:
@@ -276,13 +262,8 @@ class JambaModel final : public DecoderModel {
   JambaConfig config_;
 };
 
-std::unique_ptr<DecoderModel> create_jamba(const ModelSpec& spec,
-                                           std::shared_ptr<const io::Checkpoint> checkpoint,
-                                           const ModelOptions& options) {
-  return std::make_unique<JambaModel>(spec, std::move(checkpoint), options);
-}
-
-const RegisterArchitecture kRegister({"jamba", {"jamba"}, build_jamba_spec, create_jamba});
+const RegisterArchitecture kRegister(
+    {"jamba", {"jamba"}, build_jamba_spec, create_model_of<JambaModel>});
 
 }  // namespace
 }  // namespace headwise::arch

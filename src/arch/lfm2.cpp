@@ -13,6 +13,7 @@
 #include "headwise/arch/registry.hpp"
 #include "headwise/arch/rope_params.hpp"
 #include "headwise/arch/state_shapes.hpp"
+#include "headwise/arch/weight_list.hpp"
 #include "headwise/core/error.hpp"
 
 namespace headwise::arch {
@@ -135,40 +136,33 @@ class Lfm2Model final : public DecoderModel {
   }
 
   std::vector<WeightRequirement> required_weights() const override {
-    const int64_t h = config_.hidden_size, hd = config_.head_dim, inter = config_.intermediate_size;
-    const int64_t top = spec().num_layers();
-    std::vector<WeightRequirement> reqs{{"model.embed_tokens.weight", {config_.vocab_size, h}, -1},
-                                        {"model.embedding_norm.weight", {h}, top}};
-    if (!config_.tie_word_embeddings)
-      reqs.push_back({"lm_head.weight", {config_.vocab_size, h}, top});
-    for (int64_t i = 0; i < config_.num_layers; ++i) {
-      auto add = [&](const std::string& name, std::vector<int64_t> shape) {
-        reqs.push_back({fmt::format("model.layers.{}.{}", i, name), std::move(shape), i});
-      };
-      if (config_.kinds[static_cast<size_t>(i)] == LayerKind::kFullAttention) {
-        add("self_attn.q_proj.weight", {config_.num_heads * hd, h});
-        add("self_attn.k_proj.weight", {config_.num_kv_heads * hd, h});
-        add("self_attn.v_proj.weight", {config_.num_kv_heads * hd, h});
-        add("self_attn.out_proj.weight", {h, config_.num_heads * hd});
-        add("self_attn.q_layernorm.weight", {hd});
-        add("self_attn.k_layernorm.weight", {hd});
+    const Lfm2Config& c = config_;
+    const int64_t h = c.hidden_size, inter = c.intermediate_size;
+    WeightList weights = decoder_weights(outer_weights_of(c, "model.embedding_norm.weight"));
+    for (int64_t i = 0; i < c.num_layers; ++i) {
+      LayerWeights layer = weights.layer(i);
+      if (c.kinds[static_cast<size_t>(i)] == LayerKind::kFullAttention) {
+        layer.attention("self_attn.", attention_projections_of(c, /*bias=*/false, "out_proj"));
+        layer.add("self_attn.q_layernorm.weight", {c.head_dim});
+        layer.add("self_attn.k_layernorm.weight", {c.head_dim});
       } else {
-        add("conv.in_proj.weight", {3 * h, h});
-        add("conv.conv.weight", {h, 1, config_.conv_kernel});
-        add("conv.out_proj.weight", {h, h});
-        if (config_.conv_bias) {
-          add("conv.in_proj.bias", {3 * h});
-          add("conv.conv.bias", {h});
-          add("conv.out_proj.bias", {h});
+        layer.add("conv.in_proj.weight", {3 * h, h});
+        layer.add("conv.conv.weight", {h, 1, c.conv_kernel});
+        layer.add("conv.out_proj.weight", {h, h});
+        // The biases come after all three weights in this family's list.
+        if (c.conv_bias) {
+          layer.add("conv.in_proj.bias", {3 * h});
+          layer.add("conv.conv.bias", {h});
+          layer.add("conv.out_proj.bias", {h});
         }
       }
-      add("feed_forward.w1.weight", {inter, h});
-      add("feed_forward.w3.weight", {inter, h});
-      add("feed_forward.w2.weight", {h, inter});
-      add("operator_norm.weight", {h});
-      add("ffn_norm.weight", {h});
+      layer.linear("feed_forward.w1", inter, h);
+      layer.linear("feed_forward.w3", inter, h);
+      layer.linear("feed_forward.w2", h, inter);
+      layer.add("operator_norm.weight", {h});
+      layer.add("ffn_norm.weight", {h});
     }
-    return reqs;
+    return std::move(weights).take();
   }
 
  private:
@@ -215,13 +209,8 @@ class Lfm2Model final : public DecoderModel {
   at::Tensor inv_freq_;
 };
 
-std::unique_ptr<DecoderModel> create_lfm2(const ModelSpec& spec,
-                                          std::shared_ptr<const io::Checkpoint> checkpoint,
-                                          const ModelOptions& options) {
-  return std::make_unique<Lfm2Model>(spec, std::move(checkpoint), options);
-}
-
-const RegisterArchitecture kRegister({"lfm2", {"lfm2"}, build_lfm2_spec, create_lfm2});
+const RegisterArchitecture kRegister(
+    {"lfm2", {"lfm2"}, build_lfm2_spec, create_model_of<Lfm2Model>});
 
 }  // namespace
 }  // namespace headwise::arch

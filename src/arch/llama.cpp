@@ -11,6 +11,7 @@
 #include "headwise/arch/ops.hpp"
 #include "headwise/arch/registry.hpp"
 #include "headwise/arch/rope_params.hpp"
+#include "headwise/arch/weight_list.hpp"
 #include "headwise/core/error.hpp"
 #include "headwise/io/checkpoint.hpp"
 
@@ -79,9 +80,7 @@ class DenseModel final : public DecoderModel {
         config_(read_dense_config(text_config_reader())),
         inv_freq_(rope_inv_freq(config_.rope, config_.head_dim, device())) {}
 
-  at::Tensor embed(const at::Tensor& input_ids) override {
-    return at::embedding(weight(-1, "model.embed_tokens.weight"), input_ids.to(device(), at::kLong));
-  }
+  at::Tensor embed(const at::Tensor& input_ids) override { return embed_tokens(input_ids); }
 
   at::Tensor run_layer(int64_t layer, const at::Tensor& hidden, const LayerRun& run) override {
     const double eps = config_.rms_norm_eps;
@@ -94,47 +93,29 @@ class DenseModel final : public DecoderModel {
   }
 
   at::Tensor logits(const at::Tensor& hidden) override {
-    const int64_t top = spec().num_layers();
-    const at::Tensor h = rms_norm(hidden, weight(top, "model.norm.weight"), config_.rms_norm_eps, NormStyle::kScaleAfterCast);
-    const at::Tensor& head =
-        config_.tie_word_embeddings ? weight(-1, "model.embed_tokens.weight") : weight(top, "lm_head.weight");
-    return arch::linear(h, head).to(at::kFloat);
+    return norm_and_head(hidden, "model.norm.weight", config_.rms_norm_eps,
+                         NormStyle::kScaleAfterCast, config_.tie_word_embeddings);
   }
 
   std::vector<WeightRequirement> required_weights() const override {
-    const int64_t h = config_.hidden_size, hd = config_.head_dim, inter = config_.intermediate_size;
-    const int64_t q_out = config_.num_heads * hd, kv_out = config_.num_kv_heads * hd, top = spec().num_layers();
-    std::vector<WeightRequirement> reqs{{"model.embed_tokens.weight", {config_.vocab_size, h}, -1},
-                                        {"model.norm.weight", {h}, top}};
-    if (!config_.tie_word_embeddings) reqs.push_back({"lm_head.weight", {config_.vocab_size, h}, top});
-    for (int64_t i = 0; i < config_.num_layers; ++i) {
-      auto add = [&](const std::string& name, std::vector<int64_t> shape) {
-        reqs.push_back({fmt::format("model.layers.{}.{}", i, name), std::move(shape), i});
-      };
-      auto add_proj = [&](const char* name, int64_t out, int64_t in, bool bias) {
-        add(std::string(name) + ".weight", {out, in});
-        if (bias) add(std::string(name) + ".bias", {out});
-      };
-      add_proj("self_attn.q_proj", q_out, h, config_.attention_bias);
-      add_proj("self_attn.k_proj", kv_out, h, config_.attention_bias);
-      add_proj("self_attn.v_proj", kv_out, h, config_.attention_bias);
-      add_proj("self_attn.o_proj", h, q_out, config_.attention_bias);
-      add_proj("mlp.gate_proj", inter, h, config_.mlp_bias);
-      add_proj("mlp.up_proj", inter, h, config_.mlp_bias);
-      add_proj("mlp.down_proj", h, inter, config_.mlp_bias);
-      add("input_layernorm.weight", {h});
-      add("post_attention_layernorm.weight", {h});
-      if (config_.qwen3) {
-        add("self_attn.q_norm.weight", {hd});
-        add("self_attn.k_norm.weight", {hd});
+    const DenseConfig& c = config_;
+    const int64_t h = c.hidden_size;
+    WeightList weights = decoder_weights(outer_weights_of(c));
+    for (int64_t i = 0; i < c.num_layers; ++i) {
+      LayerWeights layer = weights.layer(i);
+      layer.attention("self_attn.", attention_projections_of(c, c.attention_bias));
+      layer.gated_mlp("mlp.", h, c.intermediate_size, c.mlp_bias);
+      layer.add("input_layernorm.weight", {h});
+      layer.add("post_attention_layernorm.weight", {h});
+      if (c.qwen3) {
+        layer.add("self_attn.q_norm.weight", {c.head_dim});
+        layer.add("self_attn.k_norm.weight", {c.head_dim});
       }
     }
-    return reqs;
+    return std::move(weights).take();
   }
 
  private:
-
-
   at::Tensor attention(int64_t layer, const at::Tensor& x, const LayerRun& run) {
     const int64_t batch = x.size(0), steps = x.size(1), hd = config_.head_dim;
     const bool bias = config_.attention_bias;
@@ -147,33 +128,25 @@ class DenseModel final : public DecoderModel {
     }
     const RotaryTable table = rotary_table(inv_freq_, run.position_offset, steps, rope_attention_factor(config_.rope), q.scalar_type());
     const bool sliding = config_.kinds[static_cast<size_t>(layer)] == LayerKind::kSlidingAttention;
-
-    AttentionInputs in;
-    in.layer_id = layer;
-    // Cores get contiguous [B, heads, T, hd] tensors (they may view heads as KV groups).
-    in.q = apply_rotary(q.transpose(1, 2), table).contiguous();
-    in.k = apply_rotary(k.transpose(1, 2), table).contiguous();
-    in.v = heads("self_attn.v_proj", config_.num_kv_heads).transpose(1, 2).contiguous();
-    in.scaling = std::pow(static_cast<double>(hd), -0.5);  // HF: head_dim**-0.5
-    in.sliding_window = sliding ? config_.sliding_window : 0;
-    in.position_offset = run.position_offset;
-    in.o_proj_weight = layer_tensor(layer, "self_attn.o_proj.weight");
-    const at::Tensor out = attend_core(in, run);
-    return layer_linear(layer, "self_attn.o_proj", out.reshape({batch, steps, config_.num_heads * hd}), bias);
+    return attend_and_project(
+        {.layer_id = layer,
+         .q = apply_rotary(q.transpose(1, 2), table),
+         .k = apply_rotary(k.transpose(1, 2), table),
+         .v = heads("self_attn.v_proj", config_.num_kv_heads).transpose(1, 2),
+         .scaling = std::pow(static_cast<double>(hd), -0.5),  // HF: head_dim**-0.5
+         .sliding_window = sliding ? config_.sliding_window : 0},
+        run, "self_attn.o_proj", bias);
   }
 
   DenseConfig config_;
   at::Tensor inv_freq_;
 };
 
-std::unique_ptr<DecoderModel> create_dense(const ModelSpec& spec, std::shared_ptr<const io::Checkpoint> checkpoint,
-                                           const ModelOptions& options) {
-  return std::make_unique<DenseModel>(spec, std::move(checkpoint), options);
-}
-
 }  // namespace
 
-static RegisterArchitecture llama_registration{Architecture{"llama", {"llama"}, build_dense_spec, create_dense}};
-static RegisterArchitecture qwen3_registration{Architecture{"qwen3", {"qwen3"}, build_dense_spec, create_dense}};
+static RegisterArchitecture llama_registration{
+    Architecture{"llama", {"llama"}, build_dense_spec, create_model_of<DenseModel>}};
+static RegisterArchitecture qwen3_registration{
+    Architecture{"qwen3", {"qwen3"}, build_dense_spec, create_model_of<DenseModel>}};
 
 }  // namespace headwise::arch

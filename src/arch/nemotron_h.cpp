@@ -12,6 +12,7 @@
 #include "headwise/arch/ops.hpp"
 #include "headwise/arch/registry.hpp"
 #include "headwise/arch/state_shapes.hpp"
+#include "headwise/arch/weight_list.hpp"
 #include "headwise/core/error.hpp"
 #include "headwise/io/checkpoint.hpp"
 
@@ -173,36 +174,29 @@ class NemotronHModel final : public DecoderModel {
 
   std::vector<WeightRequirement> required_weights() const override {
     const NemotronHConfig& c = config_;
-    const int64_t h = c.hidden_size, hd = c.head_dim, top = spec().num_layers();
-    std::vector<WeightRequirement> reqs{{prefix_ + "embeddings.weight", {c.vocab_size, h}, -1},
-                                        {prefix_ + "norm_f.weight", {h}, top}};
-    if (!c.tie_word_embeddings) reqs.push_back({"lm_head.weight", {c.vocab_size, h}, top});
+    const int64_t h = c.hidden_size;
+    WeightList weights = decoder_weights({.vocab_size = c.vocab_size,
+                                          .hidden_size = h,
+                                          .tied = c.tie_word_embeddings,
+                                          .embedding = prefix_ + "embeddings.weight",
+                                          .final_norm = prefix_ + "norm_f.weight"},
+                                         prefix_);
     for (int64_t i = 0; i < static_cast<int64_t>(c.blocks.size()); ++i) {
-      auto add = [&](const std::string& name, std::vector<int64_t> shape) {
-        reqs.push_back({fmt::format("{}layers.{}.{}", prefix_, i, name), std::move(shape), i});
-      };
-      auto add_proj = [&](const std::string& name, int64_t out, int64_t in, bool bias) {
-        add(name + ".weight", {out, in});
-        if (bias) add(name + ".bias", {out});
-      };
-      add("norm.weight", {h});
+      LayerWeights layer = weights.layer(i);
+      layer.add("norm.weight", {h});
       switch (c.blocks[static_cast<size_t>(i)]) {
         case Block::kMamba:
-          for (auto& [name, shape] : mamba2_weight_shapes(c.mamba, h, c.conv_bias, c.proj_bias))
-            add("mixer." + name, shape);
+          layer.add_all("mixer.", mamba2_weight_shapes(c.mamba, h, c.conv_bias, c.proj_bias));
           break;
         case Block::kAttention:
-          add("mixer.q_proj.weight", {c.num_heads * hd, h});
-          add("mixer.k_proj.weight", {c.num_kv_heads * hd, h});
-          add("mixer.v_proj.weight", {c.num_kv_heads * hd, h});
-          add("mixer.o_proj.weight", {h, c.num_heads * hd});
+          layer.attention("mixer.", attention_projections_of(c));
           break;
         default:
-          add_proj("mixer.up_proj", c.intermediate_size, h, c.mlp_bias);
-          add_proj("mixer.down_proj", h, c.intermediate_size, c.mlp_bias);
+          layer.linear("mixer.up_proj", c.intermediate_size, h, c.mlp_bias);
+          layer.linear("mixer.down_proj", h, c.intermediate_size, c.mlp_bias);
       }
     }
-    return reqs;
+    return std::move(weights).take();
   }
 
  private:
@@ -237,14 +231,8 @@ class NemotronHModel final : public DecoderModel {
   std::string prefix_;
 };
 
-std::unique_ptr<DecoderModel> create_nemotron_h(const ModelSpec& spec,
-                                                std::shared_ptr<const io::Checkpoint> checkpoint,
-                                                const ModelOptions& options) {
-  return std::make_unique<NemotronHModel>(spec, std::move(checkpoint), options);
-}
-
 const RegisterArchitecture kRegister(
-    {"nemotron_h", {"nemotron_h"}, build_nemotron_h_spec, create_nemotron_h});
+    {"nemotron_h", {"nemotron_h"}, build_nemotron_h_spec, create_model_of<NemotronHModel>});
 
 }  // namespace
 }  // namespace headwise::arch

@@ -9,7 +9,7 @@
 #include "headwise/arch/ops.hpp"
 #include "headwise/arch/qwen_hybrid.hpp"
 #include "headwise/arch/registry.hpp"
-#include "headwise/io/checkpoint.hpp"
+#include "headwise/arch/weight_list.hpp"
 
 namespace headwise::arch {
 namespace {
@@ -32,36 +32,20 @@ class Qwen35TextModel final : public QwenHybridModel {
     return in;
   }
 
-  std::vector<WeightRequirement> linear_projection_weights(int64_t layer) const override {
+  void add_linear_projection_weights(LayerWeights& layer) const override {
     const GatedDeltaShape& s = config().linear;
     const int64_t h = config().hidden_size;
-    return {requirement(layer, "linear_attn.in_proj_qkv.weight", {s.conv_dim(), h}),
-            requirement(layer, "linear_attn.in_proj_z.weight", {s.value_dim(), h}),
-            requirement(layer, "linear_attn.in_proj_b.weight", {s.num_v_heads, h}),
-            requirement(layer, "linear_attn.in_proj_a.weight", {s.num_v_heads, h})};
+    layer.linear("linear_attn.in_proj_qkv", s.conv_dim(), h);
+    layer.linear("linear_attn.in_proj_z", s.value_dim(), h);
+    layer.linear("linear_attn.in_proj_b", s.num_v_heads, h);
+    layer.linear("linear_attn.in_proj_a", s.num_v_heads, h);
   }
 };
 
-Architecture qwen35_architecture(std::string name, std::string model_type, QwenFeedForward feed_forward) {
-  return Architecture{
-      .name = std::move(name),
-      .model_types = {std::move(model_type)},
-      .build_spec =
-          [feed_forward](const ConfigReader& reader) {
-            return qwen_hybrid_spec(read_qwen_hybrid_config(reader, feed_forward));
-          },
-      .create_model = [feed_forward](const ModelSpec& spec, std::shared_ptr<const io::Checkpoint> checkpoint,
-                                     const ModelOptions& options) -> std::unique_ptr<DecoderModel> {
-        const ConfigReader reader(spec.text_config, (checkpoint->dir() / "config.json").string());
-        return std::make_unique<Qwen35TextModel>(spec, std::move(checkpoint), options,
-                                                 read_qwen_hybrid_config(reader, feed_forward));
-      },
-  };
-}
-
-const RegisterArchitecture kRegisterQwen35{qwen35_architecture("qwen3_5", "qwen3_5_text", QwenFeedForward::kDense)};
-const RegisterArchitecture kRegisterQwen35Moe{
-    qwen35_architecture("qwen3_5_moe", "qwen3_5_moe_text", QwenFeedForward::kEveryLayerMoe)};
+const RegisterArchitecture kRegisterQwen35{
+    qwen_hybrid_architecture<Qwen35TextModel>("qwen3_5", "qwen3_5_text", QwenFeedForward::kDense)};
+const RegisterArchitecture kRegisterQwen35Moe{qwen_hybrid_architecture<Qwen35TextModel>(
+    "qwen3_5_moe", "qwen3_5_moe_text", QwenFeedForward::kEveryLayerMoe)};
 
 }  // namespace
 }  // namespace headwise::arch

@@ -6,7 +6,7 @@
 #include "headwise/arch/ops.hpp"
 #include "headwise/arch/qwen_hybrid.hpp"
 #include "headwise/arch/registry.hpp"
-#include "headwise/io/checkpoint.hpp"
+#include "headwise/arch/weight_list.hpp"
 
 namespace headwise::arch {
 namespace {
@@ -40,29 +40,16 @@ class Qwen3NextModel final : public QwenHybridModel {
     return in;
   }
 
-  std::vector<WeightRequirement> linear_projection_weights(int64_t layer) const override {
+  void add_linear_projection_weights(LayerWeights& layer) const override {
     const GatedDeltaShape& s = config().linear;
     const int64_t h = config().hidden_size;
-    return {requirement(layer, "linear_attn.in_proj_qkvz.weight",
-                        {2 * s.key_dim() + 2 * s.value_dim(), h}),
-            requirement(layer, "linear_attn.in_proj_ba.weight", {2 * s.num_v_heads, h})};
+    layer.linear("linear_attn.in_proj_qkvz", 2 * s.key_dim() + 2 * s.value_dim(), h);
+    layer.linear("linear_attn.in_proj_ba", 2 * s.num_v_heads, h);
   }
 };
 
-const RegisterArchitecture kRegisterQwen3Next{Architecture{
-    .name = "qwen3_next",
-    .model_types = {"qwen3_next"},
-    .build_spec =
-        [](const ConfigReader& reader) {
-          return qwen_hybrid_spec(read_qwen_hybrid_config(reader, QwenFeedForward::kSparseStep));
-        },
-    .create_model = [](const ModelSpec& spec, std::shared_ptr<const io::Checkpoint> checkpoint,
-                       const ModelOptions& options) -> std::unique_ptr<DecoderModel> {
-      const ConfigReader reader(spec.text_config, (checkpoint->dir() / "config.json").string());
-      return std::make_unique<Qwen3NextModel>(spec, std::move(checkpoint), options,
-                                              read_qwen_hybrid_config(reader, QwenFeedForward::kSparseStep));
-    },
-}};
+const RegisterArchitecture kRegisterQwen3Next{qwen_hybrid_architecture<Qwen3NextModel>(
+    "qwen3_next", "qwen3_next", QwenFeedForward::kSparseStep)};
 
 }  // namespace
 }  // namespace headwise::arch

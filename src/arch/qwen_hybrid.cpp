@@ -4,6 +4,7 @@
 
 #include "headwise/arch/moe.hpp"
 #include "headwise/arch/ops.hpp"
+#include "headwise/arch/weight_list.hpp"
 #include "headwise/core/error.hpp"
 #include "headwise/io/checkpoint.hpp"
 
@@ -146,98 +147,72 @@ at::Tensor QwenHybridModel::sparse_moe(int64_t layer, const at::Tensor& x) {
   return sparse_moe_block(x, w, config_.num_experts_per_tok, config_.norm_topk_prob);
 }
 
-std::vector<WeightRequirement> QwenHybridModel::sparse_moe_weights(int64_t layer) const {
+void QwenHybridModel::add_sparse_moe_weights(LayerWeights& layer) const {
   const int64_t h = config_.hidden_size, e = config_.num_experts, i = config_.moe_intermediate_size;
-  std::vector<WeightRequirement> all = dense_mlp_weights(layer, "mlp.shared_expert", config_.shared_expert_intermediate_size);
-  all.push_back(requirement(layer, "mlp.gate.weight", {e, h}));
-  all.push_back(requirement(layer, "mlp.shared_expert_gate.weight", {1, h}));
-  if (has_fused_experts(layer)) {
+  layer.gated_mlp("mlp.shared_expert.", h, config_.shared_expert_intermediate_size);
+  layer.add("mlp.gate.weight", {e, h});
+  layer.add("mlp.shared_expert_gate.weight", {1, h});
+  if (has_fused_experts(layer.index())) {
     // transformers v5 in-memory layout, as some converted checkpoints store it.
-    all.push_back(requirement(layer, "mlp.experts.gate_up_proj", {e, 2 * i, h}));
-    all.push_back(requirement(layer, "mlp.experts.down_proj", {e, h, i}));
-    return all;
+    layer.add("mlp.experts.gate_up_proj", {e, 2 * i, h});
+    layer.add("mlp.experts.down_proj", {e, h, i});
+    return;
   }
-  for (int64_t x = 0; x < e; ++x) {
-    auto per_expert = dense_mlp_weights(layer, fmt::format("mlp.experts.{}", x), i);
-    all.insert(all.end(), per_expert.begin(), per_expert.end());
-  }
-  return all;
+  for (int64_t x = 0; x < e; ++x) layer.gated_mlp(fmt::format("mlp.experts.{}.", x), h, i);
 }
 
 bool QwenHybridModel::has_fused_experts(int64_t layer) const {
   return checkpoint().contains(layer_prefix(layer) + "mlp.experts.gate_up_proj");
 }
 
-WeightRequirement QwenHybridModel::requirement(int64_t layer, const std::string& suffix,
-                                               std::vector<int64_t> shape) const {
-  WeightRequirement r;
-  r.name = layer < 0 ? prefix_ + suffix : layer_prefix(layer) + suffix;
-  r.shape = std::move(shape);
-  r.layer = layer;
-  return r;
+void QwenHybridModel::add_feed_forward_weights(LayerWeights& layer) const {
+  if (config_.is_moe_layer(layer.index())) {
+    add_sparse_moe_weights(layer);
+  } else {
+    layer.gated_mlp("mlp.", config_.hidden_size, config_.intermediate_size);
+  }
 }
 
-std::vector<WeightRequirement> QwenHybridModel::dense_mlp_weights(int64_t layer,
-                                                                  const std::string& module,
-                                                                  int64_t intermediate) const {
-  const int64_t h = config_.hidden_size;
-  return {requirement(layer, module + ".gate_proj.weight", {intermediate, h}),
-          requirement(layer, module + ".up_proj.weight", {intermediate, h}),
-          requirement(layer, module + ".down_proj.weight", {h, intermediate})};
-}
-
-std::vector<WeightRequirement> QwenHybridModel::feed_forward_weights(int64_t layer) const {
-  if (config_.is_moe_layer(layer)) return sparse_moe_weights(layer);
-  return dense_mlp_weights(layer, "mlp", config_.intermediate_size);
-}
-
-std::vector<WeightRequirement> QwenHybridModel::attention_weights(int64_t layer) const {
+void QwenHybridModel::add_attention_weights(LayerWeights& layer) const {
   const int64_t h = config_.hidden_size, hd = config_.head_dim;
   const int64_t nh = config_.num_heads, nkv = config_.num_kv_heads;
-  return {requirement(layer, "self_attn.q_proj.weight", {2 * nh * hd, h}),
-          requirement(layer, "self_attn.k_proj.weight", {nkv * hd, h}),
-          requirement(layer, "self_attn.v_proj.weight", {nkv * hd, h}),
-          requirement(layer, "self_attn.o_proj.weight", {h, nh * hd}),
-          requirement(layer, "self_attn.q_norm.weight", {hd}),
-          requirement(layer, "self_attn.k_norm.weight", {hd})};
+  layer.add("self_attn.q_proj.weight", {2 * nh * hd, h});  // per head [q | gate]
+  layer.add("self_attn.k_proj.weight", {nkv * hd, h});
+  layer.add("self_attn.v_proj.weight", {nkv * hd, h});
+  layer.add("self_attn.o_proj.weight", {h, nh * hd});
+  layer.add("self_attn.q_norm.weight", {hd});
+  layer.add("self_attn.k_norm.weight", {hd});
 }
 
-std::vector<WeightRequirement> QwenHybridModel::linear_tail_weights(int64_t layer) const {
+void QwenHybridModel::add_linear_tail_weights(LayerWeights& layer) const {
   const GatedDeltaShape& s = config_.linear;
-  return {requirement(layer, "linear_attn.conv1d.weight", {s.conv_dim(), 1, s.conv_kernel}),
-          requirement(layer, "linear_attn.A_log", {s.num_v_heads}),
-          requirement(layer, "linear_attn.dt_bias", {s.num_v_heads}),
-          requirement(layer, "linear_attn.norm.weight", {s.v_head_dim}),
-          requirement(layer, "linear_attn.out_proj.weight", {config_.hidden_size, s.value_dim()})};
+  layer.add("linear_attn.conv1d.weight", {s.conv_dim(), 1, s.conv_kernel});
+  layer.add("linear_attn.A_log", {s.num_v_heads});
+  layer.add("linear_attn.dt_bias", {s.num_v_heads});
+  layer.add("linear_attn.norm.weight", {s.v_head_dim});
+  layer.add("linear_attn.out_proj.weight", {config_.hidden_size, s.value_dim()});
 }
 
 std::vector<WeightRequirement> QwenHybridModel::required_weights() const {
-  const int64_t h = config_.hidden_size;
-  std::vector<WeightRequirement> all{
-      requirement(-1, "embed_tokens.weight", {config_.vocab_size, h})};
-  auto append = [&all](std::vector<WeightRequirement> more) {
-    all.insert(all.end(), std::make_move_iterator(more.begin()),
-               std::make_move_iterator(more.end()));
-  };
+  const int64_t h = config_.hidden_size, vocab = config_.vocab_size;
+  WeightList weights(prefix_);
+  weights.add(prefix_ + "embed_tokens.weight", {vocab, h}, -1);
   for (int64_t i = 0; i < config_.num_layers; ++i) {
-    all.push_back(requirement(i, "input_layernorm.weight", {h}));
-    all.push_back(requirement(i, "post_attention_layernorm.weight", {h}));
+    LayerWeights layer = weights.layer(i);
+    layer.add("input_layernorm.weight", {h});
+    layer.add("post_attention_layernorm.weight", {h});
     if (config_.layer_kinds[static_cast<size_t>(i)] == LayerKind::kFullAttention) {
-      append(attention_weights(i));
+      add_attention_weights(layer);
     } else {
-      append(linear_projection_weights(i));
-      append(linear_tail_weights(i));
+      add_linear_projection_weights(layer);
+      add_linear_tail_weights(layer);
     }
-    append(feed_forward_weights(i));
+    add_feed_forward_weights(layer);
   }
-  all.push_back(requirement(-1, "norm.weight", {h}));
-  if (!config_.tie_word_embeddings) {
-    WeightRequirement head;
-    head.name = "lm_head.weight";
-    head.shape = {config_.vocab_size, h};
-    all.push_back(std::move(head));
-  }
-  return all;
+  // logits() reads these under layer -1, beside the embedding table.
+  weights.add(prefix_ + "norm.weight", {h}, -1);
+  if (!config_.tie_word_embeddings) weights.add("lm_head.weight", {vocab, h}, -1);
+  return std::move(weights).take();
 }
 
 }  // namespace headwise::arch

@@ -20,6 +20,8 @@ class Checkpoint;
 namespace headwise::arch {
 
 class LayerPrefetcher;
+class WeightList;
+struct OuterWeights;
 
 // Everything an attention layer hands to its attention core. The core computes softmax
 // attention; the layer applies `output_gate` and `o_proj` afterwards. Carrying the gate and
@@ -119,6 +121,10 @@ class DecoderModel {
   // `<prefix>layers.<layer>.<name>`: a decoder layer's tensor under the usual naming.
   const at::Tensor& layer_tensor(int64_t layer, std::string_view name, std::string_view prefix = "model.",
                                  bool keep_fp32 = false);
+  // The list required_weights() builds (weight_list.hpp), begun with the embedding table, the
+  // final norm and the head unless tied; layers' tensors go under `<layer_prefix>layers.<i>.`, the
+  // names layer_tensor() reads.
+  WeightList decoder_weights(const OuterWeights& outer, std::string layer_prefix = "model.") const;
   // nn.Linear `<name>.weight` (+ `<name>.bias` when `bias`) of decoder layer `layer`, applied to x.
   at::Tensor layer_linear(int64_t layer, std::string_view name, const at::Tensor& x, bool bias,
                           std::string_view prefix = "model.");
@@ -152,6 +158,14 @@ class DecoderModel {
   std::unique_ptr<LayerPrefetcher> prefetcher_;
   const std::vector<WeightRequirement>& weights_of(int64_t layer);
 };
+
+// The ModelFactory of an architecture whose model class is built from (spec, checkpoint, options).
+template <class Model>
+std::unique_ptr<DecoderModel> create_model_of(const ModelSpec& spec,
+                                              std::shared_ptr<const io::Checkpoint> checkpoint,
+                                              const ModelOptions& options) {
+  return std::make_unique<Model>(spec, std::move(checkpoint), options);
+}
 
 // "[2, 16, 64]" for messages.
 std::string shape_string(at::IntArrayRef shape);

@@ -9,8 +9,11 @@
 #include "headwise/arch/gated_delta.hpp"
 #include "headwise/arch/model.hpp"
 #include "headwise/arch/qwen_hybrid_config.hpp"
+#include "headwise/io/checkpoint.hpp"
 
 namespace headwise::arch {
+
+class LayerWeights;
 
 class QwenHybridModel : public DecoderModel {
  public:
@@ -29,30 +32,26 @@ class QwenHybridModel : public DecoderModel {
  protected:
   // x = input_layernorm(h), [B, T, H] → the DeltaNet inputs (projections, architecture-specific).
   virtual GatedDeltaInputs linear_projections(int64_t layer, const at::Tensor& x) = 0;
-  virtual std::vector<WeightRequirement> linear_projection_weights(int64_t layer) const = 0;
+  virtual void add_linear_projection_weights(LayerWeights& layer) const = 0;
   // Feed-forward on post_attention_layernorm(h): the sparse MoE block on the config's MoE layers,
   // else a dense SwiGLU `mlp.{gate,up,down}_proj`.
   virtual at::Tensor feed_forward(int64_t layer, const at::Tensor& x);
-  virtual std::vector<WeightRequirement> feed_forward_weights(int64_t layer) const;
+  virtual void add_feed_forward_weights(LayerWeights& layer) const;
 
   // "<prefix>layers.<i>."
   std::string layer_prefix(int64_t layer) const;
   const at::Tensor& layer_weight(int64_t layer, const std::string& suffix) {
     return weight(layer, layer_prefix(layer) + suffix);
   }
-  WeightRequirement requirement(int64_t layer, const std::string& suffix,
-                                std::vector<int64_t> shape) const;
-  std::vector<WeightRequirement> dense_mlp_weights(int64_t layer, const std::string& module,
-                                                   int64_t intermediate) const;
 
  private:
   at::Tensor sparse_moe(int64_t layer, const at::Tensor& x);
-  std::vector<WeightRequirement> sparse_moe_weights(int64_t layer) const;
+  void add_sparse_moe_weights(LayerWeights& layer) const;
   bool has_fused_experts(int64_t layer) const;
   at::Tensor full_attention(int64_t layer, const at::Tensor& x, const LayerRun& run);
   at::Tensor linear_attention(int64_t layer, const at::Tensor& x, LayerState* state);
-  std::vector<WeightRequirement> attention_weights(int64_t layer) const;
-  std::vector<WeightRequirement> linear_tail_weights(int64_t layer) const;
+  void add_attention_weights(LayerWeights& layer) const;
+  void add_linear_tail_weights(LayerWeights& layer) const;
   at::Tensor norm(const at::Tensor& x, const at::Tensor& weight) const;
   std::string lm_head_name() const;
 
@@ -60,5 +59,27 @@ class QwenHybridModel : public DecoderModel {
   std::string prefix_;
   at::Tensor inv_freq_;
 };
+
+// The registry entry of a Qwen hybrid decoder whose model class is `Model`: the spec and the model
+// read the text config alike, with `feed_forward` saying where its MoE layers are.
+template <class Model>
+Architecture qwen_hybrid_architecture(std::string name, std::string model_type,
+                                      QwenFeedForward feed_forward) {
+  return Architecture{
+      .name = std::move(name),
+      .model_types = {std::move(model_type)},
+      .build_spec =
+          [feed_forward](const ConfigReader& reader) {
+            return qwen_hybrid_spec(read_qwen_hybrid_config(reader, feed_forward));
+          },
+      .create_model = [feed_forward](const ModelSpec& spec,
+                                     std::shared_ptr<const io::Checkpoint> checkpoint,
+                                     const ModelOptions& options) -> std::unique_ptr<DecoderModel> {
+        const ConfigReader reader(spec.text_config, (checkpoint->dir() / "config.json").string());
+        return std::make_unique<Model>(spec, std::move(checkpoint), options,
+                                       read_qwen_hybrid_config(reader, feed_forward));
+      },
+  };
+}
 
 }  // namespace headwise::arch
