@@ -118,13 +118,14 @@ std::optional<int64_t> available_host_bytes() {
 
 int64_t MemoryPlan::device_peak_bytes() const {
   const int64_t activations = activations_on_device ? activation_bytes + stream_checkpoint_bytes : 0;
-  return largest_layer_weight_bytes + embedding_weight_bytes + activations + micro_batch_bytes + workspace_bytes +
-         answer_span_cache_bytes;
+  return largest_layer_weight_bytes + measured_layer_weight_bytes + embedding_weight_bytes + activations +
+         micro_batch_bytes + workspace_bytes + answer_span_cache_bytes;
 }
 
 nlohmann::json MemoryPlan::to_json() const {
   nlohmann::json out{{"planned_peak_bytes", device_peak_bytes()},
                      {"largest_layer_bytes", largest_layer_weight_bytes},
+                     {"measured_layer_bytes", measured_layer_weight_bytes},
                      {"embedding_bytes", embedding_weight_bytes},
                      {"activation_bytes", activation_bytes},
                      {"activations_on_device", activations_on_device},
@@ -140,10 +141,13 @@ nlohmann::json MemoryPlan::to_json() const {
 std::string MemoryPlan::describe() const {
   const std::string span =
       answer_span_cache_bytes > 0 ? fmt::format(" + answer-span caches {}", format_bytes(answer_span_cache_bytes)) : "";
-  return fmt::format("planned peak {} = largest layer {} + embeddings {} + activations {} and stream checkpoints {} ({}) + "
+  const std::string measured = measured_layer_weight_bytes > 0
+                                   ? fmt::format(" + measured layer {}", format_bytes(measured_layer_weight_bytes))
+                                   : "";
+  return fmt::format("planned peak {} = largest layer {}{} + embeddings {} + activations {} and stream checkpoints {} ({}) + "
                      "micro-batch {} + attention workspace {}{}; plus up to {} of mapped checkpoint pages (page cache, "
                      "reclaimable){}",
-                     format_bytes(device_peak_bytes()), format_bytes(largest_layer_weight_bytes),
+                     format_bytes(device_peak_bytes()), format_bytes(largest_layer_weight_bytes), measured,
                      format_bytes(embedding_weight_bytes), format_bytes(activation_bytes),
                      format_bytes(stream_checkpoint_bytes), activations_on_device ? "on the device" : "in host memory",
                      format_bytes(micro_batch_bytes), format_bytes(workspace_bytes), span, format_bytes(mapped_weight_bytes),
@@ -197,7 +201,13 @@ MemoryPlan plan_calibration_memory(const arch::ModelSpec& spec, const io::Checkp
       shape.micro_batch * widest_heads * chunk * (9 * shape.seq_len / 2 + 2 * shape.levels * 256) * 4;
   const int64_t global_layers = static_cast<int64_t>(spec.global_layer_ids().size());
   plan.stream_checkpoint_bytes = std::min(shape.stream_checkpoint_limit_bytes, global_layers * plan.activation_bytes);
-  if (shape.answer_span) plan.answer_span_cache_bytes = answer_span_cache_bytes(spec, shape);
+  if (shape.answer_span) {
+    plan.answer_span_cache_bytes = answer_span_cache_bytes(spec, shape);
+    for (int64_t id : spec.global_layer_ids()) {
+      const auto it = per_layer.find(id);
+      if (it != per_layer.end()) plan.measured_layer_weight_bytes = std::max(plan.measured_layer_weight_bytes, it->second.converted);
+    }
+  }
   return plan;
 }
 
