@@ -94,7 +94,7 @@ DistortionMeasure parse_distortion_measure(const std::string& text) {
   if (text == "answer-grad") return DistortionMeasure::kAnswerGrad;
   if (text == "answer-tv-span") return DistortionMeasure::kAnswerTvSpan;
   if (text == "answer-kl-span") return DistortionMeasure::kAnswerKlSpan;
-  throw_input_error("--distortion: '{}' is not one of answer-tv-span, answer-kl-span, answer-tv, answer-kl, answer-grad, "
+  throw_field_error("distortion", ": '{}' is not one of answer-tv-span, answer-kl-span, answer-tv, answer-kl, answer-grad, "
                     "block-mse", text);
 }
 
@@ -148,7 +148,7 @@ AnswerKl::AnswerKl(arch::DecoderModel& model, const std::vector<std::vector<int6
     position_index_.push_back(at::tensor(cols, long_cpu).to(model.device()));
   }
   share_answer_counts("answer positions");
-  if (answers_ == 0) throw_input_error("--distortion answer-kl: the calibration sequences have no answer positions");
+  if (answers_ == 0) throw_field_error("distortion", " answer-kl: the calibration sequences have no answer positions");
 
   // The reference: the full model, one micro-batch at a time (no second copy of the stream).
   // This first pass over every layer names a bad weight, by head or by layer, before it turns
@@ -195,7 +195,7 @@ AnswerKl AnswerKl::prefix(int64_t sequences) const {
     }
   }
   out.share_answer_counts("probe answer positions");
-  if (out.answers_ == 0) throw_input_error("--distortion answer-kl: the probe sequences have no answer positions");
+  if (out.answers_ == 0) throw_field_error("distortion", " answer-kl: the probe sequences have no answer positions");
   return out;
 }
 

@@ -247,7 +247,7 @@ AnswerSpan::AnswerSpan(arch::DecoderModel& model, const std::vector<std::vector<
   if (answers.size() != sequences.size()) {
     throw_input_error("answer span: {} answer lists for {} calibration sequences", answers.size(), sequences.size());
   }
-  if (options.margin < 0) throw_input_error("--span-margin must not be negative (got {})", options.margin);
+  if (options.margin < 0) throw_field_error("span_margin", " must not be negative (got {})", options.margin);
   if (std::find(options_.windows.begin(), options_.windows.end(), kFullWindow) == options_.windows.end()) {
     options_.windows.push_back(kFullWindow);  // the reference level every candidate is measured against
   }
@@ -276,7 +276,7 @@ AnswerSpan::AnswerSpan(arch::DecoderModel& model, const std::vector<std::vector<
   }
   answers_ = dist::sum_all(world, answers_, "answer span: answer positions");
   first_answer = dist::min_all(world, first_answer, "answer span: earliest answer");
-  if (answers_ == 0) throw_input_error("--distortion {}-span: the calibration sequences have no answer positions",
+  if (answers_ == 0) throw_field_error("distortion", " {}-span: the calibration sequences have no answer positions",
                                        options.divergence == AnswerDivergence::kTv ? "answer-tv" : "answer-kl");
   span_begin_ = std::max<int64_t>(0, first_answer - options.margin);
   span_length_ = steps_ - span_begin_;

@@ -56,7 +56,7 @@ Extrapolation parse_extrapolation(const std::string& text) {
   if (text == "none") return Extrapolation::kNone;
   if (text == "as-full") return Extrapolation::kAsFull;
   if (text == "power-law") return Extrapolation::kPowerLaw;
-  throw_input_error("--extrapolate: '{}' is not one of none, as-full, power-law", text);
+  throw_field_error("extrapolate", ": '{}' is not one of none, as-full, power-law", text);
 }
 
 const char* extrapolation_name(Extrapolation rule) {

@@ -158,15 +158,15 @@ std::string rules_label(const std::vector<int64_t>& windows, const std::set<int6
 bool parse_keep_rules(const std::string& text) {
   if (text == "window") return false;
   if (text == "window,h2o" || text == "h2o,window") return true;
-  throw_input_error("--keep-rules: '{}' is not one of auto, window, window,h2o", text);
+  throw_field_error("keep_rules", ": '{}' is not one of auto, window, window,h2o", text);
 }
 
 std::string resolve_keep_rules(const std::string& text, DistortionMeasure measure) {
   if (text == "auto") return answer_aware(measure) ? "window,h2o" : "window";
   if (!parse_keep_rules(text)) return "window";
   if (!answer_aware(measure)) {
-    throw_input_error("--keep-rules {}: the rules are measured at the answers; use an answer measure (--distortion "
-                      "answer-tv or answer-kl), not {}", text, distortion_measure_name(measure));
+    throw_field_error("keep_rules", " {}: the rules are measured at the answers; use an answer measure ({} answer-tv or "
+                      "answer-kl), not {}", text, field_ref("distortion"), distortion_measure_name(measure));
   }
   return "window,h2o";
 }

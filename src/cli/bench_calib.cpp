@@ -14,6 +14,7 @@
 #include <iostream>
 
 #include "bench.hpp"
+#include "calibration_options.hpp"
 #include "headwise/arch/model.hpp"
 #include "headwise/calib/calibration_data.hpp"
 #include "headwise/calib/calibration_job.hpp"
@@ -24,6 +25,7 @@
 #include "headwise/core/units.hpp"
 #include "headwise/io/checkpoint.hpp"
 #include "headwise/memory/memory_model.hpp"
+#include "headwise/report/calib_report.hpp"
 #include "headwise/solve/mckp.hpp"
 
 namespace headwise::cli {
@@ -88,21 +90,21 @@ double calibration_seconds(const BenchArgs& args, const std::string& distortion,
   request.device = args.device;
   request.attention_chunk = args.attention_chunk;
   if (!distortion.empty()) request.distortion = distortion;
+  const calib::CalibrationOptions options = calibration_options(request);
   const auto output = std::filesystem::temp_directory_path() / "headwise-bench-calib-policy.yaml";
-  calib::CalibrationJob job(request, output);
+  calib::CalibrationJob job(options, output);
   calib::RunControl control;
-  control.want_report = true;
   const auto start = std::chrono::steady_clock::now();
   const double cpu_start = cpu_seconds();
   const calib::CalibrationOutcome outcome = job.run(control);
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   const double cpu = cpu_seconds() - cpu_start;
-  const nlohmann::json report = nlohmann::json::parse(outcome.report_json);
+  const nlohmann::json report = report::calibration_report(outcome);
   details = {{"seconds", seconds},
              {"cpu_seconds", cpu},
-             {"distortion", request.distortion},
+             {"distortion", calib::distortion_measure_name(options.distortion)},
              {"total_bytes", outcome.policy.memory.total_bytes},
-             {"budget_bytes", std::stoll(request.budget)},
+             {"budget_bytes", options.budget},
              {"answer_evaluations", report.at("answer_kl").is_object() ? report["answer_kl"].value("evaluations", int64_t{0}) : 0},
              {"keep_rules", report.contains("keep_rules") ? report["keep_rules"]["seconds"] : nlohmann::json(nullptr)}};
   return seconds;

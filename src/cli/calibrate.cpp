@@ -18,6 +18,8 @@
 #include "headwise/dist/collective.hpp"
 #include "headwise/io/checkpoint.hpp"
 #include "headwise/policy/serving.hpp"
+#include "headwise/report/calib_report.hpp"
+#include "calibration_options.hpp"
 
 namespace headwise::cli {
 namespace {
@@ -67,16 +69,15 @@ void run_calibrate(const CalibrateArgs& args) {
   const dist::LaunchConfig launch = dist::launch_config(args.launch);
   apply_rank_logging(launch, args.flags);
   check_outputs_writable(args);
-  calib::CalibrationJob job(args.request, args.output);
+  const calib::CalibrationOptions options = calibration_options(args.request);
+  calib::CalibrationJob job(options, args.output);
   const std::unique_ptr<dist::Collective> world = dist::connect(launch);
   calib::RunControl control;
   control.checkpoint = calib::checkpoint_path_for(args.output);
   control.resume = args.resume;
-  control.want_report = !args.report.empty();
-  control.want_plot = !args.plot.empty();
   const calib::CalibrationOutcome out = run_as_rank(job, control, world.get(), launch);
   const policy::Policy& policy = out.policy;
-  const int64_t budget = parse_byte_size(args.request.budget, "--budget");
+  const int64_t budget = options.budget;
   if (launch.rank != 0) {  // every rank holds the same policy; rank 0 writes it
     world->finish();
     return;
@@ -84,8 +85,8 @@ void run_calibrate(const CalibrateArgs& args) {
 
   // Everything is rendered; write it all, then drop the checkpoint (the run is complete).
   write_file_atomically(args.output, out.policy_yaml);
-  if (!args.report.empty()) write_file_atomically(args.report, out.report_json);
-  if (!args.plot.empty()) write_file_atomically(args.plot, out.svg);
+  if (!args.report.empty()) write_file_atomically(args.report, report::calibration_report(out).dump(2) + "\n");
+  if (!args.plot.empty()) write_file_atomically(args.plot, report::calibration_heatmap_svg(out));
   std::error_code ec;
   fs::remove(control.checkpoint, ec);
   if (world) world->finish();

@@ -7,6 +7,27 @@
 
 namespace headwise::cli {
 
+namespace {
+
+// Library fields whose flag is not the option convention (--snake-to-kebab of the field id).
+constexpr std::pair<std::string_view, std::string_view> kFlagOfField[] = {
+    {"threads_per_worker", "--threads-per-job"},
+};
+
+}  // namespace
+
+std::string flag_for(std::string_view field) {
+  for (const auto& [id, flag] : kFlagOfField) {
+    if (id == field) return std::string(flag);
+  }
+  return option_spelling(field);
+}
+
+std::string user_message(const std::exception& error) {
+  if (const auto* named = dynamic_cast<const FieldMessage*>(&error)) return named->render(flag_for);
+  return error.what();
+}
+
 std::vector<CommandEntry>& registered_commands() {
   static std::vector<CommandEntry> commands;
   return commands;

@@ -20,16 +20,16 @@ int main(int argc, char** argv) {
   } catch (const CLI::ParseError& e) {
     return app.exit(e);
   } catch (const InfeasibleError& e) {
-    std::cerr << "headwise-calc: error: " << e.what() << "\n";
+    std::cerr << "headwise-calc: error: " << cli::user_message(e) << "\n";
     return cli::kExitInfeasible;
   } catch (const NumericError& e) {
-    std::cerr << "headwise-calc: error: " << e.what() << "\n";
+    std::cerr << "headwise-calc: error: " << cli::user_message(e) << "\n";
     return cli::kExitNumeric;
   } catch (const InputError& e) {
-    std::cerr << "headwise-calc: error: " << e.what() << "\n";
+    std::cerr << "headwise-calc: error: " << cli::user_message(e) << "\n";
     return cli::kExitInputError;
   } catch (const std::exception& e) {
-    std::cerr << "headwise-calc: error: " << e.what() << "\n";
+    std::cerr << "headwise-calc: error: " << cli::user_message(e) << "\n";
     return cli::kExitInternal;
   }
   return 0;

@@ -27,6 +27,7 @@
 #include "headwise/io/checkpoint.hpp"
 #include "headwise/regen/manifest.hpp"
 #include "headwise/regen/policy_diff.hpp"
+#include "calibration_options.hpp"
 
 namespace headwise::cli {
 namespace {
@@ -188,7 +189,9 @@ void run_regen(const RegenArgs& args) {
     ++considered;
     std::optional<calib::CalibrationJob> job;
     try {
-      job.emplace(entry.request, entry.output);
+      job.emplace(calibration_options(entry.request), entry.output);
+    } catch (const FieldError& e) {
+      throw e.prefixed(fmt::format("{}: entry '{}': ", args.manifest, entry.name));
     } catch (const InputError& e) {
       // The job names flags (--context); say which manifest entry they came from.
       throw_input_error("{}: entry '{}': {}", args.manifest, entry.name, e.what());

@@ -62,11 +62,11 @@ LaunchConfig launch_config(const LaunchFlags& flags) {
   const int64_t world = pick(flags.world_size, "WORLD_SIZE", 1);
   const int64_t rank = pick(flags.rank, "RANK", 0);
   if (world < 1 || world > 65536) {
-    throw_input_error("--world-size (or WORLD_SIZE): {} is not a number of processes (1 or more)",
+    throw_field_error("world_size", " (or WORLD_SIZE): {} is not a number of processes (1 or more)",
                       world);
   }
   if (rank < 0 || rank >= world)
-    throw_input_error("--rank (or RANK): {} is outside [0, {})", rank, world);
+    throw_field_error("rank", " (or RANK): {} is outside [0, {})", rank, world);
   config.world_size = static_cast<int>(world);
   config.rank = static_cast<int>(rank);
   const int64_t local_rank = env_int("LOCAL_RANK").value_or(0);
@@ -81,10 +81,10 @@ LaunchConfig launch_config(const LaunchFlags& flags) {
   const int64_t port =
       flags.master_port >= 0 ? flags.master_port : env_int("MASTER_PORT").value_or(29500);
   if (port < 1 || port > 65535)
-    throw_input_error("--master-port (or MASTER_PORT): {} is not a TCP port", port);
+    throw_field_error("master_port", " (or MASTER_PORT): {} is not a TCP port", port);
   config.master_port = static_cast<int>(port);
   if (flags.timeout_seconds < 1)
-    throw_input_error("--dist-timeout: {} s must be at least 1", flags.timeout_seconds);
+    throw_field_error("dist_timeout", ": {} s must be at least 1", flags.timeout_seconds);
   config.timeout = std::chrono::seconds(flags.timeout_seconds);
   // torchrun's agent serves a TCPStore at MASTER_PORT for its workers; a restarted job must not
   // read the keys of the attempt before it.
@@ -150,11 +150,10 @@ std::vector<size_t> shard_sequences(size_t sequences, int64_t micro_batch, int r
   const auto mb = static_cast<size_t>(micro_batch);
   const size_t micro_batches = (sequences + mb - 1) / mb;
   if (micro_batches < static_cast<size_t>(world)) {
-    throw_input_error(
-        "--micro-batch {} splits {} sequences into {} micro-batches, fewer than the {} ranks: "
-        "every rank "
-        "needs at least one; lower --micro-batch or add --samples",
-        micro_batch, sequences, micro_batches, world);
+    throw_field_error("micro_batch",
+                      " {} splits {} sequences into {} micro-batches, fewer than the {} ranks: every rank needs at "
+                      "least one; lower {} or add {}",
+                      micro_batch, sequences, micro_batches, world, field_ref("micro_batch"), field_ref("samples"));
   }
   std::vector<size_t> indices;
   for (size_t m = static_cast<size_t>(rank); m < micro_batches; m += static_cast<size_t>(world)) {

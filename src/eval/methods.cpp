@@ -221,12 +221,14 @@ MethodWindows policy_method(const std::string& name, const policy::Policy& polic
 void check_unconditioned_ablation(const policy::Policy& policy, const policy::Policy& ablation, const std::string& where) {
   const std::string method = ablation.calibration.value("method", "");
   if (method != "unconditioned") {
-    throw_input_error("--unconditioned-policy {}: calibration.method is '{}', not 'unconditioned' (calibrate it with "
-                      "--no-conditioning)", where, method);
+    throw_field_error("unconditioned_policy",
+                      " {}: calibration.method is '{}', not 'unconditioned' (calibrate it with {})", where, method,
+                      field_ref("no_conditioning"));
   }
   const auto differs = [&](const char* field) {
-    throw_input_error("--unconditioned-policy {}: {} differs from --policy's; it must be the same calibration with only "
-                      "--no-conditioning added", where, field);
+    throw_field_error("unconditioned_policy",
+                      " {}: {} differs from {}'s; it must be the same calibration with only {} added", where, field,
+                      field_ref("policy"), field_ref("no_conditioning"));
   };
   if (ablation.window_levels != policy.window_levels) differs("window_levels");
   if (ablation.context != policy.context) differs("context");
@@ -345,7 +347,7 @@ std::vector<MethodWindows> build_methods(arch::DecoderModel& model, const Baseli
     } else {
       std::string have;
       for (const auto& n : baseline_names()) have += (have.empty() ? "" : ", ") + n;
-      throw_input_error("--baselines {}: unknown baseline (have: {})", name, have);
+      throw_field_error("baselines", " {}: unknown baseline (have: {})", name, have);
     }
     out.push_back({name, std::move(w), std::move(details)});
   }

@@ -196,7 +196,7 @@ ScheduledRuns run_scheduled(const std::vector<std::unique_ptr<arch::DecoderModel
   HEADWISE_CHECK(!models.empty(), "eval needs at least one model instance");
   for (const auto& m : models) HEADWISE_CHECK(m != nullptr, "eval: a worker has no model");
   if (schedule.threads_per_worker < 0) {
-    throw_input_error("--threads-per-job must be positive, got {}", schedule.threads_per_worker);
+    throw_field_error("threads_per_worker", " must be positive, got {}", schedule.threads_per_worker);
   }
   const auto workers = static_cast<int>(models.size());
   std::optional<int> threads;

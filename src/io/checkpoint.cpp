@@ -73,11 +73,11 @@ std::vector<fs::path> shard_paths(const fs::path& dir) {
 }  // namespace
 
 fs::path resolve_model_dir(std::string_view model_arg) {
-  if (model_arg.empty()) throw_input_error("--model: empty path");
+  if (model_arg.empty()) throw_field_error("model", ": empty path");
   std::error_code ec;
   const fs::path as_path(model_arg);
   if (fs::is_directory(as_path, ec)) return as_path;
-  if (fs::exists(as_path, ec)) throw_input_error("--model {}: expected a model folder, got a file", model_arg);
+  if (fs::exists(as_path, ec)) throw_field_error("model", " {}: expected a model folder, got a file", model_arg);
   const auto slash = model_arg.find('/');
   if (slash != std::string_view::npos && slash > 0 && model_arg.find('/', slash + 1) == std::string_view::npos &&
       !model_arg.starts_with(".")) {
@@ -85,10 +85,10 @@ fs::path resolve_model_dir(std::string_view model_arg) {
     const fs::path repo_dir = hf_hub_dir() / repo;
     const fs::path snapshot = cached_snapshot(repo_dir);
     if (!snapshot.empty()) return snapshot;
-    throw_input_error("--model {}: no such folder, and no snapshot in the local Hugging Face cache at {} "
+    throw_field_error("model", " {}: no such folder, and no snapshot in the local Hugging Face cache at {} "
                       "(headwise never downloads; fetch the model first)", model_arg, repo_dir.string());
   }
-  throw_input_error("--model {}: no such folder", model_arg);
+  throw_field_error("model", " {}: no such folder", model_arg);
 }
 
 std::shared_ptr<const Checkpoint> Checkpoint::open(const fs::path& model_dir, bool allow_missing_weights) {

@@ -38,15 +38,15 @@ int64_t layer_kv_bytes_per_sequence(const arch::LayerSpec& layer, const std::vec
 }  // namespace
 
 void validate_options(const MemoryOptions& o) {
-  if (o.context <= 0) throw_input_error("--context: must be a positive number of tokens, got {}", o.context);
-  if (o.batch <= 0) throw_input_error("--batch: must be a positive number of sequences, got {}", o.batch);
-  if (o.block_size <= 0) throw_input_error("--block-size: must be a positive number of tokens, got {}", o.block_size);
-  if (o.sink_tokens < 0) throw_input_error("--sink-tokens: must not be negative, got {}", o.sink_tokens);
+  if (o.context <= 0) throw_field_error("context", ": must be a positive number of tokens, got {}", o.context);
+  if (o.batch <= 0) throw_field_error("batch", ": must be a positive number of sequences, got {}", o.batch);
+  if (o.block_size <= 0) throw_field_error("block_size", ": must be a positive number of tokens, got {}", o.block_size);
+  if (o.sink_tokens < 0) throw_field_error("sink_tokens", ": must not be negative, got {}", o.sink_tokens);
   switch (o.kv_dtype) {
     case DType::kBFloat16: case DType::kFloat16: case DType::kFloat32: case DType::kFloat8E4M3: case DType::kFloat8E5M2:
       break;
     default:
-      throw_input_error("--kv-dtype: {} is not a KV cache type (bfloat16, float16, float32, float8_e4m3fn)",
+      throw_field_error("kv_dtype", ": {} is not a KV cache type (bfloat16, float16, float32, float8_e4m3fn)",
                         dtype_name(o.kv_dtype));
   }
 }
@@ -59,7 +59,7 @@ int64_t Components::total() const {
 HeadWindows full_kv_windows(const arch::ModelSpec& spec) { return uniform_windows(spec, kFullWindow); }
 
 HeadWindows uniform_windows(const arch::ModelSpec& spec, int64_t window) {
-  if (window < 0) throw_input_error("--uniform-window: must be positive, got {}", window);
+  if (window < 0) throw_field_error("uniform_window", ": must be positive, got {}", window);
   HeadWindows out;
   for (const auto& layer : spec.layers) {
     if (layer.is_global()) out[layer.id] = std::vector<int64_t>(static_cast<size_t>(layer.attention->num_kv_heads), window);

@@ -313,7 +313,7 @@ Engine parse_engine(std::string_view text) {
   if (text == "headwise") return Engine::kHeadwise;
   if (text == "vllm") return Engine::kVllm;
   if (text == "both") return Engine::kBoth;
-  throw_input_error("--engine: expected headwise, vllm or both, got '{}'", text);
+  throw_field_error("engine", ": expected headwise, vllm or both, got '{}'", text);
 }
 
 nlohmann::json report_json(const Report& r) {

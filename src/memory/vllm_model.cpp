@@ -218,7 +218,7 @@ MambaCacheMode parse_mamba_cache_mode(std::string_view text) {
   for (MambaCacheMode m : {MambaCacheMode::kNone, MambaCacheMode::kAlign, MambaCacheMode::kAll}) {
     if (text == mamba_cache_mode_name(m)) return m;
   }
-  throw_input_error("--mamba-cache-mode: expected none, align or all (vLLM's mamba_cache_mode), got '{}'", text);
+  throw_field_error("mamba_cache_mode", ": expected none, align or all (vLLM's mamba_cache_mode), got '{}'", text);
 }
 
 std::string_view vllm_spec_kind_name(VllmSpecKind kind) {
@@ -232,7 +232,7 @@ std::string_view vllm_spec_kind_name(VllmSpecKind kind) {
 
 void validate_vllm_options(const VllmOptions& v) {
   if (v.max_num_batched_tokens <= 0) {
-    throw_input_error("--max-num-batched-tokens: must be a positive number of tokens, got {}", v.max_num_batched_tokens);
+    throw_field_error("max_num_batched_tokens", ": must be a positive number of tokens, got {}", v.max_num_batched_tokens);
   }
 }
 
@@ -253,7 +253,7 @@ int64_t vllm_block_size(const arch::ModelSpec& spec, const MemoryOptions& o, con
 int64_t vllm_pages_per_request(const VllmSpec& s, const MemoryOptions& o, const VllmOptions& v) {
   validate_options(o);
   validate_vllm_options(v);
-  if (s.block_size <= 0) throw_input_error("--block-size: a vLLM spec needs a positive block size, got {}", s.block_size);
+  if (s.block_size <= 0) throw_field_error("block_size", ": a vLLM spec needs a positive block size, got {}", s.block_size);
   switch (s.kind) {
     case VllmSpecKind::kFullAttention:
       return ceil_div(o.context, s.block_size);
@@ -278,7 +278,8 @@ std::vector<VllmSpec> vllm_specs(const arch::ModelSpec& spec, const HeadWindows&
   validate_vllm_options(v);
   validate_windows(spec, windows);
   if (o.sink_tokens != 0) {
-    throw_input_error("--sink-tokens: vLLM's sliding-window specs keep no sink tokens; use 0 with --engine vllm/both");
+    throw_field_error("sink_tokens", ": vLLM's sliding-window specs keep no sink tokens; use 0 with {} vllm/both",
+                      field_ref("engine"));
   }
   std::vector<VllmSpec> specs;
   for (const auto& layer : spec.layers) append_layer_specs(layer, windows, spec.dtype, o, specs);

@@ -203,6 +203,8 @@ void check_recalibration_coverage(const Manifest& manifest) {
     CalibrationKind kind;
     try {
       kind = calibration_kind(e.request);
+    } catch (const FieldError& error) {
+      throw error.prefixed(fmt::format("{}: entry '{}': ", manifest.path.string(), e.name));
     } catch (const InputError& error) {
       throw_input_error("{}: entry '{}': {}", manifest.path.string(), e.name, error.what());
     }

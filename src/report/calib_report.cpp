@@ -240,4 +240,33 @@ std::string window_heatmap_svg(const arch::ModelSpec& spec, const std::map<int64
   return svg;
 }
 
+nlohmann::json calibration_report(const calib::CalibrationOutcome& outcome) {
+  const calib::CalibrationRecord& r = outcome.record;
+  const policy::Policy& policy = outcome.policy;
+  const ReportContext context{policy.model_name,      r.context,   r.budget_bytes,     r.fixed_bytes,
+                              policy.memory.total_bytes, policy.memory.full_kv_total_bytes, r.ladder,
+                              policy.calibration,     r.memory_plan};
+  nlohmann::json report = calibration_report(r.result, context);
+  report["world_size"] = r.world_size;
+  if (r.keep_rules) report["keep_rules"] = calib::keep_rules_json(*r.keep_rules);
+  report["backend"] = r.backend;
+  if (r.world_size > 1) {
+    report["distributed"] = {{"rank_sequences", r.result.local_sequences},
+                             {"micro_batch", r.micro_batch},
+                             {"exchanged_bytes", r.result.exchanged_bytes}};
+  }
+  return report;
+}
+
+std::string calibration_heatmap_svg(const calib::CalibrationOutcome& outcome) {
+  const calib::CalibrationRecord& r = outcome.record;
+  const policy::Policy& policy = outcome.policy;
+  // The policy's heads as served: an h2o head's slots where the pass cut them, marked.
+  return window_heatmap_svg(r.spec, r.keep_rules ? r.keep_rules->windows : r.result.windows, r.ladder,
+                            fmt::format("{}: KV-head windows at {} tokens, {} of the {} budget", policy.model_name,
+                                        format_tokens(r.context), format_bytes(policy.memory.total_bytes),
+                                        format_bytes(r.budget_bytes)),
+                            r.keep_rules ? r.keep_rules->rules : std::map<int64_t, std::vector<policy::KeepRule>>{});
+}
+
 }  // namespace headwise::report

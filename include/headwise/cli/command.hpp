@@ -6,7 +6,9 @@
 #include "headwise/arch/visible_keys.hpp"
 
 #include <functional>
+#include <exception>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace headwise::cli {
@@ -41,6 +43,12 @@ CLI::Option* add_runtime_attention_option(CLI::App* app, std::string& name);
 arch::AttentionKernel runtime_attention_kernel(const std::string& name);
 // Sets spdlog's level from the flags; logs go to stderr so stdout stays machine-readable.
 void apply_logging(const CommonFlags& flags);
+
+// The flag the user writes for a library field ("threads_per_worker": --threads-per-job); a
+// field without an entry in cli/command.cpp's table is the option convention (seq_len: --seq-len).
+std::string flag_for(std::string_view field);
+// What the user sees for an error: library errors that name fields name them by their flags.
+std::string user_message(const std::exception& error);
 
 // Exit codes.
 inline constexpr int kExitInputError = 1;

@@ -7,7 +7,7 @@
 
 namespace headwise {
 
-// `what` names the flag or field for the error message, e.g. "--context".
+// `what` labels the value in the error message (the CLI passes its flag).
 int64_t parse_token_count(std::string_view text, std::string_view what);
 int64_t parse_byte_size(std::string_view text, std::string_view what);
 

@@ -34,7 +34,7 @@ struct MemoryOptions {
   int64_t sink_tokens = 0;             // S, kept by every windowed head
   std::optional<DType> state_dtype;    // overrides every recurrent/conv state's dtype
 };
-// Throws InputError naming the option ("--context", ...) when a value is out of range.
+// Throws a FieldError naming the field (context, batch, ...) when a value is out of range.
 void validate_options(const MemoryOptions& options);
 
 // Per global layer, the window of each KV head (kFullWindow = full), keyed by layer id.

@@ -7,6 +7,7 @@
 #include <string>
 
 #include "headwise/arch/model_spec.hpp"
+#include "headwise/calib/calibration_job.hpp"
 #include "headwise/calib/seqcalib.hpp"
 #include "headwise/measure/window_ladder.hpp"
 #include "headwise/policy/policy.hpp"
@@ -31,6 +32,11 @@ nlohmann::json curves_json(const std::vector<calib::HeadCurve>& curves);
 // The probe's rate–distortion curve: total distortion vs global KV bytes over lambda.
 nlohmann::json rate_distortion_curve(const std::vector<calib::HeadCurve>& probe_curves, int points);
 nlohmann::json calibration_report(const calib::SeqCalibResult& result, const ReportContext& context);
+
+// The main command's report.json (calibration_report of the run, its keep rules, ranks and
+// backend) and its heat map, from a finished calibration: calib depends on nothing here.
+nlohmann::json calibration_report(const calib::CalibrationOutcome& outcome);
+std::string calibration_heatmap_svg(const calib::CalibrationOutcome& outcome);
 
 // Layers (rows, global layers only) x KV heads (columns), coloured by ladder level. `rules` (per
 // layer, per head; a layer left out keeps windows) marks the heads whose slots hold heavy
