@@ -61,10 +61,10 @@ at::ScalarType compute_dtype_for(const ModelSpec& spec, const ModelOptions& opti
 at::Device parse_device(const std::string& text) {
   try {
     at::Device device(text);
-    if (device.is_cuda() && !at::hasCUDA()) throw_input_error("--device {}: no CUDA device available here", text);
+    if (device.is_cuda() && !at::hasCUDA()) throw_field_error("device", " {}: no CUDA device available here", text);
     return device;
   } catch (const c10::Error&) {
-    throw_input_error("--device: cannot parse '{}' (use cpu, cuda or cuda:N)", text);
+    throw_field_error("device", ": cannot parse '{}' (use cpu, cuda or cuda:N)", text);
   }
 }
 
@@ -76,7 +76,7 @@ DecoderModel::DecoderModel(ModelSpec spec, std::shared_ptr<const io::Checkpoint>
       options_(options),
       device_(parse_device(options.device)),
       dtype_(compute_dtype_for(spec_, options, device_)) {
-  if (options_.attention_chunk <= 0) throw_input_error("--attention-chunk must be positive");
+  if (options_.attention_chunk <= 0) throw_field_error("attention_chunk", " must be positive");
 }
 
 DecoderModel::~DecoderModel() = default;  // after LayerPrefetcher is complete: it waits for its job

@@ -108,17 +108,16 @@ std::optional<WalkState> read_checkpoint(const fs::path& path, const std::string
   if (!j.is_object() || j.value("schema", "") != kCheckpointSchema ||
       !j.contains("inputs_sha256") || !j.contains("state")) {
     throw_input_error(
-        "{}: not a headwise calibration checkpoint (schema {}); delete it and rerun without "
-        "--resume",
-        path.string(), kCheckpointSchema);
+        "{}: not a headwise calibration checkpoint (schema {}); delete it and rerun without {}",
+        path.string(), kCheckpointSchema, option_spelling("resume"));
   }
   const std::string recorded =
       j["inputs_sha256"].is_string() ? j["inputs_sha256"].get<std::string>() : "";
   if (recorded != inputs_hash) {
     throw_input_error(
         "{}: checkpoint was written for different inputs (inputs_sha256 {} here, {} now: model, "
-        "calibration data, options or tool version changed); rerun without --resume to start over",
-        path.string(), recorded.substr(0, 12), inputs_hash.substr(0, 12));
+        "calibration data, options or tool version changed); rerun without {} to start over",
+        path.string(), recorded.substr(0, 12), inputs_hash.substr(0, 12), option_spelling("resume"));
   }
   return walk_state_from_json(j["state"], path.string());
 }
@@ -369,8 +368,8 @@ CalibrationOutcome CalibrationJob::run(const RunControl& control) {
   if (control.resume && !control.checkpoint.empty())
     resume = shared_checkpoint(world, control.checkpoint, s.inputs_hash);
   if (writer && !control.resume && !control.checkpoint.empty() && fs::exists(control.checkpoint)) {
-    spdlog::warn("{} exists and will be replaced: pass --resume to continue that run instead",
-                 control.checkpoint.string());
+    spdlog::warn("{} exists and will be replaced: pass {} to continue that run instead",
+                 control.checkpoint.string(), option_spelling("resume"));
   }
 
   arch::ModelOptions model_options;

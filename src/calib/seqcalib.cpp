@@ -38,7 +38,7 @@ RunInputs::RunInputs(arch::DecoderModel& model, const std::vector<std::vector<in
 
 void RunInputs::validate() const {
   if (sequences.empty()) throw_input_error("calibration: no sequences");
-  if (options.micro_batch <= 0) throw_input_error("--micro-batch must be positive");
+  if (options.micro_batch <= 0) throw_field_error("micro_batch", " must be positive");
   if (!options.head_bytes) throw Error("calibration: no byte model");
   if (spec.global_layer_ids().empty()) {
     throw_input_error("{}: the model has no global attention layers: nothing to calibrate",
@@ -186,7 +186,7 @@ int64_t default_probe_samples(int64_t sequences) {
 }
 
 int64_t effective_probe_samples(int64_t requested, int64_t sequences) {
-  if (requested < 0) throw_input_error("--probe-samples must not be negative (got {})", requested);
+  if (requested < 0) throw_field_error("probe_samples", " must not be negative (got {})", requested);
   return requested > 0 ? std::min(requested, sequences) : default_probe_samples(sequences);
 }
 

@@ -130,7 +130,7 @@ std::vector<EvalSample> text_task_samples(const std::string& task, const tokeniz
     const std::string prompt_text = text.substr(0, text.size() - answer_text.size());
     const auto whole = tokenizer.encode(text, true);
     if (!decodes_back(tokenizer, whole, text)) {
-      throw_input_error("--tasks {}: the model's tokenizer.json cannot write this task's English text (it does not "
+      throw_field_error("tasks", " {}: the model's tokenizer.json cannot write this task's English text (it does not "
                         "decode back to itself); use the token tasks {}",
                         task, token_task_names());
     }
@@ -144,7 +144,7 @@ std::vector<EvalSample> text_task_samples(const std::string& task, const tokeniz
     } else {
       s.answer = tokenizer.encode(answer_text, false);
     }
-    if (s.answer.empty()) throw_input_error("--tasks {}: sample with an empty answer", task);
+    if (s.answer.empty()) throw_field_error("tasks", " {}: sample with an empty answer", task);
     if (static_cast<int64_t>(s.prompt.size() + s.answer.size()) > r.seq_len) {
       // The generator measured with the same tokenizer; a longer result means the cut merged.
       s.prompt.erase(s.prompt.begin(), s.prompt.begin() + static_cast<std::ptrdiff_t>(s.prompt.size() + s.answer.size() -
@@ -190,8 +190,8 @@ TeacherForced teacher_forced(const EvalSample& s) {
 }
 
 std::vector<EvalSample> make_eval_samples(const fs::path& model_dir, int64_t vocab_size, const TaskRequest& request) {
-  if (request.samples <= 0) throw_input_error("--samples must be positive, got {}", request.samples);
-  if (request.seq_len <= 0) throw_input_error("--seq-len must be positive, got {}", request.seq_len);
+  if (request.samples <= 0) throw_field_error("samples", " must be positive, got {}", request.samples);
+  if (request.seq_len <= 0) throw_field_error("seq_len", " must be positive, got {}", request.seq_len);
   // Loaded once, when the defaults or a text task need it.
   std::optional<tokenize::Tokenizer> tokenizer;
   auto loaded_tokenizer = [&]() -> const tokenize::Tokenizer& {
@@ -211,14 +211,14 @@ std::vector<EvalSample> make_eval_samples(const fs::path& model_dir, int64_t voc
       samples = token_task_samples(t, vocab_size, request);
     } else if (std::find(text_tasks.begin(), text_tasks.end(), task) != text_tasks.end()) {
       if (!has_tokenizer(model_dir)) {
-        throw_input_error("--tasks {}: a text task needs {}; this model has none (token tasks: {})", task,
+        throw_field_error("tasks", " {}: a text task needs {}; this model has none (token tasks: {})", task,
                           (model_dir / "tokenizer.json").string(), token_task_names());
       }
       samples = text_task_samples(task, loaded_tokenizer(), request);
     } else {
       std::string names;
       for (const auto& n : available_tasks(model_dir)) names += (names.empty() ? "" : ", ") + n;
-      throw_input_error("--tasks {}: unknown task (have: {})", task, names);
+      throw_field_error("tasks", " {}: unknown task (have: {})", task, names);
     }
     out.insert(out.end(), samples.begin(), samples.end());
   }

@@ -78,10 +78,10 @@ std::vector<nlohmann::json> generate_calibration(const GeneratorRequest& request
   if (it == task_table().end()) {
     std::string names;
     for (const auto& name : generator_tasks()) names += (names.empty() ? "" : ", ") + name;
-    throw_input_error("--task {}: unknown task (have: {})", request.task, names);
+    throw_field_error("task", " {}: unknown task (have: {})", request.task, names);
   }
-  if (request.length <= 0) throw_input_error("--length {}: must be positive", request.length);
-  if (request.samples <= 0) throw_input_error("--samples {}: must be positive", request.samples);
+  if (request.length <= 0) throw_field_error("length", " {}: must be positive", request.length);
+  if (request.samples <= 0) throw_field_error("samples", " {}: must be positive", request.samples);
   const Haystack& haystack = load_haystack(request.haystack_dir);
   std::vector<nlohmann::json> records;
   for (int64_t i = 0; i < request.samples; ++i) {

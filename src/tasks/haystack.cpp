@@ -195,7 +195,7 @@ std::string spaced(const std::string& text, const std::string& suffix) {
 int64_t fit_units(const TokenCounter& counter, int64_t length, int64_t max_units,
                   const std::function<std::string(int64_t)>& build, const std::string& task) {
   const auto fits = [&](int64_t n) { return counter.count(build(n)) <= length; };
-  if (!fits(1)) throw_input_error("--length {}: too short for task {} (its smallest record is longer)", length, task);
+  if (!fits(1)) throw_field_error("length", " {}: too short for task {} (its smallest record is longer)", length, task);
   int64_t lo = 1, hi = 2;
   while (hi <= max_units && fits(hi)) {  // grow, then bisect: O(log n) full counts
     lo = hi;

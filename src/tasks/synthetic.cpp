@@ -103,11 +103,11 @@ std::vector<std::vector<int64_t>> synthetic_set(const SyntheticOptions& options,
   SyntheticOptions o = options;
   if (o.needles == 0) o.needles = std::clamp<int64_t>(o.seq_len / 512, 1, 8);
   if (o.vocab_size < 16) throw_input_error("synthetic calibration needs a vocabulary of at least 16 tokens, got {}", o.vocab_size);
-  if (o.samples <= 0) throw_input_error("--samples must be positive");
+  if (o.samples <= 0) throw_field_error("samples", " must be positive");
   if (o.needles <= 0) throw_input_error("synthetic calibration: needles must be positive");
   const int64_t needle_len = 2 + kKeyLen + kValueLen;
   if (o.seq_len < 4 * o.needles * needle_len) {
-    throw_input_error("--seq-len {} is too short for {} needles (need at least {})", o.seq_len, o.needles,
+    throw_field_error("seq_len", " {} is too short for {} needles (need at least {})", o.seq_len, o.needles,
                       4 * o.needles * needle_len);
   }
   // Low ids are often special tokens in real vocabularies; stay clear of the first few.
