@@ -16,8 +16,8 @@ namespace headwise::testing {
 
 struct SkipRegistry {
   std::map<std::string, std::string> skipped;  // test case → reason
-  std::set<std::string> ran;                    // every test case that ran
-  std::set<std::string> failed;                 // test cases with a failed assertion
+  std::set<std::string> ran;                   // every test case that ran
+  std::set<std::string> failed;                // test cases with a failed assertion
 };
 
 SkipRegistry& registry() {
@@ -41,7 +41,8 @@ class SkipListener : public Catch::TestEventListenerBase {
   using TestEventListenerBase::TestEventListenerBase;
   void testCaseEnded(Catch::TestCaseStats const& stats) override {
     headwise::testing::registry().ran.insert(stats.testInfo.name);
-    if (stats.totals.assertions.failed > 0) headwise::testing::registry().failed.insert(stats.testInfo.name);
+    if (stats.totals.assertions.failed > 0)
+      headwise::testing::registry().failed.insert(stats.testInfo.name);
     TestEventListenerBase::testCaseEnded(stats);
   }
 };
@@ -55,11 +56,14 @@ int main(int argc, char* argv[]) {
   Catch::Session session;
   if (session.applyCommandLine(argc, argv) != 0) return 1;
   const auto& config = session.configData();
-  const bool listing = config.listTests || config.listTags || config.listReporters || config.listTestNamesOnly;
-  const int failed_assertions = session.run();  // min(255, failures) or, when listing, the count listed
+  const bool listing =
+      config.listTests || config.listTags || config.listReporters || config.listTestNamesOnly;
+  const int failed_assertions =
+      session.run();  // min(255, failures) or, when listing, the count listed
   if (listing || config.showHelp) return 0;
   const auto& r = registry();
-  for (const auto& [name, reason] : r.skipped) std::cout << "headwise-tests: skipped '" << name << "': " << reason << "\n";
+  for (const auto& [name, reason] : r.skipped)
+    std::cout << "headwise-tests: skipped '" << name << "': " << reason << "\n";
   if (failed_assertions != 0 || !r.failed.empty()) return 1;
   const bool all_skipped = !r.skipped.empty() && r.skipped.size() == r.ran.size();
   return all_skipped ? headwise::testing::kSkipExitCode : 0;

@@ -5,13 +5,15 @@
 #include <string>
 #include <vector>
 
-#include "support/test_paths.hpp"
 #include "headwise/arch/registry.hpp"
 #include "headwise/core/files.hpp"
+#include "support/test_paths.hpp"
 
 namespace headwise::testing {
 
-inline std::filesystem::path config_dir() { return std::filesystem::path(HEADWISE_SOURCE_DIR) / "tests" / "configs"; }
+inline std::filesystem::path config_dir() {
+  return std::filesystem::path(HEADWISE_SOURCE_DIR) / "tests" / "configs";
+}
 
 inline arch::ModelSpec spec_from_config(const std::string& file) {
   const auto path = config_dir() / file;

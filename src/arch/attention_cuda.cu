@@ -29,8 +29,8 @@
 // Checks use TORCH_CHECK, not HEADWISE_CHECK: fmt's consteval format strings do not compile
 // under nvcc.
 
-#include "headwise/core/window.hpp"
 #include "headwise/arch/attention_cuda.hpp"
+#include "headwise/core/window.hpp"
 
 namespace headwise::arch {
 namespace {
@@ -44,14 +44,20 @@ struct Params {
   int64_t t0, t1;                                   // query rows of this launch
   int64_t position_offset, sink_tokens;
   float scaling, softcap;
-  int num_edges;                  // finite windows, ascending
+  int num_edges;  // finite windows, ascending
   int64_t edges[kCudaMaxEdges];
-  const int64_t* kv_window;       // windowed mode: one window per KV head (kFullWindow = none)
+  const int64_t* kv_window;  // windowed mode: one window per KV head (kFullWindow = none)
 };
 
-__device__ __forceinline__ float to_float(float x) { return x; }
-__device__ __forceinline__ float to_float(__nv_bfloat16 x) { return __bfloat162float(x); }
-__device__ __forceinline__ float to_float(__half x) { return __half2float(x); }
+__device__ __forceinline__ float to_float(float x) {
+  return x;
+}
+__device__ __forceinline__ float to_float(__nv_bfloat16 x) {
+  return __bfloat162float(x);
+}
+__device__ __forceinline__ float to_float(__half x) {
+  return __half2float(x);
+}
 
 template <typename T, int kPerLane>
 struct RowState {
@@ -130,7 +136,7 @@ __global__ void __launch_bounds__(32 * kWarpsPerBlock)
   auto band = [&](int64_t lo, int64_t hi) {
     const int64_t first = t - lo;                                   // nearest key
     const int64_t far = hi == kFullWindow ? sink_end : t - hi + 1;  // kFullWindow: no bound
-    const int64_t last = far > sink_end ? far : sink_end;          // farthest key
+    const int64_t last = far > sink_end ? far : sink_end;           // farthest key
     for (int64_t key = first; key >= last; --key) st.visit(key, p.scaling, p.softcap);
   };
 
@@ -150,11 +156,13 @@ __global__ void __launch_bounds__(32 * kWarpsPerBlock)
 }
 
 template <typename T>
-void launch_typed(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, at::Tensor& out, const Params& p) {
+void launch_typed(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, at::Tensor& out,
+                  const Params& p) {
   const int64_t rows = p.batch * p.heads * (p.t1 - p.t0);
   if (rows == 0) return;  // an empty grid is a launch error
   const int64_t blocks = (rows + kWarpsPerBlock - 1) / kWarpsPerBlock;
-  TORCH_CHECK(blocks < (int64_t{1} << 31), "multi-window kernel: ", rows, " rows is too many for one launch");
+  TORCH_CHECK(blocks < (int64_t{1} << 31), "multi-window kernel: ", rows,
+              " rows is too many for one launch");
   const dim3 grid(static_cast<unsigned>(blocks)), block(32 * kWarpsPerBlock);
   auto stream = at::cuda::getCurrentCUDAStream();
   const T* qp = reinterpret_cast<const T*>(q.data_ptr());
@@ -162,15 +170,32 @@ void launch_typed(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
   const T* vp = reinterpret_cast<const T*>(v.data_ptr());
   float* op = out.data_ptr<float>();
   switch (p.head_dim / 32) {
-    case 1: multiwindow_kernel<T, 1><<<grid, block, 0, stream>>>(qp, kp, vp, op, p); break;
-    case 2: multiwindow_kernel<T, 2><<<grid, block, 0, stream>>>(qp, kp, vp, op, p); break;
-    case 3: multiwindow_kernel<T, 3><<<grid, block, 0, stream>>>(qp, kp, vp, op, p); break;
-    case 4: multiwindow_kernel<T, 4><<<grid, block, 0, stream>>>(qp, kp, vp, op, p); break;
-    case 5: multiwindow_kernel<T, 5><<<grid, block, 0, stream>>>(qp, kp, vp, op, p); break;
-    case 6: multiwindow_kernel<T, 6><<<grid, block, 0, stream>>>(qp, kp, vp, op, p); break;
-    case 7: multiwindow_kernel<T, 7><<<grid, block, 0, stream>>>(qp, kp, vp, op, p); break;
-    case 8: multiwindow_kernel<T, 8><<<grid, block, 0, stream>>>(qp, kp, vp, op, p); break;
-    default: TORCH_CHECK(false, "multi-window kernel: head_dim ", p.head_dim, " unsupported");
+    case 1:
+      multiwindow_kernel<T, 1><<<grid, block, 0, stream>>>(qp, kp, vp, op, p);
+      break;
+    case 2:
+      multiwindow_kernel<T, 2><<<grid, block, 0, stream>>>(qp, kp, vp, op, p);
+      break;
+    case 3:
+      multiwindow_kernel<T, 3><<<grid, block, 0, stream>>>(qp, kp, vp, op, p);
+      break;
+    case 4:
+      multiwindow_kernel<T, 4><<<grid, block, 0, stream>>>(qp, kp, vp, op, p);
+      break;
+    case 5:
+      multiwindow_kernel<T, 5><<<grid, block, 0, stream>>>(qp, kp, vp, op, p);
+      break;
+    case 6:
+      multiwindow_kernel<T, 6><<<grid, block, 0, stream>>>(qp, kp, vp, op, p);
+      break;
+    case 7:
+      multiwindow_kernel<T, 7><<<grid, block, 0, stream>>>(qp, kp, vp, op, p);
+      break;
+    case 8:
+      multiwindow_kernel<T, 8><<<grid, block, 0, stream>>>(qp, kp, vp, op, p);
+      break;
+    default:
+      TORCH_CHECK(false, "multi-window kernel: head_dim ", p.head_dim, " unsupported");
   }
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
@@ -198,12 +223,20 @@ at::Tensor run(const arch::AttentionInputs& in, const Params& p, int64_t levels)
   const at::Tensor q = in.q.contiguous();
   const at::Tensor k = in.k.to(type).contiguous();
   const at::Tensor v = in.v.to(type).contiguous();
-  at::Tensor out = at::empty({levels, p.batch, p.heads, p.t1 - p.t0, p.head_dim}, q.options().dtype(at::kFloat));
+  at::Tensor out =
+      at::empty({levels, p.batch, p.heads, p.t1 - p.t0, p.head_dim}, q.options().dtype(at::kFloat));
   switch (type) {
-    case at::kFloat: launch_typed<float>(q, k, v, out, p); break;
-    case at::kBFloat16: launch_typed<__nv_bfloat16>(q, k, v, out, p); break;
-    case at::kHalf: launch_typed<__half>(q, k, v, out, p); break;
-    default: TORCH_CHECK(false, "multi-window kernel: dtype ", c10::toString(type), " unsupported");
+    case at::kFloat:
+      launch_typed<float>(q, k, v, out, p);
+      break;
+    case at::kBFloat16:
+      launch_typed<__nv_bfloat16>(q, k, v, out, p);
+      break;
+    case at::kHalf:
+      launch_typed<__half>(q, k, v, out, p);
+      break;
+    default:
+      TORCH_CHECK(false, "multi-window kernel: dtype ", c10::toString(type), " unsupported");
   }
   return out;
 }
@@ -220,22 +253,28 @@ std::atomic<bool>& kernels_switch() {
 }
 }  // namespace
 
-void set_cuda_kernels_enabled(bool enabled) { kernels_switch() = enabled; }
-bool cuda_kernels_enabled() { return kernels_switch(); }
+void set_cuda_kernels_enabled(bool enabled) {
+  kernels_switch() = enabled;
+}
+bool cuda_kernels_enabled() {
+  return kernels_switch();
+}
 
 bool cuda_multiwindow_supported(const arch::AttentionInputs& in, size_t finite_edges) {
   if (!cuda_kernels_enabled()) return false;
   const auto type = in.q.scalar_type();
   const int64_t hd = in.q.size(3);
   return in.q.is_cuda() && in.k.device() == in.q.device() && in.v.device() == in.q.device() &&
-         (type == at::kFloat || type == at::kBFloat16 || type == at::kHalf) && hd % 32 == 0 && hd <= 256 &&
-         !in.sink_logits.defined() && finite_edges <= static_cast<size_t>(kCudaMaxEdges) &&
-         in.k.size(2) == in.q.size(2);
+         (type == at::kFloat || type == at::kBFloat16 || type == at::kHalf) && hd % 32 == 0 &&
+         hd <= 256 && !in.sink_logits.defined() &&
+         finite_edges <= static_cast<size_t>(kCudaMaxEdges) && in.k.size(2) == in.q.size(2);
 }
 
-at::Tensor cuda_multiwindow_levels(const arch::AttentionInputs& in, const std::vector<int64_t>& edges,
-                                   int64_t sink_tokens, int64_t t0, int64_t t1) {
-  TORCH_CHECK(cuda_multiwindow_supported(in, edges.size()), "multi-window kernel: unsupported inputs");
+at::Tensor cuda_multiwindow_levels(const arch::AttentionInputs& in,
+                                   const std::vector<int64_t>& edges, int64_t sink_tokens,
+                                   int64_t t0, int64_t t1) {
+  TORCH_CHECK(cuda_multiwindow_supported(in, edges.size()),
+              "multi-window kernel: unsupported inputs");
   Params p = make_params(in, sink_tokens, t0, t1);
   p.num_edges = static_cast<int>(edges.size());
   std::copy(edges.begin(), edges.end(), p.edges);
@@ -243,13 +282,14 @@ at::Tensor cuda_multiwindow_levels(const arch::AttentionInputs& in, const std::v
   return run(in, p, p.num_edges + 1);
 }
 
-at::Tensor cuda_windowed_attention(const arch::AttentionInputs& in, std::span<const int64_t> kv_windows,
-                                   int64_t sink_tokens) {
+at::Tensor cuda_windowed_attention(const arch::AttentionInputs& in,
+                                   std::span<const int64_t> kv_windows, int64_t sink_tokens) {
   TORCH_CHECK(cuda_multiwindow_supported(in, 0), "windowed attention kernel: unsupported inputs");
   TORCH_CHECK(static_cast<int64_t>(kv_windows.size()) == in.k.size(1), "one window per KV head");
   Params p = make_params(in, sink_tokens, 0, in.q.size(2));
   const at::Tensor windows =
-      at::tensor(std::vector<int64_t>(kv_windows.begin(), kv_windows.end()), at::kLong).to(in.q.device());
+      at::tensor(std::vector<int64_t>(kv_windows.begin(), kv_windows.end()), at::kLong)
+          .to(in.q.device());
   p.kv_window = windows.data_ptr<int64_t>();
   // [1, B, H, T, hd] fp32 → [B, T, H, hd] in q's dtype. `windows` lives until the copy below
   // is enqueued on the same stream, after the kernel.

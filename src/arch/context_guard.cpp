@@ -16,8 +16,10 @@ std::string describe_rope_object(const nlohmann::json& object) {
   const std::string type = object.value("rope_type", object.value("type", std::string("default")));
   if (type == "default") return "";
   std::string out = type;
-  if (object.contains("factor") && object["factor"].is_number()) out += fmt::format(" x{:g}", object["factor"].get<double>());
-  if (object.contains("original_max_position_embeddings") && object["original_max_position_embeddings"].is_number_integer()) {
+  if (object.contains("factor") && object["factor"].is_number())
+    out += fmt::format(" x{:g}", object["factor"].get<double>());
+  if (object.contains("original_max_position_embeddings") &&
+      object["original_max_position_embeddings"].is_number_integer()) {
     out += fmt::format(" (from {})", object["original_max_position_embeddings"].get<int64_t>());
   }
   return out;
@@ -54,20 +56,24 @@ ContextLimit context_limit(const ModelSpec& spec) {
   return limit;
 }
 
-std::optional<std::string> check_context(const ModelSpec& spec, int64_t context, std::string_view flag,
-                                         std::string_view where) {
+std::optional<std::string> check_context(const ModelSpec& spec, int64_t context,
+                                         std::string_view flag, std::string_view where) {
   if (context <= 0) throw_input_error("{} must be positive, got {}", flag, context);
   if (context > kMaxRepresentablePosition) {
-    throw_input_error("{} {} is beyond {} tokens: rotary angles are computed from fp32 positions, which stop being "
-                      "exact integers there, so positions that far cannot be represented",
-                      flag, context, kMaxRepresentablePosition);
+    throw_input_error(
+        "{} {} is beyond {} tokens: rotary angles are computed from fp32 positions, which stop "
+        "being "
+        "exact integers there, so positions that far cannot be represented",
+        flag, context, kMaxRepresentablePosition);
   }
   const ContextLimit limit = context_limit(spec);
-  if (limit.max_position_embeddings == 0 || context <= limit.max_position_embeddings) return std::nullopt;
-  return fmt::format("{} {} exceeds {} max_position_embeddings {} (RoPE: {}): positions beyond it were never "
-                     "trained; serve at most that, or use a config whose max_position_embeddings (and RoPE "
-                     "scaling) cover the context",
-                     flag, context, where, limit.max_position_embeddings, limit.rope);
+  if (limit.max_position_embeddings == 0 || context <= limit.max_position_embeddings)
+    return std::nullopt;
+  return fmt::format(
+      "{} {} exceeds {} max_position_embeddings {} (RoPE: {}): positions beyond it were never "
+      "trained; serve at most that, or use a config whose max_position_embeddings (and RoPE "
+      "scaling) cover the context",
+      flag, context, where, limit.max_position_embeddings, limit.rope);
 }
 
 }  // namespace headwise::arch

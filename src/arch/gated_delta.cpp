@@ -10,7 +10,8 @@ namespace headwise::arch {
 namespace {
 
 // Depthwise conv1d, as HF's F.conv1d(..., groups=channels) (bias optional).
-at::Tensor depthwise_conv(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias, int64_t padding) {
+at::Tensor depthwise_conv(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias,
+                          int64_t padding) {
   const std::vector<int64_t> stride{1}, pad{padding}, dilation{1};
   return at::conv1d(x, weight, bias, stride, pad, dilation, x.size(1));
 }
@@ -33,9 +34,9 @@ void store_layer_state(LayerState& state, const char* name, const at::Tensor& va
   }
 }
 
-
 // The caller's initial state, checked against the shape the spec declares (batch first).
-at::Tensor find_layer_state(const LayerState* state, const char* name, std::vector<int64_t> expected) {
+at::Tensor find_layer_state(const LayerState* state, const char* name,
+                            std::vector<int64_t> expected) {
   if (state == nullptr) return {};
   const auto it = state->find(name);
   if (it == state->end() || !it->second.defined()) return {};
@@ -45,7 +46,6 @@ at::Tensor find_layer_state(const LayerState* state, const char* name, std::vect
   }
   return it->second;
 }
-
 
 at::Tensor l2norm(const at::Tensor& x, double eps) {
   return x * at::rsqrt((x * x).sum(-1, /*keepdim=*/true) + eps);

@@ -46,7 +46,8 @@ std::vector<LayerKind> read_layer_kinds(const ConfigReader& r, int64_t num_layer
   const int64_t pattern = r.get_positive_int("sliding_window_pattern", 6);
   std::vector<LayerKind> kinds;
   for (int64_t i = 0; i < num_layers; ++i) {
-    kinds.push_back((i + 1) % pattern != 0 ? LayerKind::kSlidingAttention : LayerKind::kFullAttention);
+    kinds.push_back((i + 1) % pattern != 0 ? LayerKind::kSlidingAttention
+                                           : LayerKind::kFullAttention);
   }
   return kinds;
 }
@@ -62,8 +63,10 @@ void read_gemma3_rope(const ConfigReader& r, Gemma3Config& c) {
   if (r.has("rope_parameters")) {
     const auto& params = r.get("rope_parameters");
     if (!params.is_object()) r.fail("rope_parameters", "must be an object");
-    if (params.contains("full_attention") && !params["full_attention"].is_null()) global = params["full_attention"];
-    if (params.contains("sliding_attention") && !params["sliding_attention"].is_null()) local = params["sliding_attention"];
+    if (params.contains("full_attention") && !params["full_attention"].is_null())
+      global = params["full_attention"];
+    if (params.contains("sliding_attention") && !params["sliding_attention"].is_null())
+      local = params["sliding_attention"];
   }
   if (r.has("rope_scaling")) {
     const auto& scaling = r.get("rope_scaling");
@@ -94,7 +97,8 @@ Gemma3Config read_gemma3_config(const ConfigReader& r) {
   }
   // Both change the forward (biases; a bidirectional window of W/2 + 1); no released Gemma 3
   // text model sets them, so refuse rather than compute something else.
-  if (r.get_bool("attention_bias", false)) throw_unsupported("{}: field 'attention_bias' = true is not supported", r.where());
+  if (r.get_bool("attention_bias", false))
+    throw_unsupported("{}: field 'attention_bias' = true is not supported", r.where());
   if (r.get_bool("use_bidirectional_attention", false)) {
     throw_unsupported("{}: field 'use_bidirectional_attention' = true is not supported", r.where());
   }
@@ -109,7 +113,8 @@ ModelSpec build_gemma3_spec(const ConfigReader& r) {
 
 class Gemma3Model final : public DecoderModel {
  public:
-  Gemma3Model(ModelSpec spec, std::shared_ptr<const io::Checkpoint> checkpoint, const ModelOptions& options)
+  Gemma3Model(ModelSpec spec, std::shared_ptr<const io::Checkpoint> checkpoint,
+              const ModelOptions& options)
       : DecoderModel(std::move(spec), std::move(checkpoint), options),
         config_(read_gemma3_config(text_config_reader())),
         prefix_(find_prefix()),
@@ -119,26 +124,34 @@ class Gemma3Model final : public DecoderModel {
   at::Tensor embed(const at::Tensor& input_ids) override {
     const at::Tensor& table = weight(-1, prefix_ + "embed_tokens.weight");
     // HF multiplies by sqrt(H) cast to the weight dtype: bf16 rounds it (sqrt(3072) -> 55.5).
-    const at::Tensor scale = at::scalar_tensor(std::sqrt(static_cast<double>(config_.hidden_size)),
-                                               at::TensorOptions().dtype(at::kFloat).device(device()))
-                                 .to(table.scalar_type());
+    const at::Tensor scale =
+        at::scalar_tensor(std::sqrt(static_cast<double>(config_.hidden_size)),
+                          at::TensorOptions().dtype(at::kFloat).device(device()))
+            .to(table.scalar_type());
     return at::embedding(table, input_ids.to(device(), at::kLong)) * scale;
   }
 
   at::Tensor run_layer(int64_t layer, const at::Tensor& hidden, const LayerRun& run) override {
     const double eps = config_.rms_norm_eps;
-    at::Tensor attn = attention(layer, rms_norm(hidden, w(layer, "input_layernorm.weight"), eps, NormStyle::kOnePlusWeight), run);
+    at::Tensor attn = attention(
+        layer, rms_norm(hidden, w(layer, "input_layernorm.weight"), eps, NormStyle::kOnePlusWeight),
+        run);
     // Gemma 3 normalises each sub-block's output before the residual add.
-    at::Tensor h = hidden + rms_norm(attn, w(layer, "post_attention_layernorm.weight"), eps, NormStyle::kOnePlusWeight);
-    const at::Tensor x = rms_norm(h, w(layer, "pre_feedforward_layernorm.weight"), eps, NormStyle::kOnePlusWeight);
-    const at::Tensor m = gated_mlp(x, w(layer, "mlp.gate_proj.weight"), w(layer, "mlp.up_proj.weight"),
-                                   w(layer, "mlp.down_proj.weight"), /*gelu=*/true);
-    return h + rms_norm(m, w(layer, "post_feedforward_layernorm.weight"), eps, NormStyle::kOnePlusWeight);
+    at::Tensor h = hidden + rms_norm(attn, w(layer, "post_attention_layernorm.weight"), eps,
+                                     NormStyle::kOnePlusWeight);
+    const at::Tensor x =
+        rms_norm(h, w(layer, "pre_feedforward_layernorm.weight"), eps, NormStyle::kOnePlusWeight);
+    const at::Tensor m =
+        gated_mlp(x, w(layer, "mlp.gate_proj.weight"), w(layer, "mlp.up_proj.weight"),
+                  w(layer, "mlp.down_proj.weight"), /*gelu=*/true);
+    return h + rms_norm(m, w(layer, "post_feedforward_layernorm.weight"), eps,
+                        NormStyle::kOnePlusWeight);
   }
 
   at::Tensor logits(const at::Tensor& hidden) override {
     const int64_t top = spec().num_layers();
-    const at::Tensor h = rms_norm(hidden, weight(top, prefix_ + "norm.weight"), config_.rms_norm_eps, NormStyle::kOnePlusWeight);
+    const at::Tensor h = rms_norm(hidden, weight(top, prefix_ + "norm.weight"),
+                                  config_.rms_norm_eps, NormStyle::kOnePlusWeight);
     at::Tensor out = arch::linear(h, head_weight());
     // Soft-capping runs in the activation dtype, as HF does before the caller's .float().
     const double c = config_.final_logit_softcap;
@@ -201,15 +214,15 @@ class Gemma3Model final : public DecoderModel {
     auto heads = [&](const char* proj, int64_t n) {
       return arch::linear(x, w(layer, proj)).view({batch, steps, n, hd}).transpose(1, 2);
     };
-    at::Tensor q = rms_norm(heads("self_attn.q_proj.weight", config_.num_heads), w(layer, "self_attn.q_norm.weight"), eps,
-                            NormStyle::kOnePlusWeight);
-    at::Tensor k = rms_norm(heads("self_attn.k_proj.weight", config_.num_kv_heads), w(layer, "self_attn.k_norm.weight"),
-                            eps, NormStyle::kOnePlusWeight);
+    at::Tensor q = rms_norm(heads("self_attn.q_proj.weight", config_.num_heads),
+                            w(layer, "self_attn.q_norm.weight"), eps, NormStyle::kOnePlusWeight);
+    at::Tensor k = rms_norm(heads("self_attn.k_proj.weight", config_.num_kv_heads),
+                            w(layer, "self_attn.k_norm.weight"), eps, NormStyle::kOnePlusWeight);
     // Sliding layers use the local base frequency without scaling; global ones rope_theta
     // with rope_scaling.
-    const RotaryTable table =
-        rotary_table(sliding ? local_inv_freq_ : global_inv_freq_, run.position_offset, steps,
-                     rope_attention_factor(sliding ? config_.local_rope : config_.global_rope), q.scalar_type());
+    const RotaryTable table = rotary_table(
+        sliding ? local_inv_freq_ : global_inv_freq_, run.position_offset, steps,
+        rope_attention_factor(sliding ? config_.local_rope : config_.global_rope), q.scalar_type());
     return attend_and_project(
         {.layer_id = layer,
          .q = apply_rotary(q, table),

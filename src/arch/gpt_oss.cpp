@@ -188,8 +188,8 @@ class GptOssModel final : public DecoderModel {
       const at::Tensor& slot = where[0];
       const at::Tensor& token = where[1];
       // A few tokens per expert: small products, pinned to one MKL thread (reproducible_math.hpp).
-      const SmallGemmOnOneThread pinned(token.size(0), std::min(gate_up_proj[e].size(-1), down_proj[e].size(-1)),
-                                        flat.is_cpu());
+      const SmallGemmOnOneThread pinned(
+          token.size(0), std::min(gate_up_proj[e].size(-1), down_proj[e].size(-1)), flat.is_cpu());
       const at::Tensor gate_up =
           at::matmul(flat.index_select(0, token), gate_up_proj[e]) + gate_up_bias[e];
       const at::Tensor gate = gate_up.slice(-1, 0, c10::nullopt, 2).clamp_max(limit);

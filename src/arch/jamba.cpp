@@ -227,7 +227,8 @@ class JambaModel final : public DecoderModel {
     const at::Tensor& dt_proj = layer_tensor(layer, "mamba.dt_proj.weight");
     at::Tensor dt;
     {
-      const SmallGemmOnOneThread pinned(dt_proj.size(0), time_step.size(1), time_step.is_cpu());  // per sequence
+      const SmallGemmOnOneThread pinned(dt_proj.size(0), time_step.size(1),
+                                        time_step.is_cpu());  // per sequence
       dt = at::matmul(dt_proj, time_step.transpose(1, 2));
     }
     dt = at::softplus(dt + layer_tensor(layer, "mamba.dt_proj.bias")

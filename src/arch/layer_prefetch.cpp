@@ -53,7 +53,8 @@ struct LayerPrefetcher::Job {
 #endif
 };
 
-LayerPrefetcher::LayerPrefetcher(std::shared_ptr<const io::Checkpoint> checkpoint, at::Device device)
+LayerPrefetcher::LayerPrefetcher(std::shared_ptr<const io::Checkpoint> checkpoint,
+                                 at::Device device)
     : checkpoint_(std::move(checkpoint)), device_(device) {}
 
 LayerPrefetcher::~LayerPrefetcher() {
@@ -89,7 +90,8 @@ void LayerPrefetcher::start(int64_t layer, std::vector<PrefetchTensor> tensors) 
     }
 #ifdef HEADWISE_WITH_CUDA
     const c10::cuda::CUDAGuard guard(device);
-    const c10::cuda::CUDAStream side = c10::cuda::getStreamFromPool(/*isHighPriority=*/false, device.index());
+    const c10::cuda::CUDAStream side =
+        c10::cuda::getStreamFromPool(/*isHighPriority=*/false, device.index());
     const c10::cuda::CUDAStreamGuard stream_guard(side);
     for (const auto& t : tensors) {
       const at::Tensor view = checkpoint_tensor(checkpoint, t.name);
@@ -97,7 +99,8 @@ void LayerPrefetcher::start(int64_t layer, std::vector<PrefetchTensor> tensors) 
       pinned.copy_(view);
       // The host allocator keeps `pinned` alive until this asynchronous copy has run.
       at::Tensor on_device = pinned.to(device, /*non_blocking=*/true);
-      loaded.emplace(t.name, on_device.scalar_type() == t.target ? on_device : on_device.to(t.target));
+      loaded.emplace(t.name,
+                     on_device.scalar_type() == t.target ? on_device : on_device.to(t.target));
     }
     ready->record(side);
 #endif
@@ -106,7 +109,9 @@ void LayerPrefetcher::start(int64_t layer, std::vector<PrefetchTensor> tensors) 
   job_ = std::move(job);
 }
 
-bool LayerPrefetcher::pending(int64_t layer) const { return job_ && job_->layer == layer; }
+bool LayerPrefetcher::pending(int64_t layer) const {
+  return job_ && job_->layer == layer;
+}
 
 std::map<std::string, at::Tensor> LayerPrefetcher::take(int64_t layer) {
   if (!pending(layer)) return {};
@@ -127,7 +132,7 @@ std::map<std::string, at::Tensor> LayerPrefetcher::take(int64_t layer) {
 void drop_mapped_pages(std::span<const std::byte> bytes) {
   const auto begin = reinterpret_cast<uintptr_t>(bytes.data());
   const uintptr_t page = page_size();
-  const uintptr_t first = (begin + page - 1) & ~(page - 1);  // whole pages only: neighbours may
+  const uintptr_t first = (begin + page - 1) & ~(page - 1);     // whole pages only: neighbours may
   const uintptr_t last = (begin + bytes.size()) & ~(page - 1);  // belong to other layers
   if (last > first) ::madvise(reinterpret_cast<void*>(first), last - first, MADV_DONTNEED);
 }

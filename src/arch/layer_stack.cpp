@@ -35,11 +35,13 @@ ModelSpec stack_layers(int64_t num_layers, const std::function<LayerKind(int64_t
 
 ModelSpec stack_layers(const std::vector<LayerKind>& kinds, const LayerContents& contents) {
   return stack_layers(
-      static_cast<int64_t>(kinds.size()), [&](int64_t i) { return kinds[static_cast<size_t>(i)]; }, contents);
+      static_cast<int64_t>(kinds.size()), [&](int64_t i) { return kinds[static_cast<size_t>(i)]; },
+      contents);
 }
 
 ModelSpec attention_stack_spec(const AttentionStack& stack) {
-  ModelSpec spec = stack_layers(stack.kinds, {.attention = stack.attention, .sliding_window = stack.sliding_window});
+  ModelSpec spec = stack_layers(
+      stack.kinds, {.attention = stack.attention, .sliding_window = stack.sliding_window});
   spec.hidden_size = stack.hidden_size;
   spec.vocab_size = stack.vocab_size;
   return spec;
@@ -49,16 +51,19 @@ std::vector<LayerKind> read_attention_layer_kinds(const ConfigReader& config, in
                                                   std::string_view family) {
   std::vector<LayerKind> kinds;
   for (const auto& name : config.get_string_list("layer_types")) {
-    const LayerKind kind = parse_layer_kind(name, fmt::format("{}: field 'layer_types'", config.where()));
+    const LayerKind kind =
+        parse_layer_kind(name, fmt::format("{}: field 'layer_types'", config.where()));
     if (kind != LayerKind::kFullAttention && kind != LayerKind::kSlidingAttention) {
-      config.fail("layer_types",
-                  fmt::format("has '{}'; {} layers are full_attention or sliding_attention", name, family));
+      config.fail(
+          "layer_types",
+          fmt::format("has '{}'; {} layers are full_attention or sliding_attention", name, family));
     }
     kinds.push_back(kind);
   }
   // Checked after the entries, so an unknown entry is named even in a list of the wrong length.
   if (static_cast<int64_t>(kinds.size()) != num_layers) {
-    config.fail("layer_types", fmt::format("has {} entries for num_hidden_layers = {}", kinds.size(), num_layers));
+    config.fail("layer_types",
+                fmt::format("has {} entries for num_hidden_layers = {}", kinds.size(), num_layers));
   }
   return kinds;
 }

@@ -41,7 +41,8 @@ std::vector<LayerKind> read_qwen3_kinds(const ConfigReader& r, int64_t num_layer
   std::vector<LayerKind> kinds;
   const int64_t max_window_layers = r.get_int("max_window_layers", 28);
   for (int64_t i = 0; i < num_layers; ++i) {
-    kinds.push_back(window > 0 && i >= max_window_layers ? LayerKind::kSlidingAttention : LayerKind::kFullAttention);
+    kinds.push_back(window > 0 && i >= max_window_layers ? LayerKind::kSlidingAttention
+                                                         : LayerKind::kFullAttention);
   }
   return kinds;
 }
@@ -61,10 +62,13 @@ DenseConfig read_dense_config(const ConfigReader& r) {
   c.attention_bias = r.get_bool("attention_bias", false);
   c.mlp_bias = !c.qwen3 && r.get_bool("mlp_bias", false);  // Qwen3MLP has no biases
   if (r.get_string("hidden_act", "silu") != "silu") r.fail("hidden_act", "must be silu");
-  if (r.get_int("pretraining_tp", 1) != 1) throw_unsupported("{}: field 'pretraining_tp' != 1 is not supported", r.where());
-  if (c.qwen3 && r.get_bool("use_sliding_window", false)) c.sliding_window = r.get_positive_int("sliding_window", 4096);
+  if (r.get_int("pretraining_tp", 1) != 1)
+    throw_unsupported("{}: field 'pretraining_tp' != 1 is not supported", r.where());
+  if (c.qwen3 && r.get_bool("use_sliding_window", false))
+    c.sliding_window = r.get_positive_int("sliding_window", 4096);
   c.kinds = c.qwen3 ? read_qwen3_kinds(r, c.num_layers, c.sliding_window)
-                    : std::vector<LayerKind>(static_cast<size_t>(c.num_layers), LayerKind::kFullAttention);
+                    : std::vector<LayerKind>(static_cast<size_t>(c.num_layers),
+                                             LayerKind::kFullAttention);
   c.rope = read_single_rope_parameters(r, 10000.0);
   return c;
 }
@@ -75,7 +79,8 @@ ModelSpec build_dense_spec(const ConfigReader& r) {
 
 class DenseModel final : public DecoderModel {
  public:
-  DenseModel(ModelSpec spec, std::shared_ptr<const io::Checkpoint> checkpoint, const ModelOptions& options)
+  DenseModel(ModelSpec spec, std::shared_ptr<const io::Checkpoint> checkpoint,
+             const ModelOptions& options)
       : DecoderModel(std::move(spec), std::move(checkpoint), options),
         config_(read_dense_config(text_config_reader())),
         inv_freq_(rope_inv_freq(config_.rope, config_.head_dim, device())) {}
@@ -85,8 +90,12 @@ class DenseModel final : public DecoderModel {
   at::Tensor run_layer(int64_t layer, const at::Tensor& hidden, const LayerRun& run) override {
     const double eps = config_.rms_norm_eps;
     const at::Tensor h =
-        hidden + attention(layer, rms_norm(hidden, layer_tensor(layer, "input_layernorm.weight"), eps, NormStyle::kScaleAfterCast), run);
-    const at::Tensor x = rms_norm(h, layer_tensor(layer, "post_attention_layernorm.weight"), eps, NormStyle::kScaleAfterCast);
+        hidden + attention(layer,
+                           rms_norm(hidden, layer_tensor(layer, "input_layernorm.weight"), eps,
+                                    NormStyle::kScaleAfterCast),
+                           run);
+    const at::Tensor x = rms_norm(h, layer_tensor(layer, "post_attention_layernorm.weight"), eps,
+                                  NormStyle::kScaleAfterCast);
     const at::Tensor gate = layer_linear(layer, "mlp.gate_proj", x, config_.mlp_bias);
     const at::Tensor up = layer_linear(layer, "mlp.up_proj", x, config_.mlp_bias);
     return h + layer_linear(layer, "mlp.down_proj", arch::silu(gate) * up, config_.mlp_bias);
@@ -119,14 +128,19 @@ class DenseModel final : public DecoderModel {
   at::Tensor attention(int64_t layer, const at::Tensor& x, const LayerRun& run) {
     const int64_t batch = x.size(0), steps = x.size(1), hd = config_.head_dim;
     const bool bias = config_.attention_bias;
-    auto heads = [&](const char* name, int64_t n) { return layer_linear(layer, name, x, bias).view({batch, steps, n, hd}); };
+    auto heads = [&](const char* name, int64_t n) {
+      return layer_linear(layer, name, x, bias).view({batch, steps, n, hd});
+    };
     at::Tensor q = heads("self_attn.q_proj", config_.num_heads);
     at::Tensor k = heads("self_attn.k_proj", config_.num_kv_heads);
     if (config_.qwen3) {
-      q = rms_norm(q, layer_tensor(layer, "self_attn.q_norm.weight"), config_.rms_norm_eps, NormStyle::kScaleAfterCast);
-      k = rms_norm(k, layer_tensor(layer, "self_attn.k_norm.weight"), config_.rms_norm_eps, NormStyle::kScaleAfterCast);
+      q = rms_norm(q, layer_tensor(layer, "self_attn.q_norm.weight"), config_.rms_norm_eps,
+                   NormStyle::kScaleAfterCast);
+      k = rms_norm(k, layer_tensor(layer, "self_attn.k_norm.weight"), config_.rms_norm_eps,
+                   NormStyle::kScaleAfterCast);
     }
-    const RotaryTable table = rotary_table(inv_freq_, run.position_offset, steps, rope_attention_factor(config_.rope), q.scalar_type());
+    const RotaryTable table = rotary_table(inv_freq_, run.position_offset, steps,
+                                           rope_attention_factor(config_.rope), q.scalar_type());
     const bool sliding = config_.kinds[static_cast<size_t>(layer)] == LayerKind::kSlidingAttention;
     return attend_and_project(
         {.layer_id = layer,

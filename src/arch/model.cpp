@@ -9,50 +9,74 @@
 
 namespace headwise::arch {
 
-std::string shape_string(at::IntArrayRef shape) { return fmt::format("[{}]", fmt::join(shape, ", ")); }
+std::string shape_string(at::IntArrayRef shape) {
+  return fmt::format("[{}]", fmt::join(shape, ", "));
+}
 
 at::ScalarType to_scalar_type(DType dtype) {
   switch (dtype) {
-    case DType::kFloat32: return at::kFloat;
-    case DType::kBFloat16: return at::kBFloat16;
-    case DType::kFloat16: return at::kHalf;
-    case DType::kFloat8E4M3: return at::kFloat8_e4m3fn;
-    case DType::kFloat8E5M2: return at::kFloat8_e5m2;
-    case DType::kFloat64: return at::kDouble;
-    case DType::kInt64: return at::kLong;
-    case DType::kInt32: return at::kInt;
-    case DType::kInt16: return at::kShort;
-    case DType::kInt8: return at::kChar;
-    case DType::kUInt8: return at::kByte;
-    case DType::kBool: return at::kBool;
+    case DType::kFloat32:
+      return at::kFloat;
+    case DType::kBFloat16:
+      return at::kBFloat16;
+    case DType::kFloat16:
+      return at::kHalf;
+    case DType::kFloat8E4M3:
+      return at::kFloat8_e4m3fn;
+    case DType::kFloat8E5M2:
+      return at::kFloat8_e5m2;
+    case DType::kFloat64:
+      return at::kDouble;
+    case DType::kInt64:
+      return at::kLong;
+    case DType::kInt32:
+      return at::kInt;
+    case DType::kInt16:
+      return at::kShort;
+    case DType::kInt8:
+      return at::kChar;
+    case DType::kUInt8:
+      return at::kByte;
+    case DType::kBool:
+      return at::kBool;
   }
   HEADWISE_CHECK(false, "unmapped dtype");
 }
 
 DType from_scalar_type(at::ScalarType type) {
   switch (type) {
-    case at::kFloat: return DType::kFloat32;
-    case at::kBFloat16: return DType::kBFloat16;
-    case at::kHalf: return DType::kFloat16;
-    case at::kDouble: return DType::kFloat64;
-    case at::kLong: return DType::kInt64;
-    case at::kInt: return DType::kInt32;
-    default: HEADWISE_CHECK(false, "unmapped scalar type {}", c10::toString(type));
+    case at::kFloat:
+      return DType::kFloat32;
+    case at::kBFloat16:
+      return DType::kBFloat16;
+    case at::kHalf:
+      return DType::kFloat16;
+    case at::kDouble:
+      return DType::kFloat64;
+    case at::kLong:
+      return DType::kInt64;
+    case at::kInt:
+      return DType::kInt32;
+    default:
+      HEADWISE_CHECK(false, "unmapped scalar type {}", c10::toString(type));
   }
 }
 
-at::Tensor checkpoint_tensor(const std::shared_ptr<const io::Checkpoint>& checkpoint, const std::string& name) {
+at::Tensor checkpoint_tensor(const std::shared_ptr<const io::Checkpoint>& checkpoint,
+                             const std::string& name) {
   const auto& info = checkpoint->info(name);
   auto bytes = checkpoint->bytes(name);
   // The deleter holds the checkpoint, so the mapping outlives every view of it.
   auto keep_alive = checkpoint;
-  return at::from_blob(bytes.data(), info.shape, [keep_alive](void*) {},
-                       at::TensorOptions().dtype(to_scalar_type(info.dtype)).device(at::kCPU));
+  return at::from_blob(
+      bytes.data(), info.shape, [keep_alive](void*) {},
+      at::TensorOptions().dtype(to_scalar_type(info.dtype)).device(at::kCPU));
 }
 
 namespace {
 
-at::ScalarType compute_dtype_for(const ModelSpec& spec, const ModelOptions& options, const at::Device& device) {
+at::ScalarType compute_dtype_for(const ModelSpec& spec, const ModelOptions& options,
+                                 const at::Device& device) {
   if (options.compute_dtype) return to_scalar_type(*options.compute_dtype);
   // fp32 on CPU: bf16 matmuls there are slow and the numerics of references are fp32.
   return device.is_cpu() ? at::kFloat : to_scalar_type(spec.dtype);
@@ -61,7 +85,8 @@ at::ScalarType compute_dtype_for(const ModelSpec& spec, const ModelOptions& opti
 at::Device parse_device(const std::string& text) {
   try {
     at::Device device(text);
-    if (device.is_cuda() && !at::hasCUDA()) throw_field_error("device", " {}: no CUDA device available here", text);
+    if (device.is_cuda() && !at::hasCUDA())
+      throw_field_error("device", " {}: no CUDA device available here", text);
     return device;
   } catch (const c10::Error&) {
     throw_field_error("device", ": cannot parse '{}' (use cpu, cuda or cuda:N)", text);
@@ -70,7 +95,8 @@ at::Device parse_device(const std::string& text) {
 
 }  // namespace
 
-DecoderModel::DecoderModel(ModelSpec spec, std::shared_ptr<const io::Checkpoint> checkpoint, const ModelOptions& options)
+DecoderModel::DecoderModel(ModelSpec spec, std::shared_ptr<const io::Checkpoint> checkpoint,
+                           const ModelOptions& options)
     : spec_(std::move(spec)),
       checkpoint_(std::move(checkpoint)),
       options_(options),
@@ -112,34 +138,39 @@ void DecoderModel::validate_weights() const {
   for (const auto& req : required_weights()) {
     if (!checkpoint_->contains(req.name)) {
       if (req.optional) continue;
-      throw_input_error("{}: tensor '{}' is missing (needed by {} layer {})", checkpoint_->dir().string(), req.name,
-                        spec_.model_type, req.layer);
+      throw_input_error("{}: tensor '{}' is missing (needed by {} layer {})",
+                        checkpoint_->dir().string(), req.name, spec_.model_type, req.layer);
     }
     const auto& info = checkpoint_->info(req.name);
     if (info.shape != req.shape) {
-      throw_input_error("{}: tensor '{}' has shape [{}], expected [{}]", checkpoint_->file_of(req.name).path().string(),
-                        req.name, fmt::join(info.shape, ", "), fmt::join(req.shape, ", "));
+      throw_input_error("{}: tensor '{}' has shape [{}], expected [{}]",
+                        checkpoint_->file_of(req.name).path().string(), req.name,
+                        fmt::join(info.shape, ", "), fmt::join(req.shape, ", "));
     }
     switch (info.dtype) {
       case DType::kFloat32:
       case DType::kBFloat16:
-      case DType::kFloat16: break;
+      case DType::kFloat16:
+        break;
       default:
-        throw_input_error("{}: tensor '{}' has dtype {}; headwise reads float32, bfloat16 and float16 weights",
-                          checkpoint_->file_of(req.name).path().string(), req.name, dtype_name(info.dtype));
+        throw_input_error(
+            "{}: tensor '{}' has dtype {}; headwise reads float32, bfloat16 and float16 weights",
+            checkpoint_->file_of(req.name).path().string(), req.name, dtype_name(info.dtype));
     }
   }
 }
 
-bool DecoderModel::has_weight(const std::string& name) const { return checkpoint_->contains(name); }
+bool DecoderModel::has_weight(const std::string& name) const {
+  return checkpoint_->contains(name);
+}
 
-const at::Tensor& DecoderModel::layer_tensor(int64_t layer, std::string_view name, std::string_view prefix,
-                                             bool keep_fp32) {
+const at::Tensor& DecoderModel::layer_tensor(int64_t layer, std::string_view name,
+                                             std::string_view prefix, bool keep_fp32) {
   return weight(layer, fmt::format("{}layers.{}.{}", prefix, layer, name), keep_fp32);
 }
 
-at::Tensor DecoderModel::layer_linear(int64_t layer, std::string_view name, const at::Tensor& x, bool bias,
-                                      std::string_view prefix) {
+at::Tensor DecoderModel::layer_linear(int64_t layer, std::string_view name, const at::Tensor& x,
+                                      bool bias, std::string_view prefix) {
   const at::Tensor& weight_t = layer_tensor(layer, fmt::format("{}.weight", name), prefix);
   return bias ? arch::linear(x, weight_t, layer_tensor(layer, fmt::format("{}.bias", name), prefix))
               : arch::linear(x, weight_t);
@@ -149,16 +180,20 @@ at::Tensor DecoderModel::embed_tokens(const at::Tensor& input_ids, const std::st
   return at::embedding(weight(-1, name), input_ids.to(device(), at::kLong));
 }
 
-at::Tensor DecoderModel::norm_and_head(const at::Tensor& hidden, const std::string& norm, double eps, NormStyle style,
-                                       bool tied, const std::string& embedding) {
+at::Tensor DecoderModel::norm_and_head(const at::Tensor& hidden, const std::string& norm,
+                                       double eps, NormStyle style, bool tied,
+                                       const std::string& embedding) {
   const int64_t top = spec().num_layers();
   const at::Tensor h = rms_norm(hidden, weight(top, norm), eps, style);
-  return arch::linear(h, tied ? weight(-1, embedding) : weight(top, "lm_head.weight")).to(at::kFloat);
+  return arch::linear(h, tied ? weight(-1, embedding) : weight(top, "lm_head.weight"))
+      .to(at::kFloat);
 }
 
-at::Tensor DecoderModel::attend_and_project(AttentionInputs in, const LayerRun& run, std::string_view o_proj,
-                                            bool o_bias, std::string_view prefix) {
-  const int64_t batch = in.q.size(0), heads = in.q.size(1), steps = in.q.size(2), head_dim = in.q.size(3);
+at::Tensor DecoderModel::attend_and_project(AttentionInputs in, const LayerRun& run,
+                                            std::string_view o_proj, bool o_bias,
+                                            std::string_view prefix) {
+  const int64_t batch = in.q.size(0), heads = in.q.size(1), steps = in.q.size(2),
+                head_dim = in.q.size(3);
   in.q = in.q.contiguous();  // cores may view heads as KV groups
   in.k = in.k.contiguous();
   in.v = in.v.contiguous();
@@ -177,7 +212,8 @@ const at::Tensor& DecoderModel::weight(int64_t layer, const std::string& name, b
     slot.erase(it);
   }
   if (prefetcher_ && prefetcher_->pending(layer)) {
-    for (auto& [prefetched, tensor] : prefetcher_->take(layer)) slot.try_emplace(prefetched, std::move(tensor));
+    for (auto& [prefetched, tensor] : prefetcher_->take(layer))
+      slot.try_emplace(prefetched, std::move(tensor));
     if (auto it = slot.find(name); it != slot.end()) {
       // Prefetched at the dtype required_weights() named; a caller asking otherwise still wins.
       const at::ScalarType wanted = keep_fp32 ? at::kFloat : dtype_;
@@ -208,7 +244,8 @@ void DecoderModel::prefetch_layer(int64_t layer) {
   if (layer < 0 || layer >= spec_.num_layers() || resident_.count(layer) != 0) return;
   if (!prefetcher_) prefetcher_ = std::make_unique<LayerPrefetcher>(checkpoint_, device_);
   std::vector<PrefetchTensor> tensors;
-  for (const auto& req : weights_of(layer)) tensors.push_back({req.name, req.keep_fp32 ? at::kFloat : dtype_});
+  for (const auto& req : weights_of(layer))
+    tensors.push_back({req.name, req.keep_fp32 ? at::kFloat : dtype_});
   prefetcher_->start(layer, std::move(tensors));
 }
 
@@ -222,7 +259,9 @@ void DecoderModel::release_layer(int64_t layer) {
   for (const auto& req : weights_of(layer)) drop_mapped_pages(checkpoint_->bytes(req.name));
 }
 
-void DecoderModel::release_all() { resident_.clear(); }
+void DecoderModel::release_all() {
+  resident_.clear();
+}
 
 int64_t DecoderModel::resident_weight_bytes() const {
   int64_t total = 0;

@@ -38,9 +38,12 @@ LayerKind parse_layer_kind(std::string_view name, std::string_view what) {
 
 std::string_view state_class_name(StateClass c) {
   switch (c) {
-    case StateClass::kLinearState: return "linear_state";
-    case StateClass::kSsmState: return "ssm_state";
-    case StateClass::kOtherState: return "other_state";
+    case StateClass::kLinearState:
+      return "linear_state";
+    case StateClass::kSsmState:
+      return "ssm_state";
+    case StateClass::kOtherState:
+      return "other_state";
   }
   HEADWISE_CHECK(false, "unknown state class");
 }
@@ -83,7 +86,8 @@ const nlohmann::json& ConfigReader::get(std::string_view key) const {
 
 int64_t ConfigReader::get_int(std::string_view key) const {
   const auto& value = get(key);
-  if (value.is_number_unsigned() && value.get<uint64_t>() > static_cast<uint64_t>(INT64_MAX)) fail(key, "is out of range");
+  if (value.is_number_unsigned() && value.get<uint64_t>() > static_cast<uint64_t>(INT64_MAX))
+    fail(key, "is out of range");
   if (value.is_number_integer()) return value.get<int64_t>();
   if (value.is_number_float()) {
     // Range first: casting a double outside int64 is undefined behaviour (fuzz_config_spec
@@ -143,7 +147,8 @@ std::vector<int64_t> ConfigReader::get_int_list(std::string_view key) const {
   std::vector<int64_t> out;
   for (const auto& item : value) {
     if (!item.is_number_integer()) fail(key, "must be a list of integers");
-    if (item.is_number_unsigned() && item.get<uint64_t>() > static_cast<uint64_t>(INT64_MAX)) fail(key, "is out of range");
+    if (item.is_number_unsigned() && item.get<uint64_t>() > static_cast<uint64_t>(INT64_MAX))
+      fail(key, "is out of range");
     out.push_back(item.get<int64_t>());
   }
   return out;
@@ -156,9 +161,10 @@ namespace {
 // check. The limits are far above any model (the largest have ~200 layers and 128 heads).
 std::optional<int64_t> count_limit(std::string_view key) {
   static constexpr std::pair<std::string_view, int64_t> kLimits[] = {
-      {"num_hidden_layers", 16384},   {"num_attention_heads", 65536}, {"num_key_value_heads", 65536},
-      {"linear_num_key_heads", 65536}, {"linear_num_value_heads", 65536}, {"mamba_n_heads", 65536},
-      {"num_local_experts", 1 << 20}, {"num_experts", 1 << 20}};
+      {"num_hidden_layers", 16384},      {"num_attention_heads", 65536},
+      {"num_key_value_heads", 65536},    {"linear_num_key_heads", 65536},
+      {"linear_num_value_heads", 65536}, {"mamba_n_heads", 65536},
+      {"num_local_experts", 1 << 20},    {"num_experts", 1 << 20}};
   for (const auto& [name, limit] : kLimits) {
     if (key == name) return limit;
   }

@@ -38,8 +38,9 @@ at::Tensor sparse_moe_block(const at::Tensor& x, const SparseMoeWeights& w, int6
   const int64_t hidden = x.size(-1);
   const at::Tensor flat = x.reshape({-1, hidden});
   // Jamba's block has no shared expert (shared_gate undefined).
-  const at::Tensor shared =
-      w.shared_gate.defined() ? gated_mlp(flat, w.shared_gate, w.shared_up, w.shared_down) : at::Tensor();
+  const at::Tensor shared = w.shared_gate.defined()
+                                ? gated_mlp(flat, w.shared_gate, w.shared_up, w.shared_down)
+                                : at::Tensor();
   const MoeRouting routing = route_top_k(flat, w.router, top_k, norm_topk_prob, kind);
 
   // Experts in ascending order, each adding its tokens' weighted outputs (HF Qwen3NextExperts).

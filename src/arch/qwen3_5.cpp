@@ -2,8 +2,9 @@
 // multimodal wrapper, whose config nests it under text_config and whose checkpoint keeps it
 // under model.language_model.). Same layers as Qwen3-Next but un-grouped DeltaNet projections
 // and a dense MLP. Qwen3.5-MoE (`qwen3_5_moe_text`, and its `qwen3_5_moe` wrapper) is the same
-// with Qwen3-Next's sparse MoE block (renormalised top-k, gated shared expert) on every layer. Its interleaved MRoPE reduces exactly to partial RoPE for text-only
-// positions (all three position rows equal), which is what is computed here.
+// with Qwen3-Next's sparse MoE block (renormalised top-k, gated shared expert) on every layer. Its
+// interleaved MRoPE reduces exactly to partial RoPE for text-only positions (all three position
+// rows equal), which is what is computed here.
 #include <memory>
 
 #include "headwise/arch/ops.hpp"

@@ -19,8 +19,9 @@ QwenHybridModel::QwenHybridModel(const ModelSpec& spec,
   prefix_ = this->checkpoint().contains("model.language_model.embed_tokens.weight")
                 ? "model.language_model."
                 : "model.";
-  inv_freq_ = config_.rope.rope_type == "yarn" ? rope_inv_freq(config_.rope, config_.rotary_dim(), device())
-                                                : default_inv_freq(config_.rope_theta, config_.rotary_dim(), device());
+  inv_freq_ = config_.rope.rope_type == "yarn"
+                  ? rope_inv_freq(config_.rope, config_.rotary_dim(), device())
+                  : default_inv_freq(config_.rope_theta, config_.rotary_dim(), device());
 }
 
 std::string QwenHybridModel::layer_prefix(int64_t layer) const {
@@ -84,8 +85,8 @@ at::Tensor QwenHybridModel::full_attention(int64_t layer, const at::Tensor& x,
                            .transpose(1, 2);
   if (run.position_offset < 0)
     throw_input_error("position offset {} is negative", run.position_offset);
-  const RotaryTable table =
-      rotary_table(inv_freq_, run.position_offset, steps, rope_attention_factor(config_.rope), x.scalar_type());
+  const RotaryTable table = rotary_table(inv_freq_, run.position_offset, steps,
+                                         rope_attention_factor(config_.rope), x.scalar_type());
   q = apply_rotary(q, table);
   k = apply_rotary(k, table);
 

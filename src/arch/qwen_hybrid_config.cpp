@@ -95,10 +95,12 @@ GatedDeltaShape read_linear_shape(const ConfigReader& reader, double eps) {
   return s;
 }
 
-void read_feed_forward(const ConfigReader& reader, QwenFeedForward feed_forward, QwenHybridConfig& config) {
+void read_feed_forward(const ConfigReader& reader, QwenFeedForward feed_forward,
+                       QwenHybridConfig& config) {
   // Qwen3_5MoeTextConfig has no dense MLP (no intermediate_size) and no layer pattern for it.
   const bool every_layer = feed_forward == QwenFeedForward::kEveryLayerMoe;
-  config.intermediate_size = every_layer ? reader.get_int("intermediate_size", 0) : reader.get_positive_int("intermediate_size");
+  config.intermediate_size = every_layer ? reader.get_int("intermediate_size", 0)
+                                         : reader.get_positive_int("intermediate_size");
   if (feed_forward == QwenFeedForward::kDense) return;
   config.num_experts = reader.get_int("num_experts", 512);
   if (config.num_experts < 0) reader.fail("num_experts", "must not be negative");
@@ -112,7 +114,8 @@ void read_feed_forward(const ConfigReader& reader, QwenFeedForward feed_forward,
   config.shared_expert_intermediate_size =
       reader.get_positive_int("shared_expert_intermediate_size", 512);
   if (every_layer) {
-    if (config.num_experts == 0) reader.fail("num_experts", "must be positive for qwen3_5_moe_text");
+    if (config.num_experts == 0)
+      reader.fail("num_experts", "must be positive for qwen3_5_moe_text");
     return;  // Qwen3_5MoeTopKRouter always renormalises; defaults: every layer sparse
   }
   config.norm_topk_prob = reader.get_bool("norm_topk_prob", true);

@@ -24,12 +24,14 @@ void ArchitectureRegistry::add(Architecture architecture) {
 
 const Architecture* ArchitectureRegistry::find(std::string_view model_type) const {
   for (const auto& a : architectures_) {
-    if (std::find(a.model_types.begin(), a.model_types.end(), model_type) != a.model_types.end()) return &a;
+    if (std::find(a.model_types.begin(), a.model_types.end(), model_type) != a.model_types.end())
+      return &a;
   }
   return nullptr;
 }
 
-const Architecture& ArchitectureRegistry::get(std::string_view model_type, std::string_view where) const {
+const Architecture& ArchitectureRegistry::get(std::string_view model_type,
+                                              std::string_view where) const {
   if (const auto* a = find(model_type)) return *a;
   throw_unsupported("{}: model_type '{}' is not supported (supported: {})", where, model_type,
                     fmt::join(supported_model_types(), ", "));
@@ -37,7 +39,8 @@ const Architecture& ArchitectureRegistry::get(std::string_view model_type, std::
 
 std::vector<std::string> ArchitectureRegistry::supported_model_types() const {
   std::vector<std::string> types;
-  for (const auto& a : architectures_) types.insert(types.end(), a.model_types.begin(), a.model_types.end());
+  for (const auto& a : architectures_)
+    types.insert(types.end(), a.model_types.begin(), a.model_types.end());
   std::sort(types.begin(), types.end());
   return types;
 }
@@ -60,7 +63,8 @@ nlohmann::json text_config_of(const nlohmann::json& config, std::string_view whe
   for (const char* key : {"torch_dtype", "dtype", "tie_word_embeddings"}) {
     if (!text.contains(key) && config.contains(key)) text[key] = config[key];
   }
-  if (!text.contains("model_type") && config.contains("model_type") && config["model_type"].is_string()) {
+  if (!text.contains("model_type") && config.contains("model_type") &&
+      config["model_type"].is_string()) {
     text["model_type"] = config["model_type"].get<std::string>() + "_text";
   }
   return text;
@@ -85,11 +89,13 @@ ModelSpec build_model_spec(const nlohmann::json& config, std::string_view where)
     }
   }
   for (size_t i = 0; i < spec.layers.size(); ++i) {
-    HEADWISE_CHECK(spec.layers[i].id == static_cast<int64_t>(i), "layer ids must be 0..N-1 in order");
+    HEADWISE_CHECK(spec.layers[i].id == static_cast<int64_t>(i),
+                   "layer ids must be 0..N-1 in order");
     if (const auto& att = spec.layers[i].attention) {
-      if (att->num_heads <= 0 || att->num_kv_heads <= 0 || att->head_dim <= 0 || att->num_heads % att->num_kv_heads != 0) {
-        throw_input_error("{}: layer {}: {} attention heads cannot be grouped over {} KV heads", where, i,
-                          att->num_heads, att->num_kv_heads);
+      if (att->num_heads <= 0 || att->num_kv_heads <= 0 || att->head_dim <= 0 ||
+          att->num_heads % att->num_kv_heads != 0) {
+        throw_input_error("{}: layer {}: {} attention heads cannot be grouped over {} KV heads",
+                          where, i, att->num_heads, att->num_kv_heads);
       }
     }
   }
@@ -104,11 +110,14 @@ ModelSpec load_model_spec(const fs::path& model_dir) {
 
 std::unique_ptr<DecoderModel> load_model(const fs::path& model_dir, const ModelOptions& options) {
   ModelSpec spec = load_model_spec(model_dir);
-  const Architecture& architecture = ArchitectureRegistry::instance().get(spec.model_type, (model_dir / "config.json").string());
+  const Architecture& architecture =
+      ArchitectureRegistry::instance().get(spec.model_type, (model_dir / "config.json").string());
   if (!architecture.create_model) {
-    throw_unsupported("{}: model_type '{}' has config-level support only (memory estimates); forward passes "
-                      "exist for: {}", (model_dir / "config.json").string(), spec.model_type,
-                      fmt::join(ArchitectureRegistry::instance().model_types_with_forward(), ", "));
+    throw_unsupported(
+        "{}: model_type '{}' has config-level support only (memory estimates); forward passes "
+        "exist for: {}",
+        (model_dir / "config.json").string(), spec.model_type,
+        fmt::join(ArchitectureRegistry::instance().model_types_with_forward(), ", "));
   }
   auto checkpoint = io::Checkpoint::open(model_dir);
   auto model = architecture.create_model(spec, checkpoint, options);

@@ -7,7 +7,8 @@ namespace headwise::arch {
 DType config_dtype(const ConfigReader& config) {
   for (const char* key : {"dtype", "torch_dtype"}) {
     if (config.has(key) && config.get(key).is_string() && config.get_string(key) != "auto") {
-      return parse_dtype(config.get_string(key), fmt::format("{}: field '{}'", config.where(), key));
+      return parse_dtype(config.get_string(key),
+                         fmt::format("{}: field '{}'", config.where(), key));
     }
   }
   return DType::kBFloat16;
@@ -15,11 +16,13 @@ DType config_dtype(const ConfigReader& config) {
 
 void validate_mamba2(const Mamba2Shape& s, const ConfigReader& config) {
   if (s.heads * s.head_dim != s.intermediate) {
-    config.fail("mamba head_dim", fmt::format("times {} heads must equal the mamba intermediate size {}, got {}",
-                                              s.heads, s.intermediate, s.head_dim));
+    config.fail("mamba head_dim",
+                fmt::format("times {} heads must equal the mamba intermediate size {}, got {}",
+                            s.heads, s.intermediate, s.head_dim));
   }
   if (s.groups <= 0 || s.heads % s.groups != 0) {
-    config.fail("mamba groups", fmt::format("({}) must divide the {} mamba heads", s.groups, s.heads));
+    config.fail("mamba groups",
+                fmt::format("({}) must divide the {} mamba heads", s.groups, s.heads));
   }
 }
 
@@ -39,7 +42,8 @@ Mamba2Shape read_bamba_mamba2_shape(const ConfigReader& config, int64_t intermed
   return s;
 }
 
-std::vector<StateTensorSpec> mamba2_states(const Mamba2Shape& s, DType conv_dtype, DType ssm_dtype) {
+std::vector<StateTensorSpec> mamba2_states(const Mamba2Shape& s, DType conv_dtype,
+                                           DType ssm_dtype) {
   const int64_t conv_dim = s.intermediate + 2 * s.groups * s.state_size;
   return {
       {"conv_state", {conv_dim, s.conv_kernel}, conv_dtype, StateClass::kSsmState},
@@ -47,8 +51,8 @@ std::vector<StateTensorSpec> mamba2_states(const Mamba2Shape& s, DType conv_dtyp
   };
 }
 
-std::vector<StateTensorSpec> mamba1_states(int64_t intermediate, int64_t conv_kernel, int64_t state_size,
-                                           DType conv_dtype) {
+std::vector<StateTensorSpec> mamba1_states(int64_t intermediate, int64_t conv_kernel,
+                                           int64_t state_size, DType conv_dtype) {
   return {
       {"conv_state", {intermediate, conv_kernel}, conv_dtype, StateClass::kSsmState},
       {"ssm_state", {intermediate, state_size}, DType::kFloat32, StateClass::kSsmState},
@@ -68,14 +72,16 @@ AttentionShape read_attention_shape(const ConfigReader& config) {
   } else {
     const int64_t hidden = config.get_positive_int("hidden_size");
     if (hidden % shape.num_heads != 0) {
-      config.fail("hidden_size", fmt::format("({}) is not divisible by num_attention_heads ({}) and no head_dim is given",
-                                             hidden, shape.num_heads));
+      config.fail(
+          "hidden_size",
+          fmt::format("({}) is not divisible by num_attention_heads ({}) and no head_dim is given",
+                      hidden, shape.num_heads));
     }
     shape.head_dim = hidden / shape.num_heads;
   }
   if (shape.num_heads % shape.num_kv_heads != 0) {
-    config.fail("num_key_value_heads", fmt::format("({}) must divide num_attention_heads ({})", shape.num_kv_heads,
-                                                   shape.num_heads));
+    config.fail("num_key_value_heads", fmt::format("({}) must divide num_attention_heads ({})",
+                                                   shape.num_kv_heads, shape.num_heads));
   }
   return shape;
 }
@@ -96,10 +102,12 @@ std::optional<int64_t> read_int_or_auto(const ConfigReader& config, std::string_
   return config.get_positive_int(key);
 }
 
-std::vector<std::string> read_layer_types(const ConfigReader& config, std::string_view key, int64_t num_layers) {
+std::vector<std::string> read_layer_types(const ConfigReader& config, std::string_view key,
+                                          int64_t num_layers) {
   std::vector<std::string> types = config.get_string_list(key);
   if (static_cast<int64_t>(types.size()) != num_layers) {
-    config.fail(key, fmt::format("has {} entries but num_hidden_layers is {}", types.size(), num_layers));
+    config.fail(
+        key, fmt::format("has {} entries but num_hidden_layers is {}", types.size(), num_layers));
   }
   return types;
 }

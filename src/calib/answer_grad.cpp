@@ -59,7 +59,8 @@ class LeafCore final : public arch::AttentionCore {
   at::Tensor attend(const arch::AttentionInputs& in) override {
     if (in.layer_id != layer_ || in.sliding_window > 0) return exact_.attend(in);
     const at::NoGradGuard no_grad;
-    const at::Tensor base = compose_heads(at_windows_, [&](int64_t window) { return level_(in, window); });
+    const at::Tensor base =
+        compose_heads(at_windows_, [&](int64_t window) { return level_(in, window); });
     deltas_.clear();
     for (int64_t window : ladder_) {
       const bool unchanged = std::all_of(at_windows_.begin(), at_windows_.end(),
@@ -179,7 +180,8 @@ AnswerSensitivity::Slots AnswerSensitivity::answer_slots(int64_t micro_batch,
   }
   const at::Tensor slot_of = at::tensor(slots.slot, at::kLong).to(log_odds.device());
   for (int64_t j = 0; j < count; ++j) {
-    const at::Tensor loss = thread_count_independent_sum(at::where(slot_of == j, log_odds, at::zeros_like(log_odds)));
+    const at::Tensor loss =
+        thread_count_independent_sum(at::where(slot_of == j, log_odds, at::zeros_like(log_odds)));
     slots.cotangents.push_back(torch::autograd::grad({loss}, {top}, {}, j + 1 < count)[0]);
   }
   return slots;
@@ -201,8 +203,9 @@ void AnswerSensitivity::accumulate(int64_t micro_batch, const at::Tensor& enteri
       }
       return *levels_cache_.find(micro_batch, window);
     }
-    return levels_cache_.keep(micro_batch, window,
-                              arch::windowed_attention(in, window, sink_tokens_, chunk).to(at::kFloat));
+    return levels_cache_.keep(
+        micro_batch, window,
+        arch::windowed_attention(in, window, sink_tokens_, chunk).to(at::kFloat));
   };
   LeafCore core(layer_, ladder_, at_windows_, level, model_.attention_chunk());
   at::Tensor out;
@@ -273,21 +276,27 @@ void AnswerSensitivity::gather_answers_of_every_rank() {
   const size_t doubles = 2 + heads_ * levels_;
   std::string local;
   local.reserve(answers_.size() * doubles * sizeof(double));
-  const auto put = [&local](double v) { local.append(reinterpret_cast<const char*>(&v), sizeof v); };
+  const auto put = [&local](double v) {
+    local.append(reinterpret_cast<const char*>(&v), sizeof v);
+  };
   for (const Answer& a : answers_) {
     put(a.log_odds);
     put(a.reference);
     for (double s : a.shift) put(s);
   }
   answers_.clear();
-  const auto all = world.all_gather(local, fmt::format("layer {}: answer-grad linearisation", layer_));
+  const auto all =
+      world.all_gather(local, fmt::format("layer {}: answer-grad linearisation", layer_));
   for (const std::string& bytes : all) {
-    HEADWISE_CHECK(bytes.size() % (doubles * sizeof(double)) == 0, "answer-grad: {} bytes from a rank", bytes.size());
+    HEADWISE_CHECK(bytes.size() % (doubles * sizeof(double)) == 0,
+                   "answer-grad: {} bytes from a rank", bytes.size());
     std::vector<double> v(bytes.size() / sizeof(double));
     std::memcpy(v.data(), bytes.data(), bytes.size());
     for (size_t at = 0; at < v.size(); at += doubles) {
-      answers_.push_back({v[at], v[at + 1], std::vector<double>(v.begin() + static_cast<std::ptrdiff_t>(at + 2),
-                                                                 v.begin() + static_cast<std::ptrdiff_t>(at + doubles))});
+      answers_.push_back(
+          {v[at], v[at + 1],
+           std::vector<double>(v.begin() + static_cast<std::ptrdiff_t>(at + 2),
+                               v.begin() + static_cast<std::ptrdiff_t>(at + doubles))});
     }
   }
 }
@@ -302,7 +311,8 @@ double AnswerSensitivity::predict(const std::vector<size_t>& levels) const {
       shift += a.shift[h * levels_ + levels[h]];
       shift_top += a.shift[h * levels_ + levels_ - 1];
     }
-    total.add(two_class_kl(a.reference, a.log_odds + shift) - two_class_kl(a.reference, a.log_odds + shift_top));
+    total.add(two_class_kl(a.reference, a.log_odds + shift) -
+              two_class_kl(a.reference, a.log_odds + shift_top));
   }
   return std::max(0.0, total.value()) / static_cast<double>(reference_.answer_count());
 }

@@ -3,12 +3,12 @@
 #include <limits>
 #include <vector>
 
+#include "finite_checks.hpp"
 #include "headwise/arch/attention.hpp"
 #include "headwise/calib/activations.hpp"
 #include "headwise/calib/seqcalib.hpp"
 #include "headwise/core/error.hpp"
 #include "headwise/core/reproducible_math.hpp"
-#include "finite_checks.hpp"
 
 namespace headwise::calib {
 namespace {
@@ -21,10 +21,15 @@ namespace {
 //    no answer.
 class OneLayerWindowsCore final : public arch::AttentionCore {
  public:
-  OneLayerWindowsCore(int64_t layer, std::span<const int64_t> windows, int64_t sink_tokens, int64_t chunk,
-                      int64_t last_layer, int64_t first_answer, LevelCache& cache)
-      : layer_(layer), windows_(windows), sink_tokens_(sink_tokens), chunk_(chunk), last_layer_(last_layer),
-        first_answer_(first_answer), cache_(cache) {}
+  OneLayerWindowsCore(int64_t layer, std::span<const int64_t> windows, int64_t sink_tokens,
+                      int64_t chunk, int64_t last_layer, int64_t first_answer, LevelCache& cache)
+      : layer_(layer),
+        windows_(windows),
+        sink_tokens_(sink_tokens),
+        chunk_(chunk),
+        last_layer_(last_layer),
+        first_answer_(first_answer),
+        cache_(cache) {}
 
   void set_micro_batch(int64_t m) { micro_batch_ = m; }
   // The measured layer's attention from a function instead of `windows` (keep rules).
@@ -38,14 +43,16 @@ class OneLayerWindowsCore final : public arch::AttentionCore {
       const std::vector<int64_t> same(static_cast<size_t>(in.k.size(1)), window);
       return arch::windowed_attention(in, same, 0, chunk_, first_query);
     }
-    if (first_query > 0) return arch::windowed_attention(in, windows_, sink_tokens_, chunk_, first_query);
+    if (first_query > 0)
+      return arch::windowed_attention(in, windows_, sink_tokens_, chunk_, first_query);
     return composed(in);
   }
 
  private:
   at::Tensor level_output(const arch::AttentionInputs& in, int64_t window) {
     if (const at::Tensor* cached = cache_.find(micro_batch_, window)) return *cached;
-    return cache_.keep(micro_batch_, window, arch::windowed_attention(in, window, sink_tokens_, chunk_));
+    return cache_.keep(micro_batch_, window,
+                       arch::windowed_attention(in, window, sink_tokens_, chunk_));
   }
 
   at::Tensor composed(const arch::AttentionInputs& in) {
@@ -72,7 +79,8 @@ int64_t last_attention_layer(const arch::ModelSpec& spec) {
 
 }  // namespace
 
-at::Tensor compose_heads(std::span<const int64_t> windows, const std::function<at::Tensor(int64_t window)>& level) {
+at::Tensor compose_heads(std::span<const int64_t> windows,
+                         const std::function<at::Tensor(int64_t window)>& level) {
   const auto num_kv = static_cast<int64_t>(windows.size());
   at::Tensor out;
   int64_t group = 0;
@@ -94,18 +102,27 @@ DistortionMeasure parse_distortion_measure(const std::string& text) {
   if (text == "answer-grad") return DistortionMeasure::kAnswerGrad;
   if (text == "answer-tv-span") return DistortionMeasure::kAnswerTvSpan;
   if (text == "answer-kl-span") return DistortionMeasure::kAnswerKlSpan;
-  throw_field_error("distortion", ": '{}' is not one of answer-tv-span, answer-kl-span, answer-tv, answer-kl, answer-grad, "
-                    "block-mse", text);
+  throw_field_error(
+      "distortion",
+      ": '{}' is not one of answer-tv-span, answer-kl-span, answer-tv, answer-kl, answer-grad, "
+      "block-mse",
+      text);
 }
 
 const char* distortion_measure_name(DistortionMeasure measure) {
   switch (measure) {
-    case DistortionMeasure::kBlockMse: return "block-mse";
-    case DistortionMeasure::kAnswerKl: return "answer-kl";
-    case DistortionMeasure::kAnswerTv: return "answer-tv";
-    case DistortionMeasure::kAnswerGrad: return "answer-grad";
-    case DistortionMeasure::kAnswerTvSpan: return "answer-tv-span";
-    case DistortionMeasure::kAnswerKlSpan: return "answer-kl-span";
+    case DistortionMeasure::kBlockMse:
+      return "block-mse";
+    case DistortionMeasure::kAnswerKl:
+      return "answer-kl";
+    case DistortionMeasure::kAnswerTv:
+      return "answer-tv";
+    case DistortionMeasure::kAnswerGrad:
+      return "answer-grad";
+    case DistortionMeasure::kAnswerTvSpan:
+      return "answer-tv-span";
+    case DistortionMeasure::kAnswerKlSpan:
+      return "answer-kl-span";
   }
   return "?";
 }
@@ -114,18 +131,25 @@ const char* divergence_label(AnswerDivergence divergence) {
   return divergence == AnswerDivergence::kTv ? "answer TV" : "answer KL";
 }
 
-at::Tensor divergence_per_position(const at::Tensor& log_p, const at::Tensor& log_q, AnswerDivergence divergence) {
+at::Tensor divergence_per_position(const at::Tensor& log_p, const at::Tensor& log_q,
+                                   AnswerDivergence divergence) {
   if (divergence == AnswerDivergence::kTv) return 0.5 * (log_p.exp() - log_q.exp()).abs().sum(-1);
   return (log_p.exp() * (log_p - log_q)).sum(-1);
 }
 
 AnswerKl::AnswerKl(arch::DecoderModel& model, const std::vector<std::vector<int64_t>>& sequences,
-                   const std::vector<std::vector<int64_t>>& answers, int64_t micro_batch, int64_t sink_tokens,
-                   dist::Collective& world, AnswerDivergence divergence)
-    : model_(model), sink_tokens_(sink_tokens), micro_batch_(micro_batch), world_(&world), divergence_(divergence) {
-  HEADWISE_CHECK(micro_batch > 0 && (!sequences.empty() || world.world_size() > 1), "empty calibration batch");
+                   const std::vector<std::vector<int64_t>>& answers, int64_t micro_batch,
+                   int64_t sink_tokens, dist::Collective& world, AnswerDivergence divergence)
+    : model_(model),
+      sink_tokens_(sink_tokens),
+      micro_batch_(micro_batch),
+      world_(&world),
+      divergence_(divergence) {
+  HEADWISE_CHECK(micro_batch > 0 && (!sequences.empty() || world.world_size() > 1),
+                 "empty calibration batch");
   if (answers.size() != sequences.size()) {
-    throw_input_error("answer-kl: {} answer lists for {} calibration sequences", answers.size(), sequences.size());
+    throw_input_error("answer-kl: {} answer lists for {} calibration sequences", answers.size(),
+                      sequences.size());
   }
   const auto long_cpu = at::TensorOptions().dtype(at::kLong);
   first_answer_ = std::numeric_limits<int64_t>::max();
@@ -136,7 +160,9 @@ AnswerKl::AnswerKl(arch::DecoderModel& model, const std::vector<std::vector<int6
       const auto len = static_cast<int64_t>(sequences[s].size());
       for (int64_t t : answers[s]) {
         if (t < 0 || t >= len) {
-          throw_input_error("answer-kl: answer position {} of calibration sequence {} is outside its {} tokens", t, s, len);
+          throw_input_error(
+              "answer-kl: answer position {} of calibration sequence {} is outside its {} tokens",
+              t, s, len);
         }
         rows.push_back(static_cast<int64_t>(s - begin));
         cols.push_back(t);
@@ -148,16 +174,20 @@ AnswerKl::AnswerKl(arch::DecoderModel& model, const std::vector<std::vector<int6
     position_index_.push_back(at::tensor(cols, long_cpu).to(model.device()));
   }
   share_answer_counts("answer positions");
-  if (answers_ == 0) throw_field_error("distortion", " answer-kl: the calibration sequences have no answer positions");
+  if (answers_ == 0)
+    throw_field_error("distortion",
+                      " answer-kl: the calibration sequences have no answer positions");
 
   // The reference: the full model, one micro-batch at a time (no second copy of the stream).
   // This first pass over every layer names a bad weight, by head or by layer, before it turns
   // every measured KL into NaN.
   CheckedExactCore checked(model.attention_chunk());
-  for (size_t m = 0, begin = 0; begin < sequences.size(); ++m, begin += static_cast<size_t>(micro_batch)) {
+  for (size_t m = 0, begin = 0; begin < sequences.size();
+       ++m, begin += static_cast<size_t>(micro_batch)) {
     const size_t end = std::min(sequences.size(), begin + static_cast<size_t>(micro_batch));
     const at::Tensor embedded = model.embed(token_batch(sequences, begin, end).to(model.device()));
-    reference_.push_back(output_log_probs(static_cast<int64_t>(m), run_layers_from(0, embedded, checked, true)));
+    reference_.push_back(
+        output_log_probs(static_cast<int64_t>(m), run_layers_from(0, embedded, checked, true)));
   }
 }
 
@@ -182,7 +212,8 @@ AnswerKl AnswerKl::prefix(int64_t sequences) const {
   out.reference_.clear();
   out.answers_ = 0;
   out.first_answer_ = std::numeric_limits<int64_t>::max();
-  for (size_t m = 0; m < reference_.size() && static_cast<int64_t>(m) * micro_batch_ < sequences; ++m) {
+  for (size_t m = 0; m < reference_.size() && static_cast<int64_t>(m) * micro_batch_ < sequences;
+       ++m) {
     // Rows of this micro-batch that belong to the prefix (rows are sorted by sequence).
     const int64_t rows = std::min(micro_batch_, sequences - static_cast<int64_t>(m) * micro_batch_);
     const at::Tensor keep = at::nonzero(batch_index_[m] < rows).squeeze(1);
@@ -191,15 +222,18 @@ AnswerKl AnswerKl::prefix(int64_t sequences) const {
     out.reference_.push_back(reference_[m].index_select(0, keep));
     out.answers_ += keep.size(0);
     if (keep.size(0) > 0) {
-      out.first_answer_ = std::min(out.first_answer_, out.position_index_.back().min().item<int64_t>());
+      out.first_answer_ =
+          std::min(out.first_answer_, out.position_index_.back().min().item<int64_t>());
     }
   }
   out.share_answer_counts("probe answer positions");
-  if (out.answers_ == 0) throw_field_error("distortion", " answer-kl: the probe sequences have no answer positions");
+  if (out.answers_ == 0)
+    throw_field_error("distortion", " answer-kl: the probe sequences have no answer positions");
   return out;
 }
 
-at::Tensor AnswerKl::run_layers_from(int64_t first, at::Tensor hidden, arch::AttentionCore& core, bool check) {
+at::Tensor AnswerKl::run_layers_from(int64_t first, at::Tensor hidden, arch::AttentionCore& core,
+                                     bool check) {
   for (int64_t i = first; i < model_.spec().num_layers(); ++i) {
     model_.prefetch_layer(i + 1);
     hidden = model_.run_layer(i, hidden, {&core, nullptr, 0});
@@ -216,21 +250,25 @@ at::Tensor AnswerKl::output_log_probs(int64_t micro_batch, const at::Tensor& fin
   return at::log_softmax(model_.logits(picked).squeeze(0).to(at::kFloat), -1);
 }
 
-double AnswerKl::evaluate(int64_t layer, ActivationStream& stream, std::span<const int64_t> windows) {
+double AnswerKl::evaluate(int64_t layer, ActivationStream& stream,
+                          std::span<const int64_t> windows) {
   return evaluate_layer(layer, stream, windows, nullptr,
-                        fmt::format("layer {}: {} at windows [{}]", layer, divergence_label(divergence_), fmt::join(windows, ",")));
+                        fmt::format("layer {}: {} at windows [{}]", layer,
+                                    divergence_label(divergence_), fmt::join(windows, ",")));
 }
 
-double AnswerKl::evaluate_attention(int64_t layer, ActivationStream& stream, const LayerAttention& attention,
-                                    const std::string& what) {
-  return evaluate_layer(layer, stream, {}, &attention,
-                        fmt::format("layer {}: {} with {}", layer, divergence_label(divergence_), what));
+double AnswerKl::evaluate_attention(int64_t layer, ActivationStream& stream,
+                                    const LayerAttention& attention, const std::string& what) {
+  return evaluate_layer(
+      layer, stream, {}, &attention,
+      fmt::format("layer {}: {} with {}", layer, divergence_label(divergence_), what));
 }
 
-double AnswerKl::evaluate_layer(int64_t layer, ActivationStream& stream, std::span<const int64_t> windows,
-                                const LayerAttention* attention, const std::string& what) {
-  OneLayerWindowsCore core(layer, windows, sink_tokens_, model_.attention_chunk(), last_attention_layer(model_.spec()),
-                           first_answer_, cache_);
+double AnswerKl::evaluate_layer(int64_t layer, ActivationStream& stream,
+                                std::span<const int64_t> windows, const LayerAttention* attention,
+                                const std::string& what) {
+  OneLayerWindowsCore core(layer, windows, sink_tokens_, model_.attention_chunk(),
+                           last_attention_layer(model_.spec()), first_answer_, cache_);
   core.set_measured(attention);
   ExactSum total;
   int64_t m = 0;
@@ -244,19 +282,24 @@ double AnswerKl::evaluate_layer(int64_t layer, ActivationStream& stream, std::sp
   return mean_over_ranks(total, what);
 }
 
-double AnswerKl::evaluate_policy(ActivationStream& embedded, const std::map<int64_t, std::vector<int64_t>>& windows) {
+double AnswerKl::evaluate_policy(ActivationStream& embedded,
+                                 const std::map<int64_t, std::vector<int64_t>>& windows) {
   PolicyAttentionCore core(windows, sink_tokens_, model_.attention_chunk());
   ExactSum total;
   int64_t m = 0;
-  embedded.visit([&](const at::Tensor& entering) { total.add(divergence_sum(m++, run_layers_from(0, entering, core, false))); });
-  return mean_over_ranks(total, fmt::format("the policy's end-to-end {} (after the last layer)", divergence_label(divergence_)));
+  embedded.visit([&](const at::Tensor& entering) {
+    total.add(divergence_sum(m++, run_layers_from(0, entering, core, false)));
+  });
+  return mean_over_ranks(total, fmt::format("the policy's end-to-end {} (after the last layer)",
+                                            divergence_label(divergence_)));
 }
 
 double AnswerKl::evaluate_final(ActivationStream& final_hidden) {
   ExactSum total;
   int64_t m = 0;
   final_hidden.visit([&](const at::Tensor& hidden) { total.add(divergence_sum(m++, hidden)); });
-  return mean_over_ranks(total, fmt::format("the walk's end-to-end {} (after the last layer)", divergence_label(divergence_)));
+  return mean_over_ranks(total, fmt::format("the walk's end-to-end {} (after the last layer)",
+                                            divergence_label(divergence_)));
 }
 
 double AnswerKl::divergence_sum(int64_t micro_batch, const at::Tensor& final_hidden) {
@@ -264,7 +307,8 @@ double AnswerKl::divergence_sum(int64_t micro_batch, const at::Tensor& final_hid
   const at::Tensor& ref = reference_[static_cast<size_t>(micro_batch)];
   // Per-position sums in fp64, added in a fixed order: reproducible, independent of timing and,
   // past 32768 answer positions in one micro-batch, of the thread count (reproducible_math.hpp).
-  return thread_count_independent_sum(divergence_per_position(ref, log_p, divergence_), at::kDouble).item<double>();
+  return thread_count_independent_sum(divergence_per_position(ref, log_p, divergence_), at::kDouble)
+      .item<double>();
 }
 
 }  // namespace headwise::calib

@@ -6,20 +6,20 @@
 #include <algorithm>
 #include <limits>
 
+#include "finite_checks.hpp"
 #include "headwise/arch/attention.hpp"
 #include "headwise/calib/activations.hpp"
 #include "headwise/calib/seqcalib.hpp"
 #include "headwise/core/error.hpp"
 #include "headwise/core/exact_sum.hpp"
 #include "headwise/core/units.hpp"
-#include "finite_checks.hpp"
 #include "span_attention.hpp"
 
 namespace headwise::calib {
 
 // What the positions before P leave for one layer, for one micro-batch.
 struct AnswerSpan::LayerCache {
-  KeyBlock keys;          // attention layers: the keys and values before P the span's queries may see
+  KeyBlock keys;  // attention layers: the keys and values before P the span's queries may see
   arch::LayerState state;  // stateful layers: their states at P
 
   int64_t bytes() const {
@@ -35,7 +35,9 @@ namespace {
 // intermediates (MLP, MoE, the delta rule's chunks) stay a few hundred MB at the largest widths.
 constexpr int64_t kRowsPerCall = 8192;
 
-bool stateful(const arch::LayerSpec& layer) { return !layer.states.empty(); }
+bool stateful(const arch::LayerSpec& layer) {
+  return !layer.states.empty();
+}
 
 int64_t layer_window(const arch::AttentionInputs& in) {
   return in.sliding_window > 0 ? in.sliding_window : kFullWindow;
@@ -53,13 +55,15 @@ arch::LayerState repeated(const arch::LayerState& state, int64_t times) {
   return out;
 }
 
-// The layers above the measured one: the span's queries against the layer's cache and their own keys.
+// The layers above the measured one: the span's queries against the layer's cache and their own
+// keys.
 class CachedSpanCore final : public arch::AttentionCore {
  public:
   explicit CachedSpanCore(const KeyBlock& cache) : cache_(cache) {}
   at::Tensor attend(const arch::AttentionInputs& in) override {
     const KeyBlock own{in.k, in.v, in.position_offset};
-    return span_attention(in.q, in.position_offset, cache_, &own, shape_of(in, layer_window(in), 0));
+    return span_attention(in.q, in.position_offset, cache_, &own,
+                          shape_of(in, layer_window(in), 0));
   }
 
  private:
@@ -71,9 +75,10 @@ class InjectedCore final : public arch::AttentionCore {
  public:
   explicit InjectedCore(at::Tensor output) : output_(std::move(output)) {}
   at::Tensor attend(const arch::AttentionInputs& in) override {
-    HEADWISE_CHECK(output_.size(0) == in.q.size(0) && output_.size(1) == in.q.size(2) && output_.size(2) == in.q.size(1),
-                   "answer span: candidate output {} for queries {}", arch::shape_string(output_.sizes()),
-                   arch::shape_string(in.q.sizes()));
+    HEADWISE_CHECK(output_.size(0) == in.q.size(0) && output_.size(1) == in.q.size(2) &&
+                       output_.size(2) == in.q.size(1),
+                   "answer span: candidate output {} for queries {}",
+                   arch::shape_string(output_.sizes()), arch::shape_string(in.q.sizes()));
     return output_.to(in.q.scalar_type());
   }
 
@@ -86,7 +91,8 @@ at::Tensor interleave_candidates(const std::vector<const at::Tensor*>& outputs) 
   std::vector<at::Tensor> parts;
   for (const at::Tensor* t : outputs) parts.push_back(*t);
   const at::Tensor stacked = at::stack(parts, 1);  // [Bm, C, S, heads, hd]
-  return stacked.reshape({stacked.size(0) * stacked.size(1), stacked.size(2), stacked.size(3), stacked.size(4)});
+  return stacked.reshape(
+      {stacked.size(0) * stacked.size(1), stacked.size(2), stacked.size(3), stacked.size(4)});
 }
 
 }  // namespace
@@ -96,7 +102,8 @@ SpanOutputs SpanSite::compose(const std::vector<int64_t>& windows) const {
   for (size_t m = 0; m < input.size(); ++m) {
     out.push_back(compose_heads(windows, [&](int64_t window) -> at::Tensor {
       const auto it = levels.find(window);
-      HEADWISE_CHECK(it != levels.end(), "answer span: layer {} has no output at window {}", layer, window);
+      HEADWISE_CHECK(it != levels.end(), "answer span: layer {} has no output at window {}", layer,
+                     window);
       return it->second.at(m);
     }));
   }
@@ -110,16 +117,17 @@ SpanOutputs SpanSite::compose(const std::vector<int64_t>& windows) const {
 // evaluations compute them (against the cache), so a full-KV candidate reproduces the reference.
 class AnswerSpan::Capture final : public arch::AttentionCore {
  public:
-  Capture(int64_t span_begin, int64_t sinks, int64_t chunk, const std::vector<int64_t>* site_windows,
-          bool need_prefix_output)
+  Capture(int64_t span_begin, int64_t sinks, int64_t chunk,
+          const std::vector<int64_t>* site_windows, bool need_prefix_output)
       : span_begin_(span_begin),
         sinks_(sinks),
         chunk_(chunk),
         site_windows_(site_windows),
         need_prefix_output_(need_prefix_output) {}
 
-  at::Tensor run(arch::DecoderModel& model, int64_t layer, const at::Tensor& hidden, LayerCache& cache,
-                 std::map<int64_t, at::Tensor>* levels, arch::AttentionInputs* keep) {
+  at::Tensor run(arch::DecoderModel& model, int64_t layer, const at::Tensor& hidden,
+                 LayerCache& cache, std::map<int64_t, at::Tensor>* levels,
+                 arch::AttentionInputs* keep) {
     cache_ = &cache;
     levels_ = levels;
     keep_ = keep;
@@ -136,12 +144,14 @@ class AnswerSpan::Capture final : public arch::AttentionCore {
     }
     for (const auto& [name, t] : state) cache.state[name] = t.clone();
     part_ = Part::kSpan;
-    outputs.push_back(model.run_layer(layer, hidden.slice(1, span_begin_, steps), {this, &state, span_begin_}));
+    outputs.push_back(
+        model.run_layer(layer, hidden.slice(1, span_begin_, steps), {this, &state, span_begin_}));
     return outputs.size() == 1 ? outputs.front() : at::cat(outputs, 1);
   }
 
   // One whole pass's attention inputs of a stateless layer, outside a layer run.
-  void attend_whole(const arch::AttentionInputs& in, LayerCache& cache, std::map<int64_t, at::Tensor>* levels) {
+  void attend_whole(const arch::AttentionInputs& in, LayerCache& cache,
+                    std::map<int64_t, at::Tensor>* levels) {
     cache_ = &cache;
     levels_ = levels;
     keep_ = nullptr;
@@ -157,8 +167,10 @@ class AnswerSpan::Capture final : public arch::AttentionCore {
       case Part::kWhole: {
         if (keep_ != nullptr) *keep_ = in;
         std::vector<at::Tensor> out;
-        if (span_begin_ > 0) out.push_back(prefix(slice_rows(in, 0, span_begin_)));
-        else remember_keys(in, 0);
+        if (span_begin_ > 0)
+          out.push_back(prefix(slice_rows(in, 0, span_begin_)));
+        else
+          remember_keys(in, 0);
         out.push_back(span(slice_rows(in, span_begin_, in.q.size(2))));
         return out.size() == 1 ? out.front() : at::cat(out, 1);
       }
@@ -176,7 +188,8 @@ class AnswerSpan::Capture final : public arch::AttentionCore {
  private:
   enum class Part { kWhole, kPrefix, kSpan };
 
-  static arch::AttentionInputs slice_rows(const arch::AttentionInputs& in, int64_t begin, int64_t end) {
+  static arch::AttentionInputs slice_rows(const arch::AttentionInputs& in, int64_t begin,
+                                          int64_t end) {
     arch::AttentionInputs out = in;
     out.q = in.q.slice(2, begin, end);
     out.k = in.k.slice(2, begin, end);
@@ -185,7 +198,8 @@ class AnswerSpan::Capture final : public arch::AttentionCore {
     return out;
   }
 
-  static arch::AttentionInputs joined_rows(const arch::AttentionInputs& a, const arch::AttentionInputs& b) {
+  static arch::AttentionInputs joined_rows(const arch::AttentionInputs& a,
+                                           const arch::AttentionInputs& b) {
     arch::AttentionInputs out = a;
     out.q = at::cat({a.q, b.q}, 2);
     out.k = at::cat({a.k, b.k}, 2);
@@ -197,8 +211,8 @@ class AnswerSpan::Capture final : public arch::AttentionCore {
   void remember_keys(const arch::AttentionInputs& prefix_in, int64_t first) {
     const int64_t n = prefix_in.k.size(2);
     const int64_t keep_from = in_window_from(prefix_in);
-    cache_->keys = {prefix_in.k.slice(2, keep_from, n).clone(), prefix_in.v.slice(2, keep_from, n).clone(),
-                    first + keep_from};
+    cache_->keys = {prefix_in.k.slice(2, keep_from, n).clone(),
+                    prefix_in.v.slice(2, keep_from, n).clone(), first + keep_from};
   }
 
   int64_t in_window_from(const arch::AttentionInputs& in) const {
@@ -208,7 +222,8 @@ class AnswerSpan::Capture final : public arch::AttentionCore {
 
   at::Tensor prefix(const arch::AttentionInputs& in) {
     remember_keys(in, in.position_offset);
-    if (!need_prefix_output_) return at::zeros({in.q.size(0), in.q.size(2), in.q.size(1), in.q.size(3)}, in.q.options());
+    if (!need_prefix_output_)
+      return at::zeros({in.q.size(0), in.q.size(2), in.q.size(1), in.q.size(3)}, in.q.options());
     const std::vector<int64_t> windows(static_cast<size_t>(in.k.size(1)), layer_window(in));
     return arch::windowed_attention(in, windows, 0, chunk_);
   }
@@ -218,10 +233,13 @@ class AnswerSpan::Capture final : public arch::AttentionCore {
     const bool keys_before = span_begin_ > 0;
     const KeyBlock empty{in.k.slice(2, 0, 0), in.v.slice(2, 0, 0), 0};
     const KeyBlock& shared = keys_before ? cache_->keys : empty;
-    const at::Tensor out = span_attention(in.q, in.position_offset, shared, &own, shape_of(in, layer_window(in), 0));
+    const at::Tensor out =
+        span_attention(in.q, in.position_offset, shared, &own, shape_of(in, layer_window(in), 0));
     if (levels_ != nullptr && site_windows_ != nullptr) {
       for (int64_t w : *site_windows_) {
-        (*levels_)[w] = w == kFullWindow ? out : span_attention(in.q, in.position_offset, shared, &own, shape_of(in, w, sinks_));
+        (*levels_)[w] = w == kFullWindow ? out
+                                         : span_attention(in.q, in.position_offset, shared, &own,
+                                                          shape_of(in, w, sinks_));
       }
     }
     if (span_begin_ == 0) cache_->keys = empty;
@@ -239,30 +257,43 @@ class AnswerSpan::Capture final : public arch::AttentionCore {
   arch::AttentionInputs* keep_ = nullptr;
 };
 
-AnswerSpan::AnswerSpan(arch::DecoderModel& model, const std::vector<std::vector<int64_t>>& sequences,
-                       const std::vector<std::vector<int64_t>>& answers, const AnswerSpanOptions& options,
-                       dist::Collective& world)
+AnswerSpan::AnswerSpan(arch::DecoderModel& model,
+                       const std::vector<std::vector<int64_t>>& sequences,
+                       const std::vector<std::vector<int64_t>>& answers,
+                       const AnswerSpanOptions& options, dist::Collective& world)
     : model_(model), options_(options), world_(&world) {
-  HEADWISE_CHECK(options.micro_batch > 0 && (!sequences.empty() || world.world_size() > 1), "empty calibration batch");
+  HEADWISE_CHECK(options.micro_batch > 0 && (!sequences.empty() || world.world_size() > 1),
+                 "empty calibration batch");
   if (answers.size() != sequences.size()) {
-    throw_input_error("answer span: {} answer lists for {} calibration sequences", answers.size(), sequences.size());
+    throw_input_error("answer span: {} answer lists for {} calibration sequences", answers.size(),
+                      sequences.size());
   }
-  if (options.margin < 0) throw_field_error("span_margin", " must not be negative (got {})", options.margin);
-  if (std::find(options_.windows.begin(), options_.windows.end(), kFullWindow) == options_.windows.end()) {
-    options_.windows.push_back(kFullWindow);  // the reference level every candidate is measured against
+  if (options.margin < 0)
+    throw_field_error("span_margin", " must not be negative (got {})", options.margin);
+  if (std::find(options_.windows.begin(), options_.windows.end(), kFullWindow) ==
+      options_.windows.end()) {
+    options_.windows.push_back(
+        kFullWindow);  // the reference level every candidate is measured against
   }
-  steps_ = dist::sum_all(world, sequences.empty() ? int64_t{0} : static_cast<int64_t>(sequences.front().size()), "answer span: steps") /
-           std::max<int64_t>(1, dist::sum_all(world, sequences.empty() ? int64_t{0} : int64_t{1}, "answer span: ranks with data"));
+  steps_ =
+      dist::sum_all(world,
+                    sequences.empty() ? int64_t{0} : static_cast<int64_t>(sequences.front().size()),
+                    "answer span: steps") /
+      std::max<int64_t>(1, dist::sum_all(world, sequences.empty() ? int64_t{0} : int64_t{1},
+                                         "answer span: ranks with data"));
   const auto long_cpu = at::TensorOptions().dtype(at::kLong);
   int64_t first_answer = std::numeric_limits<int64_t>::max();
-  for (size_t begin = 0; begin < sequences.size(); begin += static_cast<size_t>(options.micro_batch)) {
+  for (size_t begin = 0; begin < sequences.size();
+       begin += static_cast<size_t>(options.micro_batch)) {
     const size_t end = std::min(sequences.size(), begin + static_cast<size_t>(options.micro_batch));
     std::vector<int64_t> rows, cols;
     for (size_t s = begin; s < end; ++s) {
       const auto len = static_cast<int64_t>(sequences[s].size());
       for (int64_t t : answers[s]) {
         if (t < 0 || t >= len) {
-          throw_input_error("answer span: answer position {} of calibration sequence {} is outside its {} tokens", t, s, len);
+          throw_input_error(
+              "answer span: answer position {} of calibration sequence {} is outside its {} tokens",
+              t, s, len);
         }
         rows.push_back(static_cast<int64_t>(s - begin));
         cols.push_back(t);
@@ -276,8 +307,9 @@ AnswerSpan::AnswerSpan(arch::DecoderModel& model, const std::vector<std::vector<
   }
   answers_ = dist::sum_all(world, answers_, "answer span: answer positions");
   first_answer = dist::min_all(world, first_answer, "answer span: earliest answer");
-  if (answers_ == 0) throw_field_error("distortion", " {}-span: the calibration sequences have no answer positions",
-                                       options.divergence == AnswerDivergence::kTv ? "answer-tv" : "answer-kl");
+  if (answers_ == 0)
+    throw_field_error("distortion", " {}-span: the calibration sequences have no answer positions",
+                      options.divergence == AnswerDivergence::kTv ? "answer-tv" : "answer-kl");
   span_begin_ = std::max<int64_t>(0, first_answer - options.margin);
   span_length_ = steps_ - span_begin_;
   run_reference(sequences);
@@ -300,12 +332,16 @@ void AnswerSpan::run_reference(const std::vector<std::vector<int64_t>>& sequence
     size_t m = 0;
     stream.apply([&](const at::Tensor& hidden) {
       std::map<int64_t, at::Tensor> levels;
-      if (site != nullptr) site->input.push_back(hidden.slice(1, span_begin_, hidden.size(1)).clone());
-      Capture capture(span_begin_, options_.sink_tokens, model_.attention_chunk(), site ? &options_.windows : nullptr, true);
-      at::Tensor out = capture.run(model_, j, hidden, caches_[static_cast<size_t>(j)][m], site ? &levels : nullptr, nullptr);
+      if (site != nullptr)
+        site->input.push_back(hidden.slice(1, span_begin_, hidden.size(1)).clone());
+      Capture capture(span_begin_, options_.sink_tokens, model_.attention_chunk(),
+                      site ? &options_.windows : nullptr, true);
+      at::Tensor out = capture.run(model_, j, hidden, caches_[static_cast<size_t>(j)][m],
+                                   site ? &levels : nullptr, nullptr);
       if (site != nullptr) {
         for (auto& [w, t] : levels) site->levels[w].push_back(t);
-        if (stateful(spec.layer(j))) site->state.push_back(caches_[static_cast<size_t>(j)][m].state);
+        if (stateful(spec.layer(j)))
+          site->state.push_back(caches_[static_cast<size_t>(j)][m].state);
       }
       ++m;
       return checked_finite(std::move(out), j, spec.layer(j).kind);
@@ -313,14 +349,18 @@ void AnswerSpan::run_reference(const std::vector<std::vector<int64_t>>& sequence
     model_.release_layer(j);
   }
   int64_t m = 0;
-  stream.visit([&](const at::Tensor& hidden) { reference_.push_back(log_probs_at_answers(m++, hidden, 0)); });
-  spdlog::info("answer span: positions {}..{} of {} ({} tokens) run against caches of {}", span_begin_, steps_ - 1, steps_,
-               span_length_, format_bytes(cache_bytes()));
+  stream.visit([&](const at::Tensor& hidden) {
+    reference_.push_back(log_probs_at_answers(m++, hidden, 0));
+  });
+  spdlog::info("answer span: positions {}..{} of {} ({} tokens) run against caches of {}",
+               span_begin_, steps_ - 1, steps_, span_length_, format_bytes(cache_bytes()));
 }
 
-at::Tensor AnswerSpan::log_probs_at_answers(int64_t micro_batch, const at::Tensor& final_hidden, int64_t first_row) {
+at::Tensor AnswerSpan::log_probs_at_answers(int64_t micro_batch, const at::Tensor& final_hidden,
+                                            int64_t first_row) {
   const auto m = static_cast<size_t>(micro_batch);
-  const at::Tensor picked = final_hidden.index({answer_rows_[m], answer_columns_[m] - first_row}).unsqueeze(0);
+  const at::Tensor picked =
+      final_hidden.index({answer_rows_[m], answer_columns_[m] - first_row}).unsqueeze(0);
   return at::log_softmax(model_.logits(picked).squeeze(0).to(at::kFloat), -1);
 }
 
@@ -334,12 +374,14 @@ int64_t AnswerSpan::cache_bytes() const {
 
 const SpanSite& AnswerSpan::reference_site(int64_t layer) const {
   const auto it = reference_sites_.find(layer);
-  HEADWISE_CHECK(it != reference_sites_.end(), "answer span: layer {} is not a global layer", layer);
+  HEADWISE_CHECK(it != reference_sites_.end(), "answer span: layer {} is not a global layer",
+                 layer);
   return it->second;
 }
 
 SpanSite AnswerSpan::capture(int64_t layer, ActivationStream& stream, bool keep_attention) {
-  HEADWISE_CHECK(model_.spec().layer(layer).is_global(), "answer span: layer {} is not a global layer", layer);
+  HEADWISE_CHECK(model_.spec().layer(layer).is_global(),
+                 "answer span: layer {} is not a global layer", layer);
   SpanSite site;
   site.layer = layer;
   stream.visit([&](const at::Tensor& hidden) {
@@ -347,7 +389,8 @@ SpanSite AnswerSpan::capture(int64_t layer, ActivationStream& stream, bool keep_
     LayerCache scratch;
     std::map<int64_t, at::Tensor> levels;
     arch::AttentionInputs kept;
-    Capture capture(span_begin_, options_.sink_tokens, model_.attention_chunk(), &options_.windows, false);
+    Capture capture(span_begin_, options_.sink_tokens, model_.attention_chunk(), &options_.windows,
+                    false);
     capture.run(model_, layer, hidden, scratch, &levels, keep_attention ? &kept : nullptr);
     for (auto& [w, t] : levels) site.levels[w].push_back(t);
     if (stateful(model_.spec().layer(layer))) site.state.push_back(scratch.state);
@@ -356,26 +399,29 @@ SpanSite AnswerSpan::capture(int64_t layer, ActivationStream& stream, bool keep_
   return site;
 }
 
-SpanSite AnswerSpan::site_of(int64_t layer, std::vector<at::Tensor> input, const std::vector<arch::AttentionInputs>& attention) const {
+SpanSite AnswerSpan::site_of(int64_t layer, std::vector<at::Tensor> input,
+                             const std::vector<arch::AttentionInputs>& attention) const {
   HEADWISE_CHECK(model_.spec().layer(layer).is_global() && !stateful(model_.spec().layer(layer)),
                  "answer span: layer {} is not a stateless global layer", layer);
   HEADWISE_CHECK(input.size() == attention.size() && input.size() == micro_batch_rows_.size(),
-                 "answer span: {} inputs and {} attention inputs for {} micro-batches", input.size(), attention.size(),
-                 micro_batch_rows_.size());
+                 "answer span: {} inputs and {} attention inputs for {} micro-batches",
+                 input.size(), attention.size(), micro_batch_rows_.size());
   SpanSite site;
   site.layer = layer;
   site.input = std::move(input);
   for (const auto& in : attention) {
     LayerCache scratch;
     std::map<int64_t, at::Tensor> levels;
-    Capture capture(span_begin_, options_.sink_tokens, model_.attention_chunk(), &options_.windows, false);
+    Capture capture(span_begin_, options_.sink_tokens, model_.attention_chunk(), &options_.windows,
+                    false);
     capture.attend_whole(in, scratch, &levels);
     for (auto& [w, t] : levels) site.levels[w].push_back(t);
   }
   return site;
 }
 
-std::vector<double> AnswerSpan::evaluate(const SpanSite& site, const std::vector<SpanOutputs>& candidates,
+std::vector<double> AnswerSpan::evaluate(const SpanSite& site,
+                                         const std::vector<SpanOutputs>& candidates,
                                          const std::string& what) {
   return sweep({{&site, candidates}}, what).front();
 }
@@ -384,23 +430,27 @@ std::vector<double> AnswerSpan::evaluate(const SpanSite& site, const std::vector
 // layer or candidates: the batches of one micro-batch run as one call (their candidates side by
 // side, b-major), up to kRowsPerCall span rows, so the calls per layer do not grow with the number
 // of sites below it.
-void AnswerSpan::run_above_sites(int64_t j, std::vector<SpanBatch>& batches, const std::vector<SweepItem>& items) {
+void AnswerSpan::run_above_sites(int64_t j, std::vector<SpanBatch>& batches,
+                                 const std::vector<SweepItem>& items) {
   const auto micro_batches = micro_batch_rows_.size();
   for (size_t m = 0; m < micro_batches; ++m) {
     const int64_t rows = micro_batch_rows_[m];
-    const int64_t max_count = std::max<int64_t>(1, kRowsPerCall / std::max<int64_t>(1, rows * span_length_));
+    const int64_t max_count =
+        std::max<int64_t>(1, kRowsPerCall / std::max<int64_t>(1, rows * span_length_));
     std::vector<SpanBatch*> group;
     int64_t count = 0;
     auto flush = [&] {
       if (group.empty()) return;
       std::vector<at::Tensor> parts;
-      for (SpanBatch* b : group) parts.push_back(b->hidden.view({rows, -1, b->hidden.size(1), b->hidden.size(2)}));
+      for (SpanBatch* b : group)
+        parts.push_back(b->hidden.view({rows, -1, b->hidden.size(1), b->hidden.size(2)}));
       const at::Tensor merged = at::cat(parts, 1).view({rows * count, span_length_, -1});
       const LayerCache& cache = caches_[static_cast<size_t>(j)][m];
       CachedSpanCore core(cache.keys);
       arch::LayerState state = repeated(cache.state, count);
-      const at::Tensor out = model_.run_layer(j, merged, {&core, state.empty() ? nullptr : &state, span_begin_})
-                                 .view({rows, count, span_length_, -1});
+      const at::Tensor out =
+          model_.run_layer(j, merged, {&core, state.empty() ? nullptr : &state, span_begin_})
+              .view({rows, count, span_length_, -1});
       int64_t c0 = 0;
       for (SpanBatch* b : group) {
         const auto c = static_cast<int64_t>(b->c1 - b->c0);
@@ -422,18 +472,21 @@ void AnswerSpan::run_above_sites(int64_t j, std::vector<SpanBatch>& batches, con
   }
 }
 
-std::vector<std::vector<double>> AnswerSpan::sweep(const std::vector<SweepItem>& items, const std::string& what) {
+std::vector<std::vector<double>> AnswerSpan::sweep(const std::vector<SweepItem>& items,
+                                                   const std::string& what) {
   const auto& spec = model_.spec();
   const auto micro_batches = micro_batch_rows_.size();
   std::vector<SpanBatch> batches;
   int64_t lowest = spec.num_layers();
   for (size_t i = 0; i < items.size(); ++i) {
     const SweepItem& item = items[i];
-    HEADWISE_CHECK(item.site != nullptr && item.site->input.size() == micro_batches, "answer span: site without inputs");
+    HEADWISE_CHECK(item.site != nullptr && item.site->input.size() == micro_batches,
+                   "answer span: site without inputs");
     lowest = std::min(lowest, item.site->layer);
     for (size_t m = 0; m < micro_batches; ++m) {
       const int64_t rows = micro_batch_rows_[m] * span_length_;
-      const auto per_call = static_cast<size_t>(std::max<int64_t>(1, kRowsPerCall / std::max<int64_t>(1, rows)));
+      const auto per_call =
+          static_cast<size_t>(std::max<int64_t>(1, kRowsPerCall / std::max<int64_t>(1, rows)));
       for (size_t c0 = 0; c0 < item.candidates.size(); c0 += per_call) {
         batches.push_back({i, m, c0, std::min(item.candidates.size(), c0 + per_call), {}});
       }
@@ -447,14 +500,17 @@ std::vector<std::vector<double>> AnswerSpan::sweep(const std::vector<SweepItem>&
       if (item.site->layer == j) {
         std::vector<const at::Tensor*> outputs;
         for (size_t c = b.c0; c < b.c1; ++c) {
-          HEADWISE_CHECK(item.candidates[c].size() == micro_batches, "answer span: candidate without every micro-batch");
+          HEADWISE_CHECK(item.candidates[c].size() == micro_batches,
+                         "answer span: candidate without every micro-batch");
           outputs.push_back(&item.candidates[c][b.micro_batch]);
         }
         InjectedCore core(interleave_candidates(outputs));
-        arch::LayerState state = b.micro_batch < item.site->state.size() ? repeated(item.site->state[b.micro_batch], count)
-                                                                          : arch::LayerState{};
+        arch::LayerState state = b.micro_batch < item.site->state.size()
+                                     ? repeated(item.site->state[b.micro_batch], count)
+                                     : arch::LayerState{};
         const at::Tensor input = item.site->input[b.micro_batch].repeat_interleave(count, 0);
-        b.hidden = model_.run_layer(j, input, {&core, state.empty() ? nullptr : &state, span_begin_});
+        b.hidden =
+            model_.run_layer(j, input, {&core, state.empty() ? nullptr : &state, span_begin_});
         candidate_layer_passes_ += count;
       }
     }
@@ -468,10 +524,12 @@ std::vector<std::vector<double>> AnswerSpan::sweep(const std::vector<SweepItem>&
     const auto count = static_cast<int64_t>(b.c1 - b.c0);
     const auto m = static_cast<size_t>(b.micro_batch);
     // Answer a of sequence r is row r * C + c of the batch.
-    const at::Tensor rows = answer_rows_[m].unsqueeze(1) * count + at::arange(count, answer_rows_[m].options()).unsqueeze(0);
+    const at::Tensor rows = answer_rows_[m].unsqueeze(1) * count +
+                            at::arange(count, answer_rows_[m].options()).unsqueeze(0);
     const at::Tensor cols = (answer_columns_[m] - span_begin_).unsqueeze(1).expand_as(rows);
     const at::Tensor picked = b.hidden.index({rows.reshape(-1), cols.reshape(-1)}).unsqueeze(0);
-    const at::Tensor log_q = at::log_softmax(model_.logits(picked).squeeze(0).to(at::kFloat), -1);  // [answers * C, V]
+    const at::Tensor log_q =
+        at::log_softmax(model_.logits(picked).squeeze(0).to(at::kFloat), -1);  // [answers * C, V]
     const at::Tensor log_p = reference_[m].repeat_interleave(count, 0);
     const at::Tensor per = divergence_per_position(log_p, log_q, options_.divergence)
                                .to(at::kDouble)
@@ -492,8 +550,9 @@ std::vector<std::vector<double>> AnswerSpan::sweep(const std::vector<SweepItem>&
     for (size_t c = 0; c < merged.size(); ++c) {
       const double mean = merged[c].value() / static_cast<double>(answers_);
       if (!std::isfinite(mean)) {
-        throw NumericError(fmt::format("{}: {} is NaN/Inf for candidate {} of layer {}: check the layer's weights", what,
-                                       divergence_label(options_.divergence), c, items[i].site->layer));
+        throw NumericError(
+            fmt::format("{}: {} is NaN/Inf for candidate {} of layer {}: check the layer's weights",
+                        what, divergence_label(options_.divergence), c, items[i].site->layer));
       }
       means[i].push_back(mean);
     }
@@ -506,13 +565,15 @@ double AnswerSpan::evaluate_final(ActivationStream& final_hidden) {
   int64_t m = 0;
   final_hidden.visit([&](const at::Tensor& hidden) {
     const at::Tensor log_q = log_probs_at_answers(m, hidden, 0);
-    total.add(divergence_per_position(reference_[static_cast<size_t>(m)], log_q, options_.divergence)
-                  .to(at::kDouble)
-                  .sum()
-                  .item<double>());
+    total.add(
+        divergence_per_position(reference_[static_cast<size_t>(m)], log_q, options_.divergence)
+            .to(at::kDouble)
+            .sum()
+            .item<double>());
     ++m;
   });
-  return dist::sum_all(*world_, total, "the walk's end-to-end answer divergence").value() / static_cast<double>(answers_);
+  return dist::sum_all(*world_, total, "the walk's end-to-end answer divergence").value() /
+         static_cast<double>(answers_);
 }
 
 }  // namespace headwise::calib

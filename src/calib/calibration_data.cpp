@@ -19,8 +19,8 @@ std::string token_ids_sha256(const std::vector<std::vector<int64_t>>& sequences)
   return sha256_hex(bytes);
 }
 
-std::vector<std::vector<int64_t>> tail_answer_positions(const std::vector<std::vector<int64_t>>& sequences,
-                                                        int64_t tail) {
+std::vector<std::vector<int64_t>> tail_answer_positions(
+    const std::vector<std::vector<int64_t>>& sequences, int64_t tail) {
   std::vector<std::vector<int64_t>> out;
   for (const auto& seq : sequences) {
     const auto len = static_cast<int64_t>(seq.size());
@@ -32,8 +32,9 @@ std::vector<std::vector<int64_t>> tail_answer_positions(const std::vector<std::v
   return out;
 }
 
-CalibrationData load_calibration_data(const std::string& calib_path, const std::filesystem::path& model_dir,
-                                      int64_t vocab_size, int64_t samples, int64_t seq_len, uint64_t seed) {
+CalibrationData load_calibration_data(const std::string& calib_path,
+                                      const std::filesystem::path& model_dir, int64_t vocab_size,
+                                      int64_t samples, int64_t seq_len, uint64_t seed) {
   CalibrationData data;
   if (calib_path.empty()) {
     tasks::SyntheticOptions options{vocab_size, samples, seq_len, seed};
@@ -48,13 +49,17 @@ CalibrationData load_calibration_data(const std::string& calib_path, const std::
   std::optional<tokenize::Tokenizer> tokenizer;
   const auto tokenizer_path = model_dir / "tokenizer.json";
   std::error_code ec;
-  if (std::filesystem::exists(tokenizer_path, ec)) tokenizer.emplace(tokenize::Tokenizer::from_file(tokenizer_path));
-  CalibrationSet set = load_calibration_set(calib_path, tokenizer ? &*tokenizer : nullptr, seq_len, samples, vocab_size);
+  if (std::filesystem::exists(tokenizer_path, ec))
+    tokenizer.emplace(tokenize::Tokenizer::from_file(tokenizer_path));
+  CalibrationSet set = load_calibration_set(calib_path, tokenizer ? &*tokenizer : nullptr, seq_len,
+                                            samples, vocab_size);
   data.sequences = std::move(set.sequences);
-  data.description = fmt::format("{} ({} records, format {})", calib_path, set.records_used, set.format);
+  data.description =
+      fmt::format("{} ({} records, format {})", calib_path, set.records_used, set.format);
   data.sha256 = set.sha256;
   data.answer_positions = tail_answer_positions(data.sequences, kAnswerTailPositions);
-  data.answer_rule = fmt::format("tail:{} (KL to the full model over each sequence's last positions)", kAnswerTailPositions);
+  data.answer_rule = fmt::format(
+      "tail:{} (KL to the full model over each sequence's last positions)", kAnswerTailPositions);
   return data;
 }
 

@@ -117,7 +117,8 @@ std::optional<WalkState> read_checkpoint(const fs::path& path, const std::string
     throw_input_error(
         "{}: checkpoint was written for different inputs (inputs_sha256 {} here, {} now: model, "
         "calibration data, options or tool version changed); rerun without {} to start over",
-        path.string(), recorded.substr(0, 12), inputs_hash.substr(0, 12), option_spelling("resume"));
+        path.string(), recorded.substr(0, 12), inputs_hash.substr(0, 12),
+        option_spelling("resume"));
   }
   return walk_state_from_json(j["state"], path.string());
 }

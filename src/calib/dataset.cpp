@@ -1,7 +1,7 @@
 #include "headwise/calib/dataset.hpp"
 
-#include <nlohmann/json.hpp>
 #include <spdlog/spdlog.h>
+#include <nlohmann/json.hpp>
 
 #include "headwise/core/error.hpp"
 #include "headwise/core/files.hpp"
@@ -24,21 +24,25 @@ nlohmann::json parse_line(std::string_view line, const std::string& where) {
   } catch (const nlohmann::json::exception& e) {  // parse_error, or out_of_range for 1e999
     throw_input_error("{}: malformed JSON ({})", where, e.what());
   }
-  if (!json.is_object()) throw_input_error("{}: expected a JSON object with \"text\" or \"input_ids\"", where);
+  if (!json.is_object())
+    throw_input_error("{}: expected a JSON object with \"text\" or \"input_ids\"", where);
   if (json.contains("text") == json.contains("input_ids")) {
     throw_input_error("{}: a record needs exactly one of \"text\" and \"input_ids\"", where);
   }
   return json;
 }
 
-Record parse_record(const nlohmann::json& json, const std::string& where, const tokenize::Tokenizer* tokenizer) {
+Record parse_record(const nlohmann::json& json, const std::string& where,
+                    const tokenize::Tokenizer* tokenizer) {
   const bool has_text = json.contains("text");
   Record record;
   if (has_text) {
     if (!json["text"].is_string()) throw_input_error("{}: field \"text\" must be a string", where);
     if (tokenizer == nullptr) {
-      throw_input_error("{}: text record but no tokenizer is available (give the model folder with its "
-                        "tokenizer.json, or pre-tokenize to {{\"input_ids\": [...]}})", where);
+      throw_input_error(
+          "{}: text record but no tokenizer is available (give the model folder with its "
+          "tokenizer.json, or pre-tokenize to {{\"input_ids\": [...]}})",
+          where);
     }
     record.is_text = true;
     try {
@@ -49,10 +53,12 @@ Record parse_record(const nlohmann::json& json, const std::string& where, const 
     return record;
   }
   const auto& ids = json["input_ids"];
-  if (!ids.is_array()) throw_input_error("{}: field \"input_ids\" must be a list of integers", where);
+  if (!ids.is_array())
+    throw_input_error("{}: field \"input_ids\" must be a list of integers", where);
   record.ids.reserve(ids.size());
   for (size_t i = 0; i < ids.size(); ++i) {
-    if (!ids[i].is_number_integer()) throw_input_error("{}: input_ids[{}] is not an integer", where, i);
+    if (!ids[i].is_number_integer())
+      throw_input_error("{}: input_ids[{}] is not an integer", where, i);
     record.ids.push_back(ids[i].get<int64_t>());
   }
   return record;
@@ -71,8 +77,11 @@ void check_vocabulary(const Record& record, int64_t vocab_size, const std::strin
 // Accumulates records into fixed-length sequences.
 class Packer {
  public:
-  Packer(CalibrationSet& set, int64_t seq_len, int64_t samples) : set_(set), seq_len_(seq_len), samples_(samples) {}
-  bool full() const { return samples_ > 0 && static_cast<int64_t>(set_.sequences.size()) >= samples_; }
+  Packer(CalibrationSet& set, int64_t seq_len, int64_t samples)
+      : set_(set), seq_len_(seq_len), samples_(samples) {}
+  bool full() const {
+    return samples_ > 0 && static_cast<int64_t>(set_.sequences.size()) >= samples_;
+  }
 
   void add(const std::vector<int64_t>& ids) {
     const auto n = static_cast<int64_t>(ids.size());
@@ -95,7 +104,8 @@ class Packer {
   }
   void finish() {
     set_.tokens_dropped += static_cast<int64_t>(pending_.size());
-    if (samples_ > 0 && static_cast<int64_t>(set_.sequences.size()) > samples_) set_.sequences.resize(samples_);
+    if (samples_ > 0 && static_cast<int64_t>(set_.sequences.size()) > samples_)
+      set_.sequences.resize(samples_);
   }
 
  private:
@@ -106,11 +116,14 @@ class Packer {
 
 }  // namespace
 
-CalibrationSet load_calibration_set(const std::filesystem::path& path, const tokenize::Tokenizer* tokenizer,
-                                    int64_t seq_len, int64_t samples, int64_t vocab_size) {
+CalibrationSet load_calibration_set(const std::filesystem::path& path,
+                                    const tokenize::Tokenizer* tokenizer, int64_t seq_len,
+                                    int64_t samples, int64_t vocab_size) {
   const std::string file = path.string();
-  if (seq_len <= 0) throw_input_error("{}: sequence length must be positive, got {}", file, seq_len);
-  if (vocab_size <= 0) throw_input_error("{}: vocabulary size must be positive, got {}", file, vocab_size);
+  if (seq_len <= 0)
+    throw_input_error("{}: sequence length must be positive, got {}", file, seq_len);
+  if (vocab_size <= 0)
+    throw_input_error("{}: vocabulary size must be positive, got {}", file, vocab_size);
   const std::string bytes = read_text_file(path);
   CalibrationSet set;
   set.path = file;
@@ -133,19 +146,26 @@ CalibrationSet load_calibration_set(const std::filesystem::path& path, const tok
     (record.is_text ? any_text : any_ids) = true;
     packer.add(record.ids);
   }
-  if (set.records_in_file == 0) throw_input_error("{}: empty calibration file (no JSONL records)", file);
+  if (set.records_in_file == 0)
+    throw_input_error("{}: empty calibration file (no JSONL records)", file);
   packer.finish();
   set.format = any_text && any_ids ? "mixed" : any_text ? "text" : "input_ids";
   const auto got = static_cast<int64_t>(set.sequences.size());
   if (got == 0 || (samples > 0 && got < samples)) {
-    throw_input_error("{}: gives {} sequence(s) of {} tokens, {} asked for; use a shorter sequence length, fewer "
-                      "samples or more data", file, got, seq_len, samples > 0 ? samples : 1);
+    throw_input_error(
+        "{}: gives {} sequence(s) of {} tokens, {} asked for; use a shorter sequence length, fewer "
+        "samples or more data",
+        file, got, seq_len, samples > 0 ? samples : 1);
   }
-  spdlog::info("calibration set {}: {} sequences x {} tokens from {} of {} records ({}), sha256 {}", file, got, seq_len,
-               set.records_used, set.records_in_file, set.format, set.sha256.substr(0, 16));
-  if (set.records_cut > 0) spdlog::info("  {} record(s) longer than {} tokens were cut", set.records_cut, seq_len);
-  if (set.records_packed > 0) spdlog::info("  {} shorter record(s) were packed together", set.records_packed);
-  if (set.tokens_dropped > 0) spdlog::info("  {} token(s) dropped (cut tails, unfinished last pack)", set.tokens_dropped);
+  spdlog::info("calibration set {}: {} sequences x {} tokens from {} of {} records ({}), sha256 {}",
+               file, got, seq_len, set.records_used, set.records_in_file, set.format,
+               set.sha256.substr(0, 16));
+  if (set.records_cut > 0)
+    spdlog::info("  {} record(s) longer than {} tokens were cut", set.records_cut, seq_len);
+  if (set.records_packed > 0)
+    spdlog::info("  {} shorter record(s) were packed together", set.records_packed);
+  if (set.tokens_dropped > 0)
+    spdlog::info("  {} token(s) dropped (cut tails, unfinished last pack)", set.tokens_dropped);
   return set;
 }
 

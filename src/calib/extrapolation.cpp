@@ -45,7 +45,8 @@ void fit_power_law(solve::Group& group, const std::vector<int64_t>& unmeasured) 
   }
   for (auto& o : group.options) {
     if (!contains(unmeasured, o.window)) continue;
-    const double value = fitted ? std::exp(intercept + slope * std::log(static_cast<double>(o.window))) : at_largest;
+    const double value =
+        fitted ? std::exp(intercept + slope * std::log(static_cast<double>(o.window))) : at_largest;
     o.distortion = std::clamp(value, 0.0, at_largest);
   }
 }
@@ -61,14 +62,18 @@ Extrapolation parse_extrapolation(const std::string& text) {
 
 const char* extrapolation_name(Extrapolation rule) {
   switch (rule) {
-    case Extrapolation::kNone: return "none";
-    case Extrapolation::kAsFull: return "as-full";
-    case Extrapolation::kPowerLaw: return "power-law";
+    case Extrapolation::kNone:
+      return "none";
+    case Extrapolation::kAsFull:
+      return "as-full";
+    case Extrapolation::kPowerLaw:
+      return "power-law";
   }
   return "?";
 }
 
-void extrapolate_curves(std::vector<solve::Group>& groups, const std::vector<int64_t>& unmeasured, Extrapolation rule) {
+void extrapolate_curves(std::vector<solve::Group>& groups, const std::vector<int64_t>& unmeasured,
+                        Extrapolation rule) {
   if (rule != Extrapolation::kPowerLaw || unmeasured.empty()) return;
   for (auto& group : groups) fit_power_law(group, unmeasured);
 }

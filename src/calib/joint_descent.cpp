@@ -15,9 +15,10 @@ namespace {
 // when no move is admitted, or, with a `price` >= 0, when the best cut adds at least `price`
 // per byte saved / the best lengthening removes at most `price` per byte spent. Ties: more
 // bytes moved, then the lower head and level (stable).
-bool best_joint_move(const std::vector<solve::Group>& groups, std::vector<size_t>& assign, const JointMeasure& joint,
-                     const std::function<bool(size_t head, size_t level, int64_t bytes_after)>& allowed, bool cutting,
-                     double price, const JointPrefetch& prefetch) {
+bool best_joint_move(
+    const std::vector<solve::Group>& groups, std::vector<size_t>& assign, const JointMeasure& joint,
+    const std::function<bool(size_t head, size_t level, int64_t bytes_after)>& allowed,
+    bool cutting, double price, const JointPrefetch& prefetch) {
   const int64_t bytes_here = layer_bytes(groups, assign);
   const auto admitted = [&](size_t h, size_t l) {
     if (cutting ? l >= assign[h] : l <= assign[h]) return false;
@@ -45,15 +46,17 @@ bool best_joint_move(const std::vector<solve::Group>& groups, std::vector<size_t
       moved[h] = l;
       const double delta_kl = joint(moved) - here;
       // Cutting: least KL added per byte saved. Lengthening: most KL removed per byte spent.
-      const double rate = cutting ? delta_kl / static_cast<double>(std::max<int64_t>(1, -delta_bytes))
-                                  : delta_kl / static_cast<double>(std::max<int64_t>(1, delta_bytes));
+      const double rate = cutting
+                              ? delta_kl / static_cast<double>(std::max<int64_t>(1, -delta_bytes))
+                              : delta_kl / static_cast<double>(std::max<int64_t>(1, delta_bytes));
       const auto key = std::make_tuple(rate, -std::abs(delta_bytes), h, l);
       if (!best || key < *best) best = key;
     }
   }
   if (!best) return false;
   if (!cutting && std::get<0>(*best) >= 0.0) return false;  // lengthening must remove KL
-  if (price >= 0.0 && (cutting ? std::get<0>(*best) >= price : -std::get<0>(*best) <= price)) return false;
+  if (price >= 0.0 && (cutting ? std::get<0>(*best) >= price : -std::get<0>(*best) <= price))
+    return false;
   assign[std::get<2>(*best)] = std::get<3>(*best);
   return true;
 }
@@ -67,7 +70,8 @@ int64_t layer_bytes(const std::vector<solve::Group>& groups, const std::vector<s
 }
 
 std::vector<size_t> greedy_joint_descent(const std::vector<solve::Group>& groups, int64_t allowance,
-                                         const JointMeasure& joint, double price, const JointPrefetch& prefetch) {
+                                         const JointMeasure& joint, double price,
+                                         const JointPrefetch& prefetch) {
   std::vector<size_t> assign;
   for (const auto& group : groups) assign.push_back(group.options.size() - 1);  // the top level
   const auto any = [](size_t, size_t, int64_t) { return true; };
@@ -80,17 +84,19 @@ std::vector<size_t> greedy_joint_descent(const std::vector<solve::Group>& groups
     while (best_joint_move(groups, assign, joint, any, true, price, prefetch)) {
     }
   }
-  while (best_joint_move(groups, assign, joint,
-                         [allowance](size_t, size_t, int64_t bytes_after) { return bytes_after <= allowance; }, false,
-                         price, prefetch)) {
+  while (best_joint_move(
+      groups, assign, joint,
+      [allowance](size_t, size_t, int64_t bytes_after) { return bytes_after <= allowance; }, false,
+      price, prefetch)) {
   }
   return assign;
 }
 
 // Every assignment one move from `assign` (one head at another level, or two heads at once) that
 // keeps the layer within `allowance`, in a fixed order: heads, then levels.
-static std::vector<std::vector<size_t>> moves_within(const std::vector<solve::Group>& groups, const std::vector<size_t>& assign,
-                                              int64_t allowance) {
+static std::vector<std::vector<size_t>> moves_within(const std::vector<solve::Group>& groups,
+                                                     const std::vector<size_t>& assign,
+                                                     int64_t allowance) {
   std::vector<std::vector<size_t>> out;
   const auto keep_if_fits = [&](const std::vector<size_t>& candidate) {
     if (layer_bytes(groups, candidate) <= allowance) out.push_back(candidate);
@@ -118,8 +124,8 @@ static std::vector<std::vector<size_t>> moves_within(const std::vector<solve::Gr
 // The best move of one head, or of two heads at once, that keeps the layer within `allowance`
 // and lowers `measure`; applied, returns true. Ties: the first found (heads, then levels, in
 // order), so the result is deterministic.
-bool best_swap(const std::vector<solve::Group>& groups, std::vector<size_t>& assign, int64_t allowance,
-               const JointMeasure& measure, const JointPrefetch& prefetch) {
+bool best_swap(const std::vector<solve::Group>& groups, std::vector<size_t>& assign,
+               int64_t allowance, const JointMeasure& measure, const JointPrefetch& prefetch) {
   const std::vector<std::vector<size_t>> moves = moves_within(groups, assign, allowance);
   if (prefetch) {
     std::vector<std::vector<size_t>> step{assign};

@@ -23,11 +23,12 @@ int64_t layer_bytes(const std::vector<solve::Group>& groups, const std::vector<s
 // `allowance`; with `price` >= 0, keep cutting while a cut adds less than `price` per byte; then
 // lengthen within the allowance while a lengthening removes KL (more than `price` per byte).
 std::vector<size_t> greedy_joint_descent(const std::vector<solve::Group>& groups, int64_t allowance,
-                                         const JointMeasure& joint, double price, const JointPrefetch& prefetch = {});
+                                         const JointMeasure& joint, double price,
+                                         const JointPrefetch& prefetch = {});
 
 // The best move of one head, or of two heads at once, that keeps the layer within `allowance`
 // and lowers `measure`; applied, returns true.
-bool best_swap(const std::vector<solve::Group>& groups, std::vector<size_t>& assign, int64_t allowance,
-               const JointMeasure& measure, const JointPrefetch& prefetch = {});
+bool best_swap(const std::vector<solve::Group>& groups, std::vector<size_t>& assign,
+               int64_t allowance, const JointMeasure& measure, const JointPrefetch& prefetch = {});
 
 }  // namespace headwise::calib

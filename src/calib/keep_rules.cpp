@@ -6,11 +6,11 @@
 #include <chrono>
 #include <optional>
 
+#include "finite_checks.hpp"
 #include "headwise/arch/attention.hpp"
 #include "headwise/calib/activations.hpp"
 #include "headwise/core/error.hpp"
 #include "headwise/runtime/eviction_cache.hpp"
-#include "finite_checks.hpp"
 
 namespace headwise::calib {
 namespace {
@@ -21,20 +21,28 @@ using Windows = std::map<int64_t, std::vector<int64_t>>;
 // (when `h2o` is empty, plain windowed attention, as the grouped cache). Every other layer exact.
 class RuleCore final : public arch::AttentionCore {
  public:
-  RuleCore(const arch::ModelSpec& spec, int64_t layer, const std::vector<int64_t>& windows, const std::set<int64_t>& h2o,
-           const KeepRuleOptions& o, int64_t chunk)
-      : spec_(spec), layer_(layer), windows_(windows), h2o_(h2o), options_(o), chunk_(chunk), exact_(chunk) {}
+  RuleCore(const arch::ModelSpec& spec, int64_t layer, const std::vector<int64_t>& windows,
+           const std::set<int64_t>& h2o, const KeepRuleOptions& o, int64_t chunk)
+      : spec_(spec),
+        layer_(layer),
+        windows_(windows),
+        h2o_(h2o),
+        options_(o),
+        chunk_(chunk),
+        exact_(chunk) {}
 
   at::Tensor attend(const arch::AttentionInputs& in) override {
     if (in.layer_id != layer_) return exact_.attend(in);
-    if (h2o_.empty()) return arch::windowed_attention(in, windows_, options_.memory.sink_tokens, chunk_);
+    if (h2o_.empty())
+      return arch::windowed_attention(in, windows_, options_.memory.sink_tokens, chunk_);
     runtime::EvictionOptions eviction;
     eviction.method = runtime::EvictionMethod::kH2O;
     eviction.layers = {layer_};
     for (int64_t h = 0; h < static_cast<int64_t>(windows_.size()); ++h) {
       if (!h2o_.contains(h)) eviction.window_heads.insert({layer_, h});
     }
-    return runtime::simulate_eviction(spec_, in, windows_, options_.memory, eviction, options_.prefill_chunk, chunk_);
+    return runtime::simulate_eviction(spec_, in, windows_, options_.memory, eviction,
+                                      options_.prefill_chunk, chunk_);
   }
 
  private:
@@ -54,9 +62,15 @@ class RuleCore final : public arch::AttentionCore {
 // window its trials give their h2o heads, not once per trial.
 class SpanTrials {
  public:
-  SpanTrials(const arch::ModelSpec& spec, const SpanSite& site, const std::vector<int64_t>& candidates,
-             const std::vector<int64_t>& base, const KeepRuleOptions& o, int64_t chunk)
-      : spec_(spec), site_(site), candidates_(candidates), base_(base), options_(o), chunk_(chunk) {}
+  SpanTrials(const arch::ModelSpec& spec, const SpanSite& site,
+             const std::vector<int64_t>& candidates, const std::vector<int64_t>& base,
+             const KeepRuleOptions& o, int64_t chunk)
+      : spec_(spec),
+        site_(site),
+        candidates_(candidates),
+        base_(base),
+        options_(o),
+        chunk_(chunk) {}
 
   SpanOutputs compose(const std::vector<int64_t>& windows, const std::set<int64_t>& h2o) {
     SpanOutputs out;
@@ -65,10 +79,12 @@ class SpanTrials {
       at::Tensor composed;
       for (int64_t h = 0; h < kv; ++h) {
         const int64_t w = windows[static_cast<size_t>(h)];
-        const at::Tensor& source = h2o.contains(h) ? h2o_at(w)[m] : site_.levels.at(w)[m];  // [Bm, S, heads, hd]
+        const at::Tensor& source =
+            h2o.contains(h) ? h2o_at(w)[m] : site_.levels.at(w)[m];  // [Bm, S, heads, hd]
         if (!composed.defined()) composed = at::empty_like(source);
         const int64_t group = source.size(2) / kv;
-        composed.slice(2, h * group, (h + 1) * group).copy_(source.slice(2, h * group, (h + 1) * group));
+        composed.slice(2, h * group, (h + 1) * group)
+            .copy_(source.slice(2, h * group, (h + 1) * group));
       }
       out.push_back(composed);
     }
@@ -92,7 +108,8 @@ class SpanTrials {
     }
     SpanOutputs outputs;
     for (const auto& in : site_.attention) {
-      const at::Tensor all = runtime::simulate_eviction(spec_, in, windows, options_.memory, eviction, options_.prefill_chunk, chunk_);
+      const at::Tensor all = runtime::simulate_eviction(spec_, in, windows, options_.memory,
+                                                        eviction, options_.prefill_chunk, chunk_);
       outputs.push_back(all.slice(1, all.size(1) - site_.input.front().size(1), all.size(1)));
     }
     return h2o_.emplace(window, std::move(outputs)).first->second;
@@ -112,18 +129,17 @@ class SpanTrials {
 constexpr size_t kBatchedTrialHeads = 4;
 
 // The policy's total bytes with `windows` and the layers in `selecting` holding bookkeeping.
-int64_t total_bytes(const arch::ModelSpec& spec, const Windows& windows, const std::set<int64_t>& selecting,
-                    const memory::MemoryOptions& options) {
+int64_t total_bytes(const arch::ModelSpec& spec, const Windows& windows,
+                    const std::set<int64_t>& selecting, const memory::MemoryOptions& options) {
   return memory::estimate(spec, windows, options, selecting).total_bytes;
 }
 
 // Layer `layer`'s windows with the heads of `h2o` selecting tokens, the h2o heads giving up
 // slots one block at a time (the largest first) until the whole policy fits the budget; nullopt
 // when it cannot. `slots_given_up` receives how many they gave.
-std::optional<std::vector<int64_t>> pay_for_bookkeeping(const arch::ModelSpec& spec, Windows windows,
-                                                         std::set<int64_t> selecting, int64_t layer,
-                                                         const std::set<int64_t>& h2o, const KeepRuleOptions& o,
-                                                         int64_t& slots_given_up) {
+std::optional<std::vector<int64_t>> pay_for_bookkeeping(
+    const arch::ModelSpec& spec, Windows windows, std::set<int64_t> selecting, int64_t layer,
+    const std::set<int64_t>& h2o, const KeepRuleOptions& o, int64_t& slots_given_up) {
   selecting.insert(layer);
   std::vector<int64_t>& heads = windows.at(layer);
   slots_given_up = 0;
@@ -148,7 +164,8 @@ std::optional<std::vector<int64_t>> pay_for_bookkeeping(const arch::ModelSpec& s
 std::string rules_label(const std::vector<int64_t>& windows, const std::set<int64_t>& h2o) {
   std::string out;
   for (size_t h = 0; h < windows.size(); ++h) {
-    out += fmt::format("{}{}{}", h == 0 ? "" : ",", window_label(windows[h]), h2o.contains(static_cast<int64_t>(h)) ? ":h2o" : "");
+    out += fmt::format("{}{}{}", h == 0 ? "" : ",", window_label(windows[h]),
+                       h2o.contains(static_cast<int64_t>(h)) ? ":h2o" : "");
   }
   return "[" + out + "]";
 }
@@ -165,31 +182,37 @@ std::string resolve_keep_rules(const std::string& text, DistortionMeasure measur
   if (text == "auto") return answer_aware(measure) ? "window,h2o" : "window";
   if (!parse_keep_rules(text)) return "window";
   if (!answer_aware(measure)) {
-    throw_field_error("keep_rules", " {}: the rules are measured at the answers; use an answer measure ({} answer-tv or "
-                      "answer-kl), not {}", text, field_ref("distortion"), distortion_measure_name(measure));
+    throw_field_error(
+        "keep_rules",
+        " {}: the rules are measured at the answers; use an answer measure ({} answer-tv or "
+        "answer-kl), not {}",
+        text, field_ref("distortion"), distortion_measure_name(measure));
   }
   return "window,h2o";
 }
 
-KeepRuleResult choose_keep_rules(arch::DecoderModel& model, const std::vector<std::vector<int64_t>>& sequences,
-                                 const std::vector<std::vector<int64_t>>& answers, const Windows& windows,
-                                 const KeepRuleOptions& o) {
+KeepRuleResult choose_keep_rules(arch::DecoderModel& model,
+                                 const std::vector<std::vector<int64_t>>& sequences,
+                                 const std::vector<std::vector<int64_t>>& answers,
+                                 const Windows& windows, const KeepRuleOptions& o) {
   const auto start = std::chrono::steady_clock::now();
   const arch::ModelSpec& spec = model.spec();
   const int64_t chunk = model.attention_chunk();
-  HEADWISE_CHECK(!sequences.empty() && o.prefill_chunk > 0, "keep rules: {} sequences, prefill chunk {}", sequences.size(),
-                 o.prefill_chunk);
+  HEADWISE_CHECK(!sequences.empty() && o.prefill_chunk > 0,
+                 "keep rules: {} sequences, prefill chunk {}", sequences.size(), o.prefill_chunk);
   const auto tokens = static_cast<int64_t>(sequences.front().size());
   KeepRuleResult result;
   result.windows = windows;
   std::set<int64_t> selecting;
-  HEADWISE_CHECK(total_bytes(spec, windows, selecting, o.memory) <= o.budget_bytes, "keep rules: the windows exceed the budget");
+  HEADWISE_CHECK(total_bytes(spec, windows, selecting, o.memory) <= o.budget_bytes,
+                 "keep rules: the windows exceed the budget");
 
   // The exact measure runs the layers above over every token per trial; the span measure runs them
   // on the answer span against its caches (answer_span.hpp).
   std::optional<AnswerKl> exact_measure;
   if (o.span == nullptr) {
-    exact_measure.emplace(model, sequences, answers, o.micro_batch, o.memory.sink_tokens, dist::single_process(), o.divergence);
+    exact_measure.emplace(model, sequences, answers, o.micro_batch, o.memory.sink_tokens,
+                          dist::single_process(), o.divergence);
   }
   ActivationStream stream(model, sequences, o.micro_batch, o.activations);
   arch::ExactAttentionCore exact(chunk);
@@ -202,11 +225,13 @@ KeepRuleResult choose_keep_rules(arch::DecoderModel& model, const std::vector<st
       report.layer_id = i;
       const std::vector<int64_t> base = windows.at(i);
       for (int64_t h = 0; h < static_cast<int64_t>(base.size()); ++h) {
-        if (memory::global_head_slots(base[static_cast<size_t>(h)], o.memory) < tokens) report.candidates.push_back(h);
+        if (memory::global_head_slots(base[static_cast<size_t>(h)], o.memory) < tokens)
+          report.candidates.push_back(h);
       }
       std::vector<int64_t> current = base;
       double best = 0.0;
-      // The windows of a trial's layer, its h2o heads paying for the bookkeeping (nullopt: no room).
+      // The windows of a trial's layer, its h2o heads paying for the bookkeeping (nullopt: no
+      // room).
       const auto paid_for = [&](const std::set<int64_t>& trial, int64_t& given_up) {
         Windows trial_windows = result.windows;
         trial_windows[i] = base;
@@ -216,8 +241,9 @@ KeepRuleResult choose_keep_rules(arch::DecoderModel& model, const std::vector<st
       std::optional<SpanTrials> trials;
       std::map<std::set<int64_t>, double> span_memo;  // trial → divergence (the span measure)
       // Every set of candidates measured: choose the best set, not one head at a time. (A lone h2o
-      // head pays the layer's whole bookkeeping from its slots; measured on the 8K default model, the
-      // first head's trial then looks worse than its window while three heads at 448 slots beat it.)
+      // head pays the layer's whole bookkeeping from its slots; measured on the 8K default model,
+      // the first head's trial then looks worse than its window while three heads at 448 slots beat
+      // it.)
       bool exhaustive = false;
       if (o.span != nullptr && !report.candidates.empty()) {
         site.emplace(o.span->capture(i, stream, /*keep_attention=*/true));
@@ -243,20 +269,26 @@ KeepRuleResult choose_keep_rules(arch::DecoderModel& model, const std::vector<st
           batch.push_back(trial);
           outputs.push_back(trials->compose(*paid, trial));
         }
-        const auto values = o.span->evaluate(*site, outputs, fmt::format("layer {}: keep rules", i));
+        const auto values =
+            o.span->evaluate(*site, outputs, fmt::format("layer {}: keep rules", i));
         for (size_t t = 0; t < batch.size(); ++t) span_memo.emplace(batch[t], values[t]);
         exhaustive = reachable.size() > 1;
       }
       // The span measure of a trial, from the batch or on its own.
-      const auto span_value = [&](const std::set<int64_t>& trial, const std::vector<int64_t>& paid) {
+      const auto span_value = [&](const std::set<int64_t>& trial,
+                                  const std::vector<int64_t>& paid) {
         if (!span_memo.contains(trial)) {
-          span_memo[trial] = o.span->evaluate(*site, {trials->compose(paid, trial)},
-                                              fmt::format("layer {}: {}", i, rules_label(paid, trial))).front();
+          span_memo[trial] =
+              o.span
+                  ->evaluate(*site, {trials->compose(paid, trial)},
+                             fmt::format("layer {}: {}", i, rules_label(paid, trial)))
+                  .front();
         }
         return span_memo.at(trial);
       };
       if (!report.candidates.empty()) {
-        best = report.divergence_windows = site ? span_value({}, base) : exact_measure->evaluate(i, stream, base);
+        best = report.divergence_windows =
+            site ? span_value({}, base) : exact_measure->evaluate(i, stream, base);
         ++result.evaluations;
       }
       if (exhaustive) {
@@ -265,7 +297,8 @@ KeepRuleResult choose_keep_rules(arch::DecoderModel& model, const std::vector<st
           ++result.evaluations;
           int64_t given_up = 0;
           const auto paid = paid_for(trial, given_up);
-          spdlog::info("layer {} {}: {} {:.6g}", i, rules_label(*paid, trial), divergence_label(o.divergence), value);
+          spdlog::info("layer {} {}: {} {:.6g}", i, rules_label(*paid, trial),
+                       divergence_label(o.divergence), value);
           if (value < best) {
             best = value;
             chosen = trial;
@@ -280,7 +313,10 @@ KeepRuleResult choose_keep_rules(arch::DecoderModel& model, const std::vector<st
         int64_t given_up = 0;
         const auto paid = paid_for(trial, given_up);
         if (!paid) {
-          spdlog::info("layer {} head {}: h2o does not fit the budget with the layer's selection bookkeeping", i, h);
+          spdlog::info(
+              "layer {} head {}: h2o does not fit the budget with the layer's selection "
+              "bookkeeping",
+              i, h);
           continue;
         }
         double divergence = 0.0;
@@ -289,7 +325,8 @@ KeepRuleResult choose_keep_rules(arch::DecoderModel& model, const std::vector<st
         } else {
           RuleCore core(spec, i, *paid, trial, o, chunk);
           divergence = exact_measure->evaluate_attention(
-              i, stream, [&](const arch::AttentionInputs& in, int64_t) { return core.attend(in); }, rules_label(*paid, trial));
+              i, stream, [&](const arch::AttentionInputs& in, int64_t) { return core.attend(in); },
+              rules_label(*paid, trial));
         }
         ++result.evaluations;
         spdlog::info("layer {} {}: {} {:.6g} (best so far {:.6g})", i, rules_label(*paid, trial),
@@ -305,7 +342,8 @@ KeepRuleResult choose_keep_rules(arch::DecoderModel& model, const std::vector<st
       result.windows[i] = current;
       if (!chosen.empty()) {
         selecting.insert(i);
-        report.selection_bytes = memory::selection_bytes(*spec.layer(i).attention, current, o.memory);
+        report.selection_bytes =
+            memory::selection_bytes(*spec.layer(i).attention, current, o.memory);
       }
       std::vector<policy::KeepRule> rules(base.size(), policy::KeepRule::kWindow);
       for (int64_t h : chosen) rules[static_cast<size_t>(h)] = policy::KeepRule::kH2O;
@@ -315,13 +353,18 @@ KeepRuleResult choose_keep_rules(arch::DecoderModel& model, const std::vector<st
     // The stream the layers above see: this layer as decided (conditioned) or at full KV.
     if (global && o.conditioned) {
       RuleCore core(spec, i, result.windows.at(i), chosen, o, chunk);
-      stream.apply([&](const at::Tensor& h) { return checked_finite(model.run_layer(i, h, {&core, nullptr, 0}), i, spec.layer(i).kind); });
+      stream.apply([&](const at::Tensor& h) {
+        return checked_finite(model.run_layer(i, h, {&core, nullptr, 0}), i, spec.layer(i).kind);
+      });
     } else {
-      stream.apply([&](const at::Tensor& h) { return checked_finite(model.run_layer(i, h, {&exact, nullptr, 0}), i, spec.layer(i).kind); });
+      stream.apply([&](const at::Tensor& h) {
+        return checked_finite(model.run_layer(i, h, {&exact, nullptr, 0}), i, spec.layer(i).kind);
+      });
     }
     model.release_layer(i);
   }
-  HEADWISE_CHECK(total_bytes(spec, result.windows, selecting, o.memory) <= o.budget_bytes, "keep rules: over the budget");
+  HEADWISE_CHECK(total_bytes(spec, result.windows, selecting, o.memory) <= o.budget_bytes,
+                 "keep rules: over the budget");
   if (o.span != nullptr) result.divergence_final = o.span->evaluate_final(stream);
   result.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   return result;
@@ -343,7 +386,8 @@ nlohmann::json keep_rules_json(const KeepRuleResult& result) {
                       {"selection_bytes", l.selection_bytes},
                       {"slots_given_up", l.slots_given_up}});
   }
-  nlohmann::json out = {{"layers", layers}, {"evaluations", result.evaluations}, {"seconds", result.seconds}};
+  nlohmann::json out = {
+      {"layers", layers}, {"evaluations", result.evaluations}, {"seconds", result.seconds}};
   if (result.divergence_final >= 0) out["end_to_end"] = result.divergence_final;
   return out;
 }

@@ -63,7 +63,8 @@ int64_t answer_span_cache_bytes(const arch::ModelSpec& spec, const CalibrationSh
   for (const auto& layer : spec.layers) {
     if (layer.attention) {
       const auto& a = *layer.attention;
-      const int64_t tokens = a.sliding_window > 0 ? std::min(a.sliding_window, shape.seq_len) : shape.seq_len;
+      const int64_t tokens =
+          a.sliding_window > 0 ? std::min(a.sliding_window, shape.seq_len) : shape.seq_len;
       per_sequence += 2 * tokens * a.num_kv_heads * a.head_dim * e;
     }
     for (const auto& state : layer.states) {
@@ -75,7 +76,8 @@ int64_t answer_span_cache_bytes(const arch::ModelSpec& spec, const CalibrationSh
   return shape.samples * per_sequence;
 }
 
-std::optional<CgroupMemory> cgroup_memory_from(const fs::path& proc_self_cgroup, const fs::path& sys_fs_cgroup) {
+std::optional<CgroupMemory> cgroup_memory_from(const fs::path& proc_self_cgroup,
+                                               const fs::path& sys_fs_cgroup) {
   std::ifstream in(proc_self_cgroup);
   std::string line;
   while (std::getline(in, line)) {
@@ -117,9 +119,10 @@ std::optional<int64_t> available_host_bytes() {
 }
 
 int64_t MemoryPlan::device_peak_bytes() const {
-  const int64_t activations = activations_on_device ? activation_bytes + stream_checkpoint_bytes : 0;
-  return largest_layer_weight_bytes + measured_layer_weight_bytes + embedding_weight_bytes + activations +
-         micro_batch_bytes + workspace_bytes + answer_span_cache_bytes;
+  const int64_t activations =
+      activations_on_device ? activation_bytes + stream_checkpoint_bytes : 0;
+  return largest_layer_weight_bytes + measured_layer_weight_bytes + embedding_weight_bytes +
+         activations + micro_batch_bytes + workspace_bytes + answer_span_cache_bytes;
 }
 
 nlohmann::json MemoryPlan::to_json() const {
@@ -134,28 +137,37 @@ nlohmann::json MemoryPlan::to_json() const {
                      {"answer_span_cache_bytes", answer_span_cache_bytes},
                      {"stream_checkpoint_bytes", stream_checkpoint_bytes},
                      {"mapped_weight_bytes", mapped_weight_bytes}};
-  out["available_bytes"] = available_bytes ? nlohmann::json(*available_bytes) : nlohmann::json(nullptr);
+  out["available_bytes"] =
+      available_bytes ? nlohmann::json(*available_bytes) : nlohmann::json(nullptr);
   return out;
 }
 
 std::string MemoryPlan::describe() const {
   const std::string span =
-      answer_span_cache_bytes > 0 ? fmt::format(" + answer-span caches {}", format_bytes(answer_span_cache_bytes)) : "";
-  const std::string measured = measured_layer_weight_bytes > 0
-                                   ? fmt::format(" + measured layer {}", format_bytes(measured_layer_weight_bytes))
-                                   : "";
-  return fmt::format("planned peak {} = largest layer {}{} + embeddings {} + activations {} and stream checkpoints {} ({}) + "
-                     "micro-batch {} + attention workspace {}{}; plus up to {} of mapped checkpoint pages (page cache, "
-                     "reclaimable){}",
-                     format_bytes(device_peak_bytes()), format_bytes(largest_layer_weight_bytes), measured,
-                     format_bytes(embedding_weight_bytes), format_bytes(activation_bytes),
-                     format_bytes(stream_checkpoint_bytes), activations_on_device ? "on the device" : "in host memory",
-                     format_bytes(micro_batch_bytes), format_bytes(workspace_bytes), span, format_bytes(mapped_weight_bytes),
-                     available_bytes ? fmt::format("; {} available", format_bytes(*available_bytes)) : "");
+      answer_span_cache_bytes > 0
+          ? fmt::format(" + answer-span caches {}", format_bytes(answer_span_cache_bytes))
+          : "";
+  const std::string measured =
+      measured_layer_weight_bytes > 0
+          ? fmt::format(" + measured layer {}", format_bytes(measured_layer_weight_bytes))
+          : "";
+  return fmt::format(
+      "planned peak {} = largest layer {}{} + embeddings {} + activations {} and stream "
+      "checkpoints {} ({}) + "
+      "micro-batch {} + attention workspace {}{}; plus up to {} of mapped checkpoint pages (page "
+      "cache, "
+      "reclaimable){}",
+      format_bytes(device_peak_bytes()), format_bytes(largest_layer_weight_bytes), measured,
+      format_bytes(embedding_weight_bytes), format_bytes(activation_bytes),
+      format_bytes(stream_checkpoint_bytes),
+      activations_on_device ? "on the device" : "in host memory", format_bytes(micro_batch_bytes),
+      format_bytes(workspace_bytes), span, format_bytes(mapped_weight_bytes),
+      available_bytes ? fmt::format("; {} available", format_bytes(*available_bytes)) : "");
 }
 
 MemoryPlan plan_calibration_memory(const arch::ModelSpec& spec, const io::Checkpoint& checkpoint,
-                                   const CalibrationShape& shape, bool on_device, std::optional<int64_t> available) {
+                                   const CalibrationShape& shape, bool on_device,
+                                   std::optional<int64_t> available) {
   MemoryPlan plan;
   plan.activations_on_device = on_device;
   plan.available_bytes = available;
@@ -197,15 +209,18 @@ MemoryPlan plan_calibration_memory(const arch::ModelSpec& spec, const io::Checkp
   // the planner test: 3.9 with block-mse, 4.3-4.5 with answer-kl, whose references and
   // windowed reruns overlap the measurement's); docs/performance.md has the figures.
   const int64_t chunk = std::min(shape.attention_chunk, shape.seq_len);
-  plan.workspace_bytes =
-      shape.micro_batch * widest_heads * chunk * (9 * shape.seq_len / 2 + 2 * shape.levels * 256) * 4;
+  plan.workspace_bytes = shape.micro_batch * widest_heads * chunk *
+                         (9 * shape.seq_len / 2 + 2 * shape.levels * 256) * 4;
   const int64_t global_layers = static_cast<int64_t>(spec.global_layer_ids().size());
-  plan.stream_checkpoint_bytes = std::min(shape.stream_checkpoint_limit_bytes, global_layers * plan.activation_bytes);
+  plan.stream_checkpoint_bytes =
+      std::min(shape.stream_checkpoint_limit_bytes, global_layers * plan.activation_bytes);
   if (shape.answer_span) {
     plan.answer_span_cache_bytes = answer_span_cache_bytes(spec, shape);
     for (int64_t id : spec.global_layer_ids()) {
       const auto it = per_layer.find(id);
-      if (it != per_layer.end()) plan.measured_layer_weight_bytes = std::max(plan.measured_layer_weight_bytes, it->second.converted);
+      if (it != per_layer.end())
+        plan.measured_layer_weight_bytes =
+            std::max(plan.measured_layer_weight_bytes, it->second.converted);
     }
   }
   return plan;

@@ -27,7 +27,6 @@
 namespace headwise::calib {
 namespace seqcalib {
 
-
 RunInputs::RunInputs(arch::DecoderModel& model, const std::vector<std::vector<int64_t>>& sequences,
                      const SeqCalibOptions& options)
     : model(model),
@@ -186,7 +185,8 @@ int64_t default_probe_samples(int64_t sequences) {
 }
 
 int64_t effective_probe_samples(int64_t requested, int64_t sequences) {
-  if (requested < 0) throw_field_error("probe_samples", " must not be negative (got {})", requested);
+  if (requested < 0)
+    throw_field_error("probe_samples", " must not be negative (got {})", requested);
   return requested > 0 ? std::min(requested, sequences) : default_probe_samples(sequences);
 }
 

@@ -11,7 +11,8 @@
 
 namespace headwise::calib {
 
-// Keys [B, kv, N, hd] (and values) at the consecutive positions [first_position, first_position + N).
+// Keys [B, kv, N, hd] (and values) at the consecutive positions [first_position, first_position +
+// N).
 struct KeyBlock {
   at::Tensor k;
   at::Tensor v;
@@ -32,7 +33,7 @@ struct SpanAttentionShape {
 // be null: the span's keys are then part of `shared`. Keys visible per arch::visible_keys with
 // `shape.window` and `shape.sink_tokens`. Returns [B * C, S, heads, hd] in q's dtype; scores in
 // q's dtype, softmax and the weighted sum in fp32. Workspace is bounded by chunking query rows.
-at::Tensor span_attention(const at::Tensor& q, int64_t span_begin, const KeyBlock& shared, const KeyBlock* own,
-                          const SpanAttentionShape& shape);
+at::Tensor span_attention(const at::Tensor& q, int64_t span_begin, const KeyBlock& shared,
+                          const KeyBlock* own, const SpanAttentionShape& shape);
 
 }  // namespace headwise::calib

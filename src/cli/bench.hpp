@@ -25,6 +25,7 @@ struct AttentionBenchShape {
 // five masked windowed_attention calls, one for_each_chunk_levels pass, and one
 // measure_window_distortion pass (one-pass attention plus the per-head error projections).
 // Keys: multiwindow_speedup (masked / one-pass), masked_ms, onepass_ms, measure_ms, ...
-nlohmann::json bench_multiwindow(const AttentionBenchShape& shape, const at::Device& device, at::ScalarType dtype);
+nlohmann::json bench_multiwindow(const AttentionBenchShape& shape, const at::Device& device,
+                                 at::ScalarType dtype);
 
 }  // namespace headwise::cli::bench

@@ -9,8 +9,8 @@
 
 #include "bench.hpp"
 #include "headwise/arch/attention.hpp"
-#include "headwise/measure/multiwindow.hpp"
 #include "headwise/arch/attention_cuda.hpp"
+#include "headwise/measure/multiwindow.hpp"
 
 namespace headwise::cli::bench {
 
@@ -27,12 +27,15 @@ double best_ms(const at::Device& device, int repeats, const std::function<void()
     const auto start = std::chrono::steady_clock::now();
     fn();
     synchronize(device);
-    best = std::min(best, std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count());
+    best = std::min(
+        best, std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start)
+                  .count());
   }
   return best;
 }
 
-nlohmann::json bench_multiwindow(const AttentionBenchShape& s, const at::Device& device, at::ScalarType dtype) {
+nlohmann::json bench_multiwindow(const AttentionBenchShape& s, const at::Device& device,
+                                 at::ScalarType dtype) {
   c10::InferenceMode inference;
   at::manual_seed(0);
   const auto opts = at::TensorOptions().dtype(dtype).device(device);
@@ -47,20 +50,22 @@ nlohmann::json bench_multiwindow(const AttentionBenchShape& s, const at::Device&
   const auto ladder = measure::parse_window_ladder("256,1k,2k,4k,full", "bench");
 
   // Warm-up: first calls pay for allocator growth and (on CUDA) module load.
-  measure::for_each_chunk_levels(in, ladder, 0, s.chunk, [](int64_t, int64_t, const auto&, const auto&) {});
+  measure::for_each_chunk_levels(in, ladder, 0, s.chunk,
+                                 [](int64_t, int64_t, const auto&, const auto&) {});
   const double masked = best_ms(device, s.repeats, [&] {
-    for (int64_t w : ladder.levels) (void)arch::windowed_attention(in, w, /*sink_tokens=*/0, s.chunk);
+    for (int64_t w : ladder.levels)
+      (void)arch::windowed_attention(in, w, /*sink_tokens=*/0, s.chunk);
   });
   const double onepass = best_ms(device, s.repeats, [&] {
-    measure::for_each_chunk_levels(in, ladder, 0, s.chunk, [](int64_t, int64_t, const auto&, const auto&) {});
+    measure::for_each_chunk_levels(in, ladder, 0, s.chunk,
+                                   [](int64_t, int64_t, const auto&, const auto&) {});
   });
   const double measure_ms = best_ms(device, s.repeats, [&] {
     measure::DistortionAccumulator acc(s.kv_heads, static_cast<int64_t>(ladder.size()));
     (void)measure::measure_window_distortion(in, ladder, 0, s.chunk, acc);
   });
-  const double full_ms = best_ms(device, s.repeats, [&] {
-    (void)arch::windowed_attention(in, kFullWindow, 0, s.chunk);
-  });
+  const double full_ms = best_ms(
+      device, s.repeats, [&] { (void)arch::windowed_attention(in, kFullWindow, 0, s.chunk); });
   nlohmann::json aten;
 #ifdef HEADWISE_WITH_CUDA
   if (device.is_cuda()) {
@@ -70,25 +75,30 @@ nlohmann::json bench_multiwindow(const AttentionBenchShape& s, const at::Device&
       for (int64_t w : ladder.levels) (void)arch::windowed_attention(in, w, 0, s.chunk);
     });
     aten["aten_multiwindow_onepass_ms"] = best_ms(device, s.repeats, [&] {
-      measure::for_each_chunk_levels(in, ladder, 0, s.chunk, [](int64_t, int64_t, const auto&, const auto&) {});
+      measure::for_each_chunk_levels(in, ladder, 0, s.chunk,
+                                     [](int64_t, int64_t, const auto&, const auto&) {});
     });
-    aten["aten_full_attention_ms"] = best_ms(device, s.repeats, [&] {
-      (void)arch::windowed_attention(in, kFullWindow, 0, s.chunk);
-    });
+    aten["aten_full_attention_ms"] = best_ms(
+        device, s.repeats, [&] { (void)arch::windowed_attention(in, kFullWindow, 0, s.chunk); });
     arch::set_cuda_kernels_enabled(true);
   }
 #endif
   nlohmann::json result = {{"multiwindow_speedup", masked / onepass},
-          {"multiwindow_over_full_attention", onepass / full_ms},
-          {"multiwindow_measure_speedup", masked / measure_ms},
-          {"multiwindow_levels", ladder.to_string()},
-          {"multiwindow_masked_ms", masked},
-          {"multiwindow_onepass_ms", onepass},
-          {"multiwindow_measure_ms", measure_ms},
-          {"full_attention_ms", full_ms},
-          {"multiwindow_shape",
-           {{"batch", s.batch}, {"heads", s.heads}, {"kv_heads", s.kv_heads}, {"steps", s.steps},
-            {"head_dim", s.head_dim}, {"chunk", s.chunk}, {"dtype", c10::toString(dtype)}}}};
+                           {"multiwindow_over_full_attention", onepass / full_ms},
+                           {"multiwindow_measure_speedup", masked / measure_ms},
+                           {"multiwindow_levels", ladder.to_string()},
+                           {"multiwindow_masked_ms", masked},
+                           {"multiwindow_onepass_ms", onepass},
+                           {"multiwindow_measure_ms", measure_ms},
+                           {"full_attention_ms", full_ms},
+                           {"multiwindow_shape",
+                            {{"batch", s.batch},
+                             {"heads", s.heads},
+                             {"kv_heads", s.kv_heads},
+                             {"steps", s.steps},
+                             {"head_dim", s.head_dim},
+                             {"chunk", s.chunk},
+                             {"dtype", c10::toString(dtype)}}}};
   if (!aten.is_null()) result.update(aten);
   return result;
 }

@@ -35,9 +35,9 @@ struct BenchArgs {
   std::string model;
   bool quick = false;
   std::string device = "cpu";
-  int64_t samples = 0;        // 0: 2
-  std::string seq_len;        // default: 1k quick, 8k full
-  std::string windows;        // default: 5 levels ending in full, scaled to seq_len
+  int64_t samples = 0;  // 0: 2
+  std::string seq_len;  // default: 1k quick, 8k full
+  std::string windows;  // default: 5 levels ending in full, scaled to seq_len
   int64_t attention_chunk = 512;
   int64_t attention_steps = 8192;
   int64_t attention_head_dim = 0;  // 0: 64 quick, 128 full
@@ -64,7 +64,9 @@ void forward_layers(arch::DecoderModel& model, const at::Tensor& ids) {
 
 // This process's CPU seconds (every thread): next to wall time, the work a run did whatever else
 // the machine runs at the same time (2 cores shared with other jobs make wall time noisy).
-double cpu_seconds() { return static_cast<double>(std::clock()) / CLOCKS_PER_SEC; }
+double cpu_seconds() {
+  return static_cast<double>(std::clock()) / CLOCKS_PER_SEC;
+}
 
 // Half of full KV's global bytes at the calibration length, plus the fixed bytes: the controller,
 // the descent and the completion all have real choices to make.
@@ -78,8 +80,9 @@ int64_t half_budget(const arch::ModelSpec& spec, int64_t context) {
 
 // One calibration as the main command runs it: every option at its default but the model, the
 // ladder, the 50% budget, the calibration size and the measure (`distortion`; empty: the default).
-double calibration_seconds(const BenchArgs& args, const std::string& distortion, int64_t samples, int64_t steps,
-                           const std::string& windows, const arch::ModelSpec& spec, nlohmann::json& details) {
+double calibration_seconds(const BenchArgs& args, const std::string& distortion, int64_t samples,
+                           int64_t steps, const std::string& windows, const arch::ModelSpec& spec,
+                           nlohmann::json& details) {
   calib::CalibrationRequest request;
   request.model = args.model;
   request.context = std::to_string(steps);
@@ -97,7 +100,8 @@ double calibration_seconds(const BenchArgs& args, const std::string& distortion,
   const auto start = std::chrono::steady_clock::now();
   const double cpu_start = cpu_seconds();
   const calib::CalibrationOutcome outcome = job.run(control);
-  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   const double cpu = cpu_seconds() - cpu_start;
   const nlohmann::json report = report::calibration_report(outcome);
   details = {{"seconds", seconds},
@@ -105,12 +109,16 @@ double calibration_seconds(const BenchArgs& args, const std::string& distortion,
              {"distortion", calib::distortion_measure_name(options.distortion)},
              {"total_bytes", outcome.policy.memory.total_bytes},
              {"budget_bytes", options.budget},
-             {"answer_evaluations", report.at("answer_kl").is_object() ? report["answer_kl"].value("evaluations", int64_t{0}) : 0},
-             {"keep_rules", report.contains("keep_rules") ? report["keep_rules"]["seconds"] : nlohmann::json(nullptr)}};
+             {"answer_evaluations", report.at("answer_kl").is_object()
+                                        ? report["answer_kl"].value("evaluations", int64_t{0})
+                                        : 0},
+             {"keep_rules", report.contains("keep_rules") ? report["keep_rules"]["seconds"]
+                                                          : nlohmann::json(nullptr)}};
   return seconds;
 }
 
-nlohmann::json bench_seqcalib(const BenchArgs& args, int64_t samples, int64_t steps, const std::string& windows) {
+nlohmann::json bench_seqcalib(const BenchArgs& args, int64_t samples, int64_t steps,
+                              const std::string& windows) {
   c10::InferenceMode inference;
   arch::ModelOptions options;
   options.device = args.device;
@@ -149,7 +157,8 @@ nlohmann::json bench_seqcalib(const BenchArgs& args, int64_t samples, int64_t st
   for (const std::string& measure : args.measures) {
     reset_peak_rss();
     nlohmann::json d;
-    const double seconds = calibration_seconds(args, measure == "default" ? "" : measure, samples, steps, windows, spec, d);
+    const double seconds = calibration_seconds(args, measure == "default" ? "" : measure, samples,
+                                               steps, windows, spec, d);
     d["peak_rss_bytes"] = peak_rss_bytes();
     const std::string name = measure == "default" ? d["distortion"].get<std::string>() : measure;
     by_measure[name] = seconds * 1000 / forward_ms;
@@ -178,9 +187,11 @@ nlohmann::json bench_seqcalib(const BenchArgs& args, int64_t samples, int64_t st
                         {"device", device.str()},
                         {"compute_dtype", c10::toString(model->dtype())}};
   if (default_seconds > 0) {
-    // The default calibration (measure, keep rules, completion: all of the main command) over one forward.
+    // The default calibration (measure, keep rules, completion: all of the main command) over one
+    // forward.
     out["seqcalib_over_forward"] = default_seconds * 1000 / forward_ms;
-    out["seqcalib_over_forward_cpu"] = details["default"]["cpu_seconds"].get<double>() / forward_cpu;
+    out["seqcalib_over_forward_cpu"] =
+        details["default"]["cpu_seconds"].get<double>() / forward_cpu;
     out["seqcalib_over_forward_with_head"] = default_seconds * 1000 / forward_head_ms;
     out["seqcalib_seconds"] = default_seconds;
     out["peak_rss_bytes"] = default_peak_rss;
@@ -191,27 +202,32 @@ nlohmann::json bench_seqcalib(const BenchArgs& args, int64_t samples, int64_t st
 void run(const BenchArgs& args) {
   apply_logging(args.flags);
   const int64_t samples = args.samples > 0 ? args.samples : 4;
-  const int64_t steps = parse_token_count(args.seq_len.empty() ? (args.quick ? "1k" : "8k") : args.seq_len, "--seq-len");
+  const int64_t steps = parse_token_count(
+      args.seq_len.empty() ? (args.quick ? "1k" : "8k") : args.seq_len, "--seq-len");
   const std::string windows = !args.windows.empty() ? args.windows
-                              : steps >= 8192   ? "256,1k,2k,4k,full"
-                                                : fmt::format("{},{},{},{},full", steps / 32, steps / 8, steps / 4, steps / 2);
+                              : steps >= 8192       ? "256,1k,2k,4k,full"
+                                                    : fmt::format("{},{},{},{},full", steps / 32,
+                                                                  steps / 8, steps / 4, steps / 2);
   nlohmann::json out;
   if (!args.skip_seqcalib) {
-    if (args.model.empty()) throw_input_error("bench-calib: --model is required (tools/bench-calib builds one)");
+    if (args.model.empty())
+      throw_input_error("bench-calib: --model is required (tools/bench-calib builds one)");
     out = bench_seqcalib(args, samples, steps, windows);
   }
   if (!args.skip_kernels) {
     const at::Device device(args.device);
     bench::AttentionBenchShape shape;
     shape.steps = args.attention_steps;
-    shape.head_dim = args.attention_head_dim > 0 ? args.attention_head_dim : (args.quick ? 64 : 128);
+    shape.head_dim =
+        args.attention_head_dim > 0 ? args.attention_head_dim : (args.quick ? 64 : 128);
     if (args.quick) {  // same T and ladder, a quarter of the heads: the masked reference is slow
       shape.heads = 4;
       shape.kv_heads = 1;
     }
     shape.chunk = args.attention_chunk;
     shape.repeats = args.quick ? 1 : 3;
-    out.update(bench::bench_multiwindow(shape, device, device.is_cpu() ? at::kFloat : at::kBFloat16));
+    out.update(
+        bench::bench_multiwindow(shape, device, device.is_cpu() ? at::kFloat : at::kBFloat16));
     out["solver_ms"] = solve::benchmark_solver_ms(64, 8, 6, /*seed=*/1, /*sink_tokens=*/4);
     out["solver_shape"] = "64 layers x 8 KV heads x 6 levels";
   }
@@ -224,29 +240,38 @@ void run(const BenchArgs& args) {
   std::cout << out.dump(2) << "\n";
 }
 
-const RegisterCommand kRegister{"bench-calib", [](CLI::App& root) {
-  static BenchArgs args;
-  // Hidden (empty group): a developer tool, run through tools/bench-calib.
-  auto* cmd = root.add_subcommand("bench-calib", "Benchmark SeqCalib, multi-window attention and the solver")->group("");
-  cmd->add_option("--model", args.model, "Model folder to calibrate (tools/make_bench_model.py builds one)");
-  cmd->add_flag("--quick", args.quick, "Small sizes: under a minute on a laptop");
-  cmd->add_option("--device", args.device, "cpu, cuda or cuda:N")->capture_default_str();
-  cmd->add_option("--samples", args.samples, "Calibration sequences (default 4)");
-  cmd->add_option("--seq-len", args.seq_len, "Tokens per sequence (default 1k quick, 8k full)");
-  cmd->add_option("--windows", args.windows, "SeqCalib window ladder (default: 5 levels)");
-  cmd->add_option("--attention-chunk", args.attention_chunk, "Queries per attention chunk")->capture_default_str();
-  cmd->add_option("--attention-steps", args.attention_steps, "T of the multi-window timing")->capture_default_str();
-  cmd->add_option("--attention-head-dim", args.attention_head_dim, "head_dim of the multi-window timing");
-  cmd->add_flag("--skip-seqcalib", args.skip_seqcalib, "Only the attention and solver timings");
-  cmd->add_flag("--skip-kernels", args.skip_kernels, "Only the calibrations (no attention or solver timings)");
-  cmd->add_option("--measures", args.measures,
-                  "Calibrations to time against one forward: default (the main command's defaults) and/or --distortion "
-                  "values (answer-tv, answer-grad, block-mse, ...)")
-      ->delimiter(',')
-      ->capture_default_str();
-  add_common_flags(cmd, args.flags, /*with_json=*/true);
-  cmd->callback([] { run(args); });
-}};
+const RegisterCommand kRegister{
+    "bench-calib", [](CLI::App& root) {
+      static BenchArgs args;
+      // Hidden (empty group): a developer tool, run through tools/bench-calib.
+      auto* cmd = root.add_subcommand("bench-calib",
+                                      "Benchmark SeqCalib, multi-window attention and the solver")
+                      ->group("");
+      cmd->add_option("--model", args.model,
+                      "Model folder to calibrate (tools/make_bench_model.py builds one)");
+      cmd->add_flag("--quick", args.quick, "Small sizes: under a minute on a laptop");
+      cmd->add_option("--device", args.device, "cpu, cuda or cuda:N")->capture_default_str();
+      cmd->add_option("--samples", args.samples, "Calibration sequences (default 4)");
+      cmd->add_option("--seq-len", args.seq_len, "Tokens per sequence (default 1k quick, 8k full)");
+      cmd->add_option("--windows", args.windows, "SeqCalib window ladder (default: 5 levels)");
+      cmd->add_option("--attention-chunk", args.attention_chunk, "Queries per attention chunk")
+          ->capture_default_str();
+      cmd->add_option("--attention-steps", args.attention_steps, "T of the multi-window timing")
+          ->capture_default_str();
+      cmd->add_option("--attention-head-dim", args.attention_head_dim,
+                      "head_dim of the multi-window timing");
+      cmd->add_flag("--skip-seqcalib", args.skip_seqcalib, "Only the attention and solver timings");
+      cmd->add_flag("--skip-kernels", args.skip_kernels,
+                    "Only the calibrations (no attention or solver timings)");
+      cmd->add_option("--measures", args.measures,
+                      "Calibrations to time against one forward: default (the main command's "
+                      "defaults) and/or --distortion "
+                      "values (answer-tv, answer-grad, block-mse, ...)")
+          ->delimiter(',')
+          ->capture_default_str();
+      add_common_flags(cmd, args.flags, /*with_json=*/true);
+      cmd->callback([] { run(args); });
+    }};
 
 }  // namespace
 }  // namespace headwise::cli

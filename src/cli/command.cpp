@@ -41,10 +41,11 @@ void add_common_flags(CLI::App* app, CommonFlags& flags, bool with_json) {
 
 CLI::Option* add_runtime_attention_option(CLI::App* app, std::string& name) {
   return app
-      ->add_option("--runtime-attention", name,
-                   "Attention of the runtime decoder (and of eval's duo gate training): fused (ATen's "
-                   "flash/memory-efficient kernel where it applies) or explicit (the plain forward's "
-                   "matmul/softmax numerics; slower, for comparisons)")
+      ->add_option(
+          "--runtime-attention", name,
+          "Attention of the runtime decoder (and of eval's duo gate training): fused (ATen's "
+          "flash/memory-efficient kernel where it applies) or explicit (the plain forward's "
+          "matmul/softmax numerics; slower, for comparisons)")
       ->capture_default_str();
 }
 
@@ -58,7 +59,9 @@ void apply_logging(const CommonFlags& flags) {
   auto logger = spdlog::stderr_color_mt("headwise");
   logger->set_pattern("[%H:%M:%S] %^%l%$ %v");
   spdlog::set_default_logger(logger);
-  spdlog::set_level(flags.quiet ? spdlog::level::err : flags.verbose ? spdlog::level::debug : spdlog::level::info);
+  spdlog::set_level(flags.quiet     ? spdlog::level::err
+                    : flags.verbose ? spdlog::level::debug
+                                    : spdlog::level::info);
 }
 
 }  // namespace headwise::cli

@@ -4,8 +4,8 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
-#include <optional>
 #include <iostream>
+#include <optional>
 #include <sstream>
 
 #include "headwise/arch/context_guard.hpp"
@@ -28,7 +28,9 @@ struct EvalArgs {
   std::vector<std::string> policies;
   std::vector<std::string> unconditioned_policies;
   std::string tasks;
-  std::string baselines = "full,uniform,pyramid,retrieval-score,duo,random,unconditioned,snapkv,h2o,adakv,snapkv-chunked,adakv-chunked";
+  std::string baselines =
+      "full,uniform,pyramid,retrieval-score,duo,random,unconditioned,snapkv,h2o,adakv,snapkv-"
+      "chunked,adakv-chunked";
   int64_t samples = 100;
   std::string seq_len = "context";  // the policy's context
   bool allow_short_seq_len = false;
@@ -60,15 +62,20 @@ void refuse_short_sequences(const policy::Policy& p, int64_t seq_len, bool allow
   const int64_t largest = eval::largest_finite_window(p.head_windows());
   if (seq_len > largest) return;
   if (!allowed) {
-    throw_input_error("--seq-len {} is not longer than the policy's largest finite window ({} tokens): such windows "
-                      "truncate nothing there; evaluate at the policy's context (the default) or pass "
-                      "--allow-short-seq-len",
-                      seq_len, largest);
+    throw_input_error(
+        "--seq-len {} is not longer than the policy's largest finite window ({} tokens): such "
+        "windows "
+        "truncate nothing there; evaluate at the policy's context (the default) or pass "
+        "--allow-short-seq-len",
+        seq_len, largest);
   }
-  spdlog::warn("--seq-len {} <= the policy's largest finite window ({}): heads with windows that long act as full KV "
-               "on these samples, and baselines built to the policy's bytes at its context {} may too; the comparison "
-               "does not show what the deployment will see",
-               seq_len, largest, p.context);
+  spdlog::warn(
+      "--seq-len {} <= the policy's largest finite window ({}): heads with windows that long act "
+      "as full KV "
+      "on these samples, and baselines built to the policy's bytes at its context {} may too; the "
+      "comparison "
+      "does not show what the deployment will see",
+      seq_len, largest, p.context);
 }
 
 // Methods whose every finite window covers the samples are full KV in effect: say so.
@@ -79,24 +86,30 @@ void warn_full_in_effect(const std::vector<eval::MethodWindows>& methods, int64_
     for (const auto& [layer, heads] : m.windows) {
       for (int64_t w : heads) truncates = truncates || w < seq_len - 1;
     }
-    if (!truncates) spdlog::warn("eval: {} truncates nothing on {}-token samples: it is full KV in effect", m.name, seq_len);
+    if (!truncates)
+      spdlog::warn("eval: {} truncates nothing on {}-token samples: it is full KV in effect",
+                   m.name, seq_len);
   }
 }
 
-void print_table(const std::vector<eval::MethodResult>& results, const std::vector<std::string>& tasks) {
+void print_table(const std::vector<eval::MethodResult>& results,
+                 const std::vector<std::string>& tasks) {
   std::string header = fmt::format("{:<14} {:>14} {:>14}", "method", "cache_est", "cache_meas");
   for (const auto& t : tasks) header += fmt::format(" {:>17}", t);
-  header += fmt::format(" {:>10} {:>10} {:>11} {:>10}", "kl_vs_full", "ppl", "prefill t/s", "decode t/s");
+  header +=
+      fmt::format(" {:>10} {:>10} {:>11} {:>10}", "kl_vs_full", "ppl", "prefill t/s", "decode t/s");
   std::cout << header << "\n";
   for (const auto& r : results) {
-    std::string line = fmt::format("{:<14} {:>14} {:>14}", r.name, r.cache_bytes_estimated, r.cache_bytes_measured);
+    std::string line = fmt::format("{:<14} {:>14} {:>14}", r.name, r.cache_bytes_estimated,
+                                   r.cache_bytes_measured);
     for (const auto& t : tasks) {
       const auto c = r.correct.count(t) ? r.correct.at(t) : std::pair<int64_t, int64_t>{0, 0};
       const auto [lo, hi] = eval::wilson_interval(c.first, c.second);
-      line += fmt::format(" {:>5.3f} [{:.2f},{:.2f}]", r.accuracy.count(t) ? r.accuracy.at(t) : 0.0, lo, hi);
+      line += fmt::format(" {:>5.3f} [{:.2f},{:.2f}]", r.accuracy.count(t) ? r.accuracy.at(t) : 0.0,
+                          lo, hi);
     }
-    line += fmt::format(" {:>10.4g} {:>10.4g} {:>11.1f} {:>10.1f}", r.kl_vs_full, r.perplexity, r.prefill_tokens_per_s,
-                        r.decode_tokens_per_s);
+    line += fmt::format(" {:>10.4g} {:>10.4g} {:>11.1f} {:>10.1f}", r.kl_vs_full, r.perplexity,
+                        r.prefill_tokens_per_s, r.decode_tokens_per_s);
     std::cout << line << "\n";
   }
 }
@@ -107,16 +120,20 @@ std::string state_dtype_label(const policy::Policy& p) {
 
 // Policies evaluated together share their samples and the full-KV reference, so they must be
 // served the same way: only their budgets (and so their windows) may differ.
-void check_same_serving_shape(const policy::Policy& first, const std::string& first_path, const policy::Policy& p,
-                              const std::string& path) {
+void check_same_serving_shape(const policy::Policy& first, const std::string& first_path,
+                              const policy::Policy& p, const std::string& path) {
   const auto differs = [&](const char* field, const std::string& a, const std::string& b) {
-    throw_input_error("--policy {}: {} is {}, but --policy {} has {}; policies evaluated together must share the "
-                      "context, KV dtype, state dtype, block size and sink tokens",
-                      path, field, b, first_path, a);
+    throw_input_error(
+        "--policy {}: {} is {}, but --policy {} has {}; policies evaluated together must share the "
+        "context, KV dtype, state dtype, block size and sink tokens",
+        path, field, b, first_path, a);
   };
-  if (p.context != first.context) differs("context", std::to_string(first.context), std::to_string(p.context));
-  if (p.dtype != first.dtype) differs("dtype", std::string(dtype_name(first.dtype)), std::string(dtype_name(p.dtype)));
-  if (p.state_dtype != first.state_dtype) differs("state_dtype", state_dtype_label(first), state_dtype_label(p));
+  if (p.context != first.context)
+    differs("context", std::to_string(first.context), std::to_string(p.context));
+  if (p.dtype != first.dtype)
+    differs("dtype", std::string(dtype_name(first.dtype)), std::string(dtype_name(p.dtype)));
+  if (p.state_dtype != first.state_dtype)
+    differs("state_dtype", state_dtype_label(first), state_dtype_label(p));
   if (p.block_size != first.block_size) {
     differs("block_size", std::to_string(first.block_size), std::to_string(p.block_size));
   }
@@ -131,16 +148,21 @@ struct PolicyUnderTest {
   std::optional<policy::Policy> ablation;  // its --unconditioned-policy
 };
 
-std::vector<PolicyUnderTest> read_policies(const EvalArgs& args, const fs::path& dir, const arch::ModelSpec& spec) {
-  if (!args.unconditioned_policies.empty() && args.unconditioned_policies.size() != args.policies.size()) {
-    throw_input_error("--unconditioned-policy given {} times for {} --policy; give one per policy, in the same order",
-                      args.unconditioned_policies.size(), args.policies.size());
+std::vector<PolicyUnderTest> read_policies(const EvalArgs& args, const fs::path& dir,
+                                           const arch::ModelSpec& spec) {
+  if (!args.unconditioned_policies.empty() &&
+      args.unconditioned_policies.size() != args.policies.size()) {
+    throw_input_error(
+        "--unconditioned-policy given {} times for {} --policy; give one per policy, in the same "
+        "order",
+        args.unconditioned_policies.size(), args.policies.size());
   }
   std::vector<PolicyUnderTest> out;
   for (size_t i = 0; i < args.policies.size(); ++i) {
     PolicyUnderTest p{args.policies[i], policy::read_policy(args.policies[i]), std::nullopt};
     check_policy_matches(p.policy, dir, spec, p.path);
-    if (!out.empty()) check_same_serving_shape(out.front().policy, out.front().path, p.policy, p.path);
+    if (!out.empty())
+      check_same_serving_shape(out.front().policy, out.front().path, p.policy, p.path);
     if (!args.unconditioned_policies.empty()) {
       const std::string& where = args.unconditioned_policies[i];
       p.ablation = policy::read_policy(where);
@@ -152,9 +174,11 @@ std::vector<PolicyUnderTest> read_policies(const EvalArgs& args, const fs::path&
   return out;
 }
 
-nlohmann::json evaluation_json(const PolicyUnderTest& p, const memory::MemoryOptions& options, const fs::path& dir,
-                               const arch::ModelSpec& spec, const EvalArgs& args, int64_t seq_len,
-                               const std::vector<std::string>& tasks, const std::vector<eval::MethodWindows>& methods,
+nlohmann::json evaluation_json(const PolicyUnderTest& p, const memory::MemoryOptions& options,
+                               const fs::path& dir, const arch::ModelSpec& spec,
+                               const EvalArgs& args, int64_t seq_len,
+                               const std::vector<std::string>& tasks,
+                               const std::vector<eval::MethodWindows>& methods,
                                const std::vector<eval::MethodResult>& results) {
   nlohmann::json methods_json = nlohmann::json::array();
   for (size_t i = 0; i < results.size(); ++i) {
@@ -166,10 +190,12 @@ nlohmann::json evaluation_json(const PolicyUnderTest& p, const memory::MemoryOpt
   }
   // headwise against each other method on the same samples (first = headwise).
   nlohmann::json paired = nlohmann::json::object();
-  const auto policy_result = std::find_if(results.begin(), results.end(), [](const auto& r) { return r.name == "headwise"; });
+  const auto policy_result = std::find_if(results.begin(), results.end(),
+                                          [](const auto& r) { return r.name == "headwise"; });
   if (policy_result != results.end()) {
     for (const auto& r : results) {
-      if (r.name != "headwise") paired[r.name] = eval::to_json(eval::paired_comparison(*policy_result, r));
+      if (r.name != "headwise")
+        paired[r.name] = eval::to_json(eval::paired_comparison(*policy_result, r));
     }
   }
   return {{"model", dir.string()},
@@ -177,8 +203,9 @@ nlohmann::json evaluation_json(const PolicyUnderTest& p, const memory::MemoryOpt
           {"context", options.context},
           {"batch", options.batch},
           {"kv_dtype", dtype_name(options.kv_dtype)},
-          {"state_dtype", options.state_dtype ? nlohmann::json(std::string(dtype_name(*options.state_dtype)))
-                                              : nlohmann::json("native")},
+          {"state_dtype", options.state_dtype
+                              ? nlohmann::json(std::string(dtype_name(*options.state_dtype)))
+                              : nlohmann::json("native")},
           {"seq_len", seq_len},
           {"samples_per_task", args.samples},
           {"seed", args.seed},
@@ -205,23 +232,32 @@ void run_eval(const EvalArgs& args) {
   // One sequence at a time: the figures are per sequence, at the policies' context and dtype.
   memory::MemoryOptions options = policies.front().policy.memory_options();
   options.batch = 1;
-  const int64_t seq_len = args.seq_len == "context" ? options.context : parse_token_count(args.seq_len, "--seq-len");
+  const int64_t seq_len =
+      args.seq_len == "context" ? options.context : parse_token_count(args.seq_len, "--seq-len");
   if (seq_len > options.context) {
-    throw_input_error("--seq-len {} exceeds the policy's context of {} tokens", seq_len, options.context);
+    throw_input_error("--seq-len {} exceeds the policy's context of {} tokens", seq_len,
+                      options.context);
   }
-  for (const auto& p : policies) refuse_short_sequences(p.policy, seq_len, args.allow_short_seq_len);
-  if (const auto warning = arch::check_context(spec, options.context, "the policy's context", (dir / "config.json").string())) {
+  for (const auto& p : policies)
+    refuse_short_sequences(p.policy, seq_len, args.allow_short_seq_len);
+  if (const auto warning = arch::check_context(spec, options.context, "the policy's context",
+                                               (dir / "config.json").string())) {
     spdlog::warn("{}", *warning);
   }
-  if (args.calib_samples <= 0) throw_input_error("--calib-samples must be positive, got {}", args.calib_samples);
-  if (args.duo_steps <= 0) throw_input_error("--duo-steps must be positive, got {}", args.duo_steps);
-  if (args.prefill_chunk <= 0) throw_input_error("--prefill-chunk must be positive, got {}", args.prefill_chunk);
-  if (args.kl_positions <= 0) throw_input_error("--kl-positions must be positive, got {}", args.kl_positions);
+  if (args.calib_samples <= 0)
+    throw_input_error("--calib-samples must be positive, got {}", args.calib_samples);
+  if (args.duo_steps <= 0)
+    throw_input_error("--duo-steps must be positive, got {}", args.duo_steps);
+  if (args.prefill_chunk <= 0)
+    throw_input_error("--prefill-chunk must be positive, got {}", args.prefill_chunk);
+  if (args.kl_positions <= 0)
+    throw_input_error("--kl-positions must be positive, got {}", args.kl_positions);
   const arch::AttentionKernel attention_kernel = runtime_attention_kernel(args.runtime_attention);
 
   eval::TaskRequest request{split_list(args.tasks), args.samples, seq_len, args.seed};
   const auto samples = eval::make_eval_samples(dir, spec.vocab_size, request);
-  // Calibration samples for retrieval-score/duo/unconditioned come from another seed: never the evaluated ones.
+  // Calibration samples for retrieval-score/duo/unconditioned come from another seed: never the
+  // evaluated ones.
   eval::TaskRequest calib_request = request;
   calib_request.samples = args.calib_samples;
   calib_request.seed = args.seed + 0x9e3779b97f4a7c15ull;
@@ -234,7 +270,8 @@ void run_eval(const EvalArgs& args) {
   arch::ModelOptions model_options;
   model_options.device = args.device;
   if (args.jobs <= 0) throw_input_error("--jobs must be positive, got {}", args.jobs);
-  if (args.threads_per_job < 0) throw_input_error("--threads-per-job must be positive, got {}", args.threads_per_job);
+  if (args.threads_per_job < 0)
+    throw_input_error("--threads-per-job must be positive, got {}", args.threads_per_job);
   // One model instance per job: a model streams its layers through state of its own.
   std::vector<std::unique_ptr<arch::DecoderModel>> models;
   for (int64_t j = 0; j < args.jobs; ++j) models.push_back(arch::load_model(dir, model_options));
@@ -244,7 +281,8 @@ void run_eval(const EvalArgs& args) {
   eval::BaselineCache budget_free;
   const eval::BuildMethods build = [&](arch::DecoderModel& model, const eval::EmitMethod& emit) {
     const auto inputs_of = [&](const PolicyUnderTest& p) {
-      eval::BaselineInputs in{p.policy, options, args.seed, {}, p.ablation ? &*p.ablation : nullptr};
+      eval::BaselineInputs in{
+          p.policy, options, args.seed, {}, p.ablation ? &*p.ablation : nullptr};
       in.duo.steps = args.duo_steps;
       in.duo.attention_kernel = attention_kernel;
       return in;
@@ -257,23 +295,26 @@ void run_eval(const EvalArgs& args) {
         if (!duo) emit(i, 0, eval::build_methods(model, in, {}, calibration, &budget_free).front());
         for (size_t b = 0; b < baselines.size(); ++b) {
           if ((baselines[b] == "duo") != duo) continue;
-          emit(i, b + 1, eval::build_methods(model, in, {baselines[b]}, calibration, &budget_free).back());
+          emit(i, b + 1,
+               eval::build_methods(model, in, {baselines[b]}, calibration, &budget_free).back());
         }
       }
     }
   };
   eval::ScheduleOptions schedule;
   schedule.threads_per_worker = args.threads_per_job;
-  const eval::ScheduledRuns runs = eval::run_scheduled(models, policies.size(), build, options, samples, run, schedule);
-  spdlog::info("eval: {} decoder runs (full KV included), {} methods answered by an identical run", runs.runs_executed,
-               runs.runs_reused);
+  const eval::ScheduledRuns runs =
+      eval::run_scheduled(models, policies.size(), build, options, samples, run, schedule);
+  spdlog::info("eval: {} decoder runs (full KV included), {} methods answered by an identical run",
+               runs.runs_executed, runs.runs_reused);
   nlohmann::json evaluations = nlohmann::json::array();
   for (size_t i = 0; i < policies.size(); ++i) {
     const auto& methods = runs.methods[i];
     const auto& results = runs.results[i];
     warn_full_in_effect(methods, seq_len);
     if (args.flags.json) {
-      evaluations.push_back(evaluation_json(policies[i], options, dir, spec, args, seq_len, tasks, methods, results));
+      evaluations.push_back(
+          evaluation_json(policies[i], options, dir, spec, args, seq_len, tasks, methods, results));
     } else {
       if (policies.size() > 1) std::cout << "policy " << policies[i].path << "\n";
       print_table(results, tasks);
@@ -281,55 +322,78 @@ void run_eval(const EvalArgs& args) {
   }
   if (!args.flags.json) return;
   // One policy: its evaluation as the document (the format scripts read); several: in order.
-  const nlohmann::json out = policies.size() == 1 ? evaluations.front() : nlohmann::json{{"evaluations", evaluations}};
+  const nlohmann::json out =
+      policies.size() == 1 ? evaluations.front() : nlohmann::json{{"evaluations", evaluations}};
   std::cout << out.dump(2) << "\n";
 }
 
-const RegisterCommand kRegister{"eval", [](CLI::App& root) {
-  static EvalArgs args;
-  auto* cmd = root.add_subcommand("eval", "Policy vs baselines at equal bytes through the runtime decoder");
-  cmd->add_option("--model", args.model, "Model folder (config.json + safetensors)")->required();
-  cmd->add_option("--policy", args.policies,
-                  "policy.yaml made for this model; repeat for several budgets of one serving shape (a rate-quality "
-                  "curve): they share the samples, full KV and the budget-free baseline work, and --json then prints "
-                  "{\"evaluations\": [...]}, one per policy in order")
-      ->required()
-      ->expected(1)
-      ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
-  cmd->add_option("--unconditioned-policy", args.unconditioned_policies,
-                  "The policy's calibration rerun with --no-conditioning: the `unconditioned` baseline then differs "
-                  "from the policy only in conditioning (default: calibrated in eval on the eval tasks' samples); "
-                  "one per --policy, in the same order")
-      ->expected(1)
-      ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
-  cmd->add_option("--tasks", args.tasks, "Comma-separated tasks (default: the text tasks when the model's tokenizer writes English, else "
-                  "needle_single,needle_multikey,needle_chain; also needle_multikey8)");
-  cmd->add_option("--samples", args.samples, "Samples per task")->capture_default_str();
-  cmd->add_option("--seq-len", args.seq_len, "Tokens per sample, prompt + answer (k = 1024); default: the policy's context")
-      ->capture_default_str();
-  cmd->add_flag("--allow-short-seq-len", args.allow_short_seq_len,
-                "Evaluate on samples not longer than the policy's largest finite window (a warning says why that "
-                "comparison is unfair)");
-  cmd->add_option("--baselines", args.baselines, "Comma-separated baselines")->capture_default_str();
-  cmd->add_option("--calib-samples", args.calib_samples, "Samples per task for retrieval scores, duo gate training and unconditioned curves")
-      ->capture_default_str();
-  cmd->add_option("--duo-steps", args.duo_steps, "Adam steps of the duo baseline's gate training (one sample each)")
-      ->capture_default_str();
-  cmd->add_option("--seed", args.seed, "Seed of the samples and of the random baseline")->capture_default_str();
-  cmd->add_option("--prefill-chunk", args.prefill_chunk, "Tokens per prefill chunk")->capture_default_str();
-  cmd->add_option("--kl-positions", args.kl_positions, "Last prompt positions compared with full KV")->capture_default_str();
-  cmd->add_option("--device", args.device, "cpu, cuda, cuda:N")->capture_default_str();
-  cmd->add_option("--jobs", args.jobs,
-                  "Method runs at once, each on its own model instance (one more streamed layer and activation set "
-                  "per job); the figures do not depend on it at a fixed --threads-per-job")
-      ->capture_default_str();
-  cmd->add_option("--threads-per-job", args.threads_per_job,
-                  "Intra-op threads of each job when --jobs > 1 (default: the process's threads / jobs, at least 1)")
-      ->capture_default_str();
-  add_runtime_attention_option(cmd, args.runtime_attention);
-  add_common_flags(cmd, args.flags, /*with_json=*/true);
-  cmd->callback([] { run_eval(args); });
-}};
+const RegisterCommand kRegister{
+    "eval", [](CLI::App& root) {
+      static EvalArgs args;
+      auto* cmd = root.add_subcommand(
+          "eval", "Policy vs baselines at equal bytes through the runtime decoder");
+      cmd->add_option("--model", args.model, "Model folder (config.json + safetensors)")
+          ->required();
+      cmd->add_option("--policy", args.policies,
+                      "policy.yaml made for this model; repeat for several budgets of one serving "
+                      "shape (a rate-quality "
+                      "curve): they share the samples, full KV and the budget-free baseline work, "
+                      "and --json then prints "
+                      "{\"evaluations\": [...]}, one per policy in order")
+          ->required()
+          ->expected(1)
+          ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
+      cmd->add_option("--unconditioned-policy", args.unconditioned_policies,
+                      "The policy's calibration rerun with --no-conditioning: the `unconditioned` "
+                      "baseline then differs "
+                      "from the policy only in conditioning (default: calibrated in eval on the "
+                      "eval tasks' samples); "
+                      "one per --policy, in the same order")
+          ->expected(1)
+          ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
+      cmd->add_option("--tasks", args.tasks,
+                      "Comma-separated tasks (default: the text tasks when the model's tokenizer "
+                      "writes English, else "
+                      "needle_single,needle_multikey,needle_chain; also needle_multikey8)");
+      cmd->add_option("--samples", args.samples, "Samples per task")->capture_default_str();
+      cmd->add_option(
+             "--seq-len", args.seq_len,
+             "Tokens per sample, prompt + answer (k = 1024); default: the policy's context")
+          ->capture_default_str();
+      cmd->add_flag("--allow-short-seq-len", args.allow_short_seq_len,
+                    "Evaluate on samples not longer than the policy's largest finite window (a "
+                    "warning says why that "
+                    "comparison is unfair)");
+      cmd->add_option("--baselines", args.baselines, "Comma-separated baselines")
+          ->capture_default_str();
+      cmd->add_option(
+             "--calib-samples", args.calib_samples,
+             "Samples per task for retrieval scores, duo gate training and unconditioned curves")
+          ->capture_default_str();
+      cmd->add_option("--duo-steps", args.duo_steps,
+                      "Adam steps of the duo baseline's gate training (one sample each)")
+          ->capture_default_str();
+      cmd->add_option("--seed", args.seed, "Seed of the samples and of the random baseline")
+          ->capture_default_str();
+      cmd->add_option("--prefill-chunk", args.prefill_chunk, "Tokens per prefill chunk")
+          ->capture_default_str();
+      cmd->add_option("--kl-positions", args.kl_positions,
+                      "Last prompt positions compared with full KV")
+          ->capture_default_str();
+      cmd->add_option("--device", args.device, "cpu, cuda, cuda:N")->capture_default_str();
+      cmd->add_option("--jobs", args.jobs,
+                      "Method runs at once, each on its own model instance (one more streamed "
+                      "layer and activation set "
+                      "per job); the figures do not depend on it at a fixed --threads-per-job")
+          ->capture_default_str();
+      cmd->add_option("--threads-per-job", args.threads_per_job,
+                      "Intra-op threads of each job when --jobs > 1 (default: the process's "
+                      "threads / jobs, at least 1)")
+          ->capture_default_str();
+      add_runtime_attention_option(cmd, args.runtime_attention);
+      add_common_flags(cmd, args.flags, /*with_json=*/true);
+      cmd->callback([] { run_eval(args); });
+    }};
 
 }  // namespace
 }  // namespace headwise::cli

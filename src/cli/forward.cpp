@@ -27,7 +27,7 @@ struct ForwardArgs {
   std::string device = "cpu";
   std::string dtype;
   int64_t attention_chunk = 512;
-  std::string policy;          // policy.yaml: logits under it from the runtime decoder
+  std::string policy;           // policy.yaml: logits under it from the runtime decoder
   int64_t prefill_chunk = 256;  // with --policy: tokens per prefill chunk (eval's default)
   bool prefill_chunk_given = false;
   std::string runtime_attention = "fused";
@@ -37,12 +37,16 @@ struct ForwardArgs {
 
 std::vector<int64_t> read_token_list(const std::string& path, int64_t vocab_size) {
   const auto json = read_json_file(path);
-  if (!json.is_array() || json.empty()) throw_input_error("{}: expected a non-empty JSON list of token ids", path);
+  if (!json.is_array() || json.empty())
+    throw_input_error("{}: expected a non-empty JSON list of token ids", path);
   std::vector<int64_t> ids;
   for (size_t i = 0; i < json.size(); ++i) {
-    if (!json[i].is_number_integer()) throw_input_error("{}: entry {} is not an integer token id", path, i);
+    if (!json[i].is_number_integer())
+      throw_input_error("{}: entry {} is not an integer token id", path, i);
     const auto id = json[i].get<int64_t>();
-    if (id < 0 || id >= vocab_size) throw_input_error("{}: token id {} at entry {} is outside the vocabulary [0, {})", path, id, i, vocab_size);
+    if (id < 0 || id >= vocab_size)
+      throw_input_error("{}: token id {} at entry {} is outside the vocabulary [0, {})", path, id,
+                        i, vocab_size);
     ids.push_back(id);
   }
   return ids;
@@ -50,10 +54,14 @@ std::vector<int64_t> read_token_list(const std::string& path, int64_t vocab_size
 
 void run_forward(const ForwardArgs& args) {
   apply_logging(args.flags);
-  if (args.policy.empty() && args.prefill_chunk_given) throw_input_error("--prefill-chunk: only with --policy");
-  if (args.policy.empty() && args.runtime_attention_given) throw_input_error("--runtime-attention: only with --policy");
-  (void)runtime_attention_kernel(args.runtime_attention);  // a bad name fails before the weights load
-  if (args.prefill_chunk <= 0) throw_input_error("--prefill-chunk must be positive, got {}", args.prefill_chunk);
+  if (args.policy.empty() && args.prefill_chunk_given)
+    throw_input_error("--prefill-chunk: only with --policy");
+  if (args.policy.empty() && args.runtime_attention_given)
+    throw_input_error("--runtime-attention: only with --policy");
+  (void)runtime_attention_kernel(
+      args.runtime_attention);  // a bad name fails before the weights load
+  if (args.prefill_chunk <= 0)
+    throw_input_error("--prefill-chunk must be positive, got {}", args.prefill_chunk);
   c10::InferenceMode inference;
   arch::ModelOptions options;
   options.device = args.device;
@@ -74,47 +82,61 @@ void run_forward(const ForwardArgs& args) {
     memory::MemoryOptions o = pol->memory_options();
     o.batch = 1;
     if (static_cast<int64_t>(ids.size()) > o.context) {
-      throw_input_error("--tokens {}: {} tokens exceed the context of {} tokens of --policy {}", args.tokens, ids.size(),
-                        o.context, args.policy);
+      throw_input_error("--tokens {}: {} tokens exceed the context of {} tokens of --policy {}",
+                        args.tokens, ids.size(), o.context, args.policy);
     }
     const auto selection = runtime::policy_selection(*pol);
-    runtime::Decoder decoder = selection ? runtime::Decoder(*model, pol->head_windows(), o, *selection)
-                                         : runtime::Decoder(*model, pol->head_windows(), o);
+    runtime::Decoder decoder = selection
+                                   ? runtime::Decoder(*model, pol->head_windows(), o, *selection)
+                                   : runtime::Decoder(*model, pol->head_windows(), o);
     decoder.set_attention_kernel(runtime_attention_kernel(args.runtime_attention));
     logits = decoder.prefill(input, args.prefill_chunk)[0].to(at::kCPU, at::kFloat).contiguous();
-    spdlog::info("{}: {} tokens under {} (prefill chunks of {}, cache {} bytes) → logits [{}, {}]", dir.string(),
-                 ids.size(), args.policy, args.prefill_chunk, decoder.cache_bytes(), logits.size(0), logits.size(1));
+    spdlog::info("{}: {} tokens under {} (prefill chunks of {}, cache {} bytes) → logits [{}, {}]",
+                 dir.string(), ids.size(), args.policy, args.prefill_chunk, decoder.cache_bytes(),
+                 logits.size(0), logits.size(1));
   } else {
     logits = model->forward(input)[0].to(at::kCPU, at::kFloat).contiguous();
-    spdlog::info("{}: {} tokens → logits [{}, {}]", dir.string(), ids.size(), logits.size(0), logits.size(1));
+    spdlog::info("{}: {} tokens → logits [{}, {}]", dir.string(), ids.size(), logits.size(0),
+                 logits.size(1));
   }
   const auto* data = static_cast<const std::byte*>(logits.data_ptr());
-  io::write_safetensors(args.output, {{"logits", DType::kFloat32, {logits.size(0), logits.size(1)},
+  io::write_safetensors(args.output, {{"logits",
+                                       DType::kFloat32,
+                                       {logits.size(0), logits.size(1)},
                                        {data, static_cast<size_t>(logits.nbytes())}}});
 }
 
-const RegisterCommand kRegister{"forward", [](CLI::App& root) {
-  static ForwardArgs args;
-  auto* cmd = root.add_subcommand("forward", "Run the model on a token list and write float32 logits [T, vocab]");
-  cmd->add_option("--model", args.model, "Model folder (config.json + safetensors) or cached HF repo id")->required();
-  cmd->add_option("--tokens", args.tokens, "JSON file with a list of token ids")->required();
-  cmd->add_option("-o,--output", args.output, "Output .safetensors file (tensor 'logits')")->required();
-  cmd->add_option("--device", args.device, "cpu, cuda or cuda:N")->capture_default_str();
-  cmd->add_option("--dtype", args.dtype, "Compute dtype (default: float32 on CPU, the checkpoint's on CUDA)");
-  cmd->add_option("--attention-chunk", args.attention_chunk, "Queries per attention chunk")->capture_default_str();
-  cmd->add_option("--policy", args.policy,
-                  "policy.yaml made for this model: logits under it from the runtime decoder (windows applied "
-                  "physically, batch 1, at most the policy's context)");
-  auto* prefill = cmd->add_option("--prefill-chunk", args.prefill_chunk, "With --policy: tokens per prefill chunk")
-                      ->capture_default_str();
-  auto* runtime_attention = add_runtime_attention_option(cmd, args.runtime_attention);
-  add_common_flags(cmd, args.flags, /*with_json=*/false);
-  cmd->callback([prefill, runtime_attention] {
-    args.prefill_chunk_given = prefill->count() > 0;
-    args.runtime_attention_given = runtime_attention->count() > 0;
-    run_forward(args);
-  });
-}};
+const RegisterCommand kRegister{
+    "forward", [](CLI::App& root) {
+      static ForwardArgs args;
+      auto* cmd = root.add_subcommand(
+          "forward", "Run the model on a token list and write float32 logits [T, vocab]");
+      cmd->add_option("--model", args.model,
+                      "Model folder (config.json + safetensors) or cached HF repo id")
+          ->required();
+      cmd->add_option("--tokens", args.tokens, "JSON file with a list of token ids")->required();
+      cmd->add_option("-o,--output", args.output, "Output .safetensors file (tensor 'logits')")
+          ->required();
+      cmd->add_option("--device", args.device, "cpu, cuda or cuda:N")->capture_default_str();
+      cmd->add_option("--dtype", args.dtype,
+                      "Compute dtype (default: float32 on CPU, the checkpoint's on CUDA)");
+      cmd->add_option("--attention-chunk", args.attention_chunk, "Queries per attention chunk")
+          ->capture_default_str();
+      cmd->add_option("--policy", args.policy,
+                      "policy.yaml made for this model: logits under it from the runtime decoder "
+                      "(windows applied "
+                      "physically, batch 1, at most the policy's context)");
+      auto* prefill = cmd->add_option("--prefill-chunk", args.prefill_chunk,
+                                      "With --policy: tokens per prefill chunk")
+                          ->capture_default_str();
+      auto* runtime_attention = add_runtime_attention_option(cmd, args.runtime_attention);
+      add_common_flags(cmd, args.flags, /*with_json=*/false);
+      cmd->callback([prefill, runtime_attention] {
+        args.prefill_chunk_given = prefill->count() > 0;
+        args.runtime_attention_given = runtime_attention->count() > 0;
+        run_forward(args);
+      });
+    }};
 
 }  // namespace
 }  // namespace headwise::cli

@@ -10,8 +10,9 @@
 int main(int argc, char** argv) {
   using namespace headwise;
   tune_allocator_for_tensor_reuse();
-  CLI::App app{"headwise-calc: compile per-KV-head cache window policies for hybrid long-context LLMs.\n"
-               "Sizes take k/m/g suffixes in powers of 1024 (160k tokens = 163840, 48g = 48 GiB)."};
+  CLI::App app{
+      "headwise-calc: compile per-KV-head cache window policies for hybrid long-context LLMs.\n"
+      "Sizes take k/m/g suffixes in powers of 1024 (160k tokens = 163840, 48g = 48 GiB)."};
   app.set_version_flag("--version", HEADWISE_VERSION);
   app.require_subcommand(0, 1);
   for (const auto& command : cli::registered_commands()) command.setup(app);

@@ -30,7 +30,8 @@ struct MemEstimateArgs {
   std::string uniform_window;
   std::string context, batch, block_size, kv_dtype, sink_tokens, state_dtype;
   std::string gpu_memory, reserve, weights_bytes;
-  std::string engine, max_num_batched_tokens, max_model_len, mamba_cache_mode;  // --engine vllm / both
+  std::string engine, max_num_batched_tokens, max_model_len,
+      mamba_cache_mode;  // --engine vllm / both
   bool per_layer = false;
   bool prometheus = false;
 };
@@ -39,10 +40,14 @@ struct MemEstimateArgs {
 std::string label_value(std::string_view v) {
   std::string out;
   for (char c : v) {
-    if (c == '\\') out += "\\\\";
-    else if (c == '"') out += "\\\"";
-    else if (c == '\n') out += "\\n";
-    else out += c;
+    if (c == '\\')
+      out += "\\\\";
+    else if (c == '"')
+      out += "\\\"";
+    else if (c == '\n')
+      out += "\\n";
+    else
+      out += c;
   }
   return out;
 }
@@ -52,36 +57,44 @@ std::string label_value(std::string_view v) {
 // all labelled with the model, the policy, the context and the batch.
 std::string prometheus_text(const memory::Report& r) {
   const auto& e = r.estimate;
-  const std::string common = fmt::format("model=\"{}\",policy=\"{}\",context=\"{}\",batch=\"{}\"", label_value(r.model),
-                                         label_value(r.policy_label), e.options.context, e.options.batch);
+  const std::string common =
+      fmt::format("model=\"{}\",policy=\"{}\",context=\"{}\",batch=\"{}\"", label_value(r.model),
+                  label_value(r.policy_label), e.options.context, e.options.batch);
   std::string out;
   const auto family = [&](std::string_view name, std::string_view help) {
     out += fmt::format("# HELP {} {}\n# TYPE {} gauge\n", name, help, name);
   };
-  family("headwise_kv_window_size", "Tokens a global-attention KV head keeps (+Inf: full, the whole context)");
+  family("headwise_kv_window_size",
+         "Tokens a global-attention KV head keeps (+Inf: full, the whole context)");
   for (const auto& l : e.layers) {
     if (!l.kv_head_windows) continue;
     for (size_t h = 0; h < l.kv_head_windows->size(); ++h) {
       const int64_t w = (*l.kv_head_windows)[h];
-      out += fmt::format("headwise_kv_window_size{{{},layer=\"{}\",head=\"{}\"}} {}\n", common, l.layer_id, h,
+      out += fmt::format("headwise_kv_window_size{{{},layer=\"{}\",head=\"{}\"}} {}\n", common,
+                         l.layer_id, h,
                          w == memory::kFullWindow ? std::string("+Inf") : std::to_string(w));
     }
   }
-  family("headwise_cache_bytes", "Exact bytes of every KV buffer and recurrent state the policy's cache holds");
+  family("headwise_cache_bytes",
+         "Exact bytes of every KV buffer and recurrent state the policy's cache holds");
   out += fmt::format("headwise_cache_bytes{{{}}} {}\n", common, e.total_bytes);
   family("headwise_cache_component_bytes", "The cache bytes by component");
   const auto& c = e.components;
-  const std::pair<const char*, int64_t> components[] = {
-      {"global_kv", c.global_kv_bytes},         {"local_kv", c.local_kv_bytes}, {"linear_state", c.linear_state_bytes},
-      {"ssm_state", c.ssm_state_bytes},         {"other_state", c.other_state_bytes}};
+  const std::pair<const char*, int64_t> components[] = {{"global_kv", c.global_kv_bytes},
+                                                        {"local_kv", c.local_kv_bytes},
+                                                        {"linear_state", c.linear_state_bytes},
+                                                        {"ssm_state", c.ssm_state_bytes},
+                                                        {"other_state", c.other_state_bytes}};
   for (const auto& [name, bytes] : components) {
-    out += fmt::format("headwise_cache_component_bytes{{{},component=\"{}\"}} {}\n", common, name, bytes);
+    out += fmt::format("headwise_cache_component_bytes{{{},component=\"{}\"}} {}\n", common, name,
+                       bytes);
   }
   if (c.selection_state_bytes > 0) {
-    out += fmt::format("headwise_cache_component_bytes{{{},component=\"selection_state\"}} {}\n", common,
-                       c.selection_state_bytes);
+    out += fmt::format("headwise_cache_component_bytes{{{},component=\"selection_state\"}} {}\n",
+                       common, c.selection_state_bytes);
   }
-  family("headwise_full_kv_cache_bytes", "The same cache with every global KV head full, for comparison");
+  family("headwise_full_kv_cache_bytes",
+         "The same cache with every global KV head full, for comparison");
   out += fmt::format("headwise_full_kv_cache_bytes{{{}}} {}\n", common, r.full_kv_total_bytes);
   return out;
 }
@@ -95,7 +108,9 @@ fs::path model_dir_of(const MemEstimateArgs& a, const policy::Policy* p) {
   fs::path path(p->model_path);
   if (path.is_relative()) path = fs::path(a.config).parent_path() / path;
   std::error_code ec;
-  if (!fs::is_directory(path, ec)) throw_input_error("{}: model_path {} is not a folder; pass --model DIR", a.config, path.string());
+  if (!fs::is_directory(path, ec))
+    throw_input_error("{}: model_path {} is not a folder; pass --model DIR", a.config,
+                      path.string());
   return path;
 }
 
@@ -106,7 +121,9 @@ void apply_overrides(const MemEstimateArgs& a, memory::MemoryOptions& o) {
   if (!a.max_model_len.empty()) {
     const int64_t len = parse_token_count(a.max_model_len, "--max-model-len");
     if (!a.context.empty() && len != o.context) {
-      throw_input_error("--max-model-len: {} conflicts with --context {}; they are the same setting, give one", len, o.context);
+      throw_input_error(
+          "--max-model-len: {} conflicts with --context {}; they are the same setting, give one",
+          len, o.context);
     }
     o.context = len;
   }
@@ -121,46 +138,56 @@ void apply_overrides(const MemEstimateArgs& a, memory::MemoryOptions& o) {
   } else if (!a.state_dtype.empty()) {
     o.state_dtype = parse_dtype(a.state_dtype, "--state-dtype");
   }
-  if (o.context <= 0) throw_input_error("--context: required with --model (e.g. --context 128k or --max-model-len 128k)");
+  if (o.context <= 0)
+    throw_input_error(
+        "--context: required with --model (e.g. --context 128k or --max-model-len 128k)");
   memory::validate_options(o);
 }
 
-memory::GpuFit gpu_fit(const MemEstimateArgs& a, const arch::ModelSpec& spec, const memory::HeadWindows& windows,
-                       const std::set<int64_t>& selecting, const memory::MemoryOptions& o, std::optional<int64_t> weights) {
+memory::GpuFit gpu_fit(const MemEstimateArgs& a, const arch::ModelSpec& spec,
+                       const memory::HeadWindows& windows, const std::set<int64_t>& selecting,
+                       const memory::MemoryOptions& o, std::optional<int64_t> weights) {
   memory::GpuFit g;
   g.gpu_memory_bytes = parse_byte_size(a.gpu_memory, "--gpu-memory");
   g.reserve_bytes = a.reserve.empty() ? 0 : parse_byte_size(a.reserve, "--reserve");
   if (!a.weights_bytes.empty()) weights = parse_byte_size(a.weights_bytes, "--weights-bytes");
   if (!weights) {
-    throw_input_error("--gpu-memory: the model folder has no safetensors, so the weight bytes are unknown; pass "
-                      "--weights-bytes SIZE");
+    throw_input_error(
+        "--gpu-memory: the model folder has no safetensors, so the weight bytes are unknown; pass "
+        "--weights-bytes SIZE");
   }
   g.weights_bytes = *weights;
   g.cache_budget_bytes = g.gpu_memory_bytes - g.weights_bytes - g.reserve_bytes;
   g.full_kv = memory::capacity(spec, memory::full_kv_windows(spec), o, g.cache_budget_bytes);
-  g.policy = memory::capacity(spec, windows, o, g.cache_budget_bytes, memory::kContextSearchLimit, selecting);
+  g.policy = memory::capacity(spec, windows, o, g.cache_budget_bytes, memory::kContextSearchLimit,
+                              selecting);
   return g;
 }
 
 memory::VllmOptions vllm_options(const MemEstimateArgs& a) {
   memory::VllmOptions v;
   if (!a.max_num_batched_tokens.empty()) {
-    v.max_num_batched_tokens = parse_token_count(a.max_num_batched_tokens, "--max-num-batched-tokens");
+    v.max_num_batched_tokens =
+        parse_token_count(a.max_num_batched_tokens, "--max-num-batched-tokens");
   }
-  if (!a.mamba_cache_mode.empty()) v.mamba_cache_mode = memory::parse_mamba_cache_mode(a.mamba_cache_mode);
+  if (!a.mamba_cache_mode.empty())
+    v.mamba_cache_mode = memory::parse_mamba_cache_mode(a.mamba_cache_mode);
   memory::validate_vllm_options(v);
   return v;
 }
 
 // What vLLM's allocator reserves for the same windows; its capacity under the same budget.
-memory::VllmReport vllm_report(const MemEstimateArgs& a, const arch::ModelSpec& spec, const memory::HeadWindows& windows,
-                               const memory::MemoryOptions& o, const std::optional<memory::GpuFit>& gpu) {
+memory::VllmReport vllm_report(const MemEstimateArgs& a, const arch::ModelSpec& spec,
+                               const memory::HeadWindows& windows, const memory::MemoryOptions& o,
+                               const std::optional<memory::GpuFit>& gpu) {
   const memory::VllmOptions v = vllm_options(a);
   memory::VllmReport out;
   out.estimate = memory::vllm_estimate(spec, windows, o, v);
-  out.full_kv_total_bytes = memory::vllm_estimate(spec, memory::full_kv_windows(spec), o, v).total_bytes;
+  out.full_kv_total_bytes =
+      memory::vllm_estimate(spec, memory::full_kv_windows(spec), o, v).total_bytes;
   if (gpu) {
-    out.gpu_full_kv = memory::vllm_capacity(spec, memory::full_kv_windows(spec), o, v, gpu->cache_budget_bytes);
+    out.gpu_full_kv =
+        memory::vllm_capacity(spec, memory::full_kv_windows(spec), o, v, gpu->cache_budget_bytes);
     out.gpu_policy = memory::vllm_capacity(spec, windows, o, v, gpu->cache_budget_bytes);
   }
   return out;
@@ -169,9 +196,13 @@ memory::VllmReport vllm_report(const MemEstimateArgs& a, const arch::ModelSpec& 
 void run(const MemEstimateArgs& a) {
   apply_logging(a.common);
   const int modes = (!a.config.empty()) + a.full_kv + (!a.uniform_window.empty());
-  if (modes != 1) throw_input_error("mem-estimate: give exactly one of --config POLICY, --full-kv, --uniform-window W");
-  if (a.config.empty() && a.model.empty()) throw_input_error("--model: required with --full-kv / --uniform-window");
-  if (a.prometheus && a.common.json) throw_input_error("--prometheus: give either --prometheus or --json");
+  if (modes != 1)
+    throw_input_error(
+        "mem-estimate: give exactly one of --config POLICY, --full-kv, --uniform-window W");
+  if (a.config.empty() && a.model.empty())
+    throw_input_error("--model: required with --full-kv / --uniform-window");
+  if (a.prometheus && a.common.json)
+    throw_input_error("--prometheus: give either --prometheus or --json");
   if (a.prometheus && !a.engine.empty() && a.engine != "headwise") {
     throw_input_error("--prometheus: reports headwise's cache only (drop --engine {})", a.engine);
   }
@@ -185,12 +216,14 @@ void run(const MemEstimateArgs& a) {
   report.engine = a.engine.empty() ? memory::Engine::kHeadwise : memory::parse_engine(a.engine);
   if (report.engine == memory::Engine::kHeadwise &&
       !(a.max_num_batched_tokens.empty() && a.mamba_cache_mode.empty())) {
-    throw_input_error("--max-num-batched-tokens/--mamba-cache-mode: only with --engine vllm or both");
+    throw_input_error(
+        "--max-num-batched-tokens/--mamba-cache-mode: only with --engine vllm or both");
   }
   report.model = pol && !pol->model_name.empty() ? pol->model_name : dir.filename().string();
   memory::MemoryOptions o;
   memory::HeadWindows windows;
-  std::set<int64_t> selecting;  // layers whose heads select tokens (their bookkeeping is cache memory)
+  std::set<int64_t>
+      selecting;  // layers whose heads select tokens (their bookkeeping is cache memory)
   if (pol) {
     // A hand-written policy carries no fingerprint: mem-estimate needs only the config's shapes.
     if (pol->fingerprint.config_sha256.empty()) {
@@ -202,13 +235,16 @@ void run(const MemEstimateArgs& a) {
     windows = pol->head_windows();
     selecting = pol->selecting_layers();
     if (!selecting.empty() && report.engine != memory::Engine::kHeadwise) {
-      throw_input_error("--engine {}: {} has h2o heads (kv_head_rules), and vLLM's cache has no token selection "
-                        "(calibrate with --keep-rules window for a policy vLLM can serve)", a.engine,
-                        a.config);
+      throw_input_error(
+          "--engine {}: {} has h2o heads (kv_head_rules), and vLLM's cache has no token selection "
+          "(calibrate with --keep-rules window for a policy vLLM can serve)",
+          a.engine, a.config);
     }
     report.policy_label = "policy " + fs::path(a.config).filename().string();
   } else {
-    o.kv_dtype = (spec.dtype == DType::kFloat16 || spec.dtype == DType::kFloat32) ? spec.dtype : DType::kBFloat16;
+    o.kv_dtype = (spec.dtype == DType::kFloat16 || spec.dtype == DType::kFloat32)
+                     ? spec.dtype
+                     : DType::kBFloat16;
     if (a.full_kv) {
       windows = memory::full_kv_windows(spec);
       report.policy_label = "full KV";
@@ -219,56 +255,80 @@ void run(const MemEstimateArgs& a) {
     }
   }
   apply_overrides(a, o);
-  if (const auto warning = arch::check_context(spec, o.context, "--context", (dir / "config.json").string())) {
+  if (const auto warning =
+          arch::check_context(spec, o.context, "--context", (dir / "config.json").string())) {
     spdlog::warn("{}", *warning);
   }
   report.estimate = memory::estimate(spec, windows, o, selecting);
   report.full_kv_total_bytes = memory::full_kv_bytes(spec, o);
   const auto checkpoint = io::Checkpoint::open(dir, /*allow_missing_weights=*/true);
   if (checkpoint->has_weights()) report.weights_bytes = checkpoint->weight_bytes();
-  if (!a.gpu_memory.empty()) report.gpu = gpu_fit(a, spec, windows, selecting, o, report.weights_bytes);
-  else if (!a.reserve.empty() || !a.weights_bytes.empty()) throw_input_error("--reserve/--weights-bytes: only with --gpu-memory");
-  if (report.engine != memory::Engine::kHeadwise) report.vllm = vllm_report(a, spec, windows, o, report.gpu);
+  if (!a.gpu_memory.empty())
+    report.gpu = gpu_fit(a, spec, windows, selecting, o, report.weights_bytes);
+  else if (!a.reserve.empty() || !a.weights_bytes.empty())
+    throw_input_error("--reserve/--weights-bytes: only with --gpu-memory");
+  if (report.engine != memory::Engine::kHeadwise)
+    report.vllm = vllm_report(a, spec, windows, o, report.gpu);
   // Everything is computed: only now print, so an error never leaves half a report.
-  if (a.prometheus) std::cout << prometheus_text(report);
-  else if (a.common.json) std::cout << memory::report_json(report).dump(1) << "\n";
-  else std::cout << memory::report_table(report, a.per_layer);
+  if (a.prometheus)
+    std::cout << prometheus_text(report);
+  else if (a.common.json)
+    std::cout << memory::report_json(report).dump(1) << "\n";
+  else
+    std::cout << memory::report_table(report, a.per_layer);
 }
 
 void setup(CLI::App& root) {
   auto args = std::make_shared<MemEstimateArgs>();
-  CLI::App* app = root.add_subcommand(
-      "mem-estimate",
-      "Exact cache bytes of a policy (or full KV / a uniform window) for a model, from config.json alone.\n"
-      "Sizes take k/m/g/t suffixes in powers of 1024: 128k tokens = 131072, 80g = 80 GiB = 85899345920 bytes.");
-  app->add_option("--config", args->config, "policy.yaml (schema headwise/policy/v1); its model_path names the model");
-  app->add_option("--model", args->model, "Model folder (config.json; safetensors optional) or cached HF repo id");
+  CLI::App* app = root.add_subcommand("mem-estimate",
+                                      "Exact cache bytes of a policy (or full KV / a uniform "
+                                      "window) for a model, from config.json alone.\n"
+                                      "Sizes take k/m/g/t suffixes in powers of 1024: 128k tokens "
+                                      "= 131072, 80g = 80 GiB = 85899345920 bytes.");
+  app->add_option("--config", args->config,
+                  "policy.yaml (schema headwise/policy/v1); its model_path names the model");
+  app->add_option("--model", args->model,
+                  "Model folder (config.json; safetensors optional) or cached HF repo id");
   app->add_flag("--full-kv", args->full_kv, "Every global KV head keeps the full context");
-  app->add_option("--uniform-window", args->uniform_window, "Every global KV head keeps this many tokens");
+  app->add_option("--uniform-window", args->uniform_window,
+                  "Every global KV head keeps this many tokens");
   app->add_option("--context", args->context, "Context length in tokens (e.g. 128k = 131072)");
   app->add_option("--batch", args->batch, "Concurrent sequences (default 1 or the policy's)");
-  app->add_option("--block-size", args->block_size, "Paged-cache block in tokens; 1 = unpaged (default 16)");
-  app->add_option("--kv-dtype", args->kv_dtype, "KV element type: bf16, fp16, fp32, fp8 (default: model dtype)");
-  app->add_option("--sink-tokens", args->sink_tokens, "Sink tokens every windowed head keeps (default 0)");
-  app->add_option("--state-dtype", args->state_dtype,
-                  "Override the dtype of every recurrent/conv state (default: the policy's state_dtype, else as the "
-                  "architecture keeps them; native: as the architecture keeps them); "
-                  "with --engine vllm: its mamba_ssm_cache_dtype (conv states stay at the model dtype)");
-  app->add_option("--gpu-memory", args->gpu_memory, "GPU memory (e.g. 80g = 80 GiB): report the largest context and batch that fit");
-  app->add_option("--reserve", args->reserve, "Bytes kept free for activations/runtime with --gpu-memory (e.g. 2g)");
-  app->add_option("--weights-bytes", args->weights_bytes, "Weight bytes when the folder has no safetensors (e.g. 54g)");
-  app->add_option("--engine", args->engine,
-                  "Whose allocation to report: headwise (default: the grouped cache), vllm (vLLM's allocator, "
-                  "rules of the release pinned in versions.env) or both side by side");
-  app->add_option("--max-model-len", args->max_model_len, "vLLM's name for --context (give either; equal if both)");
+  app->add_option("--block-size", args->block_size,
+                  "Paged-cache block in tokens; 1 = unpaged (default 16)");
+  app->add_option("--kv-dtype", args->kv_dtype,
+                  "KV element type: bf16, fp16, fp32, fp8 (default: model dtype)");
+  app->add_option("--sink-tokens", args->sink_tokens,
+                  "Sink tokens every windowed head keeps (default 0)");
+  app->add_option(
+      "--state-dtype", args->state_dtype,
+      "Override the dtype of every recurrent/conv state (default: the policy's state_dtype, else "
+      "as the "
+      "architecture keeps them; native: as the architecture keeps them); "
+      "with --engine vllm: its mamba_ssm_cache_dtype (conv states stay at the model dtype)");
+  app->add_option("--gpu-memory", args->gpu_memory,
+                  "GPU memory (e.g. 80g = 80 GiB): report the largest context and batch that fit");
+  app->add_option("--reserve", args->reserve,
+                  "Bytes kept free for activations/runtime with --gpu-memory (e.g. 2g)");
+  app->add_option("--weights-bytes", args->weights_bytes,
+                  "Weight bytes when the folder has no safetensors (e.g. 54g)");
+  app->add_option(
+      "--engine", args->engine,
+      "Whose allocation to report: headwise (default: the grouped cache), vllm (vLLM's allocator, "
+      "rules of the release pinned in versions.env) or both side by side");
+  app->add_option("--max-model-len", args->max_model_len,
+                  "vLLM's name for --context (give either; equal if both)");
   app->add_option("--max-num-batched-tokens", args->max_num_batched_tokens,
                   "vLLM's max_num_batched_tokens (default 8192: vllm serve on a >= 70 GiB GPU)");
   app->add_option("--mamba-cache-mode", args->mamba_cache_mode,
-                  "vLLM's mamba_cache_mode: none (default), align or all (prefix caching of Mamba/linear states)");
+                  "vLLM's mamba_cache_mode: none (default), align or all (prefix caching of "
+                  "Mamba/linear states)");
   app->add_flag("--per-layer", args->per_layer, "List every layer in the table");
   app->add_flag("--prometheus", args->prometheus,
-                "Print Prometheus exposition text (headwise_kv_window_size{layer,head}, headwise_cache_bytes, "
-                "headwise_cache_component_bytes{component}, headwise_full_kv_cache_bytes; model, policy, context "
+                "Print Prometheus exposition text (headwise_kv_window_size{layer,head}, "
+                "headwise_cache_bytes, "
+                "headwise_cache_component_bytes{component}, headwise_full_kv_cache_bytes; model, "
+                "policy, context "
                 "and batch as labels) for an exporter to serve");
   add_common_flags(app, args->common, /*with_json=*/true);
   app->callback([args] { run(*args); });

@@ -19,7 +19,8 @@ namespace headwise::cli {
 namespace {
 
 constexpr const char* kApproximateNote =
-    "curves were measured conditioned on the policy they came from; re-run calibration for an exact policy";
+    "curves were measured conditioned on the policy they came from; re-run calibration for an "
+    "exact policy";
 
 struct SolveArgs {
   std::string curves;
@@ -34,8 +35,8 @@ struct SolveArgs {
 };
 
 void run_bench(const SolveArgs& args) {
-  const double ms =
-      solve::benchmark_solver_ms(args.bench_layers, args.bench_heads, args.bench_levels, args.bench_seed, args.bench_sinks);
+  const double ms = solve::benchmark_solver_ms(
+      args.bench_layers, args.bench_heads, args.bench_levels, args.bench_seed, args.bench_sinks);
   const nlohmann::json out = {{"solver_ms", ms},
                               {"groups", args.bench_layers * args.bench_heads},
                               {"levels", args.bench_levels},
@@ -43,16 +44,18 @@ void run_bench(const SolveArgs& args) {
   std::cout << out.dump() << "\n";
 }
 
-void print_human(const std::vector<solve::Group>& groups, const solve::SolveResult& result, int64_t budget,
-                 double ms) {
-  std::cout << fmt::format("{} KV heads: {} of budget {} ({} of {} B), total distortion {:.6g}, {} in {:.2f} ms\n",
-                           groups.size(), format_bytes(result.total_bytes), format_bytes(budget), result.total_bytes,
-                           budget, result.total_distortion,
-                           result.proven_optimal ? "proven optimal" : "best found (state limit hit)", ms);
+void print_human(const std::vector<solve::Group>& groups, const solve::SolveResult& result,
+                 int64_t budget, double ms) {
+  std::cout << fmt::format(
+      "{} KV heads: {} of budget {} ({} of {} B), total distortion {:.6g}, {} in {:.2f} ms\n",
+      groups.size(), format_bytes(result.total_bytes), format_bytes(budget), result.total_bytes,
+      budget, result.total_distortion,
+      result.proven_optimal ? "proven optimal" : "best found (state limit hit)", ms);
   // One line per layer, heads in file order: the shape a person compares with the policy.
   std::map<int64_t, std::vector<std::string>> layers;
   for (size_t g = 0; g < groups.size(); ++g) {
-    layers[groups[g].layer_id].push_back(solve::window_label(groups[g].options[result.choice[g]].window));
+    layers[groups[g].layer_id].push_back(
+        solve::window_label(groups[g].options[result.choice[g]].window));
   }
   for (const auto& [layer, windows] : layers) {
     std::cout << fmt::format("  layer {:>3}: {}\n", layer, fmt::join(windows, " "));
@@ -70,7 +73,8 @@ void run(const SolveArgs& args) {
   spdlog::debug("solve: {} heads from {}", groups.size(), args.curves);
   const auto start = std::chrono::steady_clock::now();
   const solve::SolveResult result = solve::solve_exact(groups, budget);
-  const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+  const double ms =
+      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
   if (!args.common.json) return print_human(groups, result, budget, ms);
   nlohmann::json out = solve::solution_to_json(groups, result);
   out["budget"] = budget;
@@ -82,13 +86,15 @@ void run(const SolveArgs& args) {
 
 const RegisterCommand kRegister("solve", [](CLI::App& root) {
   auto args = std::make_shared<SolveArgs>();
-  auto* app = root.add_subcommand(
-      "solve",
-      "Re-solve per-head windows from stored curves for a new budget (exact multiple-choice knapsack).\n"
-      "Approximate by nature: the curves were measured under the old policy.");
+  auto* app =
+      root.add_subcommand("solve",
+                          "Re-solve per-head windows from stored curves for a new budget (exact "
+                          "multiple-choice knapsack).\n"
+                          "Approximate by nature: the curves were measured under the old policy.");
   app->add_option("--curves", args->curves,
                   "Curves JSON ({\"heads\": [...]}, or a calibration report that embeds them)");
-  app->add_option("--budget", args->budget, "Byte budget for the global-attention KV heads (48g = 48 GiB)");
+  app->add_option("--budget", args->budget,
+                  "Byte budget for the global-attention KV heads (48g = 48 GiB)");
   // Hidden: the benchmark the performance tooling calls.
   app->add_flag("--bench", args->bench)->group("");
   app->add_option("--bench-layers", args->bench_layers)->group("");

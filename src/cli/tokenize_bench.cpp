@@ -28,20 +28,25 @@ void run_bench(const BenchOptions& options) {
     // Best of several rounds, like the Python side: the first pays for cache warm-up.
     const auto start = std::chrono::steady_clock::now();
     tokens = tokenizer.encode(text, false).size();
-    best = std::min(best, std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+    best = std::min(
+        best, std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
   }
-  const nlohmann::json result = {{"tokens", tokens}, {"bytes", text.size()}, {"seconds", best},
+  const nlohmann::json result = {{"tokens", tokens},
+                                 {"bytes", text.size()},
+                                 {"seconds", best},
                                  {"tokens_per_second", static_cast<double>(tokens) / best}};
   std::cout << result.dump() << "\n";
 }
 
 const RegisterCommand kRegister("tokenize-bench", [](CLI::App& root) {
   auto options = std::make_shared<BenchOptions>();
-  auto* app = root.add_subcommand("tokenize-bench", "Time the tokenizer on a text file (JSON on stdout)");
+  auto* app =
+      root.add_subcommand("tokenize-bench", "Time the tokenizer on a text file (JSON on stdout)");
   app->group("");  // hidden: a developer tool behind tools/bench_tokenizer.py
   app->add_option("--tokenizer", options->tokenizer, "tokenizer.json or its folder")->required();
   app->add_option("--input", options->input, "UTF-8 text file")->required();
-  app->add_option("--rounds", options->rounds, "Timed rounds; the best is reported")->capture_default_str();
+  app->add_option("--rounds", options->rounds, "Timed rounds; the best is reported")
+      ->capture_default_str();
   app->callback([options] { run_bench(*options); });
 });
 

@@ -36,15 +36,20 @@ fs::path data_dir() {
   }
   const fs::path binary = running_binary();
   if (binary.empty()) {
-    throw_input_error("headwise's data (calib-data/) not found (/proc/self/exe unreadable); set HEADWISE_DATA_DIR to the "
-                      "folder holding calib-data/");
+    throw_input_error(
+        "headwise's data (calib-data/) not found (/proc/self/exe unreadable); set "
+        "HEADWISE_DATA_DIR to the "
+        "folder holding calib-data/");
   }
   const fs::path installed = binary.parent_path().parent_path() / "share" / "headwise";
   if (holds_data(installed)) return installed;
   // A binary in its build tree (the tests, a developer's build) reads the source tree.
-  if (is_inside(binary, HEADWISE_BUILD_DIR) && holds_data(HEADWISE_SOURCE_DIR)) return HEADWISE_SOURCE_DIR;
-  throw_input_error("headwise's data (calib-data/) not found (looked in {}); set HEADWISE_DATA_DIR to the folder "
-                    "holding calib-data/", installed.string());
+  if (is_inside(binary, HEADWISE_BUILD_DIR) && holds_data(HEADWISE_SOURCE_DIR))
+    return HEADWISE_SOURCE_DIR;
+  throw_input_error(
+      "headwise's data (calib-data/) not found (looked in {}); set HEADWISE_DATA_DIR to the folder "
+      "holding calib-data/",
+      installed.string());
 }
 
 }  // namespace headwise

@@ -39,9 +39,13 @@ const DTypeInfo& info(DType dtype) {
 
 }  // namespace
 
-int64_t element_size(DType dtype) { return info(dtype).size; }
+int64_t element_size(DType dtype) {
+  return info(dtype).size;
+}
 
-std::string_view dtype_name(DType dtype) { return info(dtype).name; }
+std::string_view dtype_name(DType dtype) {
+  return info(dtype).name;
+}
 
 DType parse_dtype(std::string_view text, std::string_view what) {
   std::string_view s = text;

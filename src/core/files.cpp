@@ -20,7 +20,8 @@ namespace fs = std::filesystem;
 std::string read_text_file(const fs::path& path) {
   std::error_code ec;
   if (!fs::exists(path, ec)) throw_input_error("{}: no such file", path.string());
-  if (fs::is_directory(path, ec)) throw_input_error("{}: is a directory, expected a file", path.string());
+  if (fs::is_directory(path, ec))
+    throw_input_error("{}: is a directory, expected a file", path.string());
   std::ifstream in(path, std::ios::binary);
   if (!in) throw_input_error("{}: cannot open for reading", path.string());
   std::ostringstream buffer;
@@ -31,7 +32,8 @@ std::string read_text_file(const fs::path& path) {
 
 nlohmann::json parse_json(std::string_view text, std::string_view where) {
   const auto limit_depth = [where](int depth, nlohmann::json::parse_event_t, nlohmann::json&) {
-    if (depth > kMaxJsonDepth) throw_input_error("{}: JSON nested deeper than {} levels", where, kMaxJsonDepth);
+    if (depth > kMaxJsonDepth)
+      throw_input_error("{}: JSON nested deeper than {} levels", where, kMaxJsonDepth);
     return true;
   };
   try {
@@ -61,9 +63,11 @@ nlohmann::json read_json_file(const fs::path& path) {
 void write_file_atomically(const fs::path& path, std::string_view contents) {
   const fs::path dir = path.has_parent_path() ? path.parent_path() : fs::path(".");
   std::error_code ec;
-  if (!fs::is_directory(dir, ec)) throw_input_error("{}: output folder does not exist", dir.string());
+  if (!fs::is_directory(dir, ec))
+    throw_input_error("{}: output folder does not exist", dir.string());
   std::random_device rd;
-  const fs::path tmp = dir / fmt::format(".{}.tmp-{}-{:x}", path.filename().string(), ::getpid(), rd());
+  const fs::path tmp =
+      dir / fmt::format(".{}.tmp-{}-{:x}", path.filename().string(), ::getpid(), rd());
   {
     std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
     if (!out) throw_input_error("{}: cannot write", path.string());
@@ -106,8 +110,9 @@ struct DigestDeleter {
 std::string sha256_hex(std::string_view bytes) {
   std::array<unsigned char, EVP_MAX_MD_SIZE> digest{};
   unsigned int size = 0;
-  HEADWISE_CHECK(EVP_Digest(bytes.data(), bytes.size(), digest.data(), &size, EVP_sha256(), nullptr) == 1,
-                 "EVP_Digest failed");
+  HEADWISE_CHECK(
+      EVP_Digest(bytes.data(), bytes.size(), digest.data(), &size, EVP_sha256(), nullptr) == 1,
+      "EVP_Digest failed");
   return to_hex(digest.data(), size);
 }
 
@@ -119,7 +124,8 @@ std::string sha256_file_hex(const fs::path& path) {
   std::array<char, 1 << 16> buffer{};
   while (in) {
     in.read(buffer.data(), buffer.size());
-    if (in.gcount() > 0) EVP_DigestUpdate(ctx.get(), buffer.data(), static_cast<size_t>(in.gcount()));
+    if (in.gcount() > 0)
+      EVP_DigestUpdate(ctx.get(), buffer.data(), static_cast<size_t>(in.gcount()));
   }
   std::array<unsigned char, EVP_MAX_MD_SIZE> digest{};
   unsigned int size = 0;

@@ -23,7 +23,9 @@ Progress::Progress(std::string what, int64_t total)
       tty_(::isatty(STDERR_FILENO) != 0 && spdlog::should_log(spdlog::level::info)),
       start_(std::chrono::steady_clock::now()) {}
 
-Progress::~Progress() { finish(); }
+Progress::~Progress() {
+  finish();
+}
 
 double Progress::elapsed_seconds() const {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
@@ -32,7 +34,8 @@ double Progress::elapsed_seconds() const {
 void Progress::update(int64_t done, const std::string& detail) {
   const double elapsed = elapsed_seconds();
   const std::string eta = done > 0 && done < total_
-                              ? format_duration(elapsed / static_cast<double>(done) * static_cast<double>(total_ - done))
+                              ? format_duration(elapsed / static_cast<double>(done) *
+                                                static_cast<double>(total_ - done))
                               : "-";
   const std::string line = fmt::format("{} {}/{} [{} elapsed, ETA {}] {}", what_, done, total_,
                                        format_duration(elapsed), eta, detail);

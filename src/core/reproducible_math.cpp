@@ -41,7 +41,8 @@ namespace {
 // MKL_Set_Dynamic: null on torch builds without MKL.
 using SetLocalThreads = int (*)(int);
 SetLocalThreads mkl_set_local_threads() {
-  static const auto fn = reinterpret_cast<SetLocalThreads>(::dlsym(RTLD_DEFAULT, "MKL_Set_Num_Threads_Local"));
+  static const auto fn =
+      reinterpret_cast<SetLocalThreads>(::dlsym(RTLD_DEFAULT, "MKL_Set_Num_Threads_Local"));
   return fn;
 }
 
@@ -50,7 +51,8 @@ constexpr int64_t kOutputPerThread = 4096;
 }  // namespace
 
 SmallGemmOnOneThread::SmallGemmOnOneThread(int64_t rows, int64_t cols, bool on_cpu) {
-  // Read once: HEADWISE_MKL_STRICT=0 (MKL's defaults, for tools/bench-strict-math.sh) turns this off too.
+  // Read once: HEADWISE_MKL_STRICT=0 (MKL's defaults, for tools/bench-strict-math.sh) turns this
+  // off too.
   static const bool strict = strict_cpu_math_requested();
   const int threads = at::get_num_threads();
   if (!strict || !on_cpu || threads <= 1 || rows * cols >= threads * kOutputPerThread) return;
@@ -65,7 +67,9 @@ at::Tensor thread_count_independent_sum(const at::Tensor& t, std::optional<at::S
   at::Tensor x = t.to(dtype.value_or(t.scalar_type())).reshape({-1});
   while (x.numel() > kBlock) {
     const int64_t pad = (kBlock - x.numel() % kBlock) % kBlock;
-    x = at::constant_pad_nd(x, {0, pad}).view({-1, kBlock}).sum(-1);  // one output per block: thread-count free
+    x = at::constant_pad_nd(x, {0, pad})
+            .view({-1, kBlock})
+            .sum(-1);  // one output per block: thread-count free
   }
   return x.sum();
 }

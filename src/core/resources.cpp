@@ -25,8 +25,12 @@ int64_t proc_status_bytes(const char* key) {
 
 }  // namespace
 
-int64_t peak_rss_bytes() { return proc_status_bytes("VmHWM"); }
-int64_t current_rss_bytes() { return proc_status_bytes("VmRSS"); }
+int64_t peak_rss_bytes() {
+  return proc_status_bytes("VmHWM");
+}
+int64_t current_rss_bytes() {
+  return proc_status_bytes("VmRSS");
+}
 
 bool reset_peak_rss() {
   std::ofstream clear("/proc/self/clear_refs");
@@ -40,7 +44,8 @@ int64_t peak_device_bytes(const at::Device& device) {
   if (device.is_cuda() && at::hasCUDA()) {
     const auto index = device.has_index() ? device.index() : c10::DeviceIndex{0};
     const auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(index);
-    return stats.allocated_bytes[static_cast<size_t>(c10::CachingAllocator::StatType::AGGREGATE)].peak;
+    return stats.allocated_bytes[static_cast<size_t>(c10::CachingAllocator::StatType::AGGREGATE)]
+        .peak;
   }
 #endif
   return 0;
@@ -49,7 +54,8 @@ int64_t peak_device_bytes(const at::Device& device) {
 void reset_peak_device_bytes(const at::Device& device) {
 #ifdef HEADWISE_WITH_CUDA
   if (device.is_cuda() && at::hasCUDA()) {
-    c10::cuda::CUDACachingAllocator::resetPeakStats(device.has_index() ? device.index() : c10::DeviceIndex{0});
+    c10::cuda::CUDACachingAllocator::resetPeakStats(device.has_index() ? device.index()
+                                                                       : c10::DeviceIndex{0});
   }
 #endif
 }
@@ -60,10 +66,13 @@ bool tune_allocator_for_tensor_reuse() {
     return value != nullptr && *value != '\0';
   };
   if (set("MALLOC_MMAP_THRESHOLD_") || set("MALLOC_TRIM_THRESHOLD_")) return false;
-  if (const char* v = std::getenv("HEADWISE_GLIBC_MALLOC_DEFAULTS"); v != nullptr && std::string(v) == "1") return false;
+  if (const char* v = std::getenv("HEADWISE_GLIBC_MALLOC_DEFAULTS");
+      v != nullptr && std::string(v) == "1")
+    return false;
   constexpr int kMmapThreshold = 256 << 20;
   constexpr int kTrimThreshold = 512 << 20;
-  return mallopt(M_MMAP_THRESHOLD, kMmapThreshold) == 1 && mallopt(M_TRIM_THRESHOLD, kTrimThreshold) == 1;
+  return mallopt(M_MMAP_THRESHOLD, kMmapThreshold) == 1 &&
+         mallopt(M_TRIM_THRESHOLD, kTrimThreshold) == 1;
 }
 
 }  // namespace headwise

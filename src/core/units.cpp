@@ -18,12 +18,15 @@ struct SizeParts {
 SizeParts split_size(std::string_view text, std::string_view what, bool bytes) {
   std::string s;
   for (char c : text) {
-    if (!std::isspace(static_cast<unsigned char>(c))) s.push_back(static_cast<char>(std::tolower(c)));
+    if (!std::isspace(static_cast<unsigned char>(c)))
+      s.push_back(static_cast<char>(std::tolower(c)));
   }
   if (s.empty()) throw_input_error("{}: empty size", what);
   if (bytes) {
-    if (s.size() > 2 && s.ends_with("ib")) s.resize(s.size() - 2);
-    else if (s.size() > 1 && s.back() == 'b') s.pop_back();
+    if (s.size() > 2 && s.ends_with("ib"))
+      s.resize(s.size() - 2);
+    else if (s.size() > 1 && s.back() == 'b')
+      s.pop_back();
   }
   SizeParts parts;
   const char last = s.back();
@@ -87,6 +90,8 @@ int64_t ceil_div(int64_t a, int64_t b) {
   return (a + b - 1) / b;
 }
 
-int64_t round_up(int64_t value, int64_t multiple) { return ceil_div(value, multiple) * multiple; }
+int64_t round_up(int64_t value, int64_t multiple) {
+  return ceil_div(value, multiple) * multiple;
+}
 
 }  // namespace headwise

@@ -126,7 +126,8 @@ std::vector<ExactSum> sum_all(Collective& c, std::vector<ExactSum> local, const 
       sum.merge(ExactSum::from_bytes(std::string_view(all[r]).substr(at, n)));
       at += n;
     }
-    HEADWISE_CHECK(at == all[r].size(), "{}: rank {} sent {} sums' worth of bytes too many", what, r, all[r].size() - at);
+    HEADWISE_CHECK(at == all[r].size(), "{}: rank {} sent {} sums' worth of bytes too many", what,
+                   r, all[r].size() - at);
   }
   return local;
 }
@@ -151,9 +152,11 @@ std::vector<size_t> shard_sequences(size_t sequences, int64_t micro_batch, int r
   const size_t micro_batches = (sequences + mb - 1) / mb;
   if (micro_batches < static_cast<size_t>(world)) {
     throw_field_error("micro_batch",
-                      " {} splits {} sequences into {} micro-batches, fewer than the {} ranks: every rank needs at "
+                      " {} splits {} sequences into {} micro-batches, fewer than the {} ranks: "
+                      "every rank needs at "
                       "least one; lower {} or add {}",
-                      micro_batch, sequences, micro_batches, world, field_ref("micro_batch"), field_ref("samples"));
+                      micro_batch, sequences, micro_batches, world, field_ref("micro_batch"),
+                      field_ref("samples"));
   }
   std::vector<size_t> indices;
   for (size_t m = static_cast<size_t>(rank); m < micro_batches; m += static_cast<size_t>(world)) {

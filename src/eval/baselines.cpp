@@ -17,7 +17,8 @@ struct HeadRef {
 std::vector<HeadRef> all_heads(const arch::ModelSpec& spec) {
   std::vector<HeadRef> out;
   for (int64_t id : spec.global_layer_ids()) {
-    for (int64_t h = 0; h < spec.layer(id).attention->num_kv_heads; ++h) out.push_back({id, static_cast<size_t>(h)});
+    for (int64_t h = 0; h < spec.layer(id).attention->num_kv_heads; ++h)
+      out.push_back({id, static_cast<size_t>(h)});
   }
   return out;
 }
@@ -43,22 +44,22 @@ int64_t largest_fitting(int64_t lo, int64_t hi, Fits fits) {
   return lo;
 }
 
-int64_t head_cost(const arch::ModelSpec& spec, const HeadRef& h, int64_t window, const memory::MemoryOptions& o) {
+int64_t head_cost(const arch::ModelSpec& spec, const HeadRef& h, int64_t window,
+                  const memory::MemoryOptions& o) {
   return memory::head_bytes(*spec.layer(h.layer).attention, window, o);
 }
 
 // Lengthens single heads' windows, in `order`, as far as `budget` allows: after it, no head can
 // take one more block, so less than one block per head is left unspent.
-void top_up(const arch::ModelSpec& spec, const memory::MemoryOptions& o, int64_t budget, memory::HeadWindows& windows,
-            const std::vector<HeadRef>& order) {
+void top_up(const arch::ModelSpec& spec, const memory::MemoryOptions& o, int64_t budget,
+            memory::HeadWindows& windows, const std::vector<HeadRef>& order) {
   int64_t spent = global_kv_bytes(spec, windows, o);
   for (const auto& h : order) {
     int64_t& w = windows[h.layer][h.head];
     if (w == kFullWindow) continue;
     const int64_t base = head_cost(spec, h, w, o);
-    const int64_t longest = largest_fitting(w, o.context, [&](int64_t x) {
-      return spent - base + head_cost(spec, h, x, o) <= budget;
-    });
+    const int64_t longest = largest_fitting(
+        w, o.context, [&](int64_t x) { return spent - base + head_cost(spec, h, x, o) <= budget; });
     spent += head_cost(spec, h, longest, o) - base;
     w = normalise(longest, o);
   }
@@ -66,14 +67,16 @@ void top_up(const arch::ModelSpec& spec, const memory::MemoryOptions& o, int64_t
 
 void require_fits(int64_t needed, int64_t budget, const char* what) {
   if (needed > budget) {
-    throw InfeasibleError(fmt::format("{} baseline: its smallest assignment needs {} global-KV bytes, the policy has {}",
-                                      what, needed, budget));
+    throw InfeasibleError(fmt::format(
+        "{} baseline: its smallest assignment needs {} global-KV bytes, the policy has {}", what,
+        needed, budget));
   }
 }
 
 }  // namespace
 
-int64_t global_kv_bytes(const arch::ModelSpec& spec, const memory::HeadWindows& windows, const memory::MemoryOptions& o) {
+int64_t global_kv_bytes(const arch::ModelSpec& spec, const memory::HeadWindows& windows,
+                        const memory::MemoryOptions& o) {
   int64_t total = 0;
   for (const auto& [layer, heads] : windows) {
     for (int64_t w : heads) total += memory::head_bytes(*spec.layer(layer).attention, w, o);
@@ -90,14 +93,18 @@ int64_t one_block_per_head(const arch::ModelSpec& spec, const memory::MemoryOpti
   return total;
 }
 
-memory::HeadWindows uniform_baseline(const arch::ModelSpec& spec, const memory::MemoryOptions& o, int64_t budget) {
-  const auto cost = [&](int64_t w) { return global_kv_bytes(spec, memory::uniform_windows(spec, w), o); };
+memory::HeadWindows uniform_baseline(const arch::ModelSpec& spec, const memory::MemoryOptions& o,
+                                     int64_t budget) {
+  const auto cost = [&](int64_t w) {
+    return global_kv_bytes(spec, memory::uniform_windows(spec, w), o);
+  };
   require_fits(cost(1), budget, "uniform");
   const int64_t w = largest_fitting(1, o.context, [&](int64_t x) { return cost(x) <= budget; });
   return memory::uniform_windows(spec, normalise(w, o));
 }
 
-memory::HeadWindows pyramid_baseline(const arch::ModelSpec& spec, const memory::MemoryOptions& o, int64_t budget) {
+memory::HeadWindows pyramid_baseline(const arch::ModelSpec& spec, const memory::MemoryOptions& o,
+                                     int64_t budget) {
   const auto layers = spec.global_layer_ids();
   const auto g = static_cast<int64_t>(layers.size());
   // Shares 2(G-j)-1 over G average 1; the scale s is the mean window in tokens.
@@ -105,22 +112,25 @@ memory::HeadWindows pyramid_baseline(const arch::ModelSpec& spec, const memory::
     memory::HeadWindows out;
     for (int64_t j = 0; j < g; ++j) {
       const int64_t w = std::max<int64_t>(1, s * (2 * (g - j) - 1) / g);
-      out[layers[static_cast<size_t>(j)]] =
-          std::vector<int64_t>(static_cast<size_t>(spec.layer(layers[static_cast<size_t>(j)]).attention->num_kv_heads),
-                               normalise(std::min(w, o.context), o));
+      out[layers[static_cast<size_t>(j)]] = std::vector<int64_t>(
+          static_cast<size_t>(spec.layer(layers[static_cast<size_t>(j)]).attention->num_kv_heads),
+          normalise(std::min(w, o.context), o));
     }
     return out;
   };
   require_fits(global_kv_bytes(spec, windows_at(1), o), budget, "pyramid");
-  const int64_t s = largest_fitting(1, o.context * std::max<int64_t>(g, 1),
-                                    [&](int64_t x) { return global_kv_bytes(spec, windows_at(x), o) <= budget; });
+  const int64_t s = largest_fitting(1, o.context * std::max<int64_t>(g, 1), [&](int64_t x) {
+    return global_kv_bytes(spec, windows_at(x), o) <= budget;
+  });
   auto windows = windows_at(s);
-  top_up(spec, o, budget, windows, all_heads(spec));  // shallow layers first: they get the most anyway
+  top_up(spec, o, budget, windows,
+         all_heads(spec));  // shallow layers first: they get the most anyway
   return windows;
 }
 
-memory::HeadWindows random_baseline(const arch::ModelSpec& spec, const memory::MemoryOptions& o, int64_t budget,
-                                    const std::vector<int64_t>& ladder, uint64_t seed) {
+memory::HeadWindows random_baseline(const arch::ModelSpec& spec, const memory::MemoryOptions& o,
+                                    int64_t budget, const std::vector<int64_t>& ladder,
+                                    uint64_t seed) {
   HEADWISE_CHECK(!ladder.empty(), "random baseline needs a ladder");
   Rng rng(seed);
   auto heads = all_heads(spec);
@@ -143,12 +153,15 @@ memory::HeadWindows random_baseline(const arch::ModelSpec& spec, const memory::M
   return windows;
 }
 
-memory::HeadWindows ranked_full_baseline(const arch::ModelSpec& spec, const memory::MemoryOptions& o, int64_t budget,
-                                         const HeadScores& scores, int64_t short_window, const char* name) {
+memory::HeadWindows ranked_full_baseline(const arch::ModelSpec& spec,
+                                         const memory::MemoryOptions& o, int64_t budget,
+                                         const HeadScores& scores, int64_t short_window,
+                                         const char* name) {
   auto heads = all_heads(spec);
   const auto score = [&](const HeadRef& h) { return scores.at(h.layer).at(h.head); };
   // Highest score first; ties by position so the ranking is deterministic.
-  std::stable_sort(heads.begin(), heads.end(), [&](const HeadRef& a, const HeadRef& b) { return score(a) > score(b); });
+  std::stable_sort(heads.begin(), heads.end(),
+                   [&](const HeadRef& a, const HeadRef& b) { return score(a) > score(b); });
   memory::HeadWindows windows;
   for (const auto& h : all_heads(spec)) windows[h.layer].push_back(short_window);
   require_fits(global_kv_bytes(spec, windows, o), budget, name);
@@ -164,14 +177,16 @@ memory::HeadWindows ranked_full_baseline(const arch::ModelSpec& spec, const memo
     windows[h.layer][h.head] = kFullWindow;
   }
   // The streaming heads share one window, as long as the leftover allows.
-  const std::vector<HeadRef> rest(heads.begin() + static_cast<std::ptrdiff_t>(promoted), heads.end());
+  const std::vector<HeadRef> rest(heads.begin() + static_cast<std::ptrdiff_t>(promoted),
+                                  heads.end());
   const auto with_short = [&](int64_t w) {
     auto out = windows;
     for (const auto& h : rest) out[h.layer][h.head] = w;
     return out;
   };
-  const int64_t w = largest_fitting(short_window, o.context,
-                                    [&](int64_t x) { return global_kv_bytes(spec, with_short(x), o) <= budget; });
+  const int64_t w = largest_fitting(short_window, o.context, [&](int64_t x) {
+    return global_kv_bytes(spec, with_short(x), o) <= budget;
+  });
   windows = with_short(normalise(w, o));
   top_up(spec, o, budget, windows, rest);
   return windows;

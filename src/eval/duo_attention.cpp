@@ -24,14 +24,18 @@ class GatedCore final : public arch::AttentionCore {
     if (in.sliding_window > 0 || it == gates_.end()) return exact_.attend(in);
     // Fused, the backward keeps no [chunk x T] probabilities (gigabytes at 8K tokens).
     const bool fused = options_.attention_kernel == arch::AttentionKernel::kFused;
-    const auto attention = [fused](const arch::AttentionInputs& i, int64_t w, int64_t s, int64_t c) {
-      return fused ? arch::fused_windowed_attention(i, w, s, c) : arch::windowed_attention(i, w, s, c);
+    const auto attention = [fused](const arch::AttentionInputs& i, int64_t w, int64_t s,
+                                   int64_t c) {
+      return fused ? arch::fused_windowed_attention(i, w, s, c)
+                   : arch::windowed_attention(i, w, s, c);
     };
     const at::Tensor full = attention(in, kFullWindow, 0, chunk_);
-    const at::Tensor streaming = attention(in, options_.streaming_window, options_.sink_tokens, chunk_);
+    const at::Tensor streaming =
+        attention(in, options_.streaming_window, options_.sink_tokens, chunk_);
     const int64_t group = in.q.size(1) / in.k.size(1);
     // [num_kv] → one gate per query head, broadcast over [B, T, heads, head_dim].
-    const at::Tensor alpha = it->second.repeat_interleave(group).view({1, 1, -1, 1}).to(full.scalar_type());
+    const at::Tensor alpha =
+        it->second.repeat_interleave(group).view({1, 1, -1, 1}).to(full.scalar_type());
     return streaming + alpha * (full - streaming);
   }
 
@@ -48,13 +52,15 @@ struct Supervised {
   at::Tensor reference;  // full KV's hidden states there [rows, hidden], no graph
 };
 
-std::vector<Supervised> supervise(arch::DecoderModel& model, const std::vector<EvalSample>& samples) {
+std::vector<Supervised> supervise(arch::DecoderModel& model,
+                                  const std::vector<EvalSample>& samples) {
   const at::NoGradGuard no_grad;
   const auto long_opts = at::TensorOptions().dtype(at::kLong).device(model.device());
   arch::ExactAttentionCore exact(model.attention_chunk());
   std::vector<Supervised> out;
   for (const auto& s : samples) {
-    if (s.answer.empty() || s.prompt.empty()) throw_input_error("duo: a {} sample has no prompt or no answer", s.task);
+    if (s.answer.empty() || s.prompt.empty())
+      throw_input_error("duo: a {} sample has no prompt or no answer", s.task);
     const TeacherForced seq = teacher_forced(s);
     Supervised sup;
     sup.ids = at::tensor(seq.tokens, long_opts).view({1, -1});
@@ -72,7 +78,8 @@ DuoGates train_duo_gates(arch::DecoderModel& model, const std::vector<EvalSample
   if (samples.empty()) throw_input_error("duo: no samples to train the gates on");
   if (options.steps <= 0) throw_input_error("duo: steps must be positive, got {}", options.steps);
   if (options.streaming_window <= 0) {
-    throw_input_error("duo: the streaming window must be positive, got {}", options.streaming_window);
+    throw_input_error("duo: the streaming window must be positive, got {}",
+                      options.streaming_window);
   }
   // Gradients flow through every layer: no inference tensors anywhere on this path.
   const c10::InferenceMode not_inference(false);
@@ -82,7 +89,8 @@ DuoGates train_duo_gates(arch::DecoderModel& model, const std::vector<EvalSample
   std::map<int64_t, at::Tensor> gates;
   std::vector<at::Tensor> parameters;
   for (int64_t id : model.spec().global_layer_ids()) {
-    gates[id] = at::ones({model.spec().layer(id).attention->num_kv_heads}, at::TensorOptions().dtype(at::kFloat))
+    gates[id] = at::ones({model.spec().layer(id).attention->num_kv_heads},
+                         at::TensorOptions().dtype(at::kFloat))
                     .to(model.device())
                     .requires_grad_(true);
     parameters.push_back(gates[id]);
@@ -94,12 +102,14 @@ DuoGates train_duo_gates(arch::DecoderModel& model, const std::vector<EvalSample
   for (int64_t step = 0; step < options.steps; ++step) {
     const Supervised& s = data[static_cast<size_t>(step) % data.size()];
     adam.zero_grad();
-    const at::Tensor hidden = model.hidden_states(s.ids, core)[0].index_select(0, s.rows).to(at::kFloat);
+    const at::Tensor hidden =
+        model.hidden_states(s.ids, core)[0].index_select(0, s.rows).to(at::kFloat);
     // Thread-count-free sums: the gates (and so eval's duo row) must not depend on --jobs.
     const at::Tensor distill = thread_count_independent_sum((hidden - s.reference).pow(2)) /
                                thread_count_independent_sum(s.reference.pow(2)).clamp_min(1e-12);
     const at::Tensor all_gates = at::cat(parameters);
-    const at::Tensor l1 = thread_count_independent_sum(all_gates.abs()) / static_cast<double>(all_gates.numel());
+    const at::Tensor l1 =
+        thread_count_independent_sum(all_gates.abs()) / static_cast<double>(all_gates.numel());
     const at::Tensor loss = distill + options.l1_weight * l1;
     loss.backward();
     adam.step();
@@ -108,8 +118,8 @@ DuoGates train_duo_gates(arch::DecoderModel& model, const std::vector<EvalSample
       for (auto& p : parameters) p.clamp_(0.0, 1.0);
     }
     out.step_loss.push_back(loss.item<double>());
-    spdlog::debug("duo: step {}/{} loss {:.5f} (distill {:.5f})", step + 1, options.steps, out.step_loss.back(),
-                  distill.item<double>());
+    spdlog::debug("duo: step {}/{} loss {:.5f} (distill {:.5f})", step + 1, options.steps,
+                  out.step_loss.back(), distill.item<double>());
   }
   for (const auto& [id, g] : gates) {
     const at::Tensor values = g.detach().to(at::kDouble).cpu().contiguous();

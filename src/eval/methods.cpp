@@ -30,17 +30,23 @@ class RetrievalScoreCore final : public arch::AttentionCore {
 
  private:
   void measure(const arch::AttentionInputs& in) {
-    const int64_t batch = in.q.size(0), num_heads = in.q.size(1), head_dim = in.q.size(3), keys = in.k.size(2);
+    const int64_t batch = in.q.size(0), num_heads = in.q.size(1), head_dim = in.q.size(3),
+                  keys = in.k.size(2);
     const int64_t num_kv = in.k.size(1), group = num_heads / num_kv, rows = rows_.size(0);
     const at::Tensor q = in.q.index_select(2, rows_).view({batch, num_kv, group, rows, head_dim});
-    at::Tensor scores = at::matmul(q, in.k.unsqueeze(2).transpose(-1, -2)) * in.scaling;  // [B, nkv, g, r, T]
+    at::Tensor scores =
+        at::matmul(q, in.k.unsqueeze(2).transpose(-1, -2)) * in.scaling;  // [B, nkv, g, r, T]
     if (in.logit_softcap > 0) scores = at::tanh(scores / in.logit_softcap) * in.logit_softcap;
-    const at::Tensor visible = arch::visible_keys(rows_ + in.position_offset, at::arange(keys, rows_.options()),
-                                                  kFullWindow, 0);
-    const at::Tensor sink = in.sink_logits.defined() ? in.sink_logits.view({1, num_kv, group, 1, 1}) : at::Tensor();
+    const at::Tensor visible = arch::visible_keys(
+        rows_ + in.position_offset, at::arange(keys, rows_.options()), kFullWindow, 0);
+    const at::Tensor sink =
+        in.sink_logits.defined() ? in.sink_logits.view({1, num_kv, group, 1, 1}) : at::Tensor();
     const at::Tensor probs = arch::softmax_with_sink_logit(
-        scores.to(at::kFloat).masked_fill(visible.logical_not(), -std::numeric_limits<float>::infinity()), sink);
-    const at::Tensor per_head = probs.index_select(-1, needles_).sum(-1).mean({0, 2, 3}).to(at::kDouble).cpu();
+        scores.to(at::kFloat)
+            .masked_fill(visible.logical_not(), -std::numeric_limits<float>::infinity()),
+        sink);
+    const at::Tensor per_head =
+        probs.index_select(-1, needles_).sum(-1).mean({0, 2, 3}).to(at::kDouble).cpu();
     auto& out = mass[in.layer_id];
     out.assign(per_head.data_ptr<double>(), per_head.data_ptr<double>() + num_kv);
   }
@@ -71,7 +77,8 @@ std::vector<int64_t> needle_positions(const EvalSample& s) {
       out.clear();
       break;
     }
-    for (size_t i = 0; i < run.size(); ++i) out.push_back(static_cast<int64_t>(it - s.prompt.begin() + static_cast<std::ptrdiff_t>(i)));
+    for (size_t i = 0; i < run.size(); ++i)
+      out.push_back(static_cast<int64_t>(it - s.prompt.begin() + static_cast<std::ptrdiff_t>(i)));
   }
   if (!out.empty()) {
     std::sort(out.begin(), out.end());
@@ -100,7 +107,8 @@ nlohmann::json scores_json(const HeadScores& scores) {
 int64_t budget_of(const arch::ModelSpec& spec, const BaselineInputs& in) {
   const auto windows = in.policy.head_windows();
   const int64_t bookkeeping =
-      memory::estimate(spec, windows, in.options, in.policy.selecting_layers()).components.selection_state_bytes;
+      memory::estimate(spec, windows, in.options, in.policy.selecting_layers())
+          .components.selection_state_bytes;
   return global_kv_bytes(spec, windows, in.options) + bookkeeping;
 }
 
@@ -133,7 +141,9 @@ memory::HeadWindows unconditioned(arch::DecoderModel& model, const BaselineInput
   o.global_budget_bytes = budget_of(model.spec(), in);
   o.sink_tokens = in.options.sink_tokens;
   const memory::MemoryOptions mem = in.options;
-  o.head_bytes = [mem](const arch::LayerSpec& layer, int64_t window) { return memory::head_bytes(*layer.attention, window, mem); };
+  o.head_bytes = [mem](const arch::LayerSpec& layer, int64_t window) {
+    return memory::head_bytes(*layer.attention, window, mem);
+  };
   o.conditioned = false;
   return calib::run_seqcalib(model, sequences, o).windows;
 }
@@ -142,7 +152,8 @@ memory::HeadWindows unconditioned(arch::DecoderModel& model, const BaselineInput
 std::optional<runtime::EvictionOptions> eviction_method(const std::string& name) {
   using runtime::EvictionMethod;
   using runtime::EvictionPrefill;
-  for (EvictionMethod method : {EvictionMethod::kSnapKV, EvictionMethod::kH2O, EvictionMethod::kAdaKV}) {
+  for (EvictionMethod method :
+       {EvictionMethod::kSnapKV, EvictionMethod::kH2O, EvictionMethod::kAdaKV}) {
     for (EvictionPrefill prefill : {EvictionPrefill::kWholePrompt, EvictionPrefill::kEachChunk}) {
       runtime::EvictionOptions o;
       o.method = method;
@@ -157,43 +168,68 @@ std::optional<runtime::EvictionOptions> eviction_method(const std::string& name)
 nlohmann::json eviction_details(const runtime::EvictionOptions& o) {
   nlohmann::json d = {
       {"method", runtime::eviction_name(o)},
-      {"capacity", "per KV head, the policy's slots round_up(min(window + sink_tokens, context), block_size): "
-                   "KV bytes equal the policy's to the byte; only global layers evict"},
+      {"capacity",
+       "per KV head, the policy's slots round_up(min(window + sink_tokens, context), block_size): "
+       "KV bytes equal the policy's to the byte; only global layers evict"},
       {"ties", "keep the more recent position"},
-      {"auxiliary_bytes", "positions (int64) and keep scores (float32) per slot plus the region table: bookkeeping, "
-                          "not KV, reported apart as auxiliary_bytes_measured"}};
+      {"auxiliary_bytes",
+       "positions (int64) and keep scores (float32) per slot plus the region table: bookkeeping, "
+       "not KV, reported apart as auxiliary_bytes_measured"}};
   if (o.method == runtime::EvictionMethod::kH2O) {
-    d["rule"] = "heavy hitters by attention accumulated over every query so far (summed over the KV head's query "
-                "heads) plus the most recent tokens, half the capacity each; evicts during chunked prefill and decode";
-    d["prefill"] = "bounded: the cache never exceeds the capacity (a prefill chunk's own keys are activations)";
+    d["rule"] =
+        "heavy hitters by attention accumulated over every query so far (summed over the KV head's "
+        "query "
+        "heads) plus the most recent tokens, half the capacity each; evicts during chunked prefill "
+        "and decode";
+    d["prefill"] =
+        "bounded: the cache never exceeds the capacity (a prefill chunk's own keys are "
+        "activations)";
     return d;
   }
   d["observation_window"] = o.observation_window;
   d["pooling"] = runtime::pooling_name(o.pooling);
   d["pooling_kernel"] = o.pooling_kernel;
   if (o.prefill == runtime::EvictionPrefill::kEachChunk) {
-    d["prefill"] = "chunked: the rule runs at the end of every prefill chunk over the held keys plus the chunk's, the "
-                   "chunk's last queries observing; the cache never exceeds the capacity (a chunk's own keys are "
-                   "activations, as for every method), and the question at the prompt's end chooses only among what "
-                   "earlier chunks kept";
-    d["prompt_logits"] = "a chunk's queries attend over the held keys plus the chunk's own, as decoded";
+    d["prefill"] =
+        "chunked: the rule runs at the end of every prefill chunk over the held keys plus the "
+        "chunk's, the "
+        "chunk's last queries observing; the cache never exceeds the capacity (a chunk's own keys "
+        "are "
+        "activations, as for every method), and the question at the prompt's end chooses only "
+        "among what "
+        "earlier chunks kept";
+    d["prompt_logits"] =
+        "a chunk's queries attend over the held keys plus the chunk's own, as decoded";
   } else {
-    d["prefill"] = "full KV of the whole prompt is staged during prefill and compressed at its end (the method needs "
-                   "every prompt key): the prefill peak is full KV, reported as prefill_staged_peak_bytes_measured";
-    d["prompt_logits"] = "computed with full attention before compressing: KL and perplexity on prompt positions equal "
-                         "full KV's by construction; accuracy (the answer decoded from the compressed cache) shows the "
-                         "eviction";
+    d["prefill"] =
+        "full KV of the whole prompt is staged during prefill and compressed at its end (the "
+        "method needs "
+        "every prompt key): the prefill peak is full KV, reported as "
+        "prefill_staged_peak_bytes_measured";
+    d["prompt_logits"] =
+        "computed with full attention before compressing: KL and perplexity on prompt positions "
+        "equal "
+        "full KV's by construction; accuracy (the answer decoded from the compressed cache) shows "
+        "the "
+        "eviction";
   }
-  d["decode"] = "each generated token displaces the lowest-scored kept prefix key (the observation window and "
-                "generated tokens go last, oldest first): the cache stays at the policy's bytes";
+  d["decode"] =
+      "each generated token displaces the lowest-scored kept prefix key (the observation window "
+      "and "
+      "generated tokens go last, oldest first): the cache stays at the policy's bytes";
   if (o.method == runtime::EvictionMethod::kSnapKV) {
-    d["rule"] = "per KV head: the observation window plus the top (capacity - window) prefix keys by the window's "
-                "attention (summed over its queries and the head's query heads), pooled along positions";
+    d["rule"] =
+        "per KV head: the observation window plus the top (capacity - window) prefix keys by the "
+        "window's "
+        "attention (summed over its queries and the head's query heads), pooled along positions";
   } else {
     d["floor"] = o.adakv_floor;
-    d["rule"] = "SnapKV's scores; the layer's slots (sum of its heads' capacities) re-divided: every head keeps the "
-                "observation window, each gets floor x the mean per-head prefix budget, the rest goes to the top "
-                "scores across the layer's KV heads, flattened";
+    d["rule"] =
+        "SnapKV's scores; the layer's slots (sum of its heads' capacities) re-divided: every head "
+        "keeps the "
+        "observation window, each gets floor x the mean per-head prefix budget, the rest goes to "
+        "the top "
+        "scores across the layer's KV heads, flattened";
   }
   return d;
 }
@@ -211,24 +247,28 @@ MethodWindows policy_method(const std::string& name, const policy::Policy& polic
     }
   }
   m.details = {{"kv_head_rules", rules},
-               {"rule", "h2o heads: heavy hitters by accumulated attention plus the most recent tokens, half the slots "
-                        "each; window heads: their window, as the grouped cache keeps it"}};
+               {"rule",
+                "h2o heads: heavy hitters by accumulated attention plus the most recent tokens, "
+                "half the slots "
+                "each; window heads: their window, as the grouped cache keeps it"}};
   m.eviction = selection;
   m.selecting_layers = selection->layers;
   return m;
 }
 
-void check_unconditioned_ablation(const policy::Policy& policy, const policy::Policy& ablation, const std::string& where) {
+void check_unconditioned_ablation(const policy::Policy& policy, const policy::Policy& ablation,
+                                  const std::string& where) {
   const std::string method = ablation.calibration.value("method", "");
   if (method != "unconditioned") {
     throw_field_error("unconditioned_policy",
-                      " {}: calibration.method is '{}', not 'unconditioned' (calibrate it with {})", where, method,
-                      field_ref("no_conditioning"));
+                      " {}: calibration.method is '{}', not 'unconditioned' (calibrate it with {})",
+                      where, method, field_ref("no_conditioning"));
   }
   const auto differs = [&](const char* field) {
-    throw_field_error("unconditioned_policy",
-                      " {}: {} differs from {}'s; it must be the same calibration with only {} added", where, field,
-                      field_ref("policy"), field_ref("no_conditioning"));
+    throw_field_error(
+        "unconditioned_policy",
+        " {}: {} differs from {}'s; it must be the same calibration with only {} added", where,
+        field, field_ref("policy"), field_ref("no_conditioning"));
   };
   if (ablation.window_levels != policy.window_levels) differs("window_levels");
   if (ablation.context != policy.context) differs("context");
@@ -238,7 +278,8 @@ void check_unconditioned_ablation(const policy::Policy& policy, const policy::Po
   if (ablation.block_size != policy.block_size) differs("block_size");
   if (ablation.sink_tokens != policy.sink_tokens) differs("sink_tokens");
   if (ablation.budget_gb != policy.budget_gb) differs("budget_gb");
-  for (const char* key : {"dataset_sha256", "samples", "seq_len", "seed", "distortion_measure", "heads", "probe_samples"}) {
+  for (const char* key : {"dataset_sha256", "samples", "seq_len", "seed", "distortion_measure",
+                          "heads", "probe_samples"}) {
     const auto a = ablation.calibration.find(key);
     const auto p = policy.calibration.find(key);
     const bool in_a = a != ablation.calibration.end();
@@ -248,9 +289,9 @@ void check_unconditioned_ablation(const policy::Policy& policy, const policy::Po
 }
 
 const std::vector<std::string>& method_names() {
-  static const std::vector<std::string> names{"headwise", "full",          "uniform", "pyramid", "retrieval-score", "duo",
-                                              "random",   "unconditioned", "snapkv",  "h2o",     "adakv",
-                                              "snapkv-chunked", "adakv-chunked"};
+  static const std::vector<std::string> names{
+      "headwise",      "full",   "uniform", "pyramid", "retrieval-score", "duo",          "random",
+      "unconditioned", "snapkv", "h2o",     "adakv",   "snapkv-chunked",  "adakv-chunked"};
   return names;
 }
 
@@ -271,8 +312,8 @@ HeadScores retrieval_scores(arch::DecoderModel& model, const std::vector<EvalSam
     const auto needles = needle_positions(s);
     if (needles.empty()) continue;
     const TeacherForced seq = teacher_forced(s);
-    RetrievalScoreCore core(at::tensor(seq.generated_rows, long_opts), at::tensor(needles, long_opts),
-                            model.attention_chunk());
+    RetrievalScoreCore core(at::tensor(seq.generated_rows, long_opts),
+                            at::tensor(needles, long_opts), model.attention_chunk());
     (void)model.hidden_states(at::tensor(seq.tokens, long_opts).view({1, -1}), core);
     for (auto& [layer, heads] : sum) {
       for (size_t h = 0; h < heads.size(); ++h) heads[h] += core.mass.at(layer).at(h);
@@ -289,7 +330,8 @@ HeadScores retrieval_scores(arch::DecoderModel& model, const std::vector<EvalSam
 
 std::vector<MethodWindows> build_methods(arch::DecoderModel& model, const BaselineInputs& in,
                                          const std::vector<std::string>& names,
-                                         const std::vector<EvalSample>& calibration, BaselineCache* cache) {
+                                         const std::vector<EvalSample>& calibration,
+                                         BaselineCache* cache) {
   BaselineCache local;
   BaselineCache& memo = cache != nullptr ? *cache : local;
   const auto& spec = model.spec();
@@ -312,7 +354,8 @@ std::vector<MethodWindows> build_methods(arch::DecoderModel& model, const Baseli
     } else if (name == "retrieval-score") {
       if (!memo.retrieval_scores) memo.retrieval_scores = retrieval_scores(model, calibration);
       const HeadScores& scores = *memo.retrieval_scores;
-      w = ranked_full_baseline(spec, in.options, budget, scores, in.policy.window_levels.front(), "retrieval-score");
+      w = ranked_full_baseline(spec, in.options, budget, scores, in.policy.window_levels.front(),
+                               "retrieval-score");
       details["scores"] = scores_json(scores);
     } else if (name == "duo") {
       DuoTrainingOptions duo = in.duo;
@@ -320,30 +363,34 @@ std::vector<MethodWindows> build_methods(arch::DecoderModel& model, const Baseli
       duo.sink_tokens = in.options.sink_tokens;
       const auto key = std::make_pair(duo.streaming_window, duo.sink_tokens);
       auto found = memo.duo_gates.find(key);
-      if (found == memo.duo_gates.end()) found = memo.duo_gates.emplace(key, train_duo_gates(model, calibration, duo)).first;
+      if (found == memo.duo_gates.end())
+        found = memo.duo_gates.emplace(key, train_duo_gates(model, calibration, duo)).first;
       const DuoGates& trained = found->second;
-      w = ranked_full_baseline(spec, in.options, budget, trained.gates, duo.streaming_window, "duo");
-      details = {{"gates", scores_json(trained.gates)},
-                 {"steps", duo.steps},
-                 {"learning_rate", duo.learning_rate},
-                 {"l1_weight", duo.l1_weight},
-                 {"streaming_window", duo.streaming_window},
-                 {"sink_tokens", duo.sink_tokens},
-                 {"loss_first", trained.step_loss.front()},
-                 {"loss_last", trained.step_loss.back()}};
+      w = ranked_full_baseline(spec, in.options, budget, trained.gates, duo.streaming_window,
+                               "duo");
+      details = {
+          {"gates", scores_json(trained.gates)},      {"steps", duo.steps},
+          {"learning_rate", duo.learning_rate},       {"l1_weight", duo.l1_weight},
+          {"streaming_window", duo.streaming_window}, {"sink_tokens", duo.sink_tokens},
+          {"loss_first", trained.step_loss.front()},  {"loss_last", trained.step_loss.back()}};
     } else if (name == "random") {
       w = random_baseline(spec, in.options, budget, in.policy.window_levels, in.seed);
     } else if (name == "unconditioned" && in.unconditioned_policy != nullptr) {
       // Served as the policy is: its windows and, when some heads select tokens, its keep rules.
       MethodWindows ablation = policy_method(name, *in.unconditioned_policy);
-      ablation.details["source"] = "the policy's calibration rerun with --no-conditioning (same data and options)";
-      ablation.details["dataset_sha256"] = in.unconditioned_policy->calibration.value("dataset_sha256", "");
+      ablation.details["source"] =
+          "the policy's calibration rerun with --no-conditioning (same data and options)";
+      ablation.details["dataset_sha256"] =
+          in.unconditioned_policy->calibration.value("dataset_sha256", "");
       out.push_back(std::move(ablation));
       continue;
     } else if (name == "unconditioned") {
       w = unconditioned(model, in, calibration);
-      details = {{"source", "calibrated in eval without conditioning on the eval tasks' calibration samples (its data "
-                            "differs from the policy's; pass --unconditioned-policy for the exact ablation)"}};
+      details = {
+          {"source",
+           "calibrated in eval without conditioning on the eval tasks' calibration samples (its "
+           "data "
+           "differs from the policy's; pass --unconditioned-policy for the exact ablation)"}};
     } else {
       std::string have;
       for (const auto& n : baseline_names()) have += (have.empty() ? "" : ", ") + n;

@@ -29,14 +29,15 @@ std::string run_key(const MethodWindows& m) {
 struct Job {
   size_t policy = 0;
   size_t index = 0;
-  MethodWindows method;  // a copy: the builder keeps growing the lists while workers run
+  MethodWindows method;    // a copy: the builder keeps growing the lists while workers run
   bool reference = false;  // the full-KV run every other run's KL is measured against
 };
 
 // Restores the calling thread's intra-op thread count on scope exit.
 class ThreadCountGuard {
  public:
-  explicit ThreadCountGuard(std::optional<int> threads) : saved_(at::get_num_threads()), changed_(threads.has_value()) {
+  explicit ThreadCountGuard(std::optional<int> threads)
+      : saved_(at::get_num_threads()), changed_(threads.has_value()) {
     if (changed_) at::set_num_threads(*threads);
   }
   ~ThreadCountGuard() {
@@ -52,8 +53,8 @@ class ThreadCountGuard {
 
 class Scheduler {
  public:
-  Scheduler(size_t policies, const memory::MemoryOptions& options, const std::vector<EvalSample>& samples,
-            const RunOptions& run)
+  Scheduler(size_t policies, const memory::MemoryOptions& options,
+            const std::vector<EvalSample>& samples, const RunOptions& run)
       : options_(options), samples_(samples), run_(run), methods_(policies), reused_(policies) {}
 
   void push_reference(const arch::ModelSpec& spec) {
@@ -67,13 +68,14 @@ class Scheduler {
     const std::lock_guard lock(mutex_);
     // A worker failed: stop building too (the builder's caller keeps the first error).
     if (stop_) throw_input_error("eval stopped: another job failed");
-    HEADWISE_CHECK(methods_[policy].emplace(index, method).second, "method slot {} of policy {} emitted twice", index,
-                   policy);
+    HEADWISE_CHECK(methods_[policy].emplace(index, method).second,
+                   "method slot {} of policy {} emitted twice", index, policy);
     if (method.name == "full") return;  // answered by the reference run
     const std::string key = run_key(method);
     if (const auto first = first_run_.find(key); first != first_run_.end()) {
-      spdlog::info("eval: {} has the windows and rule of {} (policy {}): its run is reused", method.name,
-                   methods_[first->second.first].at(first->second.second).name, first->second.first + 1);
+      spdlog::info("eval: {} has the windows and rule of {} (policy {}): its run is reused",
+                   method.name, methods_[first->second.first].at(first->second.second).name,
+                   first->second.first + 1);
       reused_[policy][index] = first->second;
       return;
     }
@@ -113,7 +115,8 @@ class Scheduler {
     out.methods.resize(methods_.size());
     for (size_t p = 0; p < methods_.size(); ++p) {
       for (auto& [slot, method] : methods_[p]) {
-        HEADWISE_CHECK(slot == out.methods[p].size(), "policy {} has no method in slot {}", p, out.methods[p].size());
+        HEADWISE_CHECK(slot == out.methods[p].size(), "policy {} has no method in slot {}", p,
+                       out.methods[p].size());
         out.methods[p].push_back(std::move(method));
       }
     }
@@ -189,21 +192,24 @@ class Scheduler {
 
 }  // namespace
 
-ScheduledRuns run_scheduled(const std::vector<std::unique_ptr<arch::DecoderModel>>& models, size_t policies,
-                            const BuildMethods& build, const memory::MemoryOptions& options,
+ScheduledRuns run_scheduled(const std::vector<std::unique_ptr<arch::DecoderModel>>& models,
+                            size_t policies, const BuildMethods& build,
+                            const memory::MemoryOptions& options,
                             const std::vector<EvalSample>& samples, const RunOptions& run,
                             const ScheduleOptions& schedule) {
   HEADWISE_CHECK(!models.empty(), "eval needs at least one model instance");
   for (const auto& m : models) HEADWISE_CHECK(m != nullptr, "eval: a worker has no model");
   if (schedule.threads_per_worker < 0) {
-    throw_field_error("threads_per_worker", " must be positive, got {}", schedule.threads_per_worker);
+    throw_field_error("threads_per_worker", " must be positive, got {}",
+                      schedule.threads_per_worker);
   }
   const auto workers = static_cast<int>(models.size());
   std::optional<int> threads;
   if (workers > 1) {
     threads = schedule.threads_per_worker > 0 ? static_cast<int>(schedule.threads_per_worker)
-                                               : std::max(1, at::get_num_threads() / workers);
-    spdlog::info("eval: {} jobs at {} intra-op thread{} each", workers, *threads, *threads == 1 ? "" : "s");
+                                              : std::max(1, at::get_num_threads() / workers);
+    spdlog::info("eval: {} jobs at {} intra-op thread{} each", workers, *threads,
+                 *threads == 1 ? "" : "s");
   }
 
   Scheduler scheduler(policies, options, samples, run);

@@ -23,13 +23,16 @@ struct TokenTask {
   int64_t needles;
   bool chained = false;
 };
-constexpr TokenTask kTokenTasks[] = {
-    {"needle_single", 1}, {"needle_multikey", 4}, {"needle_multikey8", 8}, {"needle_chain", 4, true}};
+constexpr TokenTask kTokenTasks[] = {{"needle_single", 1},
+                                     {"needle_multikey", 4},
+                                     {"needle_multikey8", 8},
+                                     {"needle_chain", 4, true}};
 constexpr int64_t kKeyLen = tasks::kSyntheticKeyLen;
 constexpr int64_t kValueLen = tasks::kSyntheticValueLen;
 constexpr int64_t kQueryLen = 2 + kKeyLen + kValueLen;  // marker, key, separator, value
 
-const std::vector<std::string> kDefaultTextTasks{"niah_single", "niah_multikey", "niah_multivalue", "variable_tracking"};
+const std::vector<std::string> kDefaultTextTasks{"niah_single", "niah_multikey", "niah_multivalue",
+                                                 "variable_tracking"};
 
 std::string without_whitespace(std::string_view text) {
   std::string out;
@@ -43,13 +46,16 @@ std::string without_whitespace(std::string_view text) {
 // silently drops what it cannot write; a task it cannot write is no test of the model. `ids`
 // are `text` encoded; spaces are ignored: decoders legitimately move them (SentencePiece's
 // leading "▁"), and special tokens the encoder added are skipped.
-bool decodes_back(const tokenize::Tokenizer& tokenizer, const std::vector<int64_t>& ids, std::string_view text) {
+bool decodes_back(const tokenize::Tokenizer& tokenizer, const std::vector<int64_t>& ids,
+                  std::string_view text) {
   return without_whitespace(tokenizer.decode(ids, true)) == without_whitespace(text);
 }
 
 std::vector<std::string> default_tasks_for(const tokenize::Tokenizer* tokenizer) {
-  constexpr std::string_view kProbe = "The special magic number for the key is: 7412 and that is it.";
-  if (tokenizer != nullptr && decodes_back(*tokenizer, tokenizer->encode(kProbe, false), kProbe)) return kDefaultTextTasks;
+  constexpr std::string_view kProbe =
+      "The special magic number for the key is: 7412 and that is it.";
+  if (tokenizer != nullptr && decodes_back(*tokenizer, tokenizer->encode(kProbe, false), kProbe))
+    return kDefaultTextTasks;
   return {"needle_single", "needle_multikey", "needle_chain"};
 }
 
@@ -65,14 +71,16 @@ std::string token_task_names() {
 }
 
 bool is_token_task(const std::string& name) {
-  return std::any_of(std::begin(kTokenTasks), std::end(kTokenTasks), [&](const TokenTask& t) { return name == t.name; });
+  return std::any_of(std::begin(kTokenTasks), std::end(kTokenTasks),
+                     [&](const TokenTask& t) { return name == t.name; });
 }
 
 // A chain's sequence ends with `hops` queries. The prompt stops after the first query's separator;
 // the model answers its value, then each later query (marker, key, separator) is fed with the
 // key copied from the model's own previous value, and the model answers that hop's value.
 EvalSample chain_sample(const std::string& task, const std::vector<int64_t>& seq, int64_t hops) {
-  const auto first_answer = static_cast<std::ptrdiff_t>(seq.size()) - hops * kQueryLen + 2 + kKeyLen;
+  const auto first_answer =
+      static_cast<std::ptrdiff_t>(seq.size()) - hops * kQueryLen + 2 + kKeyLen;
   EvalSample s;
   s.task = task;
   s.prompt.assign(seq.begin(), seq.begin() + first_answer);
@@ -87,12 +95,13 @@ EvalSample chain_sample(const std::string& task, const std::vector<int64_t>& seq
     previous_value = static_cast<int64_t>(s.answer_source.size());
     for (int64_t i = 0; i < kValueLen; ++i) s.answer_source.push_back(kGeneratedToken);
   }
-  HEADWISE_CHECK(s.answer_source.size() == s.answer.size(), "chain answer {} tokens, sources {}", s.answer.size(),
-                 s.answer_source.size());
+  HEADWISE_CHECK(s.answer_source.size() == s.answer.size(), "chain answer {} tokens, sources {}",
+                 s.answer.size(), s.answer_source.size());
   return s;
 }
 
-std::vector<EvalSample> token_task_samples(const TokenTask& task, int64_t vocab, const TaskRequest& r) {
+std::vector<EvalSample> token_task_samples(const TokenTask& task, int64_t vocab,
+                                           const TaskRequest& r) {
   tasks::SyntheticOptions o;
   o.vocab_size = vocab;
   o.samples = r.samples;
@@ -102,7 +111,8 @@ std::vector<EvalSample> token_task_samples(const TokenTask& task, int64_t vocab,
   o.needles = task.needles;
   std::vector<EvalSample> out;
   if (task.chained) {
-    for (const auto& seq : tasks::synthetic_chain_set(o)) out.push_back(chain_sample(task.name, seq, task.needles));
+    for (const auto& seq : tasks::synthetic_chain_set(o))
+      out.push_back(chain_sample(task.name, seq, task.needles));
     return out;
   }
   for (auto& seq : tasks::synthetic_retrieval_set(o)) {
@@ -115,7 +125,8 @@ std::vector<EvalSample> token_task_samples(const TokenTask& task, int64_t vocab,
   return out;
 }
 
-std::vector<EvalSample> text_task_samples(const std::string& task, const tokenize::Tokenizer& tokenizer,
+std::vector<EvalSample> text_task_samples(const std::string& task,
+                                          const tokenize::Tokenizer& tokenizer,
                                           const TaskRequest& r) {
   const auto counter = tasks::make_token_counter(&tokenizer);
   tasks::GeneratorRequest g;
@@ -130,16 +141,19 @@ std::vector<EvalSample> text_task_samples(const std::string& task, const tokeniz
     const std::string prompt_text = text.substr(0, text.size() - answer_text.size());
     const auto whole = tokenizer.encode(text, true);
     if (!decodes_back(tokenizer, whole, text)) {
-      throw_field_error("tasks", " {}: the model's tokenizer.json cannot write this task's English text (it does not "
-                        "decode back to itself); use the token tasks {}",
-                        task, token_task_names());
+      throw_field_error(
+          "tasks",
+          " {}: the model's tokenizer.json cannot write this task's English text (it does not "
+          "decode back to itself); use the token tasks {}",
+          task, token_task_names());
     }
     EvalSample s;
     s.task = task;
     s.prompt = tokenizer.encode(prompt_text, true);
     // The answer as the model would produce it after this prompt: the whole text's tokens past
     // the prompt's, when the prompt tokenizes to a prefix of the whole (no merge across the cut).
-    if (whole.size() > s.prompt.size() && std::equal(s.prompt.begin(), s.prompt.end(), whole.begin())) {
+    if (whole.size() > s.prompt.size() &&
+        std::equal(s.prompt.begin(), s.prompt.end(), whole.begin())) {
       s.answer.assign(whole.begin() + static_cast<std::ptrdiff_t>(s.prompt.size()), whole.end());
     } else {
       s.answer = tokenizer.encode(answer_text, false);
@@ -147,8 +161,9 @@ std::vector<EvalSample> text_task_samples(const std::string& task, const tokeniz
     if (s.answer.empty()) throw_field_error("tasks", " {}: sample with an empty answer", task);
     if (static_cast<int64_t>(s.prompt.size() + s.answer.size()) > r.seq_len) {
       // The generator measured with the same tokenizer; a longer result means the cut merged.
-      s.prompt.erase(s.prompt.begin(), s.prompt.begin() + static_cast<std::ptrdiff_t>(s.prompt.size() + s.answer.size() -
-                                                                                        static_cast<size_t>(r.seq_len)));
+      s.prompt.erase(s.prompt.begin(), s.prompt.begin() + static_cast<std::ptrdiff_t>(
+                                                              s.prompt.size() + s.answer.size() -
+                                                              static_cast<size_t>(r.seq_len)));
     }
     out.push_back(std::move(s));
   }
@@ -175,7 +190,8 @@ std::vector<std::string> default_tasks(const fs::path& model_dir) {
 std::vector<int64_t> generated_answer_indices(const EvalSample& s) {
   std::vector<int64_t> out;
   for (size_t i = 0; i < s.answer.size(); ++i) {
-    if (s.answer_source.empty() || s.answer_source[i] == kGeneratedToken) out.push_back(static_cast<int64_t>(i));
+    if (s.answer_source.empty() || s.answer_source[i] == kGeneratedToken)
+      out.push_back(static_cast<int64_t>(i));
   }
   return out;
 }
@@ -185,13 +201,17 @@ TeacherForced teacher_forced(const EvalSample& s) {
   out.tokens = s.prompt;
   out.tokens.insert(out.tokens.end(), s.answer.begin(), s.answer.end() - 1);
   out.first_answer_row = static_cast<int64_t>(s.prompt.size()) - 1;
-  for (int64_t i : generated_answer_indices(s)) out.generated_rows.push_back(out.first_answer_row + i);
+  for (int64_t i : generated_answer_indices(s))
+    out.generated_rows.push_back(out.first_answer_row + i);
   return out;
 }
 
-std::vector<EvalSample> make_eval_samples(const fs::path& model_dir, int64_t vocab_size, const TaskRequest& request) {
-  if (request.samples <= 0) throw_field_error("samples", " must be positive, got {}", request.samples);
-  if (request.seq_len <= 0) throw_field_error("seq_len", " must be positive, got {}", request.seq_len);
+std::vector<EvalSample> make_eval_samples(const fs::path& model_dir, int64_t vocab_size,
+                                          const TaskRequest& request) {
+  if (request.samples <= 0)
+    throw_field_error("samples", " must be positive, got {}", request.samples);
+  if (request.seq_len <= 0)
+    throw_field_error("seq_len", " must be positive, got {}", request.seq_len);
   // Loaded once, when the defaults or a text task need it.
   std::optional<tokenize::Tokenizer> tokenizer;
   auto loaded_tokenizer = [&]() -> const tokenize::Tokenizer& {
@@ -211,7 +231,8 @@ std::vector<EvalSample> make_eval_samples(const fs::path& model_dir, int64_t voc
       samples = token_task_samples(t, vocab_size, request);
     } else if (std::find(text_tasks.begin(), text_tasks.end(), task) != text_tasks.end()) {
       if (!has_tokenizer(model_dir)) {
-        throw_field_error("tasks", " {}: a text task needs {}; this model has none (token tasks: {})", task,
+        throw_field_error("tasks",
+                          " {}: a text task needs {}; this model has none (token tasks: {})", task,
                           (model_dir / "tokenizer.json").string(), token_task_names());
       }
       samples = text_task_samples(task, loaded_tokenizer(), request);

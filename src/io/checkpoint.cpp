@@ -47,16 +47,19 @@ std::vector<fs::path> shard_paths(const fs::path& dir) {
     }
     std::set<std::string> shards;
     for (const auto& [name, shard] : index["weight_map"].items()) {
-      if (!shard.is_string()) throw_input_error("{}: weight_map['{}'] is not a file name", index_path.string(), name);
+      if (!shard.is_string())
+        throw_input_error("{}: weight_map['{}'] is not a file name", index_path.string(), name);
       const std::string file = shard.get<std::string>();
       if (file.find('/') != std::string::npos || file.find("..") != std::string::npos) {
-        throw_input_error("{}: weight_map['{}'] = '{}' points outside the model folder", index_path.string(), name, file);
+        throw_input_error("{}: weight_map['{}'] = '{}' points outside the model folder",
+                          index_path.string(), name, file);
       }
       shards.insert(file);
     }
     std::vector<fs::path> paths;
     for (const auto& s : shards) {
-      if (!fs::exists(dir / s, ec)) throw_input_error("{}: shard '{}' named by the index is missing", dir.string(), s);
+      if (!fs::exists(dir / s, ec))
+        throw_input_error("{}: shard '{}' named by the index is missing", dir.string(), s);
       paths.push_back(dir / s);
     }
     return paths;
@@ -77,29 +80,36 @@ fs::path resolve_model_dir(std::string_view model_arg) {
   std::error_code ec;
   const fs::path as_path(model_arg);
   if (fs::is_directory(as_path, ec)) return as_path;
-  if (fs::exists(as_path, ec)) throw_field_error("model", " {}: expected a model folder, got a file", model_arg);
+  if (fs::exists(as_path, ec))
+    throw_field_error("model", " {}: expected a model folder, got a file", model_arg);
   const auto slash = model_arg.find('/');
-  if (slash != std::string_view::npos && slash > 0 && model_arg.find('/', slash + 1) == std::string_view::npos &&
-      !model_arg.starts_with(".")) {
-    const std::string repo = fmt::format("models--{}--{}", model_arg.substr(0, slash), model_arg.substr(slash + 1));
+  if (slash != std::string_view::npos && slash > 0 &&
+      model_arg.find('/', slash + 1) == std::string_view::npos && !model_arg.starts_with(".")) {
+    const std::string repo =
+        fmt::format("models--{}--{}", model_arg.substr(0, slash), model_arg.substr(slash + 1));
     const fs::path repo_dir = hf_hub_dir() / repo;
     const fs::path snapshot = cached_snapshot(repo_dir);
     if (!snapshot.empty()) return snapshot;
-    throw_field_error("model", " {}: no such folder, and no snapshot in the local Hugging Face cache at {} "
-                      "(headwise never downloads; fetch the model first)", model_arg, repo_dir.string());
+    throw_field_error("model",
+                      " {}: no such folder, and no snapshot in the local Hugging Face cache at {} "
+                      "(headwise never downloads; fetch the model first)",
+                      model_arg, repo_dir.string());
   }
   throw_field_error("model", " {}: no such folder", model_arg);
 }
 
-std::shared_ptr<const Checkpoint> Checkpoint::open(const fs::path& model_dir, bool allow_missing_weights) {
+std::shared_ptr<const Checkpoint> Checkpoint::open(const fs::path& model_dir,
+                                                   bool allow_missing_weights) {
   std::error_code ec;
-  if (!fs::is_directory(model_dir, ec)) throw_input_error("{}: not a model folder", model_dir.string());
+  if (!fs::is_directory(model_dir, ec))
+    throw_input_error("{}: not a model folder", model_dir.string());
   auto checkpoint = std::shared_ptr<Checkpoint>(new Checkpoint());
   checkpoint->dir_ = model_dir;
   const auto paths = shard_paths(model_dir);
   if (paths.empty() && !allow_missing_weights) {
-    throw_input_error("{}: no safetensors weights (model.safetensors or model.safetensors.index.json)",
-                      model_dir.string());
+    throw_input_error(
+        "{}: no safetensors weights (model.safetensors or model.safetensors.index.json)",
+        model_dir.string());
   }
   for (const auto& path : paths) {
     checkpoint->files_.push_back(SafetensorsFile::open(path));
@@ -115,16 +125,23 @@ std::shared_ptr<const Checkpoint> Checkpoint::open(const fs::path& model_dir, bo
   return checkpoint;
 }
 
-bool Checkpoint::contains(std::string_view name) const { return index_.find(name) != index_.end(); }
+bool Checkpoint::contains(std::string_view name) const {
+  return index_.find(name) != index_.end();
+}
 
 const Checkpoint::Entry& Checkpoint::find(std::string_view name) const {
   const auto it = index_.find(name);
-  if (it == index_.end()) throw_input_error("{}: tensor '{}' not found in the checkpoint", dir_.string(), name);
+  if (it == index_.end())
+    throw_input_error("{}: tensor '{}' not found in the checkpoint", dir_.string(), name);
   return it->second;
 }
 
-const TensorInfo& Checkpoint::info(std::string_view name) const { return *find(name).info; }
-const SafetensorsFile& Checkpoint::file_of(std::string_view name) const { return *find(name).file; }
+const TensorInfo& Checkpoint::info(std::string_view name) const {
+  return *find(name).info;
+}
+const SafetensorsFile& Checkpoint::file_of(std::string_view name) const {
+  return *find(name).file;
+}
 std::span<std::byte> Checkpoint::bytes(std::string_view name) const {
   const auto& entry = find(name);
   return entry.file->bytes(*entry.info);
@@ -146,8 +163,9 @@ int64_t Checkpoint::weight_bytes() const {
 std::string Checkpoint::headers_sha256() const {
   std::vector<const SafetensorsFile*> sorted;
   for (const auto& f : files_) sorted.push_back(f.get());
-  std::sort(sorted.begin(), sorted.end(),
-            [](const auto* a, const auto* b) { return a->path().filename() < b->path().filename(); });
+  std::sort(sorted.begin(), sorted.end(), [](const auto* a, const auto* b) {
+    return a->path().filename() < b->path().filename();
+  });
   std::string all;
   for (const auto* f : sorted) {
     all += f->path().filename().string();

@@ -19,7 +19,8 @@ namespace {
 // Real headers are a few MB at most; anything larger is a corrupt length field.
 constexpr uint64_t kMaxHeaderBytes = uint64_t{100} << 20;
 
-int64_t checked_numel(const std::vector<int64_t>& shape, std::string_view label, std::string_view name) {
+int64_t checked_numel(const std::vector<int64_t>& shape, std::string_view label,
+                      std::string_view name) {
   int64_t numel = 1;
   for (int64_t dim : shape) {
     if (dim < 0) throw_input_error("{}: tensor '{}' has a negative dimension", label, name);
@@ -44,13 +45,17 @@ TensorInfo parse_entry(const std::string& name, const nlohmann::json& entry, uin
   if (!shape.is_array()) throw_input_error("{}: tensor '{}': shape is not a list", label, name);
   if (!offsets.is_array() || offsets.size() != 2 || !offsets[0].is_number_unsigned() ||
       !offsets[1].is_number_unsigned()) {
-    throw_input_error("{}: tensor '{}': data_offsets must be two non-negative integers", label, name);
+    throw_input_error("{}: tensor '{}': data_offsets must be two non-negative integers", label,
+                      name);
   }
   TensorInfo info;
   info.name = name;
-  info.dtype = parse_safetensors_dtype(dtype.get<std::string>(), fmt::format("{}: tensor '{}'", label, name));
+  info.dtype = parse_safetensors_dtype(dtype.get<std::string>(),
+                                       fmt::format("{}: tensor '{}'", label, name));
   for (const auto& dim : shape) {
-    if (!dim.is_number_unsigned()) throw_input_error("{}: tensor '{}': shape entries must be non-negative integers", label, name);
+    if (!dim.is_number_unsigned())
+      throw_input_error("{}: tensor '{}': shape entries must be non-negative integers", label,
+                        name);
     const uint64_t value = dim.get<uint64_t>();
     if (value > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) {
       throw_input_error("{}: tensor '{}': dimension too large", label, name);
@@ -60,8 +65,10 @@ TensorInfo parse_entry(const std::string& name, const nlohmann::json& entry, uin
   info.begin = offsets[0].get<uint64_t>();
   info.end = offsets[1].get<uint64_t>();
   if (info.begin > info.end || info.end > data_size) {
-    throw_input_error("{}: tensor '{}': data_offsets [{}, {}] outside the data section of {} bytes "
-                      "(truncated file?)", label, name, info.begin, info.end, data_size);
+    throw_input_error(
+        "{}: tensor '{}': data_offsets [{}, {}] outside the data section of {} bytes "
+        "(truncated file?)",
+        label, name, info.begin, info.end, data_size);
   }
   const int64_t numel = checked_numel(info.shape, label, name);
   const int64_t size = element_size(info.dtype);
@@ -104,7 +111,8 @@ std::vector<TensorInfo> parse_safetensors_header(std::string_view header_json, u
   });
   for (size_t i = 1; i < by_offset.size(); ++i) {
     if (by_offset[i]->begin < by_offset[i - 1]->end) {
-      throw_input_error("{}: tensors '{}' and '{}' overlap", label, by_offset[i - 1]->name, by_offset[i]->name);
+      throw_input_error("{}: tensors '{}' and '{}' overlap", label, by_offset[i - 1]->name,
+                        by_offset[i]->name);
     }
   }
   return tensors;
@@ -122,7 +130,8 @@ std::shared_ptr<const SafetensorsFile> SafetensorsFile::open(const std::filesyst
   const auto file_size = static_cast<uint64_t>(st.st_size);
   if (file_size < 8) {
     ::close(fd);
-    throw_input_error("{}: {} bytes is too short for a safetensors file (truncated?)", label, file_size);
+    throw_input_error("{}: {} bytes is too short for a safetensors file (truncated?)", label,
+                      file_size);
   }
   // Read-only: a write into a mapped weight would live in a private copy-on-write page, and the
   // layer streaming's MADV_DONTNEED would later drop it and silently bring back the file's bytes
@@ -139,12 +148,14 @@ std::shared_ptr<const SafetensorsFile> SafetensorsFile::open(const std::filesyst
   uint64_t header_size = 0;
   std::memcpy(&header_size, file->mapping_, 8);  // little-endian u64, as on every host we build for
   if (header_size > kMaxHeaderBytes || header_size > file_size - 8) {
-    throw_input_error("{}: header length {} does not fit a {}-byte file (truncated or not safetensors)",
-                      label, header_size, file_size);
+    throw_input_error(
+        "{}: header length {} does not fit a {}-byte file (truncated or not safetensors)", label,
+        header_size, file_size);
   }
   file->header_.assign(reinterpret_cast<const char*>(file->mapping_ + 8), header_size);
   file->data_offset_ = 8 + header_size;
-  for (auto& info : parse_safetensors_header(file->header_, file_size - file->data_offset_, label)) {
+  for (auto& info :
+       parse_safetensors_header(file->header_, file_size - file->data_offset_, label)) {
     std::string name = info.name;
     file->tensors_.emplace(std::move(name), std::move(info));
   }
@@ -165,16 +176,20 @@ int64_t SafetensorsFile::tensor_bytes() const {
   return total;
 }
 
-void write_safetensors(const std::filesystem::path& path, const std::vector<TensorToWrite>& tensors) {
+void write_safetensors(const std::filesystem::path& path,
+                       const std::vector<TensorToWrite>& tensors) {
   nlohmann::ordered_json header = nlohmann::ordered_json::object();
   uint64_t offset = 0;
   for (const auto& t : tensors) {
-    static const std::map<DType, std::string> kNames{{DType::kFloat32, "F32"}, {DType::kBFloat16, "BF16"},
-                                                     {DType::kFloat16, "F16"}, {DType::kInt64, "I64"},
-                                                     {DType::kInt32, "I32"}, {DType::kUInt8, "U8"}};
+    static const std::map<DType, std::string> kNames{
+        {DType::kFloat32, "F32"}, {DType::kBFloat16, "BF16"}, {DType::kFloat16, "F16"},
+        {DType::kInt64, "I64"},   {DType::kInt32, "I32"},     {DType::kUInt8, "U8"}};
     const auto it = kNames.find(t.dtype);
-    HEADWISE_CHECK(it != kNames.end(), "write_safetensors: dtype {} not supported", dtype_name(t.dtype));
-    header[t.name] = {{"dtype", it->second}, {"shape", t.shape}, {"data_offsets", {offset, offset + t.data.size()}}};
+    HEADWISE_CHECK(it != kNames.end(), "write_safetensors: dtype {} not supported",
+                   dtype_name(t.dtype));
+    header[t.name] = {{"dtype", it->second},
+                      {"shape", t.shape},
+                      {"data_offsets", {offset, offset + t.data.size()}}};
     offset += t.data.size();
   }
   std::string header_text = header.dump();
@@ -184,7 +199,8 @@ void write_safetensors(const std::filesystem::path& path, const std::vector<Tens
   const uint64_t header_size = header_text.size();
   contents.append(reinterpret_cast<const char*>(&header_size), 8);
   contents.append(header_text);
-  for (const auto& t : tensors) contents.append(reinterpret_cast<const char*>(t.data.data()), t.data.size());
+  for (const auto& t : tensors)
+    contents.append(reinterpret_cast<const char*>(t.data.data()), t.data.size());
   write_file_atomically(path, contents);
 }
 

@@ -11,11 +11,13 @@ DistortionAccumulator::DistortionAccumulator(int64_t num_kv_heads, int64_t num_l
     : num_kv_heads_(num_kv_heads),
       num_levels_(num_levels),
       errors_(static_cast<size_t>(num_kv_heads * num_levels)) {
-  HEADWISE_CHECK(num_kv_heads > 0 && num_levels > 0, "accumulator of {}x{}", num_kv_heads, num_levels);
+  HEADWISE_CHECK(num_kv_heads > 0 && num_levels > 0, "accumulator of {}x{}", num_kv_heads,
+                 num_levels);
 }
 
 ExactSum& DistortionAccumulator::error(int64_t head, int64_t level) {
-  HEADWISE_CHECK(head >= 0 && head < num_kv_heads_ && level >= 0 && level < num_levels_, "index ({}, {})", head, level);
+  HEADWISE_CHECK(head >= 0 && head < num_kv_heads_ && level >= 0 && level < num_levels_,
+                 "index ({}, {})", head, level);
   return errors_[static_cast<size_t>(head * num_levels_ + level)];
 }
 
@@ -33,7 +35,8 @@ void DistortionAccumulator::add_reference(double squared_norm, int64_t tokens) {
 }
 
 void DistortionAccumulator::merge(const DistortionAccumulator& other) {
-  HEADWISE_CHECK(other.num_kv_heads_ == num_kv_heads_ && other.num_levels_ == num_levels_, "merging mismatched accumulators");
+  HEADWISE_CHECK(other.num_kv_heads_ == num_kv_heads_ && other.num_levels_ == num_levels_,
+                 "merging mismatched accumulators");
   for (size_t i = 0; i < errors_.size(); ++i) errors_[i].merge(other.errors_[i]);
   reference_.merge(other.reference_);
   tokens_ += other.tokens_;
@@ -41,7 +44,8 @@ void DistortionAccumulator::merge(const DistortionAccumulator& other) {
 
 std::string DistortionAccumulator::to_bytes() const {
   std::string out;
-  for (int64_t v : {num_kv_heads_, num_levels_, tokens_}) out.append(reinterpret_cast<const char*>(&v), sizeof v);
+  for (int64_t v : {num_kv_heads_, num_levels_, tokens_})
+    out.append(reinterpret_cast<const char*>(&v), sizeof v);
   for (const auto& e : errors_) out += e.to_bytes();
   out += reference_.to_bytes();
   return out;
@@ -57,11 +61,13 @@ DistortionAccumulator DistortionAccumulator::from_bytes(std::string_view bytes) 
   acc.num_levels_ = header[1];
   acc.tokens_ = header[2];
   const auto sums = static_cast<size_t>(acc.num_kv_heads_ * acc.num_levels_);
-  if (acc.num_kv_heads_ < 0 || acc.num_levels_ < 0 || bytes.size() != sizeof header + (sums + 1) * sum_bytes) {
+  if (acc.num_kv_heads_ < 0 || acc.num_levels_ < 0 ||
+      bytes.size() != sizeof header + (sums + 1) * sum_bytes) {
     throw Error("distortion accumulator: malformed image");
   }
   size_t at = sizeof header;
-  for (size_t i = 0; i < sums; ++i, at += sum_bytes) acc.errors_.push_back(ExactSum::from_bytes(bytes.substr(at, sum_bytes)));
+  for (size_t i = 0; i < sums; ++i, at += sum_bytes)
+    acc.errors_.push_back(ExactSum::from_bytes(bytes.substr(at, sum_bytes)));
   acc.reference_ = ExactSum::from_bytes(bytes.substr(at, sum_bytes));
   return acc;
 }
@@ -96,12 +102,15 @@ void DistortionAccumulator::check_finite(int64_t layer_id) const {
     }
   }
   if (!bad.empty() && static_cast<int64_t>(bad.size()) < num_kv_heads_) {
-    throw NumericError(fmt::format("layer {} KV head {} level {}: distortion is NaN/Inf (bad heads: {})", layer_id,
-                                   bad.front(), first_level, fmt::join(bad, ",")));
+    throw NumericError(
+        fmt::format("layer {} KV head {} level {}: distortion is NaN/Inf (bad heads: {})", layer_id,
+                    bad.front(), first_level, fmt::join(bad, ",")));
   }
   if (!std::isfinite(reference_.value()) || !bad.empty()) {
-    throw NumericError(fmt::format("layer {}: the attention block output is not finite in every KV head (NaN/Inf in "
-                                   "activations or in the layer's weights)", layer_id));
+    throw NumericError(fmt::format(
+        "layer {}: the attention block output is not finite in every KV head (NaN/Inf in "
+        "activations or in the layer's weights)",
+        layer_id));
   }
 }
 

@@ -3,9 +3,9 @@
 #include <algorithm>
 #include <limits>
 
+#include "headwise/arch/attention_cuda.hpp"
 #include "headwise/core/error.hpp"
 #include "headwise/core/reproducible_math.hpp"
-#include "headwise/arch/attention_cuda.hpp"
 
 namespace headwise::measure {
 namespace {
@@ -69,7 +69,8 @@ at::Tensor positions(int64_t begin, int64_t len, const at::Device& device) {
 // Distance band [lo, hi) (hi < 0: unbounded), excluding sink keys.
 Partial distance_band(const ChunkContext& c, int64_t lo, int64_t hi, int64_t sink_tokens) {
   const int64_t offset = c.in.position_offset;
-  const int64_t k0 = std::max<int64_t>(hi < 0 ? 0 : c.t0 - hi + 1, std::max<int64_t>(0, sink_tokens - offset));
+  const int64_t k0 =
+      std::max<int64_t>(hi < 0 ? 0 : c.t0 - hi + 1, std::max<int64_t>(0, sink_tokens - offset));
   const int64_t k1 = std::min(c.t1, c.t1 - lo);
   if (k1 <= k0) return empty_partial(c.q);
   const auto device = c.q.device();
@@ -100,15 +101,21 @@ at::Tensor finish(const Partial& p, int64_t group, const at::Tensor& sink_rows) 
 }
 
 // The sink logit of each row of a tile ([1, kv, g*tc, 1]), undefined without sinks.
-at::Tensor tile_sink_rows(const arch::AttentionInputs& in, int64_t kv, int64_t group, int64_t rows) {
+at::Tensor tile_sink_rows(const arch::AttentionInputs& in, int64_t kv, int64_t group,
+                          int64_t rows) {
   if (!in.sink_logits.defined()) return {};
-  return in.sink_logits.to(at::kFloat).view({1, kv, group, 1, 1}).expand({1, kv, group, rows, 1}).reshape(
-      {1, kv, group * rows, 1});
+  return in.sink_logits.to(at::kFloat)
+      .view({1, kv, group, 1, 1})
+      .expand({1, kv, group, rows, 1})
+      .reshape({1, kv, group * rows, 1});
 }
 
-void check_inputs(const arch::AttentionInputs& in, const WindowLadder& ladder, int64_t sink_tokens, int64_t chunk) {
-  HEADWISE_CHECK(in.q.dim() == 4 && in.k.dim() == 4 && in.v.dim() == 4, "q/k/v must be [B, heads, T, hd]");
-  HEADWISE_CHECK(in.q.size(1) % in.k.size(1) == 0 && in.q.size(2) == in.k.size(2), "attention shapes");
+void check_inputs(const arch::AttentionInputs& in, const WindowLadder& ladder, int64_t sink_tokens,
+                  int64_t chunk) {
+  HEADWISE_CHECK(in.q.dim() == 4 && in.k.dim() == 4 && in.v.dim() == 4,
+                 "q/k/v must be [B, heads, T, hd]");
+  HEADWISE_CHECK(in.q.size(1) % in.k.size(1) == 0 && in.q.size(2) == in.k.size(2),
+                 "attention shapes");
   HEADWISE_CHECK(!ladder.levels.empty() && chunk > 0 && sink_tokens >= 0, "ladder/chunk/sinks");
 }
 
@@ -123,15 +130,18 @@ int64_t cpu_tile_rows(const std::vector<int64_t>& edges, int64_t chunk) {
 
 #ifdef HEADWISE_WITH_CUDA
 // The fused kernel: every level of a query chunk in one launch.
-void cuda_chunks(const arch::AttentionInputs& in, const WindowLadder& ladder, const std::vector<int64_t>& edges,
-                 int64_t sink_tokens, int64_t chunk, const LevelOutputsFn& fn) {
+void cuda_chunks(const arch::AttentionInputs& in, const WindowLadder& ladder,
+                 const std::vector<int64_t>& edges, int64_t sink_tokens, int64_t chunk,
+                 const LevelOutputsFn& fn) {
   const int64_t batch = in.q.size(0), steps = in.q.size(2), hd = in.q.size(3);
   const int64_t kv = in.k.size(1), group = in.q.size(1) / kv;
   for (int64_t t0 = 0; t0 < steps; t0 += chunk) {
     const int64_t t1 = std::min(steps, t0 + chunk);
-    const at::Tensor all = arch::cuda_multiwindow_levels(in, edges, sink_tokens, t0, t1);  // [E+1, B, H, tc, hd]
+    const at::Tensor all =
+        arch::cuda_multiwindow_levels(in, edges, sink_tokens, t0, t1);  // [E+1, B, H, tc, hd]
     std::vector<at::Tensor> levels;
-    for (int64_t e = 0; e < all.size(0); ++e) levels.push_back(all[e].view({batch, kv, group, t1 - t0, hd}));
+    for (int64_t e = 0; e < all.size(0); ++e)
+      levels.push_back(all[e].view({batch, kv, group, t1 - t0, hd}));
     const at::Tensor full = levels.back();
     if (!ladder.has_full()) levels.pop_back();
     fn(t0, t1, levels, full);
@@ -141,8 +151,8 @@ void cuda_chunks(const arch::AttentionInputs& in, const WindowLadder& ladder, co
 
 }  // namespace
 
-void for_each_chunk_levels(const arch::AttentionInputs& in, const WindowLadder& ladder, int64_t sink_tokens,
-                           int64_t chunk, const LevelOutputsFn& fn) {
+void for_each_chunk_levels(const arch::AttentionInputs& in, const WindowLadder& ladder,
+                           int64_t sink_tokens, int64_t chunk, const LevelOutputsFn& fn) {
   check_inputs(in, ladder, sink_tokens, chunk);
   const int64_t batch = in.q.size(0), heads = in.q.size(1), steps = in.q.size(2), hd = in.q.size(3);
   const int64_t kv = in.k.size(1), group = heads / kv;
@@ -151,7 +161,8 @@ void for_each_chunk_levels(const arch::AttentionInputs& in, const WindowLadder& 
     if (w != kFullWindow) edges.push_back(w);
   }
 #ifdef HEADWISE_WITH_CUDA
-  if (arch::cuda_multiwindow_supported(in, edges.size())) return cuda_chunks(in, ladder, edges, sink_tokens, chunk, fn);
+  if (arch::cuda_multiwindow_supported(in, edges.size()))
+    return cuda_chunks(in, ladder, edges, sink_tokens, chunk, fn);
 #endif
   const at::Tensor q = (in.q.to(at::kFloat) * in.scaling).view({batch, kv, group, steps, hd});
   const at::Tensor k = in.k.to(at::kFloat).contiguous();
@@ -178,71 +189,82 @@ void for_each_chunk_levels(const arch::AttentionInputs& in, const WindowLadder& 
   }
 }
 
-at::Tensor all_window_outputs(const arch::AttentionInputs& in, const WindowLadder& ladder, int64_t sink_tokens,
-                              int64_t chunk) {
+at::Tensor all_window_outputs(const arch::AttentionInputs& in, const WindowLadder& ladder,
+                              int64_t sink_tokens, int64_t chunk) {
   const int64_t batch = in.q.size(0), heads = in.q.size(1), steps = in.q.size(2), hd = in.q.size(3);
   at::Tensor out = at::empty({static_cast<int64_t>(ladder.size()), batch, steps, heads, hd},
                              in.q.options().dtype(at::kFloat));
-  for_each_chunk_levels(in, ladder, sink_tokens, chunk, [&](int64_t t0, int64_t t1, const auto& levels, const auto&) {
-    for (size_t l = 0; l < levels.size(); ++l) {
-      // [B, kv, g, tc, hd] → [B, tc, heads, hd]
-      out[static_cast<int64_t>(l)].slice(1, t0, t1).copy_(
-          levels[l].reshape({batch, heads, t1 - t0, hd}).transpose(1, 2));
-    }
-  });
+  for_each_chunk_levels(in, ladder, sink_tokens, chunk,
+                        [&](int64_t t0, int64_t t1, const auto& levels, const auto&) {
+                          for (size_t l = 0; l < levels.size(); ++l) {
+                            // [B, kv, g, tc, hd] → [B, tc, heads, hd]
+                            out[static_cast<int64_t>(l)].slice(1, t0, t1).copy_(
+                                levels[l].reshape({batch, heads, t1 - t0, hd}).transpose(1, 2));
+                          }
+                        });
   return out;
 }
 
 at::Tensor measure_window_distortion(const arch::AttentionInputs& in, const WindowLadder& ladder,
-                                     int64_t sink_tokens, int64_t chunk, DistortionAccumulator& acc) {
+                                     int64_t sink_tokens, int64_t chunk,
+                                     DistortionAccumulator& acc) {
   const int64_t batch = in.q.size(0), heads = in.q.size(1), steps = in.q.size(2), hd = in.q.size(3);
   const int64_t kv = in.k.size(1), group = heads / kv;
   HEADWISE_CHECK(in.o_proj_weight.defined() && in.o_proj_weight.size(1) == heads * hd,
                  "measuring needs o_proj_weight [hidden, heads*hd]");
-  HEADWISE_CHECK(acc.num_kv_heads() == kv && acc.num_levels() == static_cast<int64_t>(ladder.size()),
-                 "accumulator shape");
+  HEADWISE_CHECK(
+      acc.num_kv_heads() == kv && acc.num_levels() == static_cast<int64_t>(ladder.size()),
+      "accumulator shape");
   const int64_t hidden = in.o_proj_weight.size(0);
   // Wo columns of each KV head's query group: [kv, g*hd, hidden].
-  const at::Tensor wo = in.o_proj_weight.to(at::kFloat).view({hidden, kv, group * hd}).permute({1, 2, 0});
+  const at::Tensor wo =
+      in.o_proj_weight.to(at::kFloat).view({hidden, kv, group * hd}).permute({1, 2, 0});
   // ||Wo_h d||^2 = d^T (Wo_h^T Wo_h) d: with the Gram matrix the per-level error costs
   // (g*hd)^2 per row instead of g*hd*hidden, a large saving when hidden >> g*hd (GQA).
   const bool use_gram = group * hd < hidden;
-  const at::Tensor gram = use_gram ? at::bmm(wo, wo.transpose(1, 2)) : at::Tensor();  // [kv, g*hd, g*hd]
+  const at::Tensor gram =
+      use_gram ? at::bmm(wo, wo.transpose(1, 2)) : at::Tensor();  // [kv, g*hd, g*hd]
   at::Tensor out = at::empty({batch, steps, heads, hd}, in.q.options());
-  for_each_chunk_levels(in, ladder, sink_tokens, chunk, [&](int64_t t0, int64_t t1, const auto& levels,
-                                                             const at::Tensor& full) {
-    const int64_t tc = t1 - t0;
-    at::Tensor gate;  // [B, kv, g, tc, hd]
-    if (in.output_gate.defined()) {
-      gate = in.output_gate.slice(1, t0, t1).to(at::kFloat).transpose(1, 2).reshape({batch, kv, group, tc, hd});
-    }
-    auto per_head_rows = [&](const at::Tensor& a) {  // [B, kv, g, tc, hd] → [kv, B*tc, g*hd]
-      const at::Tensor gated = gate.defined() ? a * gate : a;
-      return gated.permute({1, 0, 3, 2, 4}).reshape({kv, batch * tc, group * hd});
-    };
-    const at::Tensor y_full = at::bmm(per_head_rows(full), wo).sum(0);  // [B*tc, hidden]
-    // Every sum of this chunk goes to the host in one copy (one device sync on CUDA).
-    // One output: ATen would split it by thread (reproducible_math.hpp), the per-head sums below not.
-    std::vector<at::Tensor> sums{thread_count_independent_sum(y_full.to(at::kDouble).pow(2)).view({1})};
-    for (const auto& level : levels) {
-      const at::Tensor delta = per_head_rows(level - full);  // [kv, B*tc, g*hd]
-      sums.push_back((use_gram ? (at::bmm(delta, gram) * delta).to(at::kDouble)
-                               : at::bmm(delta, wo).to(at::kDouble).pow(2))
-                         .sum({1, 2}));
-    }
-    const at::Tensor host = at::cat(sums).cpu();
-    const double* values = host.data_ptr<double>();
-    acc.add_reference(values[0], batch * tc);
-    for (size_t l = 0; l < levels.size(); ++l) {
-      for (int64_t h = 0; h < kv; ++h) {
-        // The Gram form is a quadratic form in fp32: clamp the rounding of an exact 0 at 0.
-        // (Not std::max: it would turn a NaN into 0 and hide a corrupt head from check_finite.)
-        const double error = values[1 + static_cast<int64_t>(l) * kv + h];
-        acc.add_error(h, static_cast<int64_t>(l), error < 0.0 ? 0.0 : error);
-      }
-    }
-    out.slice(1, t0, t1).copy_(full.reshape({batch, heads, tc, hd}).transpose(1, 2));
-  });
+  for_each_chunk_levels(
+      in, ladder, sink_tokens, chunk,
+      [&](int64_t t0, int64_t t1, const auto& levels, const at::Tensor& full) {
+        const int64_t tc = t1 - t0;
+        at::Tensor gate;  // [B, kv, g, tc, hd]
+        if (in.output_gate.defined()) {
+          gate = in.output_gate.slice(1, t0, t1)
+                     .to(at::kFloat)
+                     .transpose(1, 2)
+                     .reshape({batch, kv, group, tc, hd});
+        }
+        auto per_head_rows = [&](const at::Tensor& a) {  // [B, kv, g, tc, hd] → [kv, B*tc, g*hd]
+          const at::Tensor gated = gate.defined() ? a * gate : a;
+          return gated.permute({1, 0, 3, 2, 4}).reshape({kv, batch * tc, group * hd});
+        };
+        const at::Tensor y_full = at::bmm(per_head_rows(full), wo).sum(0);  // [B*tc, hidden]
+        // Every sum of this chunk goes to the host in one copy (one device sync on CUDA).
+        // One output: ATen would split it by thread (reproducible_math.hpp), the per-head sums
+        // below not.
+        std::vector<at::Tensor> sums{
+            thread_count_independent_sum(y_full.to(at::kDouble).pow(2)).view({1})};
+        for (const auto& level : levels) {
+          const at::Tensor delta = per_head_rows(level - full);  // [kv, B*tc, g*hd]
+          sums.push_back((use_gram ? (at::bmm(delta, gram) * delta).to(at::kDouble)
+                                   : at::bmm(delta, wo).to(at::kDouble).pow(2))
+                             .sum({1, 2}));
+        }
+        const at::Tensor host = at::cat(sums).cpu();
+        const double* values = host.data_ptr<double>();
+        acc.add_reference(values[0], batch * tc);
+        for (size_t l = 0; l < levels.size(); ++l) {
+          for (int64_t h = 0; h < kv; ++h) {
+            // The Gram form is a quadratic form in fp32: clamp the rounding of an exact 0 at 0.
+            // (Not std::max: it would turn a NaN into 0 and hide a corrupt head from check_finite.)
+            const double error = values[1 + static_cast<int64_t>(l) * kv + h];
+            acc.add_error(h, static_cast<int64_t>(l), error < 0.0 ? 0.0 : error);
+          }
+        }
+        out.slice(1, t0, t1).copy_(full.reshape({batch, heads, tc, hd}).transpose(1, 2));
+      });
   return out;
 }
 

@@ -34,7 +34,8 @@ WindowLadder parse_window_ladder(std::string_view text, std::string_view what) {
   if (ladder.levels.empty()) throw_input_error("{}: no window levels", what);
   for (size_t i = 0; i < ladder.levels.size(); ++i) {
     const int64_t w = ladder.levels[i];
-    if (w == kFullWindow && i + 1 != ladder.levels.size()) throw_input_error("{}: 'full' must be the last level", what);
+    if (w == kFullWindow && i + 1 != ladder.levels.size())
+      throw_input_error("{}: 'full' must be the last level", what);
     if (i > 0 && w != kFullWindow && w <= ladder.levels[i - 1]) {
       throw_input_error("{}: levels must be strictly increasing ('{}')", what, text);
     }

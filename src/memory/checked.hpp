@@ -10,14 +10,16 @@ namespace headwise::memory {
 inline int64_t checked_mul(int64_t a, int64_t b) {
   int64_t out = 0;
   if (__builtin_mul_overflow(a, b, &out)) {
-    throw_input_error("memory size overflows 64 bits ({} x {}): context or batch is too large", a, b);
+    throw_input_error("memory size overflows 64 bits ({} x {}): context or batch is too large", a,
+                      b);
   }
   return out;
 }
 
 inline int64_t checked_add(int64_t a, int64_t b) {
   int64_t out = 0;
-  if (__builtin_add_overflow(a, b, &out)) throw_input_error("memory size overflows 64 bits: context or batch is too large");
+  if (__builtin_add_overflow(a, b, &out))
+    throw_input_error("memory size overflows 64 bits: context or batch is too large");
   return out;
 }
 

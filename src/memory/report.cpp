@@ -14,16 +14,22 @@ namespace {
 nlohmann::json layers_json(const std::vector<LayerMemory>& layers) {
   nlohmann::json out = nlohmann::json::array();
   for (const auto& l : layers) {
-    out.push_back({{"layer_id", l.layer_id}, {"kind", std::string(arch::layer_kind_name(l.kind))},
-                   {"bytes", l.bytes}, {"kv_bytes", l.kv_bytes}, {"state_bytes", l.state_bytes},
-                   {"kv_head_windows", l.kv_head_windows ? windows_json(*l.kv_head_windows) : nlohmann::json(nullptr)}});
+    out.push_back({{"layer_id", l.layer_id},
+                   {"kind", std::string(arch::layer_kind_name(l.kind))},
+                   {"bytes", l.bytes},
+                   {"kv_bytes", l.kv_bytes},
+                   {"state_bytes", l.state_bytes},
+                   {"kv_head_windows", l.kv_head_windows ? windows_json(*l.kv_head_windows)
+                                                         : nlohmann::json(nullptr)}});
   }
   return out;
 }
 
 nlohmann::json components_json(const Components& c) {
-  nlohmann::json out = {{"global_kv_bytes", c.global_kv_bytes}, {"local_kv_bytes", c.local_kv_bytes},
-                        {"linear_state_bytes", c.linear_state_bytes}, {"ssm_state_bytes", c.ssm_state_bytes},
+  nlohmann::json out = {{"global_kv_bytes", c.global_kv_bytes},
+                        {"local_kv_bytes", c.local_kv_bytes},
+                        {"linear_state_bytes", c.linear_state_bytes},
+                        {"ssm_state_bytes", c.ssm_state_bytes},
                         {"other_state_bytes", c.other_state_bytes}};
   if (c.selection_state_bytes > 0) out["selection_state_bytes"] = c.selection_state_bytes;
   return out;
@@ -32,11 +38,13 @@ nlohmann::json components_json(const Components& c) {
 std::string layers_table(const std::vector<LayerMemory>& layers, bool per_layer) {
   std::string out;
   if (per_layer) {
-    out += fmt::format("\n  {:>5} {:<18} {:>16}  {}\n", "layer", "kind", "bytes", "KV head windows");
+    out +=
+        fmt::format("\n  {:>5} {:<18} {:>16}  {}\n", "layer", "kind", "bytes", "KV head windows");
     for (const auto& l : layers) {
       std::string windows;
       if (l.kv_head_windows) windows = fmt::format("[{}]", window_labels(*l.kv_head_windows, ", "));
-      out += fmt::format("  {:>5} {:<18} {:>16}  {}\n", l.layer_id, arch::layer_kind_name(l.kind), l.bytes, windows);
+      out += fmt::format("  {:>5} {:<18} {:>16}  {}\n", l.layer_id, arch::layer_kind_name(l.kind),
+                         l.bytes, windows);
     }
   } else {
     std::map<std::string, std::pair<int64_t, int64_t>> by_kind;  // kind → (layers, bytes)
@@ -45,8 +53,10 @@ std::string layers_table(const std::vector<LayerMemory>& layers, bool per_layer)
       ++n;
       bytes += l.bytes;
     }
-    out += fmt::format("\n  {:<18} {:>6} {:>20}   (--per-layer for every layer)\n", "layer kind", "layers", "bytes");
-    for (const auto& [kind, nb] : by_kind) out += fmt::format("  {:<18} {:>6} {:>20}\n", kind, nb.first, nb.second);
+    out += fmt::format("\n  {:<18} {:>6} {:>20}   (--per-layer for every layer)\n", "layer kind",
+                       "layers", "bytes");
+    for (const auto& [kind, nb] : by_kind)
+      out += fmt::format("  {:<18} {:>6} {:>20}\n", kind, nb.first, nb.second);
   }
   return out;
 }
@@ -57,20 +67,27 @@ nlohmann::json capacity_json(const Capacity& c) {
 }
 
 nlohmann::json gpu_json(const GpuFit& g) {
-  return {{"gpu_memory_bytes", g.gpu_memory_bytes}, {"reserve_bytes", g.reserve_bytes},
-          {"weights_bytes", g.weights_bytes}, {"cache_budget_bytes", g.cache_budget_bytes},
+  return {{"gpu_memory_bytes", g.gpu_memory_bytes},
+          {"reserve_bytes", g.reserve_bytes},
+          {"weights_bytes", g.weights_bytes},
+          {"cache_budget_bytes", g.cache_budget_bytes},
           {"context_search_limit", kContextSearchLimit},
-          {"full_kv", capacity_json(g.full_kv)}, {"policy", capacity_json(g.policy)}};
+          {"full_kv", capacity_json(g.full_kv)},
+          {"policy", capacity_json(g.policy)}};
 }
 
 std::string pct(int64_t part, int64_t whole) {
-  return whole == 0 ? "-" : fmt::format("{:.1f}%", 100.0 * static_cast<double>(part) / static_cast<double>(whole));
+  return whole == 0 ? "-"
+                    : fmt::format("{:.1f}%",
+                                  100.0 * static_cast<double>(part) / static_cast<double>(whole));
 }
 
 std::string context_cell(const Capacity& c) {
   if (!c.max_context) return "unbounded";  // every window finite: the cache stops growing
   const std::string short_form = format_tokens(*c.max_context);
-  return short_form == std::to_string(*c.max_context) ? short_form : fmt::format("{} ({})", *c.max_context, short_form);
+  return short_form == std::to_string(*c.max_context)
+             ? short_form
+             : fmt::format("{} ({})", *c.max_context, short_form);
 }
 
 std::string gpu_table(const Report& r) {
@@ -82,8 +99,10 @@ std::string gpu_table(const Report& r) {
   const std::string ctx_label = fmt::format("max context at batch {}", o.batch);
   const std::string batch_label = fmt::format("max batch at context {}", format_tokens(o.context));
   out += fmt::format("  {:<32} {:>26} {:>26}\n", "", "full KV", r.policy_label);
-  out += fmt::format("  {:<32} {:>26} {:>26}\n", ctx_label, context_cell(g.full_kv), context_cell(g.policy));
-  out += fmt::format("  {:<32} {:>26} {:>26}\n", batch_label, g.full_kv.max_batch, g.policy.max_batch);
+  out += fmt::format("  {:<32} {:>26} {:>26}\n", ctx_label, context_cell(g.full_kv),
+                     context_cell(g.policy));
+  out +=
+      fmt::format("  {:<32} {:>26} {:>26}\n", batch_label, g.full_kv.max_batch, g.policy.max_batch);
   return out;
 }
 
@@ -98,13 +117,15 @@ nlohmann::json headwise_json(const Report& r) {
       {"block_size", e.options.block_size},
       {"kv_dtype", std::string(dtype_name(e.options.kv_dtype))},
       {"sink_tokens", e.options.sink_tokens},
-      {"state_dtype", e.options.state_dtype ? nlohmann::json(std::string(dtype_name(*e.options.state_dtype)))
-                                            : nlohmann::json(nullptr)},
+      {"state_dtype", e.options.state_dtype
+                          ? nlohmann::json(std::string(dtype_name(*e.options.state_dtype)))
+                          : nlohmann::json(nullptr)},
       {"total_bytes", e.total_bytes},
       {"components", components_json(c)},
       {"full_kv_total_bytes", r.full_kv_total_bytes},
       {"saving_bytes", r.full_kv_total_bytes - e.total_bytes},
-      {"weights_bytes", r.weights_bytes ? nlohmann::json(*r.weights_bytes) : nlohmann::json(nullptr)},
+      {"weights_bytes",
+       r.weights_bytes ? nlohmann::json(*r.weights_bytes) : nlohmann::json(nullptr)},
       {"layers", layers_json(e.layers)},
   };
   if (r.gpu) out["gpu_fit"] = gpu_json(*r.gpu);
@@ -114,12 +135,14 @@ nlohmann::json headwise_json(const Report& r) {
 std::string headwise_table(const Report& r, bool per_layer) {
   const MemoryEstimate& e = r.estimate;
   const auto& o = e.options;
-  std::string out = fmt::format("{} — {}\ncontext {} ({}), batch {}, KV {}, block {}, sinks {}{}\n\n", r.model,
-                                r.policy_label, o.context, format_tokens(o.context), o.batch, dtype_name(o.kv_dtype),
-                                o.block_size, o.sink_tokens,
-                                o.state_dtype ? fmt::format(", states {}", dtype_name(*o.state_dtype)) : "");
+  std::string out =
+      fmt::format("{} — {}\ncontext {} ({}), batch {}, KV {}, block {}, sinks {}{}\n\n", r.model,
+                  r.policy_label, o.context, format_tokens(o.context), o.batch,
+                  dtype_name(o.kv_dtype), o.block_size, o.sink_tokens,
+                  o.state_dtype ? fmt::format(", states {}", dtype_name(*o.state_dtype)) : "");
   const auto row = [&](std::string_view name, int64_t bytes) {
-    out += fmt::format("  {:<22} {:>20} {:>14} {:>7}\n", name, bytes, format_bytes(bytes), pct(bytes, e.total_bytes));
+    out += fmt::format("  {:<22} {:>20} {:>14} {:>7}\n", name, bytes, format_bytes(bytes),
+                       pct(bytes, e.total_bytes));
   };
   out += fmt::format("  {:<22} {:>20} {:>14} {:>7}\n", "component", "bytes", "", "share");
   row("global KV", e.components.global_kv_bytes);
@@ -127,13 +150,17 @@ std::string headwise_table(const Report& r, bool per_layer) {
   row("linear-attn state", e.components.linear_state_bytes);
   row("SSM state", e.components.ssm_state_bytes);
   row("other state", e.components.other_state_bytes);
-  if (e.components.selection_state_bytes > 0) row("token selection", e.components.selection_state_bytes);
+  if (e.components.selection_state_bytes > 0)
+    row("token selection", e.components.selection_state_bytes);
   row("total", e.total_bytes);
   out += "\n";
-  out += fmt::format("  {:<22} {:>20} {:>14}\n", "full KV (comparison)", r.full_kv_total_bytes, format_bytes(r.full_kv_total_bytes));
+  out += fmt::format("  {:<22} {:>20} {:>14}\n", "full KV (comparison)", r.full_kv_total_bytes,
+                     format_bytes(r.full_kv_total_bytes));
   const int64_t saving = r.full_kv_total_bytes - e.total_bytes;
-  out += fmt::format("  {:<22} {:>20} {:>14} {:>7}\n", "saving", saving, format_bytes(saving), pct(saving, r.full_kv_total_bytes));
-  out += r.weights_bytes ? fmt::format("  {:<22} {:>20} {:>14}\n", "weights", *r.weights_bytes, format_bytes(*r.weights_bytes))
+  out += fmt::format("  {:<22} {:>20} {:>14} {:>7}\n", "saving", saving, format_bytes(saving),
+                     pct(saving, r.full_kv_total_bytes));
+  out += r.weights_bytes ? fmt::format("  {:<22} {:>20} {:>14}\n", "weights", *r.weights_bytes,
+                                       format_bytes(*r.weights_bytes))
                          : fmt::format("  {:<22} {:>20}\n", "weights", "unknown (no safetensors)");
   out += layers_table(e.layers, per_layer);
   if (r.gpu) out += gpu_table(r);
@@ -146,12 +173,17 @@ nlohmann::json vllm_groups_json(const VllmEstimate& e) {
     const VllmSpec& first = e.specs[static_cast<size_t>(g.specs.front())];
     nlohmann::json layers = nlohmann::json::array();
     for (int64_t i : g.specs) layers.push_back(e.specs[static_cast<size_t>(i)].layer_id);
-    out.push_back({{"kind", std::string(vllm_spec_kind_name(first.kind))},
-                   {"window", first.kind == VllmSpecKind::kSlidingWindow ? nlohmann::json(first.window) : nlohmann::json(nullptr)},
-                   {"num_kv_heads", first.kind == VllmSpecKind::kMamba ? nlohmann::json(nullptr) : nlohmann::json(first.num_kv_heads)},
-                   {"block_size", first.block_size}, {"page_bytes", first.page_bytes},
-                   {"pages_per_request", first.pages_per_request}, {"layers", layers},
-                   {"padding_slots", g.padding_slots}});
+    out.push_back(
+        {{"kind", std::string(vllm_spec_kind_name(first.kind))},
+         {"window", first.kind == VllmSpecKind::kSlidingWindow ? nlohmann::json(first.window)
+                                                               : nlohmann::json(nullptr)},
+         {"num_kv_heads", first.kind == VllmSpecKind::kMamba ? nlohmann::json(nullptr)
+                                                             : nlohmann::json(first.num_kv_heads)},
+         {"block_size", first.block_size},
+         {"page_bytes", first.page_bytes},
+         {"pages_per_request", first.pages_per_request},
+         {"layers", layers},
+         {"padding_slots", g.padding_slots}});
   }
   return out;
 }
@@ -171,8 +203,9 @@ nlohmann::json vllm_json(const Report& r) {
       {"attention_block_size", e.block_size},
       {"page_bytes", e.page_bytes},
       {"kv_dtype", std::string(dtype_name(e.options.kv_dtype))},
-      {"state_dtype", e.options.state_dtype ? nlohmann::json(std::string(dtype_name(*e.options.state_dtype)))
-                                            : nlohmann::json(nullptr)},
+      {"state_dtype", e.options.state_dtype
+                          ? nlohmann::json(std::string(dtype_name(*e.options.state_dtype)))
+                          : nlohmann::json(nullptr)},
       {"max_num_batched_tokens", e.vllm.max_num_batched_tokens},
       {"mamba_cache_mode", std::string(mamba_cache_mode_name(e.vllm.mamba_cache_mode))},
       {"group_size", e.group_size},
@@ -183,7 +216,8 @@ nlohmann::json vllm_json(const Report& r) {
       {"page_padding_bytes", e.page_padding_bytes},
       {"full_kv_total_bytes", v.full_kv_total_bytes},
       {"saving_bytes", v.full_kv_total_bytes - e.total_bytes},
-      {"weights_bytes", r.weights_bytes ? nlohmann::json(*r.weights_bytes) : nlohmann::json(nullptr)},
+      {"weights_bytes",
+       r.weights_bytes ? nlohmann::json(*r.weights_bytes) : nlohmann::json(nullptr)},
       {"layers", layers_json(e.layers)},
   };
   if (r.gpu && v.gpu_full_kv && v.gpu_policy) {
@@ -209,19 +243,25 @@ std::vector<Difference> differences(const Report& r) {
   const Components& c = v.components;
   return {
       {"global KV", h.global_kv_bytes, c.global_kv_bytes,
-       "full heads: cdiv(L, block) pages in both; a window W keeps min(W + sinks, C) tokens per head in headwise, "
+       "full heads: cdiv(L, block) pages in both; a window W keeps min(W + sinks, C) tokens per "
+       "head in headwise, "
        "min(W - 1 + max_num_batched_tokens, L) tokens + 1 block per window class in vLLM"},
       {"local (sliding) KV", h.local_kv_bytes, c.local_kv_bytes,
-       "headwise keeps W - 1 tokens; vLLM reserves min(W - 1 + max_num_batched_tokens, L) tokens + 1 block "
+       "headwise keeps W - 1 tokens; vLLM reserves min(W - 1 + max_num_batched_tokens, L) tokens + "
+       "1 block "
        "(chunked prefill)"},
       {"linear-attn state", h.linear_state_bytes, c.linear_state_bytes,
-       "vLLM keeps kernel - 1 conv columns at the model dtype and the recurrent state at mamba_ssm_cache_dtype, "
-       "pads the page to the attention page, and keeps 1/2/cdiv(L, block) pages (mamba_cache_mode)"},
+       "vLLM keeps kernel - 1 conv columns at the model dtype and the recurrent state at "
+       "mamba_ssm_cache_dtype, "
+       "pads the page to the attention page, and keeps 1/2/cdiv(L, block) pages "
+       "(mamba_cache_mode)"},
       {"SSM state", h.ssm_state_bytes, c.ssm_state_bytes,
        "as linear-attn state: kernel - 1 conv columns, dtypes, page padding, mamba_cache_mode"},
-      {"other state", h.other_state_bytes, c.other_state_bytes, "as linear-attn state (conv states keep kernel - 1)"},
+      {"other state", h.other_state_bytes, c.other_state_bytes,
+       "as linear-attn state (conv states keep kernel - 1)"},
       {"padding layers", 0, v.padding_layer_bytes,
-       "vLLM's KV cache groups have equal slot counts; an empty slot still holds its group's pages"},
+       "vLLM's KV cache groups have equal slot counts; an empty slot still holds its group's "
+       "pages"},
       {"total", r.estimate.total_bytes, v.total_bytes, ""},
   };
 }
@@ -229,21 +269,29 @@ std::vector<Difference> differences(const Report& r) {
 nlohmann::json both_json(const Report& r) {
   nlohmann::json diff = nlohmann::json::array();
   for (const auto& d : differences(r)) {
-    diff.push_back({{"component", std::string(d.component)}, {"headwise_bytes", d.headwise}, {"vllm_bytes", d.vllm},
+    diff.push_back({{"component", std::string(d.component)},
+                    {"headwise_bytes", d.headwise},
+                    {"vllm_bytes", d.vllm},
                     {"difference_bytes", d.vllm - d.headwise},
-                    {"why", d.vllm == d.headwise ? nlohmann::json(nullptr) : nlohmann::json(std::string(d.why))}});
+                    {"why", d.vllm == d.headwise ? nlohmann::json(nullptr)
+                                                 : nlohmann::json(std::string(d.why))}});
   }
-  return {{"engine", "both"}, {"vllm_rules_version", std::string(vllm_rules_version())},
-          {"headwise", headwise_json(r)}, {"vllm", vllm_json(r)}, {"difference", diff}};
+  return {{"engine", "both"},
+          {"vllm_rules_version", std::string(vllm_rules_version())},
+          {"headwise", headwise_json(r)},
+          {"vllm", vllm_json(r)},
+          {"difference", diff}};
 }
 
 std::string vllm_header(const Report& r) {
   const VllmEstimate& e = r.vllm->estimate;
   return fmt::format(
       "vLLM {} allocation rules: max_model_len {}, max_num_batched_tokens {}, mamba_cache_mode {}\n"
-      "  attention block {} tokens (asked {}), page {} B, {} KV cache groups of {} slots, page padding {}\n",
-      vllm_rules_version(), e.options.context, e.vllm.max_num_batched_tokens, mamba_cache_mode_name(e.vllm.mamba_cache_mode),
-      e.block_size, e.options.block_size, e.page_bytes, e.groups.size(), e.group_size, format_bytes(e.page_padding_bytes));
+      "  attention block {} tokens (asked {}), page {} B, {} KV cache groups of {} slots, page "
+      "padding {}\n",
+      vllm_rules_version(), e.options.context, e.vllm.max_num_batched_tokens,
+      mamba_cache_mode_name(e.vllm.mamba_cache_mode), e.block_size, e.options.block_size,
+      e.page_bytes, e.groups.size(), e.group_size, format_bytes(e.page_padding_bytes));
 }
 
 std::string vllm_gpu_table(const Report& r) {
@@ -258,18 +306,21 @@ std::string vllm_gpu_table(const Report& r) {
 std::string vllm_table(const Report& r, bool per_layer) {
   const VllmEstimate& e = r.vllm->estimate;
   const auto& o = e.options;
-  std::string out = fmt::format("{} — {}\ncontext {} ({}), batch {}, KV {}{}\n", r.model, r.policy_label, o.context,
-                                format_tokens(o.context), o.batch, dtype_name(o.kv_dtype),
-                                o.state_dtype ? fmt::format(", states {}", dtype_name(*o.state_dtype)) : "");
+  std::string out =
+      fmt::format("{} — {}\ncontext {} ({}), batch {}, KV {}{}\n", r.model, r.policy_label,
+                  o.context, format_tokens(o.context), o.batch, dtype_name(o.kv_dtype),
+                  o.state_dtype ? fmt::format(", states {}", dtype_name(*o.state_dtype)) : "");
   out += vllm_header(r) + "\n";
   out += fmt::format("  {:<22} {:>20} {:>14} {:>7}\n", "component", "bytes", "", "share");
   for (const auto& d : differences(r)) {
-    out += fmt::format("  {:<22} {:>20} {:>14} {:>7}\n", d.component, d.vllm, format_bytes(d.vllm), pct(d.vllm, e.total_bytes));
+    out += fmt::format("  {:<22} {:>20} {:>14} {:>7}\n", d.component, d.vllm, format_bytes(d.vllm),
+                       pct(d.vllm, e.total_bytes));
   }
   const int64_t full = r.vllm->full_kv_total_bytes;
-  out += fmt::format("\n  {:<22} {:>20} {:>14}\n", "full KV (comparison)", full, format_bytes(full));
-  out += fmt::format("  {:<22} {:>20} {:>14} {:>7}\n", "saving", full - e.total_bytes, format_bytes(full - e.total_bytes),
-                     pct(full - e.total_bytes, full));
+  out +=
+      fmt::format("\n  {:<22} {:>20} {:>14}\n", "full KV (comparison)", full, format_bytes(full));
+  out += fmt::format("  {:<22} {:>20} {:>14} {:>7}\n", "saving", full - e.total_bytes,
+                     format_bytes(full - e.total_bytes), pct(full - e.total_bytes, full));
   out += layers_table(e.layers, per_layer);
   if (r.gpu) out += vllm_gpu_table(r);
   return out;
@@ -277,27 +328,32 @@ std::string vllm_table(const Report& r, bool per_layer) {
 
 std::string both_table(const Report& r, bool per_layer) {
   const auto& o = r.estimate.options;
-  std::string out = fmt::format("{} — {}\ncontext {} ({}), batch {}, KV {}, block {}{}\n", r.model, r.policy_label,
-                                o.context, format_tokens(o.context), o.batch, dtype_name(o.kv_dtype), o.block_size,
-                                o.state_dtype ? fmt::format(", states {}", dtype_name(*o.state_dtype)) : "");
+  std::string out = fmt::format(
+      "{} — {}\ncontext {} ({}), batch {}, KV {}, block {}{}\n", r.model, r.policy_label, o.context,
+      format_tokens(o.context), o.batch, dtype_name(o.kv_dtype), o.block_size,
+      o.state_dtype ? fmt::format(", states {}", dtype_name(*o.state_dtype)) : "");
   out += vllm_header(r) + "\n";
-  out += fmt::format("  {:<20} {:>14} {:>14} {:>14}  {}\n", "component", "headwise", "vLLM", "vLLM - headwise", "why");
+  out += fmt::format("  {:<20} {:>14} {:>14} {:>14}  {}\n", "component", "headwise", "vLLM",
+                     "vLLM - headwise", "why");
   for (const auto& d : differences(r)) {
-    std::string row = fmt::format("  {:<20} {:>14} {:>14} {:>14}  {}", d.component, format_bytes(d.headwise),
-                                  format_bytes(d.vllm), d.vllm == d.headwise ? "0 B" : format_bytes(d.vllm - d.headwise),
+    std::string row = fmt::format("  {:<20} {:>14} {:>14} {:>14}  {}", d.component,
+                                  format_bytes(d.headwise), format_bytes(d.vllm),
+                                  d.vllm == d.headwise ? "0 B" : format_bytes(d.vllm - d.headwise),
                                   d.vllm == d.headwise ? "" : d.why);
-    row.erase(row.find_last_not_of(' ') + 1);  // no trailing blanks where there is nothing to explain
+    row.erase(row.find_last_not_of(' ') +
+              1);  // no trailing blanks where there is nothing to explain
     out += row + "\n";
   }
-  out += fmt::format("\n  exact bytes: headwise {}, vLLM {}; full KV: headwise {}, vLLM {}\n", r.estimate.total_bytes,
-                     r.vllm->estimate.total_bytes, r.full_kv_total_bytes, r.vllm->full_kv_total_bytes);
+  out += fmt::format("\n  exact bytes: headwise {}, vLLM {}; full KV: headwise {}, vLLM {}\n",
+                     r.estimate.total_bytes, r.vllm->estimate.total_bytes, r.full_kv_total_bytes,
+                     r.vllm->full_kv_total_bytes);
   if (per_layer) {
     out += fmt::format("\n  {:>5} {:<18} {:>16} {:>16}\n", "layer", "kind", "headwise", "vLLM");
     const auto& hl = r.estimate.layers;
     const auto& vl = r.vllm->estimate.layers;
     for (size_t i = 0; i < hl.size() && i < vl.size(); ++i) {
-      out += fmt::format("  {:>5} {:<18} {:>16} {:>16}\n", hl[i].layer_id, arch::layer_kind_name(hl[i].kind), hl[i].bytes,
-                         vl[i].bytes);
+      out += fmt::format("  {:>5} {:<18} {:>16} {:>16}\n", hl[i].layer_id,
+                         arch::layer_kind_name(hl[i].kind), hl[i].bytes, vl[i].bytes);
     }
   }
   if (r.gpu) {
@@ -318,18 +374,24 @@ Engine parse_engine(std::string_view text) {
 
 nlohmann::json report_json(const Report& r) {
   switch (r.engine) {
-    case Engine::kHeadwise: return headwise_json(r);
-    case Engine::kVllm: return vllm_json(r);
-    case Engine::kBoth: return both_json(r);
+    case Engine::kHeadwise:
+      return headwise_json(r);
+    case Engine::kVllm:
+      return vllm_json(r);
+    case Engine::kBoth:
+      return both_json(r);
   }
   HEADWISE_CHECK(false, "unknown engine");
 }
 
 std::string report_table(const Report& r, bool per_layer) {
   switch (r.engine) {
-    case Engine::kHeadwise: return headwise_table(r, per_layer);
-    case Engine::kVllm: return vllm_table(r, per_layer);
-    case Engine::kBoth: return both_table(r, per_layer);
+    case Engine::kHeadwise:
+      return headwise_table(r, per_layer);
+    case Engine::kVllm:
+      return vllm_table(r, per_layer);
+    case Engine::kBoth:
+      return both_table(r, per_layer);
   }
   HEADWISE_CHECK(false, "unknown engine");
 }

@@ -30,7 +30,8 @@ int64_t attention_bytes_per_token(int64_t heads, int64_t head_dim, const MemoryO
 // vLLM's MambaSpec page: its state tensors for one sequence. Conv states keep kernel - 1 inputs
 // (MambaStateShapeCalculator: conv_kernel - 1) at mamba_cache_dtype ("auto" = the model dtype);
 // the other states follow mamba_ssm_cache_dtype (--state-dtype; "auto" = the model dtype).
-int64_t vllm_state_page_bytes(const arch::LayerSpec& layer, DType model_dtype, const MemoryOptions& o) {
+int64_t vllm_state_page_bytes(const arch::LayerSpec& layer, DType model_dtype,
+                              const MemoryOptions& o) {
   int64_t page = 0;
   for (const auto& state : layer.states) {
     const bool conv = state.name == "conv_state";
@@ -45,7 +46,8 @@ int64_t vllm_state_page_bytes(const arch::LayerSpec& layer, DType model_dtype, c
 }
 
 bool has_mamba_states(const arch::ModelSpec& spec) {
-  return std::any_of(spec.layers.begin(), spec.layers.end(), [](const auto& l) { return !l.states.empty(); });
+  return std::any_of(spec.layers.begin(), spec.layers.end(),
+                     [](const auto& l) { return !l.states.empty(); });
 }
 
 // model_config.get_num_kv_heads / get_head_size: the model-level attention shape, which the
@@ -59,7 +61,8 @@ const arch::AttentionShape* model_attention(const arch::ModelSpec& spec) {
 
 int64_t largest_state_page(const arch::ModelSpec& spec, const MemoryOptions& o) {
   int64_t page = 0;
-  for (const auto& layer : spec.layers) page = std::max(page, vllm_state_page_bytes(layer, spec.dtype, o));
+  for (const auto& layer : spec.layers)
+    page = std::max(page, vllm_state_page_bytes(layer, spec.dtype, o));
   return page;
 }
 
@@ -73,7 +76,8 @@ int64_t mamba_chunk_size(const arch::ModelSpec& spec) {
 }
 
 // Mamba pages under mamba_cache_mode "all" cover one chunk-aligned block of tokens each.
-int64_t mamba_block_size(const arch::ModelSpec& spec, const MemoryOptions& o, const VllmOptions& v) {
+int64_t mamba_block_size(const arch::ModelSpec& spec, const MemoryOptions& o,
+                         const VllmOptions& v) {
   const arch::AttentionShape* att = model_attention(spec);
   if (att == nullptr || v.mamba_cache_mode != MambaCacheMode::kAll) return o.context;
   const int64_t per_token = attention_bytes_per_token(att->num_kv_heads, att->head_dim, o);
@@ -100,8 +104,12 @@ void append_layer_specs(const arch::LayerSpec& layer, const HeadWindows& windows
       base.global_layer = true;
       std::vector<std::pair<int64_t, int64_t>> classes;  // window → heads
       for (int64_t w : windows.at(layer.id)) {
-        auto it = std::find_if(classes.begin(), classes.end(), [w](const auto& c) { return c.first == w; });
-        if (it == classes.end()) classes.emplace_back(w, 1); else ++it->second;
+        auto it = std::find_if(classes.begin(), classes.end(),
+                               [w](const auto& c) { return c.first == w; });
+        if (it == classes.end())
+          classes.emplace_back(w, 1);
+        else
+          ++it->second;
       }
       for (const auto& [w, heads] : classes) {
         VllmSpec s = base;
@@ -131,19 +139,22 @@ int64_t natural_page_bytes(const VllmSpec& s, int64_t block_size, const MemoryOp
 // UniformTypeKVCacheSpecs.is_uniform_type: one kind (and one window) with one block size.
 bool uniform_type(const std::vector<VllmSpec>& specs) {
   return std::all_of(specs.begin(), specs.end(), [&](const VllmSpec& s) {
-    return s.kind == specs.front().kind && s.window == specs.front().window && s.block_size == specs.front().block_size;
+    return s.kind == specs.front().kind && s.window == specs.front().window &&
+           s.block_size == specs.front().block_size;
   });
 }
 
 // unify_kv_cache_spec_page_size: every page becomes the largest one. A page dividing it grows
 // its block size by the ratio (same bytes per token, coarser rounding); any other is padded.
-void unify_pages(std::vector<VllmSpec>& specs, int64_t block_size, int64_t mamba_page, const MemoryOptions& o) {
+void unify_pages(std::vector<VllmSpec>& specs, int64_t block_size, int64_t mamba_page,
+                 const MemoryOptions& o) {
   int64_t largest = 0;
   for (auto& s : specs) {
     s.block_size = block_size;
     s.unpadded_page_bytes = natural_page_bytes(s, block_size, o);
     // Hybrid models pad the Mamba page to the attention page (mamba_page_size_padded).
-    s.page_bytes = s.kind == VllmSpecKind::kMamba ? std::max(mamba_page, s.unpadded_page_bytes) : s.unpadded_page_bytes;
+    s.page_bytes = s.kind == VllmSpecKind::kMamba ? std::max(mamba_page, s.unpadded_page_bytes)
+                                                  : s.unpadded_page_bytes;
     largest = std::max(largest, s.page_bytes);
   }
   // get_kv_cache_groups takes one-type models (UniformTypeKVCacheSpecs) before unifying pages.
@@ -160,8 +171,8 @@ void unify_pages(std::vector<VllmSpec>& specs, int64_t block_size, int64_t mamba
 
 // Specs vLLM regards as equal (one "type" of the grouping).
 auto spec_key(const VllmSpec& s) {
-  return std::make_tuple(static_cast<int>(s.kind), s.num_kv_heads, s.head_dim, s.window, s.state_bytes,
-                         s.block_size, s.page_bytes);
+  return std::make_tuple(static_cast<int>(s.kind), s.num_kv_heads, s.head_dim, s.window,
+                         s.state_bytes, s.block_size, s.page_bytes);
 }
 
 // _get_kv_cache_groups_uniform_page_size: types in order of first appearance, each split into
@@ -203,13 +214,18 @@ std::pair<int64_t, std::vector<VllmGroup>> group_specs(const std::vector<VllmSpe
 
 }  // namespace
 
-std::string_view vllm_rules_version() { return HEADWISE_VLLM_RULES_VERSION; }
+std::string_view vllm_rules_version() {
+  return HEADWISE_VLLM_RULES_VERSION;
+}
 
 std::string_view mamba_cache_mode_name(MambaCacheMode mode) {
   switch (mode) {
-    case MambaCacheMode::kNone: return "none";
-    case MambaCacheMode::kAlign: return "align";
-    case MambaCacheMode::kAll: return "all";
+    case MambaCacheMode::kNone:
+      return "none";
+    case MambaCacheMode::kAlign:
+      return "align";
+    case MambaCacheMode::kAll:
+      return "all";
   }
   HEADWISE_CHECK(false, "unknown mamba cache mode");
 }
@@ -218,21 +234,26 @@ MambaCacheMode parse_mamba_cache_mode(std::string_view text) {
   for (MambaCacheMode m : {MambaCacheMode::kNone, MambaCacheMode::kAlign, MambaCacheMode::kAll}) {
     if (text == mamba_cache_mode_name(m)) return m;
   }
-  throw_field_error("mamba_cache_mode", ": expected none, align or all (vLLM's mamba_cache_mode), got '{}'", text);
+  throw_field_error("mamba_cache_mode",
+                    ": expected none, align or all (vLLM's mamba_cache_mode), got '{}'", text);
 }
 
 std::string_view vllm_spec_kind_name(VllmSpecKind kind) {
   switch (kind) {
-    case VllmSpecKind::kFullAttention: return "full_attention";
-    case VllmSpecKind::kSlidingWindow: return "sliding_window";
-    case VllmSpecKind::kMamba: return "mamba";
+    case VllmSpecKind::kFullAttention:
+      return "full_attention";
+    case VllmSpecKind::kSlidingWindow:
+      return "sliding_window";
+    case VllmSpecKind::kMamba:
+      return "mamba";
   }
   HEADWISE_CHECK(false, "unknown vLLM spec kind");
 }
 
 void validate_vllm_options(const VllmOptions& v) {
   if (v.max_num_batched_tokens <= 0) {
-    throw_field_error("max_num_batched_tokens", ": must be a positive number of tokens, got {}", v.max_num_batched_tokens);
+    throw_field_error("max_num_batched_tokens", ": must be a positive number of tokens, got {}",
+                      v.max_num_batched_tokens);
   }
 }
 
@@ -244,41 +265,51 @@ int64_t vllm_block_size(const arch::ModelSpec& spec, const MemoryOptions& o, con
   const int64_t per_token = attention_bytes_per_token(att->num_kv_heads, att->head_dim, o);
   const int64_t alignment = std::max(kKernelBlockAlignment, o.block_size);
   // Without "all": the smallest aligned block whose attention page holds a Mamba page.
-  const int64_t needed = v.mamba_cache_mode == MambaCacheMode::kAll
-                             ? mamba_block_size(spec, o, v)
-                             : alignment * ceil_div(largest_state_page(spec, o), checked_mul(alignment, per_token));
+  const int64_t needed =
+      v.mamba_cache_mode == MambaCacheMode::kAll
+          ? mamba_block_size(spec, o, v)
+          : alignment * ceil_div(largest_state_page(spec, o), checked_mul(alignment, per_token));
   return std::max(o.block_size, needed);
 }
 
 int64_t vllm_pages_per_request(const VllmSpec& s, const MemoryOptions& o, const VllmOptions& v) {
   validate_options(o);
   validate_vllm_options(v);
-  if (s.block_size <= 0) throw_field_error("block_size", ": a vLLM spec needs a positive block size, got {}", s.block_size);
+  if (s.block_size <= 0)
+    throw_field_error("block_size", ": a vLLM spec needs a positive block size, got {}",
+                      s.block_size);
   switch (s.kind) {
     case VllmSpecKind::kFullAttention:
       return ceil_div(o.context, s.block_size);
     case VllmSpecKind::kSlidingWindow: {
-      if (s.window <= 0) throw_input_error("layer {}: sliding window must be positive, got {}", s.layer_id, s.window);
-      const int64_t tokens = std::min(checked_add(s.window - 1, v.max_num_batched_tokens), o.context);
+      if (s.window <= 0)
+        throw_input_error("layer {}: sliding window must be positive, got {}", s.layer_id,
+                          s.window);
+      const int64_t tokens =
+          std::min(checked_add(s.window - 1, v.max_num_batched_tokens), o.context);
       return ceil_div(tokens, s.block_size) + 1;
     }
     case VllmSpecKind::kMamba:
       switch (v.mamba_cache_mode) {
-        case MambaCacheMode::kNone: return 1;
-        case MambaCacheMode::kAlign: return 2;
-        case MambaCacheMode::kAll: return ceil_div(o.context, s.block_size);
+        case MambaCacheMode::kNone:
+          return 1;
+        case MambaCacheMode::kAlign:
+          return 2;
+        case MambaCacheMode::kAll:
+          return ceil_div(o.context, s.block_size);
       }
   }
   HEADWISE_CHECK(false, "unknown vLLM spec kind");
 }
 
-std::vector<VllmSpec> vllm_specs(const arch::ModelSpec& spec, const HeadWindows& windows, const MemoryOptions& o,
-                                 const VllmOptions& v) {
+std::vector<VllmSpec> vllm_specs(const arch::ModelSpec& spec, const HeadWindows& windows,
+                                 const MemoryOptions& o, const VllmOptions& v) {
   validate_options(o);
   validate_vllm_options(v);
   validate_windows(spec, windows);
   if (o.sink_tokens != 0) {
-    throw_field_error("sink_tokens", ": vLLM's sliding-window specs keep no sink tokens; use 0 with {} vllm/both",
+    throw_field_error("sink_tokens",
+                      ": vLLM's sliding-window specs keep no sink tokens; use 0 with {} vllm/both",
                       field_ref("engine"));
   }
   std::vector<VllmSpec> specs;
@@ -286,7 +317,9 @@ std::vector<VllmSpec> vllm_specs(const arch::ModelSpec& spec, const HeadWindows&
   const int64_t block_size = vllm_block_size(spec, o, v);
   const arch::AttentionShape* att = model_attention(spec);
   const int64_t mamba_page =
-      att == nullptr ? 0 : checked_mul(block_size, attention_bytes_per_token(att->num_kv_heads, att->head_dim, o));
+      att == nullptr
+          ? 0
+          : checked_mul(block_size, attention_bytes_per_token(att->num_kv_heads, att->head_dim, o));
   unify_pages(specs, block_size, mamba_page, o);
   const int64_t mamba_block = mamba_block_size(spec, o, v);
   for (auto& s : specs) {
@@ -297,8 +330,8 @@ std::vector<VllmSpec> vllm_specs(const arch::ModelSpec& spec, const HeadWindows&
   return specs;
 }
 
-VllmEstimate vllm_estimate(const arch::ModelSpec& spec, const HeadWindows& windows, const MemoryOptions& o,
-                           const VllmOptions& v) {
+VllmEstimate vllm_estimate(const arch::ModelSpec& spec, const HeadWindows& windows,
+                           const MemoryOptions& o, const VllmOptions& v) {
   VllmEstimate out;
   out.options = o;
   out.vllm = v;
@@ -323,13 +356,16 @@ VllmEstimate vllm_estimate(const arch::ModelSpec& spec, const HeadWindows& windo
       group_pages = std::max(group_pages, s.pages_per_request);
       const int64_t bytes = checked_mul(o.batch, checked_mul(s.pages_per_request, s.page_bytes));
       out.page_padding_bytes = checked_add(
-          out.page_padding_bytes, checked_mul(o.batch, checked_mul(s.pages_per_request, s.page_bytes - s.unpadded_page_bytes)));
+          out.page_padding_bytes,
+          checked_mul(o.batch,
+                      checked_mul(s.pages_per_request, s.page_bytes - s.unpadded_page_bytes)));
       LayerMemory& lm = out.layers[static_cast<size_t>(s.layer_id)];
       if (s.kind == VllmSpecKind::kMamba) {
         lm.state_bytes = checked_add(lm.state_bytes, bytes);
         (s.state_class == arch::StateClass::kLinearState ? out.components.linear_state_bytes
          : s.state_class == arch::StateClass::kSsmState  ? out.components.ssm_state_bytes
-                                                          : out.components.other_state_bytes) += bytes;
+                                                         : out.components.other_state_bytes) +=
+            bytes;
       } else {
         lm.kv_bytes = checked_add(lm.kv_bytes, bytes);
         (s.global_layer ? out.components.global_kv_bytes : out.components.local_kv_bytes) += bytes;
@@ -338,16 +374,20 @@ VllmEstimate vllm_estimate(const arch::ModelSpec& spec, const HeadWindows& windo
     }
     // A padding slot holds as many pages per request as the group's specs.
     out.padding_layer_bytes = checked_add(
-        out.padding_layer_bytes, checked_mul(o.batch, checked_mul(group.padding_slots, checked_mul(group_pages, out.page_bytes))));
+        out.padding_layer_bytes,
+        checked_mul(o.batch,
+                    checked_mul(group.padding_slots, checked_mul(group_pages, out.page_bytes))));
   }
   out.total_bytes = checked_add(out.components.total(), out.padding_layer_bytes);
   return out;
 }
 
-Capacity vllm_capacity(const arch::ModelSpec& spec, const HeadWindows& windows, const MemoryOptions& options,
-                       const VllmOptions& vllm, int64_t cache_budget_bytes, int64_t context_limit) {
-  return capacity_search([&](const MemoryOptions& o) { return vllm_estimate(spec, windows, o, vllm).total_bytes; },
-                         options, cache_budget_bytes, context_limit);
+Capacity vllm_capacity(const arch::ModelSpec& spec, const HeadWindows& windows,
+                       const MemoryOptions& options, const VllmOptions& vllm,
+                       int64_t cache_budget_bytes, int64_t context_limit) {
+  return capacity_search(
+      [&](const MemoryOptions& o) { return vllm_estimate(spec, windows, o, vllm).total_bytes; },
+      options, cache_budget_bytes, context_limit);
 }
 
 }  // namespace headwise::memory

@@ -9,7 +9,9 @@
 
 namespace headwise::policy {
 
-std::string window_name(int64_t window) { return window_label(window); }
+std::string window_name(int64_t window) {
+  return window_label(window);
+}
 
 memory::MemoryOptions Policy::memory_options() const {
   memory::MemoryOptions o;
@@ -29,10 +31,13 @@ memory::HeadWindows Policy::head_windows() const {
 }
 
 bool LayerPolicy::selects_tokens() const {
-  return std::find(kv_head_rules.begin(), kv_head_rules.end(), KeepRule::kH2O) != kv_head_rules.end();
+  return std::find(kv_head_rules.begin(), kv_head_rules.end(), KeepRule::kH2O) !=
+         kv_head_rules.end();
 }
 
-KeepRule LayerPolicy::rule(size_t head) const { return kv_head_rules.empty() ? KeepRule::kWindow : kv_head_rules.at(head); }
+KeepRule LayerPolicy::rule(size_t head) const {
+  return kv_head_rules.empty() ? KeepRule::kWindow : kv_head_rules.at(head);
+}
 
 std::set<int64_t> Policy::selecting_layers() const {
   std::set<int64_t> out;
@@ -53,7 +58,9 @@ std::set<std::pair<int64_t, int64_t>> Policy::window_heads_of_selecting_layers()
   return out;
 }
 
-std::string keep_rule_name(KeepRule rule) { return rule == KeepRule::kH2O ? "h2o" : "window"; }
+std::string keep_rule_name(KeepRule rule) {
+  return rule == KeepRule::kH2O ? "h2o" : "window";
+}
 
 KeepRule keep_rule_from_name(std::string_view name, std::string_view key) {
   if (name == "window") return KeepRule::kWindow;
@@ -79,40 +86,52 @@ ModelFingerprint fingerprint_model(const std::filesystem::path& model_dir) {
 
 void fill_memory(Policy& policy, const arch::ModelSpec& spec) {
   const memory::MemoryOptions options = policy.memory_options();
-  const memory::MemoryEstimate e = memory::estimate(spec, policy.head_windows(), options, policy.selecting_layers());
+  const memory::MemoryEstimate e =
+      memory::estimate(spec, policy.head_windows(), options, policy.selecting_layers());
   policy.memory.components = e.components;
   policy.memory.total_bytes = e.total_bytes;
   policy.memory.full_kv_total_bytes = memory::full_kv_bytes(spec, options);
   policy.non_global_layers.clear();
   for (const auto& layer : e.layers) {
     if (layer.kv_head_windows) continue;
-    policy.non_global_layers.push_back({layer.layer_id, std::string(arch::layer_kind_name(layer.kind)), layer.bytes});
+    policy.non_global_layers.push_back(
+        {layer.layer_id, std::string(arch::layer_kind_name(layer.kind)), layer.bytes});
   }
 }
 
 namespace {
 
-void check_layers_against_model(const Policy& policy, const arch::ModelSpec& spec, std::string_view where) {
+void check_layers_against_model(const Policy& policy, const arch::ModelSpec& spec,
+                                std::string_view where) {
   std::set<int64_t> seen;
   for (const auto& layer : policy.per_layer_policies) {
     const int64_t id = layer.layer_id;
     if (id < 0 || id >= spec.num_layers() || !spec.layer(id).is_global()) {
-      throw_input_error("{}: per_layer_policies: layer_id {} is not a global attention layer of the model (global "
-                        "layers: {})", where, id, fmt::join(spec.global_layer_ids(), ", "));
+      throw_input_error(
+          "{}: per_layer_policies: layer_id {} is not a global attention layer of the model "
+          "(global "
+          "layers: {})",
+          where, id, fmt::join(spec.global_layer_ids(), ", "));
     }
-    if (!seen.insert(id).second) throw_input_error("{}: per_layer_policies: layer_id {} appears twice", where, id);
+    if (!seen.insert(id).second)
+      throw_input_error("{}: per_layer_policies: layer_id {} appears twice", where, id);
     const int64_t heads = spec.layer(id).attention->num_kv_heads;
     if (static_cast<int64_t>(layer.kv_head_windows.size()) != heads) {
-      throw_input_error("{}: per_layer_policies: layer_id {}: kv_head_windows has {} entries, the model has {} KV heads",
-                        where, id, layer.kv_head_windows.size(), heads);
+      throw_input_error(
+          "{}: per_layer_policies: layer_id {}: kv_head_windows has {} entries, the model has {} "
+          "KV heads",
+          where, id, layer.kv_head_windows.size(), heads);
     }
     if (!layer.kv_head_rules.empty() && static_cast<int64_t>(layer.kv_head_rules.size()) != heads) {
-      throw_input_error("{}: per_layer_policies: layer_id {}: kv_head_rules has {} entries, the model has {} KV heads",
-                        where, id, layer.kv_head_rules.size(), heads);
+      throw_input_error(
+          "{}: per_layer_policies: layer_id {}: kv_head_rules has {} entries, the model has {} KV "
+          "heads",
+          where, id, layer.kv_head_rules.size(), heads);
     }
   }
   for (int64_t id : spec.global_layer_ids()) {
-    if (!seen.contains(id)) throw_input_error("{}: per_layer_policies: global layer {} is missing", where, id);
+    if (!seen.contains(id))
+      throw_input_error("{}: per_layer_policies: global layer {} is missing", where, id);
   }
 }
 
@@ -123,8 +142,9 @@ void check_memory_block(const Policy& policy, const arch::ModelSpec& spec, std::
   const auto& b = expected.memory;
   const auto mismatch = [&](std::string_view key, int64_t got, int64_t want) {
     if (got != want) {
-      throw_input_error("{}: memory.{} is {} but the model and policy need {} (stale file? regenerate it)", where, key,
-                        got, want);
+      throw_input_error(
+          "{}: memory.{} is {} but the model and policy need {} (stale file? regenerate it)", where,
+          key, got, want);
     }
   };
   mismatch("total_bytes", a.total_bytes, b.total_bytes);
@@ -133,28 +153,33 @@ void check_memory_block(const Policy& policy, const arch::ModelSpec& spec, std::
   mismatch("linear_state_bytes", a.components.linear_state_bytes, b.components.linear_state_bytes);
   mismatch("ssm_state_bytes", a.components.ssm_state_bytes, b.components.ssm_state_bytes);
   mismatch("other_state_bytes", a.components.other_state_bytes, b.components.other_state_bytes);
-  mismatch("selection_state_bytes", a.components.selection_state_bytes, b.components.selection_state_bytes);
+  mismatch("selection_state_bytes", a.components.selection_state_bytes,
+           b.components.selection_state_bytes);
   mismatch("full_kv_total_bytes", a.full_kv_total_bytes, b.full_kv_total_bytes);
   if (policy.non_global_layers.size() != expected.non_global_layers.size()) {
-    throw_input_error("{}: non_global_layers lists {} layers, the model has {}", where, policy.non_global_layers.size(),
-                      expected.non_global_layers.size());
+    throw_input_error("{}: non_global_layers lists {} layers, the model has {}", where,
+                      policy.non_global_layers.size(), expected.non_global_layers.size());
   }
   for (size_t i = 0; i < expected.non_global_layers.size(); ++i) {
     const auto& got = policy.non_global_layers[i];
     const auto& want = expected.non_global_layers[i];
     if (got.layer_id != want.layer_id || got.kind != want.kind || got.bytes != want.bytes) {
-      throw_input_error("{}: non_global_layers[{}]: layer {} ({}, {} bytes) but the model has layer {} ({}, {} bytes)",
-                        where, i, got.layer_id, got.kind, got.bytes, want.layer_id, want.kind, want.bytes);
+      throw_input_error(
+          "{}: non_global_layers[{}]: layer {} ({}, {} bytes) but the model has layer {} ({}, {} "
+          "bytes)",
+          where, i, got.layer_id, got.kind, got.bytes, want.layer_id, want.kind, want.bytes);
     }
   }
 }
 
 }  // namespace
 
-void validate_against_model(const Policy& policy, const arch::ModelSpec& spec, std::string_view where) {
+void validate_against_model(const Policy& policy, const arch::ModelSpec& spec,
+                            std::string_view where) {
   check_layers_against_model(policy, spec, where);
   // A policy read without a memory block (hand-written serving files) has nothing to compare.
-  if (policy.memory.total_bytes != 0 || !policy.non_global_layers.empty()) check_memory_block(policy, spec, where);
+  if (policy.memory.total_bytes != 0 || !policy.non_global_layers.empty())
+    check_memory_block(policy, spec, where);
 }
 
 void write_policy(const std::filesystem::path& path, const Policy& policy) {

@@ -17,13 +17,15 @@ class Reader {
  public:
   explicit Reader(std::string_view where) : where_(where) {}
 
-  [[noreturn]] void fail(const YAML::Node& node, std::string_view key, std::string_view message) const {
+  [[noreturn]] void fail(const YAML::Node& node, std::string_view key,
+                         std::string_view message) const {
     const YAML::Mark mark = node.Mark();
     if (mark.is_null()) throw_input_error("{}: {}: {}", where_, key, message);
     throw_input_error("{}:{}:{}: {}: {}", where_, mark.line + 1, mark.column + 1, key, message);
   }
 
-  void check_keys(const YAML::Node& map, std::string_view context, const std::set<std::string>& allowed,
+  void check_keys(const YAML::Node& map, std::string_view context,
+                  const std::set<std::string>& allowed,
                   const std::set<std::string>& required) const {
     if (!map.IsMap()) fail(map, context, "must be a mapping");
     for (const auto& item : map) {
@@ -34,7 +36,8 @@ class Reader {
       }
     }
     for (const auto& key : required) {
-      if (!map[key]) fail(map, context.empty() ? key : fmt::format("{}.{}", context, key), "is missing");
+      if (!map[key])
+        fail(map, context.empty() ? key : fmt::format("{}.{}", context, key), "is missing");
     }
   }
 
@@ -47,7 +50,8 @@ class Reader {
     const std::string s = scalar(node, key);
     int64_t value = 0;
     const auto [end, ec] = std::from_chars(s.data(), s.data() + s.size(), value);
-    if (ec != std::errc() || end != s.data() + s.size()) fail(node, key, fmt::format("'{}' is not an integer", s));
+    if (ec != std::errc() || end != s.data() + s.size())
+      fail(node, key, fmt::format("'{}' is not an integer", s));
     return value;
   }
 
@@ -90,7 +94,8 @@ class Reader {
     }
     if (node.IsSequence()) {
       nlohmann::json out = nlohmann::json::array();
-      for (size_t i = 0; i < node.size(); ++i) out.push_back(to_json(node[i], fmt::format("{}[{}]", key, i)));
+      for (size_t i = 0; i < node.size(); ++i)
+        out.push_back(to_json(node[i], fmt::format("{}[{}]", key, i)));
       return out;
     }
     if (node.IsNull()) return nullptr;
@@ -98,11 +103,13 @@ class Reader {
     if (node.Tag() == "!") return s;  // quoted: a string whatever it looks like
     if (s == "true" || s == "false") return s == "true";
     int64_t i = 0;
-    if (auto [end, ec] = std::from_chars(s.data(), s.data() + s.size(), i); ec == std::errc() && end == s.data() + s.size()) {
+    if (auto [end, ec] = std::from_chars(s.data(), s.data() + s.size(), i);
+        ec == std::errc() && end == s.data() + s.size()) {
       return i;
     }
     double d = 0;
-    if (auto [end, ec] = std::from_chars(s.data(), s.data() + s.size(), d); ec == std::errc() && end == s.data() + s.size()) {
+    if (auto [end, ec] = std::from_chars(s.data(), s.data() + s.size(), d);
+        ec == std::errc() && end == s.data() + s.size()) {
       return d;
     }
     return s;
@@ -115,7 +122,8 @@ class Reader {
 };
 
 std::vector<int64_t> read_ladder(const Reader& r, const YAML::Node& node) {
-  if (!node.IsSequence() || node.size() == 0) r.fail(node, "window_levels", "must be a non-empty list");
+  if (!node.IsSequence() || node.size() == 0)
+    r.fail(node, "window_levels", "must be a non-empty list");
   std::vector<int64_t> levels;
   for (size_t i = 0; i < node.size(); ++i) {
     const std::string key = fmt::format("window_levels[{}]", i);
@@ -144,7 +152,8 @@ std::vector<LayerPolicy> read_layer_policies(const Reader& r, const YAML::Node& 
       r.fail(item["layer_id"], lctx, "layer ids must be strictly ascending");
     }
     const YAML::Node& windows = item["kv_head_windows"];
-    if (!windows.IsSequence() || windows.size() == 0) r.fail(windows, lctx + ".kv_head_windows", "must be a non-empty list");
+    if (!windows.IsSequence() || windows.size() == 0)
+      r.fail(windows, lctx + ".kv_head_windows", "must be a non-empty list");
     for (size_t h = 0; h < windows.size(); ++h) {
       const std::string key = fmt::format("{}.kv_head_windows[{}]", lctx, h);
       lp.kv_head_windows.push_back(r.window(windows[h], key));
@@ -173,7 +182,8 @@ std::vector<LayerPolicy> read_layer_policies(const Reader& r, const YAML::Node& 
     // A window is a ladder level; an h2o head's window only sizes its slots, so any length will do.
     for (size_t h = 0; h < windows.size(); ++h) {
       const int64_t w = lp.kv_head_windows[h];
-      if (lp.rule(h) == KeepRule::kWindow && std::find(ladder.begin(), ladder.end(), w) == ladder.end()) {
+      if (lp.rule(h) == KeepRule::kWindow &&
+          std::find(ladder.begin(), ladder.end(), w) == ladder.end()) {
         r.fail(windows[h], fmt::format("{}.kv_head_windows[{}]", lctx, h),
                fmt::format("window {} is not one of window_levels", window_name(w)));
       }
@@ -184,8 +194,9 @@ std::vector<LayerPolicy> read_layer_policies(const Reader& r, const YAML::Node& 
 }
 
 PolicyMemory read_memory(const Reader& r, const YAML::Node& node) {
-  const std::set<std::string> required{"total_bytes", "global_kv_bytes", "local_kv_bytes", "linear_state_bytes",
-                                       "ssm_state_bytes", "other_state_bytes", "full_kv_total_bytes"};
+  const std::set<std::string> required{"total_bytes",        "global_kv_bytes", "local_kv_bytes",
+                                       "linear_state_bytes", "ssm_state_bytes", "other_state_bytes",
+                                       "full_kv_total_bytes"};
   std::set<std::string> keys = required;
   keys.insert("selection_state_bytes");
   r.check_keys(node, "memory", keys, required);
@@ -193,16 +204,20 @@ PolicyMemory read_memory(const Reader& r, const YAML::Node& node) {
   m.total_bytes = r.non_negative(node["total_bytes"], "memory.total_bytes");
   m.components.global_kv_bytes = r.non_negative(node["global_kv_bytes"], "memory.global_kv_bytes");
   m.components.local_kv_bytes = r.non_negative(node["local_kv_bytes"], "memory.local_kv_bytes");
-  m.components.linear_state_bytes = r.non_negative(node["linear_state_bytes"], "memory.linear_state_bytes");
+  m.components.linear_state_bytes =
+      r.non_negative(node["linear_state_bytes"], "memory.linear_state_bytes");
   m.components.ssm_state_bytes = r.non_negative(node["ssm_state_bytes"], "memory.ssm_state_bytes");
-  m.components.other_state_bytes = r.non_negative(node["other_state_bytes"], "memory.other_state_bytes");
+  m.components.other_state_bytes =
+      r.non_negative(node["other_state_bytes"], "memory.other_state_bytes");
   if (node["selection_state_bytes"]) {
-    m.components.selection_state_bytes = r.non_negative(node["selection_state_bytes"], "memory.selection_state_bytes");
+    m.components.selection_state_bytes =
+        r.non_negative(node["selection_state_bytes"], "memory.selection_state_bytes");
   }
   m.full_kv_total_bytes = r.non_negative(node["full_kv_total_bytes"], "memory.full_kv_total_bytes");
   if (m.total_bytes != m.components.total()) {
-    r.fail(node["total_bytes"], "memory.total_bytes", fmt::format("{} is not the sum of the components ({})",
-                                                                  m.total_bytes, m.components.total()));
+    r.fail(node["total_bytes"], "memory.total_bytes",
+           fmt::format("{} is not the sum of the components ({})", m.total_bytes,
+                       m.components.total()));
   }
   return m;
 }
@@ -229,30 +244,35 @@ std::vector<NonGlobalLayer> read_non_global(const Reader& r, const YAML::Node& n
 std::string hex_digest(const Reader& r, const YAML::Node& node, const std::string& key) {
   std::string digest = r.scalar(node, key);
   // Empty is what the writer emits for a policy that came without a fingerprint (hand-written).
-  const bool hex = digest.size() <= 64 &&
-                   std::all_of(digest.begin(), digest.end(), [](char c) { return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f'); });
-  if (!hex) r.fail(node, key, "is not a hex digest (up to 64 digits 0-9a-f, as headwise writes sha256)");
+  const bool hex = digest.size() <= 64 && std::all_of(digest.begin(), digest.end(), [](char c) {
+                     return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f');
+                   });
+  if (!hex)
+    r.fail(node, key, "is not a hex digest (up to 64 digits 0-9a-f, as headwise writes sha256)");
   return digest;
 }
 
 ModelFingerprint read_fingerprint(const Reader& r, const YAML::Node& node) {
-  r.check_keys(node, "model_fingerprint", {"config_sha256", "weights_headers_sha256"}, {"config_sha256"});
+  r.check_keys(node, "model_fingerprint", {"config_sha256", "weights_headers_sha256"},
+               {"config_sha256"});
   ModelFingerprint f;
   f.config_sha256 = hex_digest(r, node["config_sha256"], "model_fingerprint.config_sha256");
   const YAML::Node& w = node["weights_headers_sha256"];
-  if (w && !w.IsNull()) f.weights_headers_sha256 = hex_digest(r, w, "model_fingerprint.weights_headers_sha256");
+  if (w && !w.IsNull())
+    f.weights_headers_sha256 = hex_digest(r, w, "model_fingerprint.weights_headers_sha256");
   return f;
 }
 
 Policy read_document(const Reader& r, const YAML::Node& root) {
   r.check_keys(root, "",
-               {"schema", "model_name", "model_path", "model_fingerprint", "budget_gb", "context", "batch", "dtype",
-                "state_dtype", "block_size", "sink_tokens", "window_levels", "calibration", "memory", "non_global_layers",
-                "per_layer_policies"},
-               {"schema", "model_name", "budget_gb", "context", "batch", "dtype", "block_size", "sink_tokens",
-                "window_levels", "per_layer_policies"});
+               {"schema", "model_name", "model_path", "model_fingerprint", "budget_gb", "context",
+                "batch", "dtype", "state_dtype", "block_size", "sink_tokens", "window_levels",
+                "calibration", "memory", "non_global_layers", "per_layer_policies"},
+               {"schema", "model_name", "budget_gb", "context", "batch", "dtype", "block_size",
+                "sink_tokens", "window_levels", "per_layer_policies"});
   if (r.scalar(root["schema"], "schema") != kSchema) {
-    r.fail(root["schema"], "schema", fmt::format("'{}' is not supported (expected {})", root["schema"].Scalar(), kSchema));
+    r.fail(root["schema"], "schema",
+           fmt::format("'{}' is not supported (expected {})", root["schema"].Scalar(), kSchema));
   }
   Policy p;
   p.model_name = r.scalar(root["model_name"], "model_name");
@@ -265,17 +285,21 @@ Policy read_document(const Reader& r, const YAML::Node& root) {
   p.dtype = parse_dtype(r.scalar(root["dtype"], "dtype"), fmt::format("{}: dtype", r.where()));
   // Absent in every policy written before the field: the states' native dtypes, as then.
   if (root["state_dtype"]) {
-    p.state_dtype = parse_state_dtype(r.scalar(root["state_dtype"], "state_dtype"), fmt::format("{}: state_dtype", r.where()));
+    p.state_dtype = parse_state_dtype(r.scalar(root["state_dtype"], "state_dtype"),
+                                      fmt::format("{}: state_dtype", r.where()));
   }
   p.block_size = r.positive(root["block_size"], "block_size");
   p.sink_tokens = r.non_negative(root["sink_tokens"], "sink_tokens");
   p.window_levels = read_ladder(r, root["window_levels"]);
   if (root["calibration"]) {
-    if (!root["calibration"].IsMap() && !root["calibration"].IsNull()) r.fail(root["calibration"], "calibration", "must be a mapping");
-    p.calibration = root["calibration"].IsNull() ? nlohmann::json::object() : r.to_json(root["calibration"], "calibration");
+    if (!root["calibration"].IsMap() && !root["calibration"].IsNull())
+      r.fail(root["calibration"], "calibration", "must be a mapping");
+    p.calibration = root["calibration"].IsNull() ? nlohmann::json::object()
+                                                 : r.to_json(root["calibration"], "calibration");
   }
   if (root["memory"]) p.memory = read_memory(r, root["memory"]);
-  if (root["non_global_layers"]) p.non_global_layers = read_non_global(r, root["non_global_layers"]);
+  if (root["non_global_layers"])
+    p.non_global_layers = read_non_global(r, root["non_global_layers"]);
   p.per_layer_policies = read_layer_policies(r, root["per_layer_policies"], p.window_levels);
   return p;
 }
@@ -288,9 +312,11 @@ Policy from_yaml(std::string_view text, std::string_view where) {
   try {
     root = YAML::Load(std::string(text));
   } catch (const YAML::Exception& e) {
-    throw_input_error("{}:{}:{}: broken YAML: {}", where, e.mark.line + 1, e.mark.column + 1, e.msg);
+    throw_input_error("{}:{}:{}: broken YAML: {}", where, e.mark.line + 1, e.mark.column + 1,
+                      e.msg);
   }
-  if (!root.IsMap()) throw_input_error("{}: a policy file must be a YAML mapping (schema: {})", where, kSchema);
+  if (!root.IsMap())
+    throw_input_error("{}: a policy file must be a YAML mapping (schema: {})", where, kSchema);
   try {
     return read_document(reader, root);
   } catch (const YAML::Exception& e) {  // e.g. a non-scalar map key

@@ -13,7 +13,9 @@ namespace {
 // ---------------------------------------------------------------- writing
 
 // Shortest round-trip decimal; integral values print without a fraction.
-std::string format_double(double x) { return fmt::format("{}", x); }
+std::string format_double(double x) {
+  return fmt::format("{}", x);
+}
 
 void emit_json(YAML::Emitter& out, const nlohmann::json& value) {
   if (value.is_object()) {
@@ -56,7 +58,8 @@ void emit_memory(YAML::Emitter& out, const PolicyMemory& m) {
   out << YAML::Key << "other_state_bytes" << YAML::Value << m.components.other_state_bytes;
   // Only policies whose heads select tokens have it: window-only policies keep their bytes.
   if (m.components.selection_state_bytes > 0) {
-    out << YAML::Key << "selection_state_bytes" << YAML::Value << m.components.selection_state_bytes;
+    out << YAML::Key << "selection_state_bytes" << YAML::Value
+        << m.components.selection_state_bytes;
   }
   out << YAML::Key << "full_kv_total_bytes" << YAML::Value << m.full_kv_total_bytes;
   out << YAML::EndMap;
@@ -65,8 +68,9 @@ void emit_memory(YAML::Emitter& out, const PolicyMemory& m) {
 void emit_layers(YAML::Emitter& out, const Policy& p) {
   out << YAML::Key << "non_global_layers" << YAML::Value << YAML::BeginSeq;
   for (const auto& l : p.non_global_layers) {
-    out << YAML::Flow << YAML::BeginMap << YAML::Key << "layer_id" << YAML::Value << l.layer_id << YAML::Key << "kind"
-        << YAML::Value << l.kind << YAML::Key << "bytes" << YAML::Value << l.bytes << YAML::EndMap;
+    out << YAML::Flow << YAML::BeginMap << YAML::Key << "layer_id" << YAML::Value << l.layer_id
+        << YAML::Key << "kind" << YAML::Value << l.kind << YAML::Key << "bytes" << YAML::Value
+        << l.bytes << YAML::EndMap;
   }
   out << YAML::EndSeq;
   out << YAML::Key << "per_layer_policies" << YAML::Value << YAML::BeginSeq;
@@ -101,14 +105,18 @@ std::string to_yaml(const Policy& p) {
   out << YAML::Key << "model_fingerprint" << YAML::Value << YAML::BeginMap;
   out << YAML::Key << "config_sha256" << YAML::Value << p.fingerprint.config_sha256;
   out << YAML::Key << "weights_headers_sha256" << YAML::Value;
-  if (p.fingerprint.weights_headers_sha256) out << *p.fingerprint.weights_headers_sha256; else out << YAML::Null;
+  if (p.fingerprint.weights_headers_sha256)
+    out << *p.fingerprint.weights_headers_sha256;
+  else
+    out << YAML::Null;
   out << YAML::EndMap;
   out << YAML::Key << "budget_gb" << YAML::Value << format_double(p.budget_gb);
   out << YAML::Key << "context" << YAML::Value << p.context;
   out << YAML::Key << "batch" << YAML::Value << p.batch;
   out << YAML::Key << "dtype" << YAML::Value << std::string(dtype_name(p.dtype));
   // Omitted for native states, so policies written before the field stay byte-identical.
-  if (p.state_dtype) out << YAML::Key << "state_dtype" << YAML::Value << std::string(dtype_name(*p.state_dtype));
+  if (p.state_dtype)
+    out << YAML::Key << "state_dtype" << YAML::Value << std::string(dtype_name(*p.state_dtype));
   out << YAML::Key << "block_size" << YAML::Value << p.block_size;
   out << YAML::Key << "sink_tokens" << YAML::Value << p.sink_tokens;
   out << YAML::Key << "window_levels" << YAML::Value;

@@ -31,16 +31,20 @@ const std::vector<std::string>& vllm_served_model_types() {
 
 std::string vllm_refusal(const Policy& policy, std::string_view model_type) {
   if (policy.selects_tokens()) {
-    return fmt::format("it has h2o heads ({}) and vLLM selects no tokens: calibrate with --keep-rules window",
-                       h2o_heads(policy));
+    return fmt::format(
+        "it has h2o heads ({}) and vLLM selects no tokens: calibrate with --keep-rules window",
+        h2o_heads(policy));
   }
   if (policy.sink_tokens > 0) {
-    return fmt::format("it keeps {} sink tokens and vLLM's sliding windows keep none: calibrate with --sink-tokens 0",
-                       policy.sink_tokens);
+    return fmt::format(
+        "it keeps {} sink tokens and vLLM's sliding windows keep none: calibrate with "
+        "--sink-tokens 0",
+        policy.sink_tokens);
   }
   const auto& served = vllm_served_model_types();
   if (std::find(served.begin(), served.end(), model_type) == served.end()) {
-    return fmt::format("python/headwise_vllm serves {} models, not {}", fmt::join(served, ", "), model_type);
+    return fmt::format("python/headwise_vllm serves {} models, not {}", fmt::join(served, ", "),
+                       model_type);
   }
   return {};
 }
@@ -48,13 +52,15 @@ std::string vllm_refusal(const Policy& policy, std::string_view model_type) {
 std::string serving_note(const Policy& policy, std::string_view model_type, std::string_view path) {
   const std::string refusal = vllm_refusal(policy, model_type);
   if (refusal.empty()) {
-    return fmt::format("serving: {} runs in vLLM (HEADWISE_POLICY={} with python/headwise_vllm), in headwise's "
-                       "runtime (eval, forward --policy) and in transformers (python/headwise_hf); docs/deploy.md",
-                       path, path);
+    return fmt::format(
+        "serving: {} runs in vLLM (HEADWISE_POLICY={} with python/headwise_vllm), in headwise's "
+        "runtime (eval, forward --policy) and in transformers (python/headwise_hf); docs/deploy.md",
+        path, path);
   }
-  return fmt::format("serving: {} runs in headwise's runtime (eval, forward --policy) and in transformers "
-                     "(python/headwise_hf); not in vLLM or another paged engine: {} (docs/deploy.md)",
-                     path, refusal);
+  return fmt::format(
+      "serving: {} runs in headwise's runtime (eval, forward --policy) and in transformers "
+      "(python/headwise_hf); not in vLLM or another paged engine: {} (docs/deploy.md)",
+      path, refusal);
 }
 
 }  // namespace headwise::policy

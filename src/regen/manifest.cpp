@@ -20,9 +20,11 @@ namespace fs = std::filesystem;
 
 class EntryReader {
  public:
-  EntryReader(std::string_view where, std::string context) : where_(where), context_(std::move(context)) {}
+  EntryReader(std::string_view where, std::string context)
+      : where_(where), context_(std::move(context)) {}
 
-  [[noreturn]] void fail(const YAML::Node& node, std::string_view key, std::string_view message) const {
+  [[noreturn]] void fail(const YAML::Node& node, std::string_view key,
+                         std::string_view message) const {
     const YAML::Mark mark = node.Mark();
     const std::string at = key.empty() ? context_ : fmt::format("{}: {}", context_, key);
     if (mark.is_null()) throw_input_error("{}: {}: {}", where_, at, message);
@@ -31,7 +33,8 @@ class EntryReader {
 
   std::string text(const YAML::Node& map, const char* key) const {
     const YAML::Node node = map[key];
-    if (!node.IsScalar() || node.Scalar().empty()) fail(node ? node : map, key, "must be a non-empty single value");
+    if (!node.IsScalar() || node.Scalar().empty())
+      fail(node ? node : map, key, "must be a non-empty single value");
     return node.Scalar();
   }
 
@@ -39,7 +42,8 @@ class EntryReader {
     const std::string s = text(map, key);
     int64_t value = 0;
     const auto [end, ec] = std::from_chars(s.data(), s.data() + s.size(), value);
-    if (ec != std::errc() || end != s.data() + s.size()) fail(map[key], key, fmt::format("'{}' is not an integer", s));
+    if (ec != std::errc() || end != s.data() + s.size())
+      fail(map[key], key, fmt::format("'{}' is not an integer", s));
     return value;
   }
 
@@ -54,7 +58,8 @@ class EntryReader {
   std::string ladder(const YAML::Node& map, const char* key) const {
     const YAML::Node node = map[key];
     if (node.IsScalar()) return text(map, key);
-    if (!node.IsSequence() || node.size() == 0) fail(node, key, "must be a list of window levels or 'a,b,full'");
+    if (!node.IsSequence() || node.size() == 0)
+      fail(node, key, "must be a list of window levels or 'a,b,full'");
     std::string joined;
     for (const auto& level : node) {
       if (!level.IsScalar()) fail(level, key, "every level must be a single value");
@@ -68,20 +73,24 @@ class EntryReader {
   std::string context_;
 };
 
-const std::set<std::string> kRequired = {"name", "model", "context", "budget", "windows", "seed", "output"};
-const std::set<std::string> kOptional = {"calib", "samples", "seq_len", "block_size", "batch", "sink_tokens", "kv_dtype",
-                                         "dtype", "device", "micro_batch", "probe_samples", "attention_chunk",
-                                         "conditioning", "distortion", "joint_heads", "extrapolate", "keep_rules",
-                                         "prefill_chunk", "state_dtype"};
+const std::set<std::string> kRequired = {"name",    "model", "context", "budget",
+                                         "windows", "seed",  "output"};
+const std::set<std::string> kOptional = {
+    "calib",         "samples",         "seq_len",       "block_size", "batch",
+    "sink_tokens",   "kv_dtype",        "dtype",         "device",     "micro_batch",
+    "probe_samples", "attention_chunk", "conditioning",  "distortion", "joint_heads",
+    "extrapolate",   "keep_rules",      "prefill_chunk", "state_dtype"};
 
 std::string resolve(const fs::path& base, const std::string& path) {
   const fs::path p(path);
   return (p.is_absolute() || base.empty() ? p : (base / p)).lexically_normal().string();
 }
 
-ManifestEntry parse_entry(const YAML::Node& node, size_t index, std::string_view where, const fs::path& base) {
+ManifestEntry parse_entry(const YAML::Node& node, size_t index, std::string_view where,
+                          const fs::path& base) {
   const std::string fallback = fmt::format("policies[{}]", index);
-  if (!node.IsMap()) EntryReader(where, fallback).fail(node, "", "must be a mapping of name, model, context, ...");
+  if (!node.IsMap())
+    EntryReader(where, fallback).fail(node, "", "must be a mapping of name, model, context, ...");
   const std::string name = node["name"] && node["name"].IsScalar() ? node["name"].Scalar() : "";
   const EntryReader r(where, name.empty() ? fallback : fmt::format("entry '{}'", name));
   for (const auto& item : node) {
@@ -96,7 +105,8 @@ ManifestEntry parse_entry(const YAML::Node& node, size_t index, std::string_view
     if (!node[key]) r.fail(node, key, "is missing");
   }
   static const std::regex kName("[A-Za-z0-9._-]+");
-  if (!std::regex_match(r.text(node, "name"), kName)) r.fail(node["name"], "name", "may hold only A-Z a-z 0-9 . _ -");
+  if (!std::regex_match(r.text(node, "name"), kName))
+    r.fail(node["name"], "name", "may hold only A-Z a-z 0-9 . _ -");
 
   ManifestEntry e;
   e.name = r.text(node, "name");
@@ -138,7 +148,8 @@ Manifest parse_manifest(std::string_view text, std::string_view where, const fs:
   try {
     root = YAML::Load(std::string(text));
   } catch (const YAML::Exception& e) {
-    throw_input_error("{}:{}:{}: malformed YAML: {}", where, e.mark.line + 1, e.mark.column + 1, e.msg);
+    throw_input_error("{}:{}:{}: malformed YAML: {}", where, e.mark.line + 1, e.mark.column + 1,
+                      e.msg);
   }
   const EntryReader top(where, "manifest");
   if (!root.IsMap()) top.fail(root, "", "must be a mapping with a 'policies' list");
@@ -149,16 +160,19 @@ Manifest parse_manifest(std::string_view text, std::string_view where, const fs:
     }
   }
   const YAML::Node list = root["policies"];
-  if (!list || !list.IsSequence() || list.size() == 0) top.fail(root, "policies", "must be a non-empty list of entries");
+  if (!list || !list.IsSequence() || list.size() == 0)
+    top.fail(root, "policies", "must be a non-empty list of entries");
   Manifest manifest;
   manifest.path = fs::path(std::string(where));
   std::set<std::string> names, outputs;
   for (size_t i = 0; i < list.size(); ++i) {
     ManifestEntry entry = parse_entry(list[i], i, where, base);
-    if (!names.insert(entry.name).second) top.fail(list[i]["name"], "name", fmt::format("'{}' appears twice", entry.name));
+    if (!names.insert(entry.name).second)
+      top.fail(list[i]["name"], "name", fmt::format("'{}' appears twice", entry.name));
     if (!outputs.insert(entry.output.string()).second) {
-      top.fail(list[i]["output"], "output", fmt::format("entry '{}' writes {}, as an earlier entry does", entry.name,
-                                                        entry.output.string()));
+      top.fail(list[i]["output"], "output",
+               fmt::format("entry '{}' writes {}, as an earlier entry does", entry.name,
+                           entry.output.string()));
     }
     manifest.entries.push_back(std::move(entry));
   }
@@ -166,10 +180,12 @@ Manifest parse_manifest(std::string_view text, std::string_view where, const fs:
     if (!list.IsSequence()) top.fail(list, "recalibrate_on_check", "must be a list of entry names");
     std::vector<std::string> chosen;
     for (const auto& item : list) {
-      if (!item.IsScalar()) top.fail(item, "recalibrate_on_check", "every item must be an entry name");
+      if (!item.IsScalar())
+        top.fail(item, "recalibrate_on_check", "every item must be an entry name");
       const std::string name = item.Scalar();
       if (!names.contains(name)) {
-        top.fail(item, "recalibrate_on_check", fmt::format("no entry '{}' (entries: {})", name, fmt::join(names, ", ")));
+        top.fail(item, "recalibrate_on_check",
+                 fmt::format("no entry '{}' (entries: {})", name, fmt::join(names, ", ")));
       }
       if (std::find(chosen.begin(), chosen.end(), name) != chosen.end()) {
         top.fail(item, "recalibrate_on_check", fmt::format("'{}' appears twice", name));
@@ -183,19 +199,21 @@ Manifest parse_manifest(std::string_view text, std::string_view where, const fs:
 
 bool Manifest::recalibrated_on_check(const std::string& name) const {
   return !recalibrate_on_check ||
-         std::find(recalibrate_on_check->begin(), recalibrate_on_check->end(), name) != recalibrate_on_check->end();
+         std::find(recalibrate_on_check->begin(), recalibrate_on_check->end(), name) !=
+             recalibrate_on_check->end();
 }
 
 CalibrationKind calibration_kind(const calib::CalibrationRequest& request) {
   const calib::DistortionMeasure measure = calib::parse_distortion_measure(request.distortion);
-  return {calib::distortion_measure_name(measure), calib::resolve_keep_rules(request.keep_rules, measure),
+  return {calib::distortion_measure_name(measure),
+          calib::resolve_keep_rules(request.keep_rules, measure),
           request.no_conditioning ? "unconditioned" : "seqcalib"};
 }
 
 void check_recalibration_coverage(const Manifest& manifest) {
   if (!manifest.recalibrate_on_check) return;
   struct Use {
-    std::set<std::string> everywhere;                     // the entries that use the value
+    std::set<std::string> everywhere;  // the entries that use the value
     bool covered = false;
   };
   std::map<std::pair<std::string, std::string>, Use> uses;  // (what, value)
@@ -209,8 +227,10 @@ void check_recalibration_coverage(const Manifest& manifest) {
       throw_input_error("{}: entry '{}': {}", manifest.path.string(), e.name, error.what());
     }
     const bool recalibrated = manifest.recalibrated_on_check(e.name);
-    for (const auto& [what, value] : {std::pair<std::string, std::string>{"distortion measure", kind.measure},
-                                      {"keep rules", kind.keep_rules}, {"method", kind.method}}) {
+    for (const auto& [what, value] :
+         {std::pair<std::string, std::string>{"distortion measure", kind.measure},
+          {"keep rules", kind.keep_rules},
+          {"method", kind.method}}) {
       Use& use = uses[{what, value}];
       use.everywhere.insert(e.name);
       use.covered = use.covered || recalibrated;
@@ -218,12 +238,16 @@ void check_recalibration_coverage(const Manifest& manifest) {
   }
   std::vector<std::string> uncovered;
   for (const auto& [key, use] : uses) {
-    if (!use.covered) uncovered.push_back(fmt::format("{} '{}' (used by {})", key.first, key.second, fmt::join(use.everywhere, ", ")));
+    if (!use.covered)
+      uncovered.push_back(fmt::format("{} '{}' (used by {})", key.first, key.second,
+                                      fmt::join(use.everywhere, ", ")));
   }
   if (!uncovered.empty()) {
-    throw_input_error("{}: recalibrate_on_check: no entry it names calibrates with {}: list under recalibrate_on_check "
-                      "one entry that uses each of these, so regen --check runs that code",
-                      manifest.path.string(), fmt::join(uncovered, "; "));
+    throw_input_error(
+        "{}: recalibrate_on_check: no entry it names calibrates with {}: list under "
+        "recalibrate_on_check "
+        "one entry that uses each of these, so regen --check runs that code",
+        manifest.path.string(), fmt::join(uncovered, "; "));
   }
 }
 

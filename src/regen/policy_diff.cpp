@@ -33,7 +33,8 @@ void diff_layers(std::vector<std::string>& out, const policy::Policy& a, const p
   for (const auto& l : a.per_layer_policies) before[l.layer_id] = &l;
   for (const auto& l : b.per_layer_policies) after[l.layer_id] = &l;
   const memory::MemoryOptions mem_a = a.memory_options(), mem_b = b.memory_options();
-  auto bytes = [&spec](int64_t layer, int64_t window, const memory::MemoryOptions& mem) -> std::string {
+  auto bytes = [&spec](int64_t layer, int64_t window,
+                       const memory::MemoryOptions& mem) -> std::string {
     if (layer < 0 || layer >= spec.num_layers() || !spec.layer(layer).attention) return "?";
     return format_bytes(memory::head_bytes(*spec.layer(layer).attention, window, mem));
   };
@@ -43,7 +44,9 @@ void diff_layers(std::vector<std::string>& out, const policy::Policy& a, const p
   int distortion_changes = 0;
   for (const auto& [id, present] : layers) {
     if (present != 3) {
-      out.push_back(fmt::format("layer {}: {}", id, present == 1 ? "only in the committed policy" : "only in the new one"));
+      out.push_back(
+          fmt::format("layer {}: {}", id,
+                      present == 1 ? "only in the committed policy" : "only in the new one"));
       continue;
     }
     const auto& wa = before[id]->kv_head_windows;
@@ -52,32 +55,39 @@ void diff_layers(std::vector<std::string>& out, const policy::Policy& a, const p
       if (h >= wa.size() || h >= wb.size()) {
         out.push_back(fmt::format("layer {} KV head {}: present in only one policy", id, h));
       } else if (wa[h] != wb[h]) {
-        out.push_back(fmt::format("layer {} KV head {}: window {} → {}, bytes {} → {}", id, h, policy::window_name(wa[h]),
-                                  policy::window_name(wb[h]), bytes(id, wa[h], mem_a), bytes(id, wb[h], mem_b)));
+        out.push_back(fmt::format("layer {} KV head {}: window {} → {}, bytes {} → {}", id, h,
+                                  policy::window_name(wa[h]), policy::window_name(wb[h]),
+                                  bytes(id, wa[h], mem_a), bytes(id, wb[h], mem_b)));
       }
     }
     if (before[id]->expected_distortion != after[id]->expected_distortion) ++distortion_changes;
   }
   if (distortion_changes > 0) {
-    out.push_back(fmt::format("expected_distortion changed in {} layer(s) (curves measured differently)", distortion_changes));
+    out.push_back(
+        fmt::format("expected_distortion changed in {} layer(s) (curves measured differently)",
+                    distortion_changes));
   }
 }
 
 }  // namespace
 
-std::vector<std::string> diff_policies(const policy::Policy& a, const policy::Policy& b, const arch::ModelSpec& spec) {
+std::vector<std::string> diff_policies(const policy::Policy& a, const policy::Policy& b,
+                                       const arch::ModelSpec& spec) {
   std::vector<std::string> out;
   field(out, "model_name", a.model_name, b.model_name);
   field(out, "model_path", a.model_path, b.model_path);
-  field(out, "model_fingerprint.config_sha256", a.fingerprint.config_sha256, b.fingerprint.config_sha256);
-  field(out, "model_fingerprint.weights_headers_sha256", a.fingerprint.weights_headers_sha256.value_or("null"),
+  field(out, "model_fingerprint.config_sha256", a.fingerprint.config_sha256,
+        b.fingerprint.config_sha256);
+  field(out, "model_fingerprint.weights_headers_sha256",
+        a.fingerprint.weights_headers_sha256.value_or("null"),
         b.fingerprint.weights_headers_sha256.value_or("null"));
   field(out, "budget_gb", a.budget_gb, b.budget_gb);
   field(out, "context", a.context, b.context);
   field(out, "batch", a.batch, b.batch);
   field(out, "dtype", std::string(dtype_name(a.dtype)), std::string(dtype_name(b.dtype)));
   const auto state = [](const policy::Policy& p) {
-    return p.state_dtype ? std::string(dtype_name(*p.state_dtype)) : std::string("(absent: native)");
+    return p.state_dtype ? std::string(dtype_name(*p.state_dtype))
+                         : std::string("(absent: native)");
   };
   field(out, "state_dtype", state(a), state(b));
   field(out, "block_size", a.block_size, b.block_size);
@@ -92,18 +102,22 @@ std::vector<std::string> diff_policies(const policy::Policy& a, const policy::Po
   }
   diff_layers(out, a, b, spec);
   if (a.memory.total_bytes != b.memory.total_bytes) {
-    out.push_back(fmt::format("memory.total_bytes: {} → {} ({} → {})", a.memory.total_bytes, b.memory.total_bytes,
-                              format_bytes(a.memory.total_bytes), format_bytes(b.memory.total_bytes)));
+    out.push_back(fmt::format("memory.total_bytes: {} → {} ({} → {})", a.memory.total_bytes,
+                              b.memory.total_bytes, format_bytes(a.memory.total_bytes),
+                              format_bytes(b.memory.total_bytes)));
   }
   return out;
 }
 
-std::optional<double> distortion_noise_only(const policy::Policy& committed, const std::string& committed_text,
-                                            const policy::Policy& produced, const std::string& produced_text,
+std::optional<double> distortion_noise_only(const policy::Policy& committed,
+                                            const std::string& committed_text,
+                                            const policy::Policy& produced,
+                                            const std::string& produced_text,
                                             double relative_tolerance) {
   // A hand edit of layout alone is still an edit: only the writer's own text qualifies.
   if (policy::to_yaml(committed) != committed_text) return std::nullopt;
-  if (committed.per_layer_policies.size() != produced.per_layer_policies.size()) return std::nullopt;
+  if (committed.per_layer_policies.size() != produced.per_layer_policies.size())
+    return std::nullopt;
   policy::Policy aligned = committed;
   const auto largest = [](const std::vector<double>& a, const std::vector<double>& b) {
     double m = 0.0;
@@ -113,8 +127,9 @@ std::optional<double> distortion_noise_only(const policy::Policy& committed, con
   };
   double policy_scale = 0.0;
   for (size_t l = 0; l < aligned.per_layer_policies.size(); ++l) {
-    policy_scale = std::max(policy_scale, largest(aligned.per_layer_policies[l].expected_distortion,
-                                                  produced.per_layer_policies[l].expected_distortion));
+    policy_scale =
+        std::max(policy_scale, largest(aligned.per_layer_policies[l].expected_distortion,
+                                       produced.per_layer_policies[l].expected_distortion));
   }
   double worst = 0.0;
   for (size_t l = 0; l < aligned.per_layer_policies.size(); ++l) {
@@ -138,10 +153,12 @@ std::string first_text_difference(const std::string& a, const std::string& b) {
   std::istringstream sa(a), sb(b);
   std::string la, lb;
   for (int line = 1;; ++line) {
-    const bool ga = static_cast<bool>(std::getline(sa, la)), gb = static_cast<bool>(std::getline(sb, lb));
+    const bool ga = static_cast<bool>(std::getline(sa, la)),
+               gb = static_cast<bool>(std::getline(sb, lb));
     if (!ga && !gb) return "identical";
     if (!ga || !gb || la != lb) {
-      return fmt::format("line {}: '{}' → '{}'", line, ga ? la : "(end of file)", gb ? lb : "(end of file)");
+      return fmt::format("line {}: '{}' → '{}'", line, ga ? la : "(end of file)",
+                         gb ? lb : "(end of file)");
     }
   }
 }

@@ -19,7 +19,8 @@ std::vector<solve::Group> to_groups(const std::vector<calib::HeadCurve>& curves)
   std::vector<solve::Group> groups;
   for (const auto& c : curves) {
     solve::Group g{c.layer_id, c.kv_head, {}};
-    for (size_t l = 0; l < c.windows.size(); ++l) g.options.push_back({c.windows[l], c.bytes[l], c.distortion[l]});
+    for (size_t l = 0; l < c.windows.size(); ++l)
+      g.options.push_back({c.windows[l], c.bytes[l], c.distortion[l]});
     groups.push_back(std::move(g));
   }
   return groups;
@@ -28,12 +29,14 @@ std::vector<solve::Group> to_groups(const std::vector<calib::HeadCurve>& curves)
 }  // namespace
 
 // Each option says whether its distortion was measured or read off the extrapolation rule.
-nlohmann::json curves_json(const std::vector<calib::HeadCurve>& curves, const std::vector<int64_t>& extrapolated) {
+nlohmann::json curves_json(const std::vector<calib::HeadCurve>& curves,
+                           const std::vector<int64_t>& extrapolated) {
   nlohmann::json heads = nlohmann::json::array();
   for (const auto& c : curves) {
     nlohmann::json options = nlohmann::json::array();
     for (size_t l = 0; l < c.windows.size(); ++l) {
-      const bool rule = std::find(extrapolated.begin(), extrapolated.end(), c.windows[l]) != extrapolated.end();
+      const bool rule =
+          std::find(extrapolated.begin(), extrapolated.end(), c.windows[l]) != extrapolated.end();
       options.push_back({{"window", window_json(c.windows[l])},
                          {"bytes", c.bytes[l]},
                          {"distortion", c.distortion[l]},
@@ -49,8 +52,11 @@ nlohmann::json measure_checks_json(const std::vector<calib::MeasureCheck>& check
   for (const auto& c : checks) {
     nlohmann::json windows = nlohmann::json::array();
     for (int64_t w : c.windows) windows.push_back(window_json(w));
-    nlohmann::json check = {{"layer", c.layer_id}, {"kv_head", c.kv_head}, {"windows", windows},
-                            {"predicted", c.predicted}, {"measured", c.measured}};
+    nlohmann::json check = {{"layer", c.layer_id},
+                            {"kv_head", c.kv_head},
+                            {"windows", windows},
+                            {"predicted", c.predicted},
+                            {"measured", c.measured}};
     if (!c.exact_windows.empty()) {
       // The span measure's joint decision against the exact measure's own on the same stream.
       nlohmann::json own = nlohmann::json::array();
@@ -64,15 +70,18 @@ nlohmann::json measure_checks_json(const std::vector<calib::MeasureCheck>& check
 }
 
 // A cheap measure's predictions (answer-grad, the answer-span measures) against the exact measure:
-// the probe's (head, level) pairs with their rank correlation, and each layer's chosen joint windows.
+// the probe's (head, level) pairs with their rank correlation, and each layer's chosen joint
+// windows.
 nlohmann::json measure_validation_json(const calib::MeasureValidation& v) {
-  return {{"spearman", std::isfinite(v.spearman) ? nlohmann::json(v.spearman) : nlohmann::json(nullptr)},
+  return {{"spearman",
+           std::isfinite(v.spearman) ? nlohmann::json(v.spearman) : nlohmann::json(nullptr)},
           {"pairs", measure_checks_json(v.pairs)},
           {"joint_decisions", measure_checks_json(v.joint_decisions)},
           {"exact_seconds", v.seconds}};
 }
 
-nlohmann::json rate_distortion_curve(const std::vector<calib::HeadCurve>& probe_curves, int points) {
+nlohmann::json rate_distortion_curve(const std::vector<calib::HeadCurve>& probe_curves,
+                                     int points) {
   const auto groups = to_groups(probe_curves);
   nlohmann::json curve = nlohmann::json::array();
   if (groups.empty()) return curve;
@@ -80,7 +89,9 @@ nlohmann::json rate_distortion_curve(const std::vector<calib::HeadCurve>& probe_
   for (int i = 0; i <= points; ++i) {
     const int64_t budget = lo + static_cast<int64_t>(static_cast<double>(hi - lo) * i / points);
     const auto s = solve::solve_exact(groups, budget);
-    curve.push_back({{"budget_bytes", budget}, {"bytes", s.total_bytes}, {"distortion", s.total_distortion},
+    curve.push_back({{"budget_bytes", budget},
+                     {"bytes", s.total_bytes},
+                     {"distortion", s.total_distortion},
                      {"lambda", solve::min_fitting_lambda(groups, budget)}});
   }
   return curve;
@@ -115,7 +126,8 @@ nlohmann::json calibration_report(const calib::SeqCalibResult& r, const ReportCo
   nlohmann::json answer = nullptr;
   if (r.answer_kl_walk >= 0) {
     // "answer_kl" names the block (tools read it); with --distortion answer-tv its values are TV.
-    const auto divergence = calib::answer_divergence(calib::parse_distortion_measure(c.provenance.at("distortion_measure")));
+    const auto divergence = calib::answer_divergence(
+        calib::parse_distortion_measure(c.provenance.at("distortion_measure")));
     answer = {{"divergence", divergence == calib::AnswerDivergence::kTv ? "tv" : "kl"},
               {"end_to_end_after_walk", r.answer_kl_walk},
               {"end_to_end_after_completion", r.answer_kl_policy},
@@ -152,8 +164,11 @@ nlohmann::json calibration_report(const calib::SeqCalibResult& r, const ReportCo
       {"probe_heads", curves_json(r.probe_curves, extrapolated_levels)},
       {"probe_rate_distortion", rate_distortion_curve(r.probe_curves, 16)},
       {"timing", {{"probe_seconds", r.probe_seconds}, {"total_seconds", r.total_seconds}}},
-      {"memory", {{"peak_rss_bytes", r.peak_rss_bytes}, {"peak_device_bytes", r.peak_device_bytes},
-                  {"activations", r.activations}, {"plan", c.memory_plan}}},
+      {"memory",
+       {{"peak_rss_bytes", r.peak_rss_bytes},
+        {"peak_device_bytes", r.peak_device_bytes},
+        {"activations", r.activations},
+        {"plan", c.memory_plan}}},
   };
 }
 
@@ -162,7 +177,8 @@ namespace {
 // One hue from dark (the smallest window) to pale (full), evenly spread over the ladder: a
 // sequential scale reads as "more memory" at a glance, a rainbow does not. ColorBrewer's Blues.
 std::string ladder_colour(size_t level, size_t levels) {
-  static const char* kBlues[] = {"#08306b", "#08519c", "#2171b5", "#4292c6", "#6baed6", "#9ecae1", "#c6dbef", "#deebf7"};
+  static const char* kBlues[] = {"#08306b", "#08519c", "#2171b5", "#4292c6",
+                                 "#6baed6", "#9ecae1", "#c6dbef", "#deebf7"};
   constexpr size_t kLast = std::size(kBlues) - 1;
   if (levels <= 1) return kBlues[kLast];
   return kBlues[(std::min(level, levels - 1) * kLast + (levels - 1) / 2) / (levels - 1)];
@@ -170,32 +186,39 @@ std::string ladder_colour(size_t level, size_t levels) {
 
 }  // namespace
 
-std::string window_heatmap_svg(const arch::ModelSpec& spec, const std::map<int64_t, std::vector<int64_t>>& windows,
+std::string window_heatmap_svg(const arch::ModelSpec& spec,
+                               const std::map<int64_t, std::vector<int64_t>>& windows,
                                const measure::WindowLadder& ladder, const std::string& title,
                                const std::map<int64_t, std::vector<policy::KeepRule>>& rules) {
   // Short windows dark, full pale: memory-hungry heads stand out as light cells.
   const int cell = 22, left = 90, top = 50, legend_w = 150;
   int64_t max_heads = 1;
-  for (const auto& [id, w] : windows) max_heads = std::max<int64_t>(max_heads, static_cast<int64_t>(w.size()));
+  for (const auto& [id, w] : windows)
+    max_heads = std::max<int64_t>(max_heads, static_cast<int64_t>(w.size()));
   const auto rows = static_cast<int>(windows.size());
   const bool any_h2o = std::any_of(rules.begin(), rules.end(), [](const auto& layer) {
-    return std::find(layer.second.begin(), layer.second.end(), policy::KeepRule::kH2O) != layer.second.end();
+    return std::find(layer.second.begin(), layer.second.end(), policy::KeepRule::kH2O) !=
+           layer.second.end();
   });
   const std::string footnote =
-      fmt::format("{} global of {} layers; other layers keep their native cache{}", windows.size(), spec.num_layers(),
+      fmt::format("{} global of {} layers; other layers keep their native cache{}", windows.size(),
+                  spec.num_layers(),
                   any_h2o ? "; h: the head's slots hold heavy hitters (h2o), not a window" : "");
   // ~8 px per character at 14 px (the title), ~6 at 11 (the footnote): wide enough for both.
-  const int width = std::max({left + static_cast<int>(max_heads) * cell + legend_w, 16 + 8 * static_cast<int>(title.size()),
+  const int width = std::max({left + static_cast<int>(max_heads) * cell + legend_w,
+                              16 + 8 * static_cast<int>(title.size()),
                               16 + 6 * static_cast<int>(footnote.size())});
   const int height = top + std::max(rows, static_cast<int>(ladder.size())) * cell + 40;
   std::string svg = fmt::format(
-      "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{}\" height=\"{}\" font-family=\"sans-serif\" font-size=\"11\">\n"
-      "<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n<text x=\"8\" y=\"18\" font-size=\"14\">{}</text>\n"
+      "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{}\" height=\"{}\" "
+      "font-family=\"sans-serif\" font-size=\"11\">\n"
+      "<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n<text x=\"8\" y=\"18\" "
+      "font-size=\"14\">{}</text>\n"
       "<text x=\"{}\" y=\"{}\">KV head →</text>\n",
       width, height, title, left, top - 22);
   for (int64_t h = 0; h < max_heads; ++h) {
-    svg += fmt::format("<text x=\"{}\" y=\"{}\" text-anchor=\"middle\">{}</text>\n", left + static_cast<int>(h) * cell + cell / 2,
-                       top - 6, h);
+    svg += fmt::format("<text x=\"{}\" y=\"{}\" text-anchor=\"middle\">{}</text>\n",
+                       left + static_cast<int>(h) * cell + cell / 2, top - 6, h);
   }
   // An h2o head's slots may have been cut below its level to pay for bookkeeping: the smallest
   // level that holds them (levels are ascending, full largest).
@@ -215,15 +238,17 @@ std::string window_heatmap_svg(const arch::ModelSpec& spec, const std::map<int64
       const size_t level = level_of(heads[h]);
       const bool h2o = is_h2o(layer_id, h);
       const int x = left + static_cast<int>(h) * cell;
-      svg += fmt::format("<rect x=\"{}\" y=\"{}\" width=\"{}\" height=\"{}\" fill=\"{}\" stroke=\"white\"><title>layer {} "
-                         "head {}: {}</title></rect>\n",
-                         x, y, cell, cell, ladder_colour(level, ladder.size()), layer_id, h,
-                         h2o ? fmt::format("{} slots of heavy hitters (h2o)", heads[h]) : window_label(heads[h]));
+      svg += fmt::format(
+          "<rect x=\"{}\" y=\"{}\" width=\"{}\" height=\"{}\" fill=\"{}\" "
+          "stroke=\"white\"><title>layer {} "
+          "head {}: {}</title></rect>\n",
+          x, y, cell, cell, ladder_colour(level, ladder.size()), layer_id, h,
+          h2o ? fmt::format("{} slots of heavy hitters (h2o)", heads[h]) : window_label(heads[h]));
       if (h2o) {
         // Dark cells (the lower half of the ladder) take white text, pale ones dark.
         const bool dark = 2 * level < ladder.size();
-        svg += fmt::format("<text x=\"{}\" y=\"{}\" text-anchor=\"middle\" fill=\"{}\">h</text>\n", x + cell / 2, y + 15,
-                           dark ? "white" : "#08306b");
+        svg += fmt::format("<text x=\"{}\" y=\"{}\" text-anchor=\"middle\" fill=\"{}\">h</text>\n",
+                           x + cell / 2, y + 15, dark ? "white" : "#08306b");
       }
     }
     ++row;
@@ -231,9 +256,11 @@ std::string window_heatmap_svg(const arch::ModelSpec& spec, const std::map<int64
   const int lx = left + static_cast<int>(max_heads) * cell + 20;
   for (size_t l = 0; l < ladder.size(); ++l) {
     const int y = top + static_cast<int>(l) * cell;
-    svg += fmt::format("<rect x=\"{}\" y=\"{}\" width=\"{}\" height=\"{}\" fill=\"{}\"/><text x=\"{}\" y=\"{}\">{}</text>\n", lx,
-                       y, cell - 4, cell - 4, ladder_colour(l, ladder.size()), lx + cell + 2, y + 13,
-                       ladder.levels[l] == kFullWindow ? std::string("full") : format_tokens(ladder.levels[l]));
+    svg += fmt::format(
+        "<rect x=\"{}\" y=\"{}\" width=\"{}\" height=\"{}\" fill=\"{}\"/><text x=\"{}\" "
+        "y=\"{}\">{}</text>\n",
+        lx, y, cell - 4, cell - 4, ladder_colour(l, ladder.size()), lx + cell + 2, y + 13,
+        ladder.levels[l] == kFullWindow ? std::string("full") : format_tokens(ladder.levels[l]));
   }
   svg += fmt::format("<text x=\"8\" y=\"{}\" fill=\"#555\">{}</text>\n", height - 12, footnote);
   svg += "</svg>\n";
@@ -243,9 +270,15 @@ std::string window_heatmap_svg(const arch::ModelSpec& spec, const std::map<int64
 nlohmann::json calibration_report(const calib::CalibrationOutcome& outcome) {
   const calib::CalibrationRecord& r = outcome.record;
   const policy::Policy& policy = outcome.policy;
-  const ReportContext context{policy.model_name,      r.context,   r.budget_bytes,     r.fixed_bytes,
-                              policy.memory.total_bytes, policy.memory.full_kv_total_bytes, r.ladder,
-                              policy.calibration,     r.memory_plan};
+  const ReportContext context{policy.model_name,
+                              r.context,
+                              r.budget_bytes,
+                              r.fixed_bytes,
+                              policy.memory.total_bytes,
+                              policy.memory.full_kv_total_bytes,
+                              r.ladder,
+                              policy.calibration,
+                              r.memory_plan};
   nlohmann::json report = calibration_report(r.result, context);
   report["world_size"] = r.world_size;
   if (r.keep_rules) report["keep_rules"] = calib::keep_rules_json(*r.keep_rules);
@@ -262,11 +295,12 @@ std::string calibration_heatmap_svg(const calib::CalibrationOutcome& outcome) {
   const calib::CalibrationRecord& r = outcome.record;
   const policy::Policy& policy = outcome.policy;
   // The policy's heads as served: an h2o head's slots where the pass cut them, marked.
-  return window_heatmap_svg(r.spec, r.keep_rules ? r.keep_rules->windows : r.result.windows, r.ladder,
-                            fmt::format("{}: KV-head windows at {} tokens, {} of the {} budget", policy.model_name,
-                                        format_tokens(r.context), format_bytes(policy.memory.total_bytes),
-                                        format_bytes(r.budget_bytes)),
-                            r.keep_rules ? r.keep_rules->rules : std::map<int64_t, std::vector<policy::KeepRule>>{});
+  return window_heatmap_svg(
+      r.spec, r.keep_rules ? r.keep_rules->windows : r.result.windows, r.ladder,
+      fmt::format("{}: KV-head windows at {} tokens, {} of the {} budget", policy.model_name,
+                  format_tokens(r.context), format_bytes(policy.memory.total_bytes),
+                  format_bytes(r.budget_bytes)),
+      r.keep_rules ? r.keep_rules->rules : std::map<int64_t, std::vector<policy::KeepRule>>{});
 }
 
 }  // namespace headwise::report

@@ -16,19 +16,22 @@ std::optional<EvictionOptions> policy_selection(const policy::Policy& policy) {
   return o;
 }
 
-Decoder::Decoder(arch::DecoderModel& model, const memory::HeadWindows& windows, const memory::MemoryOptions& options)
+Decoder::Decoder(arch::DecoderModel& model, const memory::HeadWindows& windows,
+                 const memory::MemoryOptions& options)
     : model_(model),
       cache_(GroupedCache::allocate(model.spec(), windows, options, model.device())),
       core_(model.spec(), cache_, model.attention_chunk()) {}
 
-Decoder::Decoder(arch::DecoderModel& model, const memory::HeadWindows& windows, const memory::MemoryOptions& options,
-                 const EvictionOptions& eviction)
+Decoder::Decoder(arch::DecoderModel& model, const memory::HeadWindows& windows,
+                 const memory::MemoryOptions& options, const EvictionOptions& eviction)
     : model_(model),
-      cache_(GroupedCache::allocate(model.spec(), windows, options, model.device(), evicted_layers(model.spec(), eviction))),
+      cache_(GroupedCache::allocate(model.spec(), windows, options, model.device(),
+                                    evicted_layers(model.spec(), eviction))),
       core_(model.spec(), cache_, model.attention_chunk()),
       eviction_(std::make_unique<EvictionCache>(
           EvictionCache::allocate(model.spec(), windows, options, eviction, model.device()))),
-      eviction_core_(std::make_unique<EvictionAttentionCore>(*eviction_, model.attention_chunk())) {}
+      eviction_core_(std::make_unique<EvictionAttentionCore>(*eviction_, model.attention_chunk())) {
+}
 
 void Decoder::set_attention_kernel(arch::AttentionKernel kernel) {
   core_.set_kernel(kernel);
@@ -63,8 +66,8 @@ void Decoder::reset() {
 at::Tensor Decoder::run_chunk(const at::Tensor& ids) {
   const int64_t steps = ids.size(1);
   if (position_ + steps > cache_.options().context) {
-    throw_input_error("sequence of {} tokens exceeds the cache context of {} tokens", position_ + steps,
-                      cache_.options().context);
+    throw_input_error("sequence of {} tokens exceeds the cache context of {} tokens",
+                      position_ + steps, cache_.options().context);
   }
   at::Tensor hidden = model_.embed(ids.to(model_.device()));
   for (int64_t i = 0; i < model_.spec().num_layers(); ++i) {
@@ -86,19 +89,22 @@ at::Tensor Decoder::run_chunk(const at::Tensor& ids) {
 at::Tensor Decoder::prefill(const at::Tensor& ids, int64_t chunk) {
   c10::InferenceMode inference;
   HEADWISE_CHECK(ids.dim() == 2 && ids.size(0) == cache_.options().batch && ids.size(1) > 0,
-                 "prefill ids {} for a cache of batch {}", arch::shape_string(ids.sizes()), cache_.options().batch);
+                 "prefill ids {} for a cache of batch {}", arch::shape_string(ids.sizes()),
+                 cache_.options().batch);
   if (chunk <= 0) throw_input_error("prefill chunk must be positive, got {}", chunk);
   // SnapKV/AdaKV choose from the whole prompt: tell them where it ends.
   if (eviction_core_) eviction_core_->begin_prompt(position_, position_ + ids.size(1));
   std::vector<at::Tensor> parts;
-  for (int64_t t0 = 0; t0 < ids.size(1); t0 += chunk) parts.push_back(run_chunk(ids.slice(1, t0, t0 + chunk)));
+  for (int64_t t0 = 0; t0 < ids.size(1); t0 += chunk)
+    parts.push_back(run_chunk(ids.slice(1, t0, t0 + chunk)));
   return parts.size() == 1 ? parts.front() : at::cat(parts, 1);
 }
 
 at::Tensor Decoder::decode_step(const at::Tensor& tokens) {
   c10::InferenceMode inference;
-  HEADWISE_CHECK(tokens.dim() == 1 && tokens.size(0) == cache_.options().batch, "decode tokens {} for a cache of batch {}",
-                 arch::shape_string(tokens.sizes()), cache_.options().batch);
+  HEADWISE_CHECK(tokens.dim() == 1 && tokens.size(0) == cache_.options().batch,
+                 "decode tokens {} for a cache of batch {}", arch::shape_string(tokens.sizes()),
+                 cache_.options().batch);
   return run_chunk(tokens.reshape({-1, 1})).select(1, 0);
 }
 

@@ -9,9 +9,9 @@
 #include <limits>
 #include <numeric>
 
+#include "headwise/arch/visible_keys.hpp"
 #include "headwise/core/error.hpp"
 #include "headwise/core/reproducible_math.hpp"
-#include "headwise/arch/visible_keys.hpp"
 #include "headwise/runtime/eviction_cache.hpp"
 
 namespace headwise::runtime {
@@ -27,25 +27,28 @@ struct Entries {
 };
 
 Entries concat(const Entries& a, const Entries& b) {
-  return {at::cat({a.k, b.k}), at::cat({a.v, b.v}), at::cat({a.position, b.position}), at::cat({a.score, b.score})};
+  return {at::cat({a.k, b.k}), at::cat({a.v, b.v}), at::cat({a.position, b.position}),
+          at::cat({a.score, b.score})};
 }
 
 Entries select(const Entries& e, const at::Tensor& idx) {
-  return {e.k.index_select(0, idx), e.v.index_select(0, idx), e.position.index_select(0, idx), e.score.index_select(0, idx)};
+  return {e.k.index_select(0, idx), e.v.index_select(0, idx), e.position.index_select(0, idx),
+          e.score.index_select(0, idx)};
 }
 
 Entries held_entries(const EvictionLayer& l, int64_t b, int64_t h, at::ScalarType dtype) {
   const auto bi = static_cast<size_t>(b), hi = static_cast<size_t>(h);
   const int64_t off = l.offset[bi][hi], n = l.held[bi][hi];
-  return {l.k[b].narrow(0, off, n).to(dtype), l.v[b].narrow(0, off, n).to(dtype), l.position[b].narrow(0, off, n),
-          l.score[b].narrow(0, off, n)};
+  return {l.k[b].narrow(0, off, n).to(dtype), l.v[b].narrow(0, off, n).to(dtype),
+          l.position[b].narrow(0, off, n), l.score[b].narrow(0, off, n)};
 }
 
 // Rewrites a head's region with `e` (at most the region's length), ascending by position.
 void write_region(EvictionLayer& l, int64_t b, int64_t h, const Entries& e) {
   const auto bi = static_cast<size_t>(b), hi = static_cast<size_t>(h);
   const int64_t off = l.offset[bi][hi], len = l.length[bi][hi], n = e.k.size(0);
-  HEADWISE_CHECK(n <= len, "layer {} head {}: {} entries for a region of {} slots", l.layer_id, h, n, len);
+  HEADWISE_CHECK(n <= len, "layer {} head {}: {} entries for a region of {} slots", l.layer_id, h,
+                 n, len);
   l.k[b].narrow(0, off, n).copy_(e.k);
   l.v[b].narrow(0, off, n).copy_(e.v);
   l.position[b].narrow(0, off, n).copy_(e.position);
@@ -65,48 +68,55 @@ struct Visibility {
 
 // Which held keys queries at positions q_begin..q_begin+t may see [t, n].
 at::Tensor visible(int64_t q_begin, int64_t t, const Entries& keys, Visibility shown) {
-  return arch::visible_keys(at::arange(q_begin, q_begin + t, keys.position.options()), keys.position, shown.window,
-                            shown.sinks);
+  return arch::visible_keys(at::arange(q_begin, q_begin + t, keys.position.options()),
+                            keys.position, shown.window, shown.sinks);
 }
 
 // Softmax probabilities [g, t, n] (fp32) of queries q [g, t, hd] at positions q_begin.. over
 // `keys`, causal. Numerics as the grouped cache's attention: scores in the activation dtype,
 // softmax in fp32; a gpt-oss sink logit per query head joins the softmax and is dropped.
-at::Tensor attention_probs(const at::Tensor& q, int64_t q_begin, const Entries& keys, const arch::AttentionInputs& in,
-                           const at::Tensor& sink_logits, Visibility shown = {}) {
+at::Tensor attention_probs(const at::Tensor& q, int64_t q_begin, const Entries& keys,
+                           const arch::AttentionInputs& in, const at::Tensor& sink_logits,
+                           Visibility shown = {}) {
   const int64_t g = q.size(0), t = q.size(1);
   at::Tensor scores;
   {
-    // One [g*t, hd] x [hd, n] product: small at H2O's slot counts, so pinned (reproducible_math.hpp).
+    // One [g*t, hd] x [hd, n] product: small at H2O's slot counts, so pinned
+    // (reproducible_math.hpp).
     const SmallGemmOnOneThread pinned(g * t, keys.k.size(0), q.is_cpu());
     scores = at::matmul(q, keys.k.transpose(0, 1)) * in.scaling;  // [g, t, n]
   }
   if (in.logit_softcap > 0) scores = at::tanh(scores / in.logit_softcap) * in.logit_softcap;
-  const at::Tensor logits = scores.to(at::kFloat).masked_fill(visible(q_begin, t, keys, shown).logical_not(), -kInf);
-  return arch::softmax_with_sink_logit(logits, sink_logits.defined() ? sink_logits.view({g, 1, 1}) : at::Tensor());
+  const at::Tensor logits =
+      scores.to(at::kFloat).masked_fill(visible(q_begin, t, keys, shown).logical_not(), -kInf);
+  return arch::softmax_with_sink_logit(
+      logits, sink_logits.defined() ? sink_logits.view({g, 1, 1}) : at::Tensor());
 }
 
 // Attention output [g, t, hd] of one KV head's queries, `chunk` queries at a time; when
 // `received` is given, the probability each key got, summed over queries and query heads (H2O).
 // Without it (and without sink logits or soft-capping) the fused kernel needs no probabilities.
-at::Tensor attend_head(const at::Tensor& q, int64_t q_begin, const Entries& keys, const arch::AttentionInputs& in,
-                       const at::Tensor& sink_logits, int64_t chunk, at::Tensor* received, arch::AttentionKernel kernel,
+at::Tensor attend_head(const at::Tensor& q, int64_t q_begin, const Entries& keys,
+                       const arch::AttentionInputs& in, const at::Tensor& sink_logits,
+                       int64_t chunk, at::Tensor* received, arch::AttentionKernel kernel,
                        Visibility shown) {
   const int64_t g = q.size(0), t = q.size(1), n = keys.k.size(0), hd = q.size(2);
-  const bool fused = kernel == arch::AttentionKernel::kFused && received == nullptr && !sink_logits.defined() &&
-                     in.logit_softcap <= 0;
+  const bool fused = kernel == arch::AttentionKernel::kFused && received == nullptr &&
+                     !sink_logits.defined() && in.logit_softcap <= 0;
   at::Tensor out = at::empty(q.sizes(), q.options());
   if (received != nullptr) *received = at::zeros({keys.k.size(0)}, keys.score.options());
   for (int64_t t0 = 0; t0 < t; t0 += chunk) {
     const int64_t t1 = std::min(t, t0 + chunk);
     if (fused) {
       const at::Tensor allowed = visible(q_begin + t0, t1 - t0, keys, shown);
-      out.slice(1, t0, t1).copy_(arch::fused_masked_attention(q.slice(1, t0, t1).unsqueeze(0), keys.k.view({1, 1, n, hd}),
-                                                              keys.v.view({1, 1, n, hd}), allowed, in.scaling)
-                                     .reshape({g, t1 - t0, hd}));
+      out.slice(1, t0, t1).copy_(
+          arch::fused_masked_attention(q.slice(1, t0, t1).unsqueeze(0), keys.k.view({1, 1, n, hd}),
+                                       keys.v.view({1, 1, n, hd}), allowed, in.scaling)
+              .reshape({g, t1 - t0, hd}));
       continue;
     }
-    const at::Tensor probs = attention_probs(q.slice(1, t0, t1), q_begin + t0, keys, in, sink_logits, shown);
+    const at::Tensor probs =
+        attention_probs(q.slice(1, t0, t1), q_begin + t0, keys, in, sink_logits, shown);
     const SmallGemmOnOneThread pinned(g * (t1 - t0), hd, q.is_cpu());
     out.slice(1, t0, t1).copy_(at::matmul(probs.to(keys.v.scalar_type()), keys.v));
     if (received != nullptr) *received += probs.sum(at::IntArrayRef{0, 1});
@@ -117,9 +127,12 @@ at::Tensor attend_head(const at::Tensor& q, int64_t q_begin, const Entries& keys
 // SnapKV's score for every candidate: the observation queries' probabilities (summed over them
 // and the query heads) pooled along positions over the prefix; the observation window itself
 // scores +inf (always kept, and last to go). Candidates are ascending by position.
-at::Tensor snapkv_scores(const at::Tensor& observed_q, int64_t observed_begin, const Entries& candidates,
-                         const arch::AttentionInputs& in, const at::Tensor& sink_logits, const EvictionOptions& o) {
-  const at::Tensor received = attention_probs(observed_q, observed_begin, candidates, in, sink_logits).sum(at::IntArrayRef{0, 1});
+at::Tensor snapkv_scores(const at::Tensor& observed_q, int64_t observed_begin,
+                         const Entries& candidates, const arch::AttentionInputs& in,
+                         const at::Tensor& sink_logits, const EvictionOptions& o) {
+  const at::Tensor received =
+      attention_probs(observed_q, observed_begin, candidates, in, sink_logits)
+          .sum(at::IntArrayRef{0, 1});
   const int64_t prefix = (candidates.position < observed_begin).sum().item<int64_t>();
   const at::Tensor pooled = pool_scores(received.slice(0, 0, prefix), o.pooling_kernel, o.pooling);
   return at::cat({pooled, at::full({candidates.k.size(0) - prefix}, kInf, received.options())});
@@ -152,10 +165,10 @@ namespace {
 // What one attend() call works on.
 struct Step {
   const arch::AttentionInputs& in;
-  at::Tensor q;         // [B, kv_heads, group, T, hd]
-  at::Tensor new_k;     // [B, kv_heads, T, hd] through the cache dtype, in the activation dtype
+  at::Tensor q;      // [B, kv_heads, group, T, hd]
+  at::Tensor new_k;  // [B, kv_heads, T, hd] through the cache dtype, in the activation dtype
   at::Tensor new_v;
-  int64_t first = 0;    // position of the step's first token
+  int64_t first = 0;  // position of the step's first token
   int64_t steps = 0;
   at::Tensor sink_logits(int64_t h) const {
     return in.sink_logits.defined() ? in.sink_logits.view({q.size(1), q.size(2)})[h] : at::Tensor();
@@ -169,7 +182,8 @@ void stage(EvictionLayer& l, const Step& s, at::ScalarType kv_dtype, int64_t obs
     l.staged_k = s.new_k.to(kv_dtype);
     l.staged_v = s.new_v.to(kv_dtype);
   } else {
-    HEADWISE_CHECK(l.staged_begin + l.staged_k.size(2) == s.first, "layer {}: staged up to {}, chunk at {}", l.layer_id,
+    HEADWISE_CHECK(l.staged_begin + l.staged_k.size(2) == s.first,
+                   "layer {}: staged up to {}, chunk at {}", l.layer_id,
                    l.staged_begin + l.staged_k.size(2), s.first);
     l.staged_k = at::cat({l.staged_k, s.new_k.to(kv_dtype)}, 2);
     l.staged_v = at::cat({l.staged_v, s.new_v.to(kv_dtype)}, 2);
@@ -183,29 +197,36 @@ void stage(EvictionLayer& l, const Step& s, at::ScalarType kv_dtype, int64_t obs
 Entries staged_entries(const EvictionLayer& l, int64_t b, int64_t h, at::ScalarType dtype) {
   const int64_t n = l.staged_k.size(2);
   return {l.staged_k[b][h].to(dtype), l.staged_v[b][h].to(dtype),
-          at::arange(l.staged_begin, l.staged_begin + n, l.position.options()), at::zeros({n}, l.score.options())};
+          at::arange(l.staged_begin, l.staged_begin + n, l.position.options()),
+          at::zeros({n}, l.score.options())};
 }
 
 Entries new_entries(const Step& s, const EvictionLayer& l, int64_t b, int64_t h) {
-  return {s.new_k[b][h], s.new_v[b][h], at::arange(s.first, s.first + s.steps, l.position.options()),
+  return {s.new_k[b][h], s.new_v[b][h],
+          at::arange(s.first, s.first + s.steps, l.position.options()),
           at::zeros({s.steps}, l.score.options())};
 }
 
 // SnapKV at a prompt's end: each head keeps its observation window and the best prefix keys.
 // `observed_q` [B, kv_heads, group, m, hd]: the observation window's queries.
-void compress_snapkv(EvictionLayer& l, const Step& s, int64_t b, const std::vector<Entries>& candidates,
-                     const at::Tensor& observed_q, int64_t observed_begin, const EvictionOptions& o) {
+void compress_snapkv(EvictionLayer& l, const Step& s, int64_t b,
+                     const std::vector<Entries>& candidates, const at::Tensor& observed_q,
+                     int64_t observed_begin, const EvictionOptions& o) {
   for (int64_t h = 0; h < l.num_kv_heads; ++h) {
     Entries c = candidates[static_cast<size_t>(h)];
     c.score = snapkv_scores(observed_q[b][h], observed_begin, c, s.in, s.sink_logits(h), o);
-    write_region(l, b, h, select(c, keep_indices(c.position, c.score, l.length[static_cast<size_t>(b)][static_cast<size_t>(h)], 0)));
+    write_region(
+        l, b, h,
+        select(c, keep_indices(c.position, c.score,
+                               l.length[static_cast<size_t>(b)][static_cast<size_t>(h)], 0)));
   }
 }
 
 // AdaKV at a prompt's end: the layer's slots are re-divided among its heads — every head keeps
 // the observation window, the prefix budget goes by AdaKV's flattened selection.
 void compress_adakv(EvictionLayer& l, const Step& s, int64_t b, std::vector<Entries> candidates,
-                    const at::Tensor& observed_q, int64_t observed_begin, const EvictionOptions& o) {
+                    const at::Tensor& observed_q, int64_t observed_begin,
+                    const EvictionOptions& o) {
   const auto bi = static_cast<size_t>(b);
   const int64_t heads = l.num_kv_heads;
   const int64_t total = std::accumulate(l.length[bi].begin(), l.length[bi].end(), int64_t{0});
@@ -221,7 +242,8 @@ void compress_adakv(EvictionLayer& l, const Step& s, int64_t b, std::vector<Entr
     scores.push_back(c.score.slice(0, 0, prefix));
     positions.push_back(c.position.slice(0, 0, prefix));
   }
-  const auto floor = static_cast<int64_t>(std::floor(o.adakv_floor * static_cast<double>(prefix_total) / static_cast<double>(heads)));
+  const auto floor = static_cast<int64_t>(
+      std::floor(o.adakv_floor * static_cast<double>(prefix_total) / static_cast<double>(heads)));
   const std::vector<int64_t> budget = adakv_budgets(scores, positions, prefix_total, floor);
   // Slots no candidate needs (a prompt shorter than the budget) stay free for decoding, evenly.
   const int64_t used = std::accumulate(budget.begin(), budget.end(), int64_t{0});
@@ -243,20 +265,23 @@ void compress_adakv(EvictionLayer& l, const Step& s, int64_t b, std::vector<Entr
 // A window head keeps its sinks (scored +inf) and the most recent tokens; H2O keeps half the
 // region for the most recent tokens; SnapKV/AdaKV score new tokens +inf, so the lowest-scored
 // prefix key makes room.
-void insert(EvictionLayer& l, int64_t b, int64_t h, const Entries& held_and_new, const at::Tensor& received,
-            EvictionMethod method, int64_t sinks) {
+void insert(EvictionLayer& l, int64_t b, int64_t h, const Entries& held_and_new,
+            const at::Tensor& received, EvictionMethod method, int64_t sinks) {
   Entries e = held_and_new;
   const int64_t held = l.held[static_cast<size_t>(b)][static_cast<size_t>(h)];
   const int64_t length = l.length[static_cast<size_t>(b)][static_cast<size_t>(h)];
   if (l.window[static_cast<size_t>(h)] > 0) {
     e.score = at::zeros_like(e.score).masked_fill(e.position < sinks, kInf);
-    write_region(l, b, h, select(e, keep_indices(e.position, e.score, length, length - std::min(sinks, length))));
+    write_region(
+        l, b, h,
+        select(e, keep_indices(e.position, e.score, length, length - std::min(sinks, length))));
     return;
   }
   if (method == EvictionMethod::kH2O) {
     e.score = e.score + received;  // new entries start at 0
   } else {
-    e.score = at::cat({e.score.slice(0, 0, held), at::full({e.k.size(0) - held}, kInf, e.score.options())});
+    e.score = at::cat(
+        {e.score.slice(0, 0, held), at::full({e.k.size(0) - held}, kInf, e.score.options())});
   }
   const int64_t recent = method == EvictionMethod::kH2O ? length / 2 : 0;
   write_region(l, b, h, select(e, keep_indices(e.position, e.score, length, recent)));
@@ -265,43 +290,59 @@ void insert(EvictionLayer& l, int64_t b, int64_t h, const Entries& held_and_new,
 }  // namespace
 
 at::Tensor EvictionAttentionCore::attend(const arch::AttentionInputs& in) {
-  const int64_t batch = in.q.size(0), num_heads = in.q.size(1), steps = in.q.size(2), head_dim = in.q.size(3);
+  const int64_t batch = in.q.size(0), num_heads = in.q.size(1), steps = in.q.size(2),
+                head_dim = in.q.size(3);
   const int64_t num_kv = in.k.size(1), first = in.position_offset;
-  HEADWISE_CHECK(in.sliding_window == 0, "layer {} is sliding: the eviction cache serves global layers only", in.layer_id);
+  HEADWISE_CHECK(in.sliding_window == 0,
+                 "layer {} is sliding: the eviction cache serves global layers only", in.layer_id);
   HEADWISE_CHECK(num_heads % num_kv == 0 && in.k.size(2) == steps, "attention shapes q {} k {}",
                  arch::shape_string(in.q.sizes()), arch::shape_string(in.k.sizes()));
   const auto& o = cache_.options();
   HEADWISE_CHECK(batch == o.batch, "batch {} but the cache holds {} sequences", batch, o.batch);
-  HEADWISE_CHECK(first + steps <= o.context, "positions up to {} exceed the cache context {}", first + steps, o.context);
+  HEADWISE_CHECK(first + steps <= o.context, "positions up to {} exceed the cache context {}",
+                 first + steps, o.context);
   EvictionLayer& l = cache_.layer(in.layer_id);
-  HEADWISE_CHECK(l.num_kv_heads == num_kv, "layer {}: {} KV heads, the cache has {}", in.layer_id, num_kv, l.num_kv_heads);
+  HEADWISE_CHECK(l.num_kv_heads == num_kv, "layer {}: {} KV heads, the cache has {}", in.layer_id,
+                 num_kv, l.num_kv_heads);
   const EvictionOptions& eo = cache_.eviction();
   const auto dtype = in.q.scalar_type(), kv_dtype = l.k.scalar_type();
   // New keys pass through the cache dtype: every key a query sees went through the same storage.
-  const auto through_cache = [&](const at::Tensor& t) { return kv_dtype == dtype ? t : t.to(kv_dtype).to(dtype); };
-  const Step s{in, in.q.reshape({batch, num_kv, num_heads / num_kv, steps, head_dim}), through_cache(in.k),
-               through_cache(in.v), first, steps};
+  const auto through_cache = [&](const at::Tensor& t) {
+    return kv_dtype == dtype ? t : t.to(kv_dtype).to(dtype);
+  };
+  const Step s{in,
+               in.q.reshape({batch, num_kv, num_heads / num_kv, steps, head_dim}),
+               through_cache(in.k),
+               through_cache(in.v),
+               first,
+               steps};
 
   // SnapKV/AdaKV see the whole prompt before choosing: stage it, compress at its last chunk.
   // Chunked, each prefill chunk is a prompt of its own, with nothing to stage: its queries see
   // the held keys plus its own (as H2O's), then its last queries observe and the rule compresses.
-  const bool in_prompt = eo.method != EvictionMethod::kH2O && first >= prompt_begin_ && first + steps <= prompt_end_;
+  const bool in_prompt =
+      eo.method != EvictionMethod::kH2O && first >= prompt_begin_ && first + steps <= prompt_end_;
   const bool each_chunk = eo.prefill == EvictionPrefill::kEachChunk;
   const bool staging = in_prompt && !each_chunk;
   const int64_t segment_end = each_chunk ? first + steps : prompt_end_;
-  const int64_t observed_begin = std::max(each_chunk ? first : prompt_begin_, segment_end - eo.observation_window);
+  const int64_t observed_begin =
+      std::max(each_chunk ? first : prompt_begin_, segment_end - eo.observation_window);
   if (staging) {
     stage(l, s, kv_dtype, observed_begin);
     cache_.note_staged();
   }
   const bool compress = in_prompt && first + steps == segment_end;
-  const at::Tensor observed_q = !compress ? at::Tensor() : staging ? l.observed_q : s.q.slice(3, observed_begin - first, steps);
+  const at::Tensor observed_q = !compress ? at::Tensor()
+                                : staging ? l.observed_q
+                                          : s.q.slice(3, observed_begin - first, steps);
 
   at::Tensor out = at::empty(s.q.sizes(), s.q.options());
   for (int64_t b = 0; b < batch; ++b) {
     std::vector<Entries> candidates;
     for (int64_t h = 0; h < num_kv; ++h) {
-      const Entries keys = concat(held_entries(l, b, h, dtype), staging ? staged_entries(l, b, h, dtype) : new_entries(s, l, b, h));
+      const Entries keys =
+          concat(held_entries(l, b, h, dtype),
+                 staging ? staged_entries(l, b, h, dtype) : new_entries(s, l, b, h));
       at::Tensor received;
       const int64_t window = l.window[static_cast<size_t>(h)];
       const bool accumulate = !in_prompt && eo.method == EvictionMethod::kH2O && window == 0;
@@ -324,13 +365,15 @@ at::Tensor EvictionAttentionCore::attend(const arch::AttentionInputs& in) {
 
 at::Tensor simulate_eviction(const arch::ModelSpec& spec, const arch::AttentionInputs& in,
                              const std::vector<int64_t>& windows, memory::MemoryOptions options,
-                             const EvictionOptions& eviction, int64_t prefill_chunk, int64_t query_chunk) {
-  HEADWISE_CHECK(prefill_chunk > 0 && in.position_offset == 0, "simulate_eviction: chunk {} from position {}",
-                 prefill_chunk, in.position_offset);
+                             const EvictionOptions& eviction, int64_t prefill_chunk,
+                             int64_t query_chunk) {
+  HEADWISE_CHECK(prefill_chunk > 0 && in.position_offset == 0,
+                 "simulate_eviction: chunk {} from position {}", prefill_chunk, in.position_offset);
   const int64_t steps = in.q.size(2);
   options.batch = in.q.size(0);
   options.context = std::max(options.context, steps);
-  EvictionCache cache = EvictionCache::allocate_layer(spec, in.layer_id, windows, options, eviction, in.q.device());
+  EvictionCache cache =
+      EvictionCache::allocate_layer(spec, in.layer_id, windows, options, eviction, in.q.device());
   EvictionAttentionCore core(cache, query_chunk);
   core.set_kernel(arch::AttentionKernel::kExplicit);
   std::vector<at::Tensor> parts;

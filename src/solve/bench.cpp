@@ -37,9 +37,11 @@ int64_t head_bytes(int64_t window, int64_t sinks, int64_t head_dim) {
 
 }  // namespace
 
-std::vector<Group> make_benchmark_groups(int layers, int heads, int levels, uint64_t seed, int64_t sink_tokens) {
+std::vector<Group> make_benchmark_groups(int layers, int heads, int levels, uint64_t seed,
+                                         int64_t sink_tokens) {
   if (layers < 1 || heads < 1 || levels < 2) {
-    throw_input_error("benchmark needs layers >= 1, heads >= 1, levels >= 2 (got {}, {}, {})", layers, heads, levels);
+    throw_input_error("benchmark needs layers >= 1, heads >= 1, levels >= 2 (got {}, {}, {})",
+                      layers, heads, levels);
   }
   std::mt19937_64 rng(seed);
   std::uniform_real_distribution<double> unit(0.0, 1.0);
@@ -54,7 +56,8 @@ std::vector<Group> make_benchmark_groups(int layers, int heads, int levels, uint
       for (int64_t window : windows) {
         double distortion = 0.0;  // full KV: no truncation, no distortion
         if (window != kFullWindow) {
-          distortion = scale * std::pow(1024.0 / static_cast<double>(window), decay) * (0.9 + 0.2 * unit(rng));
+          distortion = scale * std::pow(1024.0 / static_cast<double>(window), decay) *
+                       (0.9 + 0.2 * unit(rng));
         }
         group.options.push_back({window, head_bytes(window, sink_tokens, head_dim), distortion});
       }

@@ -17,12 +17,14 @@ const json& member(const json& object, const char* key, const std::string& where
   return *it;
 }
 
-int64_t integer_at(const json& object, const char* key, const std::string& where, bool non_negative) {
+int64_t integer_at(const json& object, const char* key, const std::string& where,
+                   bool non_negative) {
   const json& value = member(object, key, where);
   // JSON numbers like 4096.0 are not accepted: bytes and ids are exact integers.
-  if (!value.is_number_integer() || (non_negative && value.is_number_integer() && value.get<int64_t>() < 0)) {
-    throw_input_error("{}.{}: expected a{} integer, got {}", where, key, non_negative ? " non-negative" : "n",
-                      value.dump());
+  if (!value.is_number_integer() ||
+      (non_negative && value.is_number_integer() && value.get<int64_t>() < 0)) {
+    throw_input_error("{}.{}: expected a{} integer, got {}", where, key,
+                      non_negative ? " non-negative" : "n", value.dump());
   }
   return value.get<int64_t>();
 }
@@ -31,21 +33,25 @@ int64_t window_at(const json& option, const std::string& where) {
   const json& value = member(option, "window", where);
   if (value.is_string() && value.get<std::string>() == "full") return kFullWindow;
   if (value.is_number_integer() && value.get<int64_t>() > 0) return value.get<int64_t>();
-  throw_input_error("{}.window: expected a positive integer (tokens) or \"full\", got {}", where, value.dump());
+  throw_input_error("{}.window: expected a positive integer (tokens) or \"full\", got {}", where,
+                    value.dump());
 }
 
 double distortion_at(const json& option, const std::string& where) {
   const json& value = member(option, "distortion", where);
-  if (!value.is_number()) throw_input_error("{}.distortion: expected a number, got {}", where, value.dump());
+  if (!value.is_number())
+    throw_input_error("{}.distortion: expected a number, got {}", where, value.dump());
   return value.get<double>();
 }
 
 }  // namespace
 
 std::vector<Group> groups_from_json(const json& document, const std::string& source) {
-  if (!document.is_object()) throw_input_error("{}: expected a JSON object with a \"heads\" array", source);
+  if (!document.is_object())
+    throw_input_error("{}: expected a JSON object with a \"heads\" array", source);
   const json& heads = member(document, "heads", source);
-  if (!heads.is_array() || heads.empty()) throw_input_error("{}: \"heads\" must be a non-empty array", source);
+  if (!heads.is_array() || heads.empty())
+    throw_input_error("{}: \"heads\" must be a non-empty array", source);
   std::vector<Group> groups;
   std::set<std::pair<int64_t, int64_t>> seen;
   for (size_t i = 0; i < heads.size(); ++i) {
@@ -64,7 +70,8 @@ std::vector<Group> groups_from_json(const json& document, const std::string& sou
                                distortion_at(options[k], at)});
     }
     if (!seen.insert({group.layer_id, group.kv_head}).second) {
-      throw_input_error("{}: layer {} KV head {} listed twice", where, group.layer_id, group.kv_head);
+      throw_input_error("{}: layer {} KV head {} listed twice", where, group.layer_id,
+                        group.kv_head);
     }
     groups.push_back(std::move(group));
   }
@@ -85,11 +92,14 @@ json groups_to_json(const std::vector<Group>& groups) {
   for (const auto& group : groups) {
     json options = json::array();
     for (const auto& option : group.options) {
-      options.push_back({{"window", option.window == kFullWindow ? json("full") : json(option.window)},
-                         {"bytes", option.bytes},
-                         {"distortion", option.distortion}});
+      options.push_back(
+          {{"window", option.window == kFullWindow ? json("full") : json(option.window)},
+           {"bytes", option.bytes},
+           {"distortion", option.distortion}});
     }
-    heads.push_back({{"layer_id", group.layer_id}, {"kv_head", group.kv_head}, {"options", std::move(options)}});
+    heads.push_back({{"layer_id", group.layer_id},
+                     {"kv_head", group.kv_head},
+                     {"options", std::move(options)}});
   }
   return {{"heads", std::move(heads)}};
 }

@@ -34,16 +34,16 @@ struct State {
 };
 
 struct Core {
-  std::vector<size_t> groups;                    // core groups in DP order
-  std::vector<std::vector<Candidate>> options;   // their surviving options
-  std::vector<size_t> fixed_choice;              // per group; meaningful for fixed groups
-  int64_t capacity = 0;                          // budget left after the fixed groups
+  std::vector<size_t> groups;                   // core groups in DP order
+  std::vector<std::vector<Candidate>> options;  // their surviving options
+  std::vector<size_t> fixed_choice;             // per group; meaningful for fixed groups
+  int64_t capacity = 0;                         // budget left after the fixed groups
   double fixed_distortion = 0.0;
 };
 
 // Reduced-cost fixing. Returns false when no option set can beat the incumbent.
-bool reduce(const std::vector<Group>& groups, const std::vector<GroupFrontier>& frontiers, int64_t budget,
-            double lambda, double cutoff, Core& core) {
+bool reduce(const std::vector<Group>& groups, const std::vector<GroupFrontier>& frontiers,
+            int64_t budget, double lambda, double cutoff, Core& core) {
   core.fixed_choice.assign(groups.size(), 0);
   core.capacity = budget;
   for (size_t g = 0; g < groups.size(); ++g) {
@@ -76,7 +76,7 @@ bool reduce(const std::vector<Group>& groups, const std::vector<GroupFrontier>& 
 // LP relaxation of a suffix of the core as a function of its capacity: hull steps of all the
 // suffix's groups in efficiency order with prefix sums, so one binary search gives the bound.
 struct SuffixLp {
-  int64_t base_bytes = 0;         // every group at its fewest bytes
+  int64_t base_bytes = 0;  // every group at its fewest bytes
   double base_distortion = 0.0;
   std::vector<double> efficiency;  // per step, non-increasing
   std::vector<int64_t> cum_bytes;  // cum_bytes[j]: bytes of the first j steps
@@ -86,7 +86,10 @@ struct SuffixLp {
   double value(int64_t capacity) const {
     const int64_t extra = capacity - base_bytes;
     if (extra < 0) return std::numeric_limits<double>::infinity();
-    const size_t j = static_cast<size_t>(std::upper_bound(cum_bytes.begin(), cum_bytes.end(), extra) - cum_bytes.begin()) - 1;
+    const size_t j =
+        static_cast<size_t>(std::upper_bound(cum_bytes.begin(), cum_bytes.end(), extra) -
+                            cum_bytes.begin()) -
+        1;
     double saved = cum_saved[j];
     if (j < efficiency.size()) saved += static_cast<double>(extra - cum_bytes[j]) * efficiency[j];
     return base_distortion - saved;
@@ -141,8 +144,8 @@ std::vector<SuffixLp> suffix_bounds(const Core& core) {
 // distortion plus the LP bound of the remaining groups at the remaining capacity does not exceed
 // `target` (the incumbent's core distortion plus tolerance). Returns the core choice (core
 // order), or nothing when no state survives or the state limit is hit (then *limited is set).
-std::optional<std::vector<size_t>> core_dp(const Core& core, double cutoff, double target, size_t max_states,
-                                           bool* limited) {
+std::optional<std::vector<size_t>> core_dp(const Core& core, double cutoff, double target,
+                                           size_t max_states, bool* limited) {
   const size_t n = core.groups.size();
   const auto suffix = suffix_bounds(core);
   std::vector<std::vector<State>> layers;
@@ -199,8 +202,9 @@ std::optional<std::vector<size_t>> core_dp(const Core& core, double cutoff, doub
 void order_core(Core& core) {
   std::vector<size_t> order(core.groups.size());
   for (size_t k = 0; k < order.size(); ++k) order[k] = k;
-  std::stable_sort(order.begin(), order.end(),
-                   [&](size_t a, size_t b) { return core.options[a].size() < core.options[b].size(); });
+  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) {
+    return core.options[a].size() < core.options[b].size();
+  });
   Core ordered = core;
   for (size_t k = 0; k < order.size(); ++k) {
     ordered.groups[k] = core.groups[order[k]];
@@ -216,8 +220,9 @@ constexpr long double kCutoffGrowth = 4;
 
 }  // namespace
 
-SolveResult exact_search(const std::vector<Group>& groups, const std::vector<GroupFrontier>& frontiers,
-                         int64_t budget, const LpBound& bound, size_t max_states) {
+SolveResult exact_search(const std::vector<Group>& groups,
+                         const std::vector<GroupFrontier>& frontiers, int64_t budget,
+                         const LpBound& bound, size_t max_states) {
   SolveResult incumbent = bound.incumbent;
   incumbent.proven_optimal = true;
   // Rounding in the dual value and the reduced costs is far below this tolerance; widening a
@@ -234,10 +239,12 @@ SolveResult exact_search(const std::vector<Group>& groups, const std::vector<Gro
     cutoff = std::min(cutoff, gap());
     Core core;
     std::optional<std::vector<size_t>> picks;
-    if (reduce(groups, frontiers, budget, bound.lambda, static_cast<double>(cutoff + tolerance), core)) {
+    if (reduce(groups, frontiers, budget, bound.lambda, static_cast<double>(cutoff + tolerance),
+               core)) {
       order_core(core);
       bool limited = false;
-      const double target = static_cast<double>(incumbent.total_distortion - core.fixed_distortion + tolerance);
+      const double target =
+          static_cast<double>(incumbent.total_distortion - core.fixed_distortion + tolerance);
       picks = core_dp(core, static_cast<double>(cutoff + tolerance), target, max_states, &limited);
       if (limited) {
         incumbent.proven_optimal = false;

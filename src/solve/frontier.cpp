@@ -23,7 +23,8 @@ GroupFrontier build_frontier(const Group& group) {
   });
   GroupFrontier frontier;
   for (size_t index : order) {
-    if (frontier.pareto.empty() || options[index].distortion < options[frontier.pareto.back()].distortion) {
+    if (frontier.pareto.empty() ||
+        options[index].distortion < options[frontier.pareto.back()].distortion) {
       frontier.pareto.push_back(index);
     }
   }
@@ -48,7 +49,8 @@ GroupFrontier build_frontier(const Group& group) {
   for (size_t i = 0; i + 1 < frontier.hull.size(); ++i) {
     const Option a = point(frontier.hull[i]);
     const Option b = point(frontier.hull[i + 1]);
-    frontier.efficiency.push_back((a.distortion - b.distortion) / static_cast<double>(b.bytes - a.bytes));
+    frontier.efficiency.push_back((a.distortion - b.distortion) /
+                                  static_cast<double>(b.bytes - a.bytes));
   }
   return frontier;
 }
@@ -62,7 +64,8 @@ std::vector<GroupFrontier> build_frontiers(const std::vector<Group>& groups) {
 
 size_t hull_position_at(const GroupFrontier& frontier, double lambda) {
   size_t position = 0;
-  while (position < frontier.efficiency.size() && frontier.efficiency[position] > lambda) ++position;
+  while (position < frontier.efficiency.size() && frontier.efficiency[position] > lambda)
+    ++position;
   return position;
 }
 
@@ -82,9 +85,10 @@ bool better_solution(const SolveResult& a, const SolveResult& b) {
 }
 
 void throw_infeasible(int64_t budget, int64_t minimum) {
-  throw InfeasibleError(fmt::format(
-      "budget {} B ({}) is below the minimum feasible budget {} B ({}): the smallest window for every head",
-      budget, format_bytes(budget), minimum, format_bytes(minimum)));
+  throw InfeasibleError(
+      fmt::format("budget {} B ({}) is below the minimum feasible budget {} B ({}): the smallest "
+                  "window for every head",
+                  budget, format_bytes(budget), minimum, format_bytes(minimum)));
 }
 
 }  // namespace headwise::solve::detail

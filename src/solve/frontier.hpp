@@ -44,10 +44,12 @@ struct LpBound {
   long double lower_bound = 0.0;  // Lagrangian dual value at lambda, <= the optimum
   SolveResult incumbent;          // best feasible solution of the heuristics
 };
-LpBound lp_bound(const std::vector<Group>& groups, const std::vector<GroupFrontier>& frontiers, int64_t budget);
+LpBound lp_bound(const std::vector<Group>& groups, const std::vector<GroupFrontier>& frontiers,
+                 int64_t budget);
 
 // Exact search given the bound (reduced-cost fixing, then a Pareto DP over the free groups).
-SolveResult exact_search(const std::vector<Group>& groups, const std::vector<GroupFrontier>& frontiers,
-                         int64_t budget, const LpBound& bound, size_t max_states);
+SolveResult exact_search(const std::vector<Group>& groups,
+                         const std::vector<GroupFrontier>& frontiers, int64_t budget,
+                         const LpBound& bound, size_t max_states);
 
 }  // namespace headwise::solve::detail

@@ -10,12 +10,13 @@
 namespace headwise::solve {
 namespace {
 
-SolveResult relax_with(const std::vector<Group>& groups, const std::vector<detail::GroupFrontier>& frontiers,
-                       double lambda) {
+SolveResult relax_with(const std::vector<Group>& groups,
+                       const std::vector<detail::GroupFrontier>& frontiers, double lambda) {
   SolveResult result;
   result.choice.reserve(groups.size());
   for (const auto& frontier : frontiers) {
-    result.choice.push_back(frontier.pareto[frontier.hull[detail::hull_position_at(frontier, lambda)]]);
+    result.choice.push_back(
+        frontier.pareto[frontier.hull[detail::hull_position_at(frontier, lambda)]]);
   }
   detail::finish_totals(groups, result);
   // The relaxed solution is optimal for the budget it happens to use.
@@ -23,12 +24,15 @@ SolveResult relax_with(const std::vector<Group>& groups, const std::vector<detai
   return result;
 }
 
-int64_t relaxed_bytes(const std::vector<Group>& groups, const std::vector<detail::GroupFrontier>& frontiers,
-                      double lambda) {
+int64_t relaxed_bytes(const std::vector<Group>& groups,
+                      const std::vector<detail::GroupFrontier>& frontiers, double lambda) {
   int64_t total = 0;
   for (size_t g = 0; g < groups.size(); ++g) {
     const auto& frontier = frontiers[g];
-    total += groups[g].options[frontier.pareto[frontier.hull[detail::hull_position_at(frontier, lambda)]]].bytes;
+    total +=
+        groups[g]
+            .options[frontier.pareto[frontier.hull[detail::hull_position_at(frontier, lambda)]]]
+            .bytes;
   }
   return total;
 }

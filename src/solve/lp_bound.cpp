@@ -22,8 +22,9 @@ const Option& hull_option(const Group& group, const GroupFrontier& frontier, siz
 
 // Moves every group, in input order, to its least-distortion option that still fits the
 // slack. After one pass no single-group change helps: the slack only shrinks.
-void improve_by_single_moves(const std::vector<Group>& groups, const std::vector<GroupFrontier>& frontiers,
-                             int64_t budget, SolveResult& solution) {
+void improve_by_single_moves(const std::vector<Group>& groups,
+                             const std::vector<GroupFrontier>& frontiers, int64_t budget,
+                             SolveResult& solution) {
   finish_totals(groups, solution);
   int64_t slack = budget - solution.total_bytes;
   for (size_t g = 0; g < groups.size(); ++g) {
@@ -31,7 +32,8 @@ void improve_by_single_moves(const std::vector<Group>& groups, const std::vector
     size_t best = solution.choice[g];
     for (size_t index : frontiers[g].pareto) {
       const Option& option = groups[g].options[index];
-      if (option.bytes - current.bytes <= slack && option.distortion < groups[g].options[best].distortion) {
+      if (option.bytes - current.bytes <= slack &&
+          option.distortion < groups[g].options[best].distortion) {
         best = index;
       }
     }
@@ -45,10 +47,12 @@ void improve_by_single_moves(const std::vector<Group>& groups, const std::vector
 // that brings the total back under the budget. Empty when no single downgrade suffices.
 std::optional<SolveResult> round_up_and_repair(const std::vector<Group>& groups,
                                                const std::vector<GroupFrontier>& frontiers,
-                                               std::vector<size_t> positions, const Step& split, int64_t budget) {
+                                               std::vector<size_t> positions, const Step& split,
+                                               int64_t budget) {
   positions[split.group] = split.index + 1;
   SolveResult solution;
-  for (size_t g = 0; g < groups.size(); ++g) solution.choice.push_back(frontiers[g].pareto[frontiers[g].hull[positions[g]]]);
+  for (size_t g = 0; g < groups.size(); ++g)
+    solution.choice.push_back(frontiers[g].pareto[frontiers[g].hull[positions[g]]]);
   finish_totals(groups, solution);
   const int64_t excess = solution.total_bytes - budget;
   std::optional<std::tuple<double, size_t, size_t>> best;  // (added distortion, group, option)
@@ -69,11 +73,13 @@ std::optional<SolveResult> round_up_and_repair(const std::vector<Group>& groups,
 
 }  // namespace
 
-LpBound lp_bound(const std::vector<Group>& groups, const std::vector<GroupFrontier>& frontiers, int64_t budget) {
+LpBound lp_bound(const std::vector<Group>& groups, const std::vector<GroupFrontier>& frontiers,
+                 int64_t budget) {
   std::vector<Step> steps;
   for (size_t g = 0; g < groups.size(); ++g) {
     for (size_t i = 0; i < frontiers[g].efficiency.size(); ++i) {
-      steps.push_back({frontiers[g].efficiency[i], static_cast<uint32_t>(g), static_cast<uint32_t>(i)});
+      steps.push_back(
+          {frontiers[g].efficiency[i], static_cast<uint32_t>(g), static_cast<uint32_t>(i)});
     }
   }
   // Most efficient first; the fixed tie order keeps each group's own steps in hull order
@@ -91,8 +97,9 @@ LpBound lp_bound(const std::vector<Group>& groups, const std::vector<GroupFronti
   std::vector<size_t> split_positions;
   for (const Step& step : steps) {
     if (blocked[step.group]) continue;
-    const int64_t cost = hull_option(groups[step.group], frontiers[step.group], step.index + 1).bytes -
-                         hull_option(groups[step.group], frontiers[step.group], step.index).bytes;
+    const int64_t cost =
+        hull_option(groups[step.group], frontiers[step.group], step.index + 1).bytes -
+        hull_option(groups[step.group], frontiers[step.group], step.index).bytes;
     if (bytes + cost <= budget) {
       bytes += cost;
       positions[step.group] = step.index + 1;
@@ -114,7 +121,8 @@ LpBound lp_bound(const std::vector<Group>& groups, const std::vector<GroupFronti
     bool first = true;
     for (size_t index : frontiers[g].pareto) {
       const Option& option = groups[g].options[index];
-      const long double value = option.distortion + static_cast<long double>(bound.lambda) * option.bytes;
+      const long double value =
+          option.distortion + static_cast<long double>(bound.lambda) * option.bytes;
       if (first || value < least) least = value;
       first = false;
     }
@@ -124,7 +132,8 @@ LpBound lp_bound(const std::vector<Group>& groups, const std::vector<GroupFronti
 
   // Greedy fill: the LP point rounded down plus every later step that still fit.
   bound.incumbent.choice.resize(groups.size());
-  for (size_t g = 0; g < groups.size(); ++g) bound.incumbent.choice[g] = frontiers[g].pareto[frontiers[g].hull[positions[g]]];
+  for (size_t g = 0; g < groups.size(); ++g)
+    bound.incumbent.choice[g] = frontiers[g].pareto[frontiers[g].hull[positions[g]]];
   improve_by_single_moves(groups, frontiers, budget, bound.incumbent);
   if (split) {
     if (auto repaired = round_up_and_repair(groups, frontiers, split_positions, *split, budget)) {

@@ -36,7 +36,8 @@ void spend_leftover(const std::vector<Group>& groups, int64_t budget, SolveResul
         }
         const Option& chosen = groups[g].options[*step];
         if (std::tie(option.bytes, option.distortion) < std::tie(chosen.bytes, chosen.distortion) ||
-            (option.bytes == chosen.bytes && option.distortion == chosen.distortion && option.window > chosen.window)) {
+            (option.bytes == chosen.bytes && option.distortion == chosen.distortion &&
+             option.window > chosen.window)) {
           step = i;
         }
       }
@@ -50,7 +51,8 @@ void spend_leftover(const std::vector<Group>& groups, int64_t budget, SolveResul
 }
 
 // The exact path: hulls, LP bound and incumbent, exact search, then free upgrades.
-SolveResult solve_core(const std::vector<Group>& groups, int64_t budget, const SolveOptions& options) {
+SolveResult solve_core(const std::vector<Group>& groups, int64_t budget,
+                       const SolveOptions& options) {
   const auto frontiers = detail::build_frontiers(groups);
   const auto bound = detail::lp_bound(groups, frontiers, budget);
   SolveResult result = detail::exact_search(groups, frontiers, budget, bound, options.max_states);
@@ -60,7 +62,8 @@ SolveResult solve_core(const std::vector<Group>& groups, int64_t budget, const S
 
 // "Full KV fits": every group at its largest window. It is also optimal when each group's
 // largest window has its least distortion; otherwise the exact optimum is computed to say so.
-SolveResult largest_everywhere(const std::vector<Group>& groups, int64_t budget, const SolveOptions& options) {
+SolveResult largest_everywhere(const std::vector<Group>& groups, int64_t budget,
+                               const SolveOptions& options) {
   SolveResult result;
   bool each_least = true;
   for (const auto& group : groups) {
@@ -105,18 +108,21 @@ SolveResult solve_subproblem(const std::vector<Group>& groups, const std::vector
 
 }  // namespace
 
-SolveResult solve_exact(const std::vector<Group>& groups, int64_t budget, const SolveOptions& options) {
+SolveResult solve_exact(const std::vector<Group>& groups, int64_t budget,
+                        const SolveOptions& options) {
   validate_groups(groups);
   const int64_t minimum = min_total_bytes(groups);
   if (minimum > budget) detail::throw_infeasible(budget, minimum);
   if (budget >= max_window_total_bytes(groups)) return largest_everywhere(groups, budget, options);
   SolveResult result = solve_core(groups, budget, options);
-  HEADWISE_CHECK(result.total_bytes <= budget, "solver exceeded the budget: {} > {}", result.total_bytes, budget);
+  HEADWISE_CHECK(result.total_bytes <= budget, "solver exceeded the budget: {} > {}",
+                 result.total_bytes, budget);
   return result;
 }
 
-SolveResult solve_completion(const std::vector<Group>& groups, const std::vector<std::optional<size_t>>& fixed,
-                             int64_t budget, const SolveOptions& options) {
+SolveResult solve_completion(const std::vector<Group>& groups,
+                             const std::vector<std::optional<size_t>>& fixed, int64_t budget,
+                             const SolveOptions& options) {
   validate_groups(groups);
   if (fixed.size() != groups.size()) {
     throw_input_error("completion: {} fixed entries for {} heads", fixed.size(), groups.size());
@@ -133,8 +139,8 @@ SolveResult solve_completion(const std::vector<Group>& groups, const std::vector
       continue;
     }
     if (*fixed[g] >= groups[g].options.size()) {
-      throw_input_error("layer {} KV head {}: fixed option {} out of range ({} options)", groups[g].layer_id,
-                        groups[g].kv_head, *fixed[g], groups[g].options.size());
+      throw_input_error("layer {} KV head {}: fixed option {} out of range ({} options)",
+                        groups[g].layer_id, groups[g].kv_head, *fixed[g], groups[g].options.size());
     }
     choice[g] = *fixed[g];
     fixed_bytes += groups[g].options[*fixed[g]].bytes;
@@ -143,11 +149,12 @@ SolveResult solve_completion(const std::vector<Group>& groups, const std::vector
   for (size_t g : members) free_groups.push_back(groups[g]);
   const int64_t minimum = fixed_bytes + min_total_bytes(free_groups);
   if (minimum > budget) detail::throw_infeasible(budget, minimum);
-  return solve_subproblem(groups, members, allowed, budget - fixed_bytes, options, std::move(choice));
+  return solve_subproblem(groups, members, allowed, budget - fixed_bytes, options,
+                          std::move(choice));
 }
 
-SolveResult solve_upgrade(const std::vector<Group>& groups, const std::vector<size_t>& current, int64_t budget,
-                          const SolveOptions& options) {
+SolveResult solve_upgrade(const std::vector<Group>& groups, const std::vector<size_t>& current,
+                          int64_t budget, const SolveOptions& options) {
   validate_groups(groups);
   if (current.size() != groups.size()) {
     throw_input_error("upgrade: {} current choices for {} heads", current.size(), groups.size());
@@ -156,15 +163,18 @@ SolveResult solve_upgrade(const std::vector<Group>& groups, const std::vector<si
   std::vector<std::vector<size_t>> allowed(groups.size());
   for (size_t g = 0; g < groups.size(); ++g) {
     if (current[g] >= groups[g].options.size()) {
-      throw_input_error("layer {} KV head {}: current option {} out of range ({} options)", groups[g].layer_id,
-                        groups[g].kv_head, current[g], groups[g].options.size());
+      throw_input_error("layer {} KV head {}: current option {} out of range ({} options)",
+                        groups[g].layer_id, groups[g].kv_head, current[g],
+                        groups[g].options.size());
     }
     members[g] = g;
     for (size_t i = 0; i < groups[g].options.size(); ++i) {
-      if (groups[g].options[i].bytes >= groups[g].options[current[g]].bytes) allowed[g].push_back(i);
+      if (groups[g].options[i].bytes >= groups[g].options[current[g]].bytes)
+        allowed[g].push_back(i);
     }
   }
-  return solve_subproblem(groups, members, allowed, budget, options, std::vector<size_t>(groups.size(), 0));
+  return solve_subproblem(groups, members, allowed, budget, options,
+                          std::vector<size_t>(groups.size(), 0));
 }
 
 }  // namespace headwise::solve

@@ -17,8 +17,10 @@ void validate_groups(const std::vector<Group>& groups) {
     for (const auto& option : group.options) {
       const auto label = window_label(option.window);
       if (option.window < 0) throw_input_error("{}: negative window {}", where, option.window);
-      if (!windows.insert(option.window).second) throw_input_error("{}: window {} listed twice", where, label);
-      if (option.bytes < 0) throw_input_error("{}, window {}: negative bytes {}", where, label, option.bytes);
+      if (!windows.insert(option.window).second)
+        throw_input_error("{}: window {} listed twice", where, label);
+      if (option.bytes < 0)
+        throw_input_error("{}, window {}: negative bytes {}", where, label, option.bytes);
       if (!std::isfinite(option.distortion) || option.distortion < 0.0) {
         throw_input_error("{}, window {}: distortion must be finite and >= 0, got {}", where, label,
                           option.distortion);

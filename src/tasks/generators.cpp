@@ -18,7 +18,9 @@ class TokenizerCounter final : public TokenCounter {
   int64_t count(std::string_view text) const override {
     return static_cast<int64_t>(tokenizer_.encode(text, true).size());
   }
-  std::string name() const override { return "tokenizer:" + tokenizer_.path().parent_path().filename().string(); }
+  std::string name() const override {
+    return "tokenizer:" + tokenizer_.path().parent_path().filename().string();
+  }
 
  private:
   const tokenize::Tokenizer& tokenizer_;
@@ -73,7 +75,8 @@ const std::vector<std::string>& generator_tasks() {
   return names;
 }
 
-std::vector<nlohmann::json> generate_calibration(const GeneratorRequest& request, const TokenCounter& counter) {
+std::vector<nlohmann::json> generate_calibration(const GeneratorRequest& request,
+                                                 const TokenCounter& counter) {
   const auto it = task_table().find(request.task);
   if (it == task_table().end()) {
     std::string names;
@@ -91,7 +94,8 @@ std::vector<nlohmann::json> generate_calibration(const GeneratorRequest& request
     record["params"]["sample"] = i;
     record["params"]["length"] = request.length;
     records.push_back(std::move(record));
-    spdlog::debug("{} sample {}: {} tokens", request.task, i, records.back()["tokens"].get<int64_t>());
+    spdlog::debug("{} sample {}: {} tokens", request.task, i,
+                  records.back()["tokens"].get<int64_t>());
   }
   return records;
 }

@@ -51,8 +51,8 @@ int64_t fit_units(const TokenCounter& counter, int64_t length, int64_t max_units
                   const std::function<std::string(int64_t)>& build, const std::string& task);
 
 // The common record shape: text = prompt + answer, so calibration sees the retrieval.
-nlohmann::json make_record(const std::string& task, const std::string& prompt, const std::string& answer_text,
-                           const std::vector<std::string>& answers, nlohmann::json params,
-                           const TokenCounter& counter);
+nlohmann::json make_record(const std::string& task, const std::string& prompt,
+                           const std::string& answer_text, const std::vector<std::string>& answers,
+                           nlohmann::json params, const TokenCounter& counter);
 
 }  // namespace headwise::tasks

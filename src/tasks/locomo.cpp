@@ -11,11 +11,15 @@ struct DialogueFact {
 };
 
 DialogueFact make_dialogue_fact(int kind, const std::string& speaker, Rng& rng) {
-  static const std::vector<std::string> pets = {"Biscuit", "Pepper", "Juniper", "Waffles", "Clementine", "Otis"};
-  static const std::vector<std::string> instruments = {"cello", "banjo", "clarinet", "harp", "accordion", "oboe"};
-  static const std::vector<std::string> dishes = {"lentil soup", "mushroom risotto", "plum dumplings", "fish stew",
-                                                  "spinach pie", "apricot tart"};
-  static const std::vector<std::string> jobs = {"a bakery", "the city library", "a boatyard", "an observatory",
+  static const std::vector<std::string> pets = {"Biscuit", "Pepper",     "Juniper",
+                                                "Waffles", "Clementine", "Otis"};
+  static const std::vector<std::string> instruments = {"cello", "banjo",     "clarinet",
+                                                       "harp",  "accordion", "oboe"};
+  static const std::vector<std::string> dishes = {"lentil soup",    "mushroom risotto",
+                                                  "plum dumplings", "fish stew",
+                                                  "spinach pie",    "apricot tart"};
+  static const std::vector<std::string> jobs = {"a bakery",        "the city library",
+                                                "a boatyard",      "an observatory",
                                                 "a flower market", "a printing shop"};
   switch (kind % 5) {
     case 0: {
@@ -35,8 +39,9 @@ DialogueFact make_dialogue_fact(int kind, const std::string& speaker, Rng& rng) 
     }
     case 3: {
       const auto& dish = rng.pick(dishes);
-      return {"My grandmother taught me her recipe for " + dish + " and now I make it every Sunday.",
-              "Which dish does " + speaker + " make every Sunday?", dish};
+      return {
+          "My grandmother taught me her recipe for " + dish + " and now I make it every Sunday.",
+          "Which dish does " + speaker + " make every Sunday?", dish};
     }
     default: {
       const auto& job = rng.pick(jobs);
@@ -48,18 +53,26 @@ DialogueFact make_dialogue_fact(int kind, const std::string& speaker, Rng& rng) 
 
 const std::vector<std::string>& small_talk() {
   static const std::vector<std::string> lines = {
-      "How have you been since we last talked?", "Pretty good, a busy week but a good one.",
-      "That sounds lovely, tell me more.", "Ha, that reminds me of something I read recently.",
-      "I know what you mean.", "Did you do anything fun over the weekend?",
-      "Mostly stayed home and rested, to be honest.", "The weather has been strange lately.",
-      "I hope things calm down for you soon.", "Let's catch up again in a few days.",
-      "Take care, talk soon!", "Oh, I almost forgot to ask about your family.", "Everyone is well, thanks for asking."};
+      "How have you been since we last talked?",
+      "Pretty good, a busy week but a good one.",
+      "That sounds lovely, tell me more.",
+      "Ha, that reminds me of something I read recently.",
+      "I know what you mean.",
+      "Did you do anything fun over the weekend?",
+      "Mostly stayed home and rested, to be honest.",
+      "The weather has been strange lately.",
+      "I hope things calm down for you soon.",
+      "Let's catch up again in a few days.",
+      "Take care, talk soon!",
+      "Oh, I almost forgot to ask about your family.",
+      "Everyone is well, thanks for asking."};
   return lines;
 }
 
 std::string session_date(int64_t session) {
-  static const char* months[] = {"January", "February", "March", "April", "May", "June", "July",
-                                 "August", "September", "October", "November", "December"};
+  static const char* months[] = {"January",   "February", "March",    "April",
+                                 "May",       "June",     "July",     "August",
+                                 "September", "October",  "November", "December"};
   const int64_t day_of_year = session * 9;  // sessions about nine days apart, from 2 January 2023
   return std::to_string(day_of_year % 28 + 1) + " " + months[(day_of_year / 28) % 12] + " " +
          std::to_string(2023 + day_of_year / 336);
@@ -69,19 +82,24 @@ std::string session_date(int64_t session) {
 
 nlohmann::json make_locomo(const TaskContext& ctx) {
   const auto names = person_names(ctx.rng, 2);
-  const std::string a = names[0].substr(0, names[0].find(' ')), b = names[1].substr(0, names[1].find(' '));
+  const std::string a = names[0].substr(0, names[0].find(' ')),
+                    b = names[1].substr(0, names[1].find(' '));
   const int64_t max_turns = std::max<int64_t>(8, ctx.request.length / 8);
   // Draw every turn up front; the fitter then keeps a prefix of the conversation.
   std::vector<std::string> turns;
   std::vector<int64_t> session_starts;
   for (int64_t t = 0; t < max_turns; ++t) {
-    if (session_starts.empty() || t - session_starts.back() >= 8 + static_cast<int64_t>(ctx.rng.below(7))) {
+    if (session_starts.empty() ||
+        t - session_starts.back() >= 8 + static_cast<int64_t>(ctx.rng.below(7))) {
       session_starts.push_back(t);
     }
     const std::string& speaker = t % 2 == 0 ? a : b;
     // Two turns in three share something read (haystack prose), the rest is small talk.
     const bool chat = ctx.rng.below(3) == 0;
-    turns.push_back(speaker + ": " + (chat ? ctx.rng.pick(small_talk()) : "I was reading this the other day: " + ctx.rng.pick(ctx.haystack.sentences)));
+    turns.push_back(
+        speaker + ": " +
+        (chat ? ctx.rng.pick(small_talk())
+              : "I was reading this the other day: " + ctx.rng.pick(ctx.haystack.sentences)));
   }
   // Three facts, said by either speaker; the first at this sample's depth.
   const double depth = sample_depth(ctx.index, ctx.request.samples);
@@ -101,16 +119,21 @@ nlohmann::json make_locomo(const TaskContext& ctx) {
     answers.push_back(facts[f].second.answer);
   }
   const auto build_prompt = [&](int64_t n) {
-    std::string text = "The following is a long conversation between " + a + " and " + b + " over several sessions.\n";
+    std::string text = "The following is a long conversation between " + a + " and " + b +
+                       " over several sessions.\n";
     std::vector<std::pair<double, std::string>> items;
     for (const auto& [d, fact] : facts) items.emplace_back(d, fact.utterance);
     // Facts go between turns; session headers are then added at the drawn turn indices.
-    const auto with_facts = insert_at_depths(std::vector<std::string>(turns.begin(), turns.begin() + n), items);
+    const auto with_facts =
+        insert_at_depths(std::vector<std::string>(turns.begin(), turns.begin() + n), items);
     int64_t session = 0;
     for (size_t t = 0, turn = 0; t < with_facts.size(); ++t) {
-      const bool is_fact = std::any_of(items.begin(), items.end(), [&](const auto& it) { return it.second == with_facts[t]; });
-      if (!is_fact && session < static_cast<int64_t>(session_starts.size()) && session_starts[session] == static_cast<int64_t>(turn)) {
-        text += "\n=== Session " + std::to_string(session + 1) + " (" + session_date(session) + ") ===\n";
+      const bool is_fact = std::any_of(items.begin(), items.end(),
+                                       [&](const auto& it) { return it.second == with_facts[t]; });
+      if (!is_fact && session < static_cast<int64_t>(session_starts.size()) &&
+          session_starts[session] == static_cast<int64_t>(turn)) {
+        text += "\n=== Session " + std::to_string(session + 1) + " (" + session_date(session) +
+                ") ===\n";
         ++session;
       }
       text += with_facts[t] + "\n";
@@ -118,10 +141,13 @@ nlohmann::json make_locomo(const TaskContext& ctx) {
     }
     return text + "\nAnswer these questions about the conversation above.\n" + questions;
   };
-  const int64_t n = fit_units(ctx.counter, ctx.request.length, max_turns,
-                              [&](int64_t k) { return build_prompt(k) + answer_text; }, ctx.request.task);
-  nlohmann::json params = {{"speakers", {a, b}}, {"turns", n}, {"depth", depth}, {"facts", facts.size()}};
-  return make_record(ctx.request.task, build_prompt(n), answer_text, answers, std::move(params), ctx.counter);
+  const int64_t n = fit_units(
+      ctx.counter, ctx.request.length, max_turns,
+      [&](int64_t k) { return build_prompt(k) + answer_text; }, ctx.request.task);
+  nlohmann::json params = {
+      {"speakers", {a, b}}, {"turns", n}, {"depth", depth}, {"facts", facts.size()}};
+  return make_record(ctx.request.task, build_prompt(n), answer_text, answers, std::move(params),
+                     ctx.counter);
 }
 
 }  // namespace headwise::tasks

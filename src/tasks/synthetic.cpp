@@ -26,9 +26,12 @@ struct Alphabet {
   int64_t vocab;
 };
 
-int64_t content_token(Rng& rng, const Alphabet& a) { return a.first_content + rng.below(a.vocab - a.first_content); }
+int64_t content_token(Rng& rng, const Alphabet& a) {
+  return a.first_content + rng.below(a.vocab - a.first_content);
+}
 
-std::vector<int64_t> needle(const std::vector<int64_t>& key, const std::vector<int64_t>& value, const Alphabet& a) {
+std::vector<int64_t> needle(const std::vector<int64_t>& key, const std::vector<int64_t>& value,
+                            const Alphabet& a) {
   std::vector<int64_t> out{a.needle_marker};
   out.insert(out.end(), key.begin(), key.end());
   out.push_back(a.separator);
@@ -50,7 +53,8 @@ std::vector<int64_t> shuffled_order(Rng& rng, int64_t n) {
 }
 
 std::vector<int64_t> one_sequence(Rng& rng, const SyntheticOptions& o, const Alphabet& a,
-                                  const std::vector<std::vector<int64_t>>& phrases, NeedleLinks links) {
+                                  const std::vector<std::vector<int64_t>>& phrases,
+                                  NeedleLinks links) {
   const bool chained = links == NeedleLinks::kChained;
   std::vector<std::vector<int64_t>> keys, values;
   for (int64_t n = 0; n < o.needles; ++n) {
@@ -71,10 +75,12 @@ std::vector<int64_t> one_sequence(Rng& rng, const SyntheticOptions& o, const Alp
   std::vector<int64_t> depths;
   for (int64_t n = 0; n < o.needles; ++n) {
     const double u = rng.unit();
-    depths.push_back(static_cast<int64_t>((static_cast<double>(n) + u) / static_cast<double>(o.needles) *
-                                          static_cast<double>(std::max<int64_t>(1, haystack_len - needle_len))));
+    depths.push_back(
+        static_cast<int64_t>((static_cast<double>(n) + u) / static_cast<double>(o.needles) *
+                             static_cast<double>(std::max<int64_t>(1, haystack_len - needle_len))));
   }
-  const std::vector<int64_t> planted = chained ? shuffled_order(rng, o.needles) : in_order(o.needles);
+  const std::vector<int64_t> planted =
+      chained ? shuffled_order(rng, o.needles) : in_order(o.needles);
   std::vector<int64_t> seq;
   seq.reserve(static_cast<size_t>(o.seq_len));
   size_t next_needle = 0;
@@ -95,20 +101,24 @@ std::vector<int64_t> one_sequence(Rng& rng, const SyntheticOptions& o, const Alp
     const auto q = needle(keys[static_cast<size_t>(n)], values[static_cast<size_t>(n)], a);
     seq.insert(seq.end(), q.begin(), q.end());
   }
-  HEADWISE_CHECK(static_cast<int64_t>(seq.size()) == o.seq_len, "synthetic length {} != {}", seq.size(), o.seq_len);
+  HEADWISE_CHECK(static_cast<int64_t>(seq.size()) == o.seq_len, "synthetic length {} != {}",
+                 seq.size(), o.seq_len);
   return seq;
 }
 
-std::vector<std::vector<int64_t>> synthetic_set(const SyntheticOptions& options, NeedleLinks links) {
+std::vector<std::vector<int64_t>> synthetic_set(const SyntheticOptions& options,
+                                                NeedleLinks links) {
   SyntheticOptions o = options;
   if (o.needles == 0) o.needles = std::clamp<int64_t>(o.seq_len / 512, 1, 8);
-  if (o.vocab_size < 16) throw_input_error("synthetic calibration needs a vocabulary of at least 16 tokens, got {}", o.vocab_size);
+  if (o.vocab_size < 16)
+    throw_input_error("synthetic calibration needs a vocabulary of at least 16 tokens, got {}",
+                      o.vocab_size);
   if (o.samples <= 0) throw_field_error("samples", " must be positive");
   if (o.needles <= 0) throw_input_error("synthetic calibration: needles must be positive");
   const int64_t needle_len = 2 + kKeyLen + kValueLen;
   if (o.seq_len < 4 * o.needles * needle_len) {
-    throw_field_error("seq_len", " {} is too short for {} needles (need at least {})", o.seq_len, o.needles,
-                      4 * o.needles * needle_len);
+    throw_field_error("seq_len", " {} is too short for {} needles (need at least {})", o.seq_len,
+                      o.needles, 4 * o.needles * needle_len);
   }
   // Low ids are often special tokens in real vocabularies; stay clear of the first few.
   const int64_t reserved = std::min<int64_t>(o.vocab_size / 8, 256);
@@ -122,7 +132,8 @@ std::vector<std::vector<int64_t>> synthetic_set(const SyntheticOptions& options,
     phrases.push_back(std::move(phrase));
   }
   std::vector<std::vector<int64_t>> set;
-  for (int64_t s = 0; s < o.samples; ++s) set.push_back(one_sequence(rng, o, alphabet, phrases, links));
+  for (int64_t s = 0; s < o.samples; ++s)
+    set.push_back(one_sequence(rng, o, alphabet, phrases, links));
   return set;
 }
 
@@ -134,7 +145,8 @@ std::vector<std::vector<int64_t>> synthetic_retrieval_set(const SyntheticOptions
 
 std::vector<std::vector<int64_t>> synthetic_chain_set(const SyntheticOptions& options) {
   if (options.needles < 2) {
-    throw_input_error("synthetic variable tracking needs a chain of at least 2 needles, got {}", options.needles);
+    throw_input_error("synthetic variable tracking needs a chain of at least 2 needles, got {}",
+                      options.needles);
   }
   return synthetic_set(options, NeedleLinks::kChained);
 }
@@ -157,8 +169,9 @@ std::vector<int64_t> synthetic_answer_positions(const SyntheticOptions& options)
 std::string synthetic_set_description(const SyntheticOptions& options) {
   SyntheticOptions o = options;
   if (o.needles == 0) o.needles = std::clamp<int64_t>(o.seq_len / 512, 1, 8);
-  return fmt::format("builtin:synthetic-retrieval(vocab={},samples={},seq_len={},needles={},seed={})", o.vocab_size,
-                     o.samples, o.seq_len, o.needles, o.seed);
+  return fmt::format(
+      "builtin:synthetic-retrieval(vocab={},samples={},seq_len={},needles={},seed={})",
+      o.vocab_size, o.samples, o.seq_len, o.needles, o.seed);
 }
 
 }  // namespace headwise::tasks

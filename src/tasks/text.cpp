@@ -18,9 +18,11 @@ nlohmann::json make_common_words(const TaskContext& ctx) {
   // One fixed permutation of all occurrences, so a shorter list is a sub-list of a longer one.
   std::vector<std::pair<int64_t, uint64_t>> order;  // (word index, random key)
   for (int64_t w = 0; w < kCommon + max_rare; ++w) {
-    for (int r = 0; r < (w < kCommon ? kCommonFreq : kRareFreq); ++r) order.emplace_back(w, ctx.rng.below_unsigned(UINT64_MAX));
+    for (int r = 0; r < (w < kCommon ? kCommonFreq : kRareFreq); ++r)
+      order.emplace_back(w, ctx.rng.below_unsigned(UINT64_MAX));
   }
-  std::stable_sort(order.begin(), order.end(), [](const auto& a, const auto& b) { return a.second < b.second; });
+  std::stable_sort(order.begin(), order.end(),
+                   [](const auto& a, const auto& b) { return a.second < b.second; });
   const auto build_prompt = [&](int64_t rare) {
     std::string list;
     int64_t number = 0;
@@ -28,16 +30,23 @@ nlohmann::json make_common_words(const TaskContext& ctx) {
       if (w >= kCommon + rare) continue;
       list += std::to_string(++number) + ". " + pool[static_cast<size_t>(w)] + " ";
     }
-    return "Below is a numbered list of words. In these words, some appear more often than others. Memorize the "
-           "ones that appear most often.\n" + list + "\nQuestion: What are the 10 most common words in the above "
+    return "Below is a numbered list of words. In these words, some appear more often than others. "
+           "Memorize the "
+           "ones that appear most often.\n" +
+           list +
+           "\nQuestion: What are the 10 most common words in the above "
            "list? Answer: The top 10 words that appear most often in the list are:";
   };
   std::string answer_text;
-  for (size_t i = 0; i < common.size(); ++i) answer_text += spaced(std::to_string(i + 1), ". " + common[i]);
-  const int64_t rare = fit_units(ctx.counter, ctx.request.length, max_rare,
-                                 [&](int64_t k) { return build_prompt(k) + answer_text; }, ctx.request.task);
-  nlohmann::json params = {{"num_cw", kCommon}, {"freq_cw", kCommonFreq}, {"freq_ucw", kRareFreq}, {"num_ucw", rare}};
-  return make_record(ctx.request.task, build_prompt(rare), answer_text, common, std::move(params), ctx.counter);
+  for (size_t i = 0; i < common.size(); ++i)
+    answer_text += spaced(std::to_string(i + 1), ". " + common[i]);
+  const int64_t rare = fit_units(
+      ctx.counter, ctx.request.length, max_rare,
+      [&](int64_t k) { return build_prompt(k) + answer_text; }, ctx.request.task);
+  nlohmann::json params = {
+      {"num_cw", kCommon}, {"freq_cw", kCommonFreq}, {"freq_ucw", kRareFreq}, {"num_ucw", rare}};
+  return make_record(ctx.request.task, build_prompt(rare), answer_text, common, std::move(params),
+                     ctx.counter);
 }
 
 namespace {
@@ -48,10 +57,12 @@ struct Fact {
 
 // Facts of one kind about different people: the distractors look like the gold fact.
 Fact make_fact(int kind, const std::string& person, Rng& rng) {
-  static const std::vector<std::string> orgs = {"Society of Cartographers", "Harbour Rowing Club", "Museum of Clocks",
-                                                "Glassworks Guild", "Valley Orchestra", "Botanical Trust"};
-  static const std::vector<std::string> titles = {"The Quiet Harbour", "Salt and Iron", "A Winter Orchard",
-                                                  "The Lantern Road", "Letters from the Ridge", "Seven Bridges"};
+  static const std::vector<std::string> orgs = {"Society of Cartographers", "Harbour Rowing Club",
+                                                "Museum of Clocks",         "Glassworks Guild",
+                                                "Valley Orchestra",         "Botanical Trust"};
+  static const std::vector<std::string> titles = {"The Quiet Harbour",      "Salt and Iron",
+                                                  "A Winter Orchard",       "The Lantern Road",
+                                                  "Letters from the Ridge", "Seven Bridges"};
   const auto& city = rng.pick(city_names());
   switch (kind) {
     case 0: {
@@ -61,13 +72,16 @@ Fact make_fact(int kind, const std::string& person, Rng& rng) {
     }
     case 1: {
       const std::string title = rng.pick(titles);
-      return {"The first novel by " + person + ", titled " + title + ", was printed in " + city + ".",
-              "What is the title of the first novel by " + person + "?", title};
+      return {
+          "The first novel by " + person + ", titled " + title + ", was printed in " + city + ".",
+          "What is the title of the first novel by " + person + "?", title};
     }
     default: {
       const std::string bridge = std::to_string(rng.between(3, 19));
-      return {"The old stone bridge at " + city + " was rebuilt by " + person + " with " + bridge + " arches.",
-              "How many arches did " + person + " give the old stone bridge at " + city + "?", bridge};
+      return {"The old stone bridge at " + city + " was rebuilt by " + person + " with " + bridge +
+                  " arches.",
+              "How many arches did " + person + " give the old stone bridge at " + city + "?",
+              bridge};
     }
   }
 }
@@ -84,30 +98,37 @@ nlohmann::json make_qa_distractors(const TaskContext& ctx) {
   Fact gold;
   for (int64_t d = 0; d < max_docs; ++d) {
     // The gold person never reappears in a distractor, so the answer is unique.
-    const auto& person = d == 0 ? people[0] : people[1 + static_cast<size_t>(d - 1) % (people.size() - 1)];
+    const auto& person =
+        d == 0 ? people[0] : people[1 + static_cast<size_t>(d - 1) % (people.size() - 1)];
     Fact fact = make_fact(kind, person, ctx.rng);
     if (d == 0) gold = fact;
-    const auto body = haystack_run(ctx.haystack, ctx.rng.below(ctx.haystack.sentences.size()), 3 + ctx.rng.below(4));
+    const auto body = haystack_run(ctx.haystack, ctx.rng.below(ctx.haystack.sentences.size()),
+                                   3 + ctx.rng.below(4));
     documents.push_back(fact.statement + " " + join(body, " "));
   }
   const double depth = sample_depth(ctx.index, ctx.request.samples);
-  const std::string instruction = "Answer the question based on the given documents. Only give me the answer and do "
-                                  "not output any other words.";
+  const std::string instruction =
+      "Answer the question based on the given documents. Only give me the answer and do "
+      "not output any other words.";
   const auto build_prompt = [&](int64_t n) {
     // Document 0 is gold; the ones after it are distractors; the gold moves to the depth.
     std::vector<std::string> docs(documents.begin() + 1, documents.begin() + n);
     const auto at = static_cast<size_t>(depth * static_cast<double>(docs.size()) + 0.5);
     docs.insert(docs.begin() + static_cast<std::ptrdiff_t>(at), documents[0]);
     std::string context;
-    for (size_t i = 0; i < docs.size(); ++i) context += "Document " + std::to_string(i + 1) + ":\n" + docs[i] + "\n\n";
-    return instruction + "\n\nThe following are given documents.\n\n" + context + instruction + "\n\nQuestion: " +
-           gold.question + " Answer:";
+    for (size_t i = 0; i < docs.size(); ++i)
+      context += "Document " + std::to_string(i + 1) + ":\n" + docs[i] + "\n\n";
+    return instruction + "\n\nThe following are given documents.\n\n" + context + instruction +
+           "\n\nQuestion: " + gold.question + " Answer:";
   };
   const std::string answer_text = spaced(gold.answer);
-  const int64_t n = fit_units(ctx.counter, ctx.request.length, max_docs,
-                              [&](int64_t k) { return build_prompt(k) + answer_text; }, ctx.request.task);
-  nlohmann::json params = {{"documents", n}, {"depth", depth}, {"fact_kind", kind}, {"question", gold.question}};
-  return make_record(ctx.request.task, build_prompt(n), answer_text, {gold.answer}, std::move(params), ctx.counter);
+  const int64_t n = fit_units(
+      ctx.counter, ctx.request.length, max_docs,
+      [&](int64_t k) { return build_prompt(k) + answer_text; }, ctx.request.task);
+  nlohmann::json params = {
+      {"documents", n}, {"depth", depth}, {"fact_kind", kind}, {"question", gold.question}};
+  return make_record(ctx.request.task, build_prompt(n), answer_text, {gold.answer},
+                     std::move(params), ctx.counter);
 }
 
 }  // namespace headwise::tasks

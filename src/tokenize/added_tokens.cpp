@@ -14,7 +14,8 @@ bool is_word_char(char32_t cp) {
   if (cp == '_') return true;
   if (u_hasBinaryProperty(static_cast<UChar32>(cp), UCHAR_ALPHABETIC)) return true;
   const auto category = u_charType(static_cast<UChar32>(cp));
-  return category == U_DECIMAL_DIGIT_NUMBER || category == U_LETTER_NUMBER || category == U_OTHER_NUMBER;
+  return category == U_DECIMAL_DIGIT_NUMBER || category == U_LETTER_NUMBER ||
+         category == U_OTHER_NUMBER;
 }
 
 size_t previous_char_start(std::string_view text, size_t end) {
@@ -49,7 +50,10 @@ void TokenMatcher::add(const std::string& pattern, size_t token_index) {
     if (child == 0) {
       child = static_cast<int>(nodes_.size());
       nodes_.push_back(Node{});
-      if (i == 0) root_[byte] = child; else nodes_[node].children[byte] = child;
+      if (i == 0)
+        root_[byte] = child;
+      else
+        nodes_[node].children[byte] = child;
     }
     node = child;
   }
@@ -69,7 +73,8 @@ std::pair<size_t, size_t> TokenMatcher::longest_at(std::string_view text, size_t
   return best;
 }
 
-AddedVocabulary::AddedVocabulary(const nlohmann::json& list, const Normalizer* normalizer, const std::string& where) {
+AddedVocabulary::AddedVocabulary(const nlohmann::json& list, const Normalizer* normalizer,
+                                 const std::string& where) {
   if (list.is_null()) return;
   if (!list.is_array()) throw_input_error("{}: expected a list", where);
   for (size_t i = 0; i < list.size(); ++i) {
@@ -77,7 +82,8 @@ AddedVocabulary::AddedVocabulary(const nlohmann::json& list, const Normalizer* n
     const auto& item = list[i];
     AddedToken token;
     const auto& id = require_field(item, "id", at);
-    if (!id.is_number_integer() || id.get<int64_t>() < 0) throw_input_error("{}: 'id' must be a non-negative integer", at);
+    if (!id.is_number_integer() || id.get<int64_t>() < 0)
+      throw_input_error("{}: 'id' must be a non-negative integer", at);
     token.id = id.get<int32_t>();
     token.content = require_string(item, "content", at);
     token.single_word = item.value("single_word", false);
@@ -96,12 +102,14 @@ AddedVocabulary::AddedVocabulary(const nlohmann::json& list, const Normalizer* n
   }
 }
 
-std::vector<Segment> AddedVocabulary::split_with(const Segment& input, const TokenMatcher& matcher) const {
+std::vector<Segment> AddedVocabulary::split_with(const Segment& input,
+                                                 const TokenMatcher& matcher) const {
   const std::string_view text = input.text;
   std::vector<Segment> out;
   size_t done = 0;  // end of the last emitted segment
   for (size_t pos = 0; pos < text.size();) {
-    const auto [length, index] = matcher.empty() ? std::pair<size_t, size_t>{0, 0} : matcher.longest_at(text, pos);
+    const auto [length, index] =
+        matcher.empty() ? std::pair<size_t, size_t>{0, 0} : matcher.longest_at(text, pos);
     if (length == 0) {
       ++pos;
       continue;
@@ -109,7 +117,8 @@ std::vector<Segment> AddedVocabulary::split_with(const Segment& input, const Tok
     const AddedToken& token = tokens_[index];
     size_t start = pos, stop = pos + length;
     pos = stop;  // matches never overlap, even when one is rejected below
-    if (token.single_word && (ends_with_word(text, start) || starts_with_word(text, stop))) continue;
+    if (token.single_word && (ends_with_word(text, start) || starts_with_word(text, stop)))
+      continue;
     if (token.lstrip) {
       while (start > done) {
         size_t prev = previous_char_start(text, start), probe = prev;
@@ -124,16 +133,20 @@ std::vector<Segment> AddedVocabulary::split_with(const Segment& input, const Tok
         stop = probe;
       }
     }
-    if (done < start) out.push_back({std::string(text.substr(done, start - done)), -1, input.at_input_start && done == 0});
+    if (done < start)
+      out.push_back(
+          {std::string(text.substr(done, start - done)), -1, input.at_input_start && done == 0});
     out.push_back({std::string(text.substr(start, stop - start)), token.id, false});
     done = stop;
     pos = std::max(pos, stop);
   }
-  if (done < text.size()) out.push_back({std::string(text.substr(done)), -1, input.at_input_start && done == 0});
+  if (done < text.size())
+    out.push_back({std::string(text.substr(done)), -1, input.at_input_start && done == 0});
   return out;
 }
 
-std::vector<Segment> AddedVocabulary::split(std::string_view text, const Normalizer* normalizer) const {
+std::vector<Segment> AddedVocabulary::split(std::string_view text,
+                                            const Normalizer* normalizer) const {
   std::vector<Segment> out;
   for (auto& segment : split_with(Segment{std::string(text), -1, true}, raw_)) {
     if (segment.id >= 0) {

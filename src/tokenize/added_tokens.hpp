@@ -51,7 +51,8 @@ class TokenMatcher {
 class AddedVocabulary {
  public:
   // `normalizer` may be null; it is applied to normalized tokens' contents, as upstream.
-  AddedVocabulary(const nlohmann::json& list, const Normalizer* normalizer, const std::string& where);
+  AddedVocabulary(const nlohmann::json& list, const Normalizer* normalizer,
+                  const std::string& where);
 
   // Splits `text` into segments, normalizing the non-token stretches.
   std::vector<Segment> split(std::string_view text, const Normalizer* normalizer) const;

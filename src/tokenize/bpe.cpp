@@ -16,8 +16,10 @@ constexpr size_t kMaxCachedWordBytes = 256;
 }  // namespace
 
 BpeModel::BpeModel(const nlohmann::json& config, const std::string& where) {
-  if (config.contains("dropout") && !config["dropout"].is_null() && config["dropout"].get<double>() > 0.0) {
-    throw_unsupported("{}: BPE dropout is random; calibration needs deterministic tokenization", where);
+  if (config.contains("dropout") && !config["dropout"].is_null() &&
+      config["dropout"].get<double>() > 0.0) {
+    throw_unsupported("{}: BPE dropout is random; calibration needs deterministic tokenization",
+                      where);
   }
   load_vocab(require_field(config, "vocab", where), where + ".vocab");
   load_merges(require_field(config, "merges", where), where + ".merges");
@@ -29,7 +31,8 @@ BpeModel::BpeModel(const nlohmann::json& config, const std::string& where) {
   ignore_merges_ = config.value("ignore_merges", false);
   if (!unk_token_.empty()) {
     unk_id_ = lookup(unk_token_);
-    if (unk_id_ < 0) throw_input_error("{}: unk_token '{}' is not in the vocabulary", where, unk_token_);
+    if (unk_id_ < 0)
+      throw_input_error("{}: unk_token '{}' is not in the vocabulary", where, unk_token_);
   }
   for (int b = 0; b < 256; ++b) byte_ids_[b] = lookup(fmt::format("<0x{:02X}>", b));
 }
@@ -43,7 +46,8 @@ void BpeModel::load_vocab(const nlohmann::json& vocab, const std::string& where)
     }
     const auto id = id_json.get<int32_t>();
     vocab_[token] = id;
-    if (static_cast<size_t>(id) >= id_to_token_.size()) id_to_token_.resize(static_cast<size_t>(id) + 1);
+    if (static_cast<size_t>(id) >= id_to_token_.size())
+      id_to_token_.resize(static_cast<size_t>(id) + 1);
     id_to_token_[static_cast<size_t>(id)] = token;
   }
 }
@@ -59,11 +63,13 @@ void BpeModel::load_merges(const nlohmann::json& merges, const std::string& wher
       const auto text = merge.get<std::string>();
       const size_t space = text.find(' ');
       if (space == std::string::npos || text.find(' ', space + 1) != std::string::npos) {
-        throw_input_error("{}[{}]: merge '{}' is not two tokens separated by one space", where, rank, text);
+        throw_input_error("{}[{}]: merge '{}' is not two tokens separated by one space", where,
+                          rank, text);
       }
       left = text.substr(0, space);
       right = text.substr(space + 1);
-    } else if (merge.is_array() && merge.size() == 2 && merge[0].is_string() && merge[1].is_string()) {
+    } else if (merge.is_array() && merge.size() == 2 && merge[0].is_string() &&
+               merge[1].is_string()) {
       left = merge[0].get<std::string>();
       right = merge[1].get<std::string>();
     } else {
@@ -71,7 +77,8 @@ void BpeModel::load_merges(const nlohmann::json& merges, const std::string& wher
     }
     const int32_t a = lookup(left), b = lookup(right), merged = lookup(left + right);
     if (a < 0 || b < 0 || merged < 0) {
-      throw_input_error("{}[{}]: merge '{}' + '{}' uses a token missing from the vocabulary", where, rank, left, right);
+      throw_input_error("{}[{}]: merge '{}' + '{}' uses a token missing from the vocabulary", where,
+                        rank, left, right);
     }
     // A repeated pair keeps its last rank, as Hugging Face's HashMap collection does.
     merges_[pair_key(a, b)] = {static_cast<int32_t>(rank), merged};
@@ -97,7 +104,8 @@ void BpeModel::initial_symbols(std::string_view word, std::vector<int32_t>& ids)
     pos += utf8::sequence_length(static_cast<unsigned char>(word[pos]));
     std::string_view symbol = word.substr(begin, pos - begin);
     if ((begin > 0 && !prefix_.empty()) || (pos >= word.size() && !suffix_.empty())) {
-      affixed = std::string(begin > 0 ? prefix_ : "") + std::string(symbol) + (pos >= word.size() ? suffix_ : "");
+      affixed = std::string(begin > 0 ? prefix_ : "") + std::string(symbol) +
+                (pos >= word.size() ? suffix_ : "");
       symbol = affixed;
     }
     if (const int32_t id = lookup(symbol); id >= 0) {
@@ -135,7 +143,9 @@ void BpeModel::merge_symbols(std::vector<int32_t>& ids) const {
   // to the leftmost pair, which is Hugging Face's order. Stale entries are skipped on pop.
   struct Candidate {
     int32_t rank, pos, new_id;
-    bool operator>(const Candidate& o) const { return rank != o.rank ? rank > o.rank : pos > o.pos; }
+    bool operator>(const Candidate& o) const {
+      return rank != o.rank ? rank > o.rank : pos > o.pos;
+    }
   };
   std::priority_queue<Candidate, std::vector<Candidate>, std::greater<>> queue;
   auto push = [&](int left) {
@@ -150,7 +160,8 @@ void BpeModel::merge_symbols(std::vector<int32_t>& ids) const {
     if (!alive[top.pos] || next[top.pos] < 0) continue;
     const int right = next[top.pos];
     const auto it = merges_.find(pair_key(ids[top.pos], ids[right]));
-    if (it == merges_.end() || it->second.new_id != top.new_id || it->second.rank != top.rank) continue;
+    if (it == merges_.end() || it->second.new_id != top.new_id || it->second.rank != top.rank)
+      continue;
     ids[top.pos] = top.new_id;
     alive[right] = false;
     next[top.pos] = next[right];

@@ -15,7 +15,8 @@ class ByteLevelDecoder final : public Decoder {
   ByteLevelDecoder() {
     for (int b = 0; b < 256; ++b) {
       size_t pos = 0;
-      to_byte_[utf8::next(byte_to_unicode(static_cast<unsigned char>(b)), pos)] = static_cast<unsigned char>(b);
+      to_byte_[utf8::next(byte_to_unicode(static_cast<unsigned char>(b)), pos)] =
+          static_cast<unsigned char>(b);
     }
   }
   void decode_chain(std::vector<std::string>& tokens) const override {
@@ -27,7 +28,10 @@ class ByteLevelDecoder final : public Decoder {
       bool all_mapped = true;
       for (size_t pos = 0; pos < token.size() && all_mapped;) {
         const auto it = to_byte_.find(utf8::next(token, pos));
-        if (it == to_byte_.end()) all_mapped = false; else mapped.push_back(static_cast<char>(it->second));
+        if (it == to_byte_.end())
+          all_mapped = false;
+        else
+          mapped.push_back(static_cast<char>(it->second));
       }
       bytes += all_mapped ? mapped : token;
     }
@@ -44,7 +48,10 @@ int parse_byte_token(const std::string& token) {
   int value = 0;
   for (size_t i = 3; i < 5; ++i) {
     const char c = token[i];
-    const int digit = c >= '0' && c <= '9' ? c - '0' : c >= 'A' && c <= 'F' ? c - 'A' + 10 : c >= 'a' && c <= 'f' ? c - 'a' + 10 : -1;
+    const int digit = c >= '0' && c <= '9'   ? c - '0'
+                      : c >= 'A' && c <= 'F' ? c - 'A' + 10
+                      : c >= 'a' && c <= 'f' ? c - 'a' + 10
+                                             : -1;
     if (digit < 0) return -1;
     value = value * 16 + digit;
   }
@@ -94,12 +101,14 @@ class FuseDecoder final : public Decoder {
 
 class ReplaceDecoder final : public Decoder {
  public:
-  ReplaceDecoder(std::string pattern, std::string content) : pattern_(std::move(pattern)), content_(std::move(content)) {}
+  ReplaceDecoder(std::string pattern, std::string content)
+      : pattern_(std::move(pattern)), content_(std::move(content)) {}
   void decode_chain(std::vector<std::string>& tokens) const override {
     for (auto& token : tokens) {
       std::string out;
       size_t last = 0;
-      for (size_t hit = token.find(pattern_); hit != std::string::npos; hit = token.find(pattern_, last)) {
+      for (size_t hit = token.find(pattern_); hit != std::string::npos;
+           hit = token.find(pattern_, last)) {
         out.append(token, last, hit - last).append(content_);
         last = hit + pattern_.size();
       }
@@ -114,7 +123,8 @@ class ReplaceDecoder final : public Decoder {
 // Removes up to `start` leading and `stop` trailing copies of `content` from each token.
 class StripDecoder final : public Decoder {
  public:
-  StripDecoder(char32_t content, size_t start, size_t stop) : content_(content), start_(start), stop_(stop) {}
+  StripDecoder(char32_t content, size_t start, size_t stop)
+      : content_(content), start_(start), stop_(stop) {}
   void decode_chain(std::vector<std::string>& tokens) const override {
     for (auto& token : tokens) {
       std::vector<char32_t> chars;
@@ -135,14 +145,16 @@ class StripDecoder final : public Decoder {
 
 class MetaspaceDecoder final : public Decoder {
  public:
-  MetaspaceDecoder(std::string replacement, bool drop_first) : replacement_(std::move(replacement)), drop_first_(drop_first) {}
+  MetaspaceDecoder(std::string replacement, bool drop_first)
+      : replacement_(std::move(replacement)), drop_first_(drop_first) {}
   void decode_chain(std::vector<std::string>& tokens) const override {
     for (size_t i = 0; i < tokens.size(); ++i) {
       // Upstream drops every replacement character of the first token, not just the first one.
       const std::string with = i == 0 && drop_first_ ? "" : " ";
       std::string out;
       size_t last = 0;
-      for (size_t hit = tokens[i].find(replacement_); hit != std::string::npos; hit = tokens[i].find(replacement_, last)) {
+      for (size_t hit = tokens[i].find(replacement_); hit != std::string::npos;
+           hit = tokens[i].find(replacement_, last)) {
         out.append(tokens[i], last, hit - last).append(with);
         last = hit + replacement_.size();
       }
@@ -157,7 +169,8 @@ class MetaspaceDecoder final : public Decoder {
 
 class SequenceDecoder final : public Decoder {
  public:
-  explicit SequenceDecoder(std::vector<std::unique_ptr<Decoder>> steps) : steps_(std::move(steps)) {}
+  explicit SequenceDecoder(std::vector<std::unique_ptr<Decoder>> steps)
+      : steps_(std::move(steps)) {}
   void decode_chain(std::vector<std::string>& tokens) const override {
     for (const auto& step : steps_) step->decode_chain(tokens);
   }
@@ -169,13 +182,16 @@ class SequenceDecoder final : public Decoder {
 char32_t single_char(const std::string& text, const std::string& where) {
   size_t pos = 0;
   const char32_t cp = text.empty() ? 0 : utf8::next(text, pos);
-  if (text.empty() || pos != text.size()) throw_input_error("{}: expected a single character, got '{}'", where, text);
+  if (text.empty() || pos != text.size())
+    throw_input_error("{}: expected a single character, got '{}'", where, text);
   return cp;
 }
 
-std::unique_ptr<Decoder> make_replace_decoder(const nlohmann::json& config, const std::string& where) {
+std::unique_ptr<Decoder> make_replace_decoder(const nlohmann::json& config,
+                                              const std::string& where) {
   const auto& pattern = require_field(config, "pattern", where);
-  if (!pattern.contains("String")) throw_unsupported("{}: only String patterns are supported in a Replace decoder", where);
+  if (!pattern.contains("String"))
+    throw_unsupported("{}: only String patterns are supported in a Replace decoder", where);
   return std::make_unique<ReplaceDecoder>(require_string(pattern, "String", where + ".pattern"),
                                           require_string(config, "content", where));
 }
@@ -190,24 +206,32 @@ std::unique_ptr<Decoder> make_decoder(const nlohmann::json& config, const std::s
   if (type == "Fuse") return std::make_unique<FuseDecoder>();
   if (type == "Replace") return make_replace_decoder(config, where);
   if (type == "Strip") {
-    return std::make_unique<StripDecoder>(single_char(require_string(config, "content", where), where),
-                                          config.value("start", size_t{0}), config.value("stop", size_t{0}));
+    return std::make_unique<StripDecoder>(
+        single_char(require_string(config, "content", where), where),
+        config.value("start", size_t{0}), config.value("stop", size_t{0}));
   }
   if (type == "Metaspace") {
-    const std::string scheme = config.contains("prepend_scheme") ? require_string(config, "prepend_scheme", where)
-                               : config.value("add_prefix_space", true) ? "always" : "never";
-    return std::make_unique<MetaspaceDecoder>(require_string(config, "replacement", where), scheme != "never");
+    const std::string scheme = config.contains("prepend_scheme")
+                                   ? require_string(config, "prepend_scheme", where)
+                               : config.value("add_prefix_space", true) ? "always"
+                                                                        : "never";
+    return std::make_unique<MetaspaceDecoder>(require_string(config, "replacement", where),
+                                              scheme != "never");
   }
   if (type == "Sequence") {
     std::vector<std::unique_ptr<Decoder>> steps;
     const auto& list = require_array(config, "decoders", where);
     for (size_t i = 0; i < list.size(); ++i) {
-      if (auto step = make_decoder(list[i], fmt::format("{}.decoders[{}]", where, i))) steps.push_back(std::move(step));
+      if (auto step = make_decoder(list[i], fmt::format("{}.decoders[{}]", where, i)))
+        steps.push_back(std::move(step));
     }
     return std::make_unique<SequenceDecoder>(std::move(steps));
   }
-  throw_unsupported("{}: unsupported decoder type '{}' (supported: ByteLevel, ByteFallback, Fuse, Replace, Strip, "
-                    "Metaspace, Sequence)", where, type);
+  throw_unsupported(
+      "{}: unsupported decoder type '{}' (supported: ByteLevel, ByteFallback, Fuse, Replace, "
+      "Strip, "
+      "Metaspace, Sequence)",
+      where, type);
 }
 
 }  // namespace headwise::tokenize

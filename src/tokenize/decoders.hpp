@@ -26,6 +26,7 @@ class PostProcessor {
   virtual void process(std::vector<int32_t>& ids) const = 0;
 };
 
-std::unique_ptr<PostProcessor> make_post_processor(const nlohmann::json& config, const std::string& where);
+std::unique_ptr<PostProcessor> make_post_processor(const nlohmann::json& config,
+                                                   const std::string& where);
 
 }  // namespace headwise::tokenize

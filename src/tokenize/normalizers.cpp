@@ -29,13 +29,15 @@ const icu::Normalizer2* icu_normalizer(const std::string& form, const std::strin
                               : form == "NFKC" ? icu::Normalizer2::getNFKCInstance(status)
                               : form == "NFKD" ? icu::Normalizer2::getNFKDInstance(status)
                                                : nullptr;
-  if (n == nullptr || U_FAILURE(status)) throw_input_error("{}: ICU has no {} normalizer", where, form);
+  if (n == nullptr || U_FAILURE(status))
+    throw_input_error("{}: ICU has no {} normalizer", where, form);
   return n;
 }
 
 class UnicodeForm final : public Normalizer {
  public:
-  UnicodeForm(std::string form, const std::string& where) : form_(std::move(form)), icu_(icu_normalizer(form_, where)) {}
+  UnicodeForm(std::string form, const std::string& where)
+      : form_(std::move(form)), icu_(icu_normalizer(form_, where)) {}
   void normalize(std::string& text) const override {
     // ASCII is invariant under every normalization form; skipping ICU keeps encode fast.
     if (is_ascii(text)) return;
@@ -87,7 +89,8 @@ class Replace final : public Normalizer {
       literal_ = require_string(pattern, "String", where + ".pattern");
       if (literal_.empty()) throw_input_error("{}.pattern: empty String pattern", where);
     } else if (pattern.contains("Regex")) {
-      regex_ = std::make_unique<Regex>(require_string(pattern, "Regex", where + ".pattern"), where + ".pattern");
+      regex_ = std::make_unique<Regex>(require_string(pattern, "Regex", where + ".pattern"),
+                                       where + ".pattern");
     } else {
       throw_input_error("{}.pattern: expected {{\"String\": ...}} or {{\"Regex\": ...}}", where);
     }
@@ -102,7 +105,8 @@ class Replace final : public Normalizer {
         last = end;
       }
     } else {
-      for (size_t hit = text.find(literal_); hit != std::string::npos; hit = text.find(literal_, last)) {
+      for (size_t hit = text.find(literal_); hit != std::string::npos;
+           hit = text.find(literal_, last)) {
         out.append(text, last, hit - last).append(content_);
         last = hit + literal_.size();
       }
@@ -164,26 +168,32 @@ class Sequence final : public Normalizer {
 
 }  // namespace
 
-std::unique_ptr<Normalizer> make_normalizer(const nlohmann::json& config, const std::string& where) {
+std::unique_ptr<Normalizer> make_normalizer(const nlohmann::json& config,
+                                            const std::string& where) {
   if (config.is_null()) return nullptr;
   const std::string type = require_string(config, "type", where);
-  if (type == "NFC" || type == "NFD" || type == "NFKC" || type == "NFKD") return std::make_unique<UnicodeForm>(type, where);
+  if (type == "NFC" || type == "NFD" || type == "NFKC" || type == "NFKD")
+    return std::make_unique<UnicodeForm>(type, where);
   if (type == "Lowercase") return std::make_unique<Lowercase>();
   if (type == "Replace") return std::make_unique<Replace>(config, where);
   if (type == "Prepend") return std::make_unique<Prepend>(require_string(config, "prepend", where));
   if (type == "Strip") {
-    return std::make_unique<Strip>(config.value("strip_left", true), config.value("strip_right", true));
+    return std::make_unique<Strip>(config.value("strip_left", true),
+                                   config.value("strip_right", true));
   }
   if (type == "Sequence") {
     std::vector<std::unique_ptr<Normalizer>> steps;
     const auto& list = require_array(config, "normalizers", where);
     for (size_t i = 0; i < list.size(); ++i) {
-      if (auto step = make_normalizer(list[i], fmt::format("{}.normalizers[{}]", where, i))) steps.push_back(std::move(step));
+      if (auto step = make_normalizer(list[i], fmt::format("{}.normalizers[{}]", where, i)))
+        steps.push_back(std::move(step));
     }
     return std::make_unique<Sequence>(std::move(steps));
   }
-  throw_unsupported("{}: unsupported normalizer type '{}' (supported: NFC, NFD, NFKC, NFKD, Lowercase, Replace, "
-                    "Prepend, Strip, Sequence)", where, type);
+  throw_unsupported(
+      "{}: unsupported normalizer type '{}' (supported: NFC, NFD, NFKC, NFKD, Lowercase, Replace, "
+      "Prepend, Strip, Sequence)",
+      where, type);
 }
 
 std::string unicode_normalize(const std::string& text, const std::string& form) {

@@ -9,7 +9,8 @@ namespace {
 // fixed [CLS] ... [SEP] of BertProcessing / RobertaProcessing.
 class Wrap final : public PostProcessor {
  public:
-  Wrap(std::vector<int32_t> before, std::vector<int32_t> after) : before_(std::move(before)), after_(std::move(after)) {}
+  Wrap(std::vector<int32_t> before, std::vector<int32_t> after)
+      : before_(std::move(before)), after_(std::move(after)) {}
   void process(std::vector<int32_t>& ids) const override {
     ids.insert(ids.begin(), before_.begin(), before_.end());
     ids.insert(ids.end(), after_.begin(), after_.end());
@@ -30,17 +31,21 @@ class Sequence final : public PostProcessor {
   std::vector<std::unique_ptr<PostProcessor>> steps_;
 };
 
-std::vector<int32_t> special_ids(const nlohmann::json& special_tokens, const std::string& name, const std::string& where) {
+std::vector<int32_t> special_ids(const nlohmann::json& special_tokens, const std::string& name,
+                                 const std::string& where) {
   if (!special_tokens.is_object() || !special_tokens.contains(name)) {
-    throw_input_error("{}: template uses special token '{}' missing from special_tokens", where, name);
+    throw_input_error("{}: template uses special token '{}' missing from special_tokens", where,
+                      name);
   }
-  const auto& ids = require_array(special_tokens.at(name), "ids", where + ".special_tokens." + name);
+  const auto& ids =
+      require_array(special_tokens.at(name), "ids", where + ".special_tokens." + name);
   std::vector<int32_t> out;
   for (const auto& id : ids) out.push_back(id.get<int32_t>());
   return out;
 }
 
-std::unique_ptr<PostProcessor> make_template(const nlohmann::json& config, const std::string& where) {
+std::unique_ptr<PostProcessor> make_template(const nlohmann::json& config,
+                                             const std::string& where) {
   const auto& single = require_array(config, "single", where);
   const auto& specials = require_field(config, "special_tokens", where);
   std::vector<int32_t> before, after;
@@ -48,11 +53,14 @@ std::unique_ptr<PostProcessor> make_template(const nlohmann::json& config, const
   for (size_t i = 0; i < single.size(); ++i) {
     const auto& item = single[i];
     if (item.contains("Sequence")) {
-      if (seen_sequence) throw_input_error("{}.single[{}]: the single template has two sequences", where, i);
+      if (seen_sequence)
+        throw_input_error("{}.single[{}]: the single template has two sequences", where, i);
       seen_sequence = true;
     } else if (item.contains("SpecialToken")) {
-      const auto ids = special_ids(specials, require_string(item.at("SpecialToken"), "id", where), where);
-      (seen_sequence ? after : before).insert((seen_sequence ? after : before).end(), ids.begin(), ids.end());
+      const auto ids =
+          special_ids(specials, require_string(item.at("SpecialToken"), "id", where), where);
+      (seen_sequence ? after : before)
+          .insert((seen_sequence ? after : before).end(), ids.begin(), ids.end());
     } else {
       throw_input_error("{}.single[{}]: expected Sequence or SpecialToken", where, i);
     }
@@ -71,7 +79,8 @@ int32_t pair_id(const nlohmann::json& config, const char* field, const std::stri
 
 }  // namespace
 
-std::unique_ptr<PostProcessor> make_post_processor(const nlohmann::json& config, const std::string& where) {
+std::unique_ptr<PostProcessor> make_post_processor(const nlohmann::json& config,
+                                                   const std::string& where) {
   if (config.is_null()) return nullptr;
   const std::string type = require_string(config, "type", where);
   // ByteLevel as a post-processor only trims offsets; ids are unchanged.
@@ -85,12 +94,15 @@ std::unique_ptr<PostProcessor> make_post_processor(const nlohmann::json& config,
     std::vector<std::unique_ptr<PostProcessor>> steps;
     const auto& list = require_array(config, "processors", where);
     for (size_t i = 0; i < list.size(); ++i) {
-      if (auto step = make_post_processor(list[i], fmt::format("{}.processors[{}]", where, i))) steps.push_back(std::move(step));
+      if (auto step = make_post_processor(list[i], fmt::format("{}.processors[{}]", where, i)))
+        steps.push_back(std::move(step));
     }
     return std::make_unique<Sequence>(std::move(steps));
   }
-  throw_unsupported("{}: unsupported post_processor type '{}' (supported: TemplateProcessing, ByteLevel, "
-                    "BertProcessing, RobertaProcessing, Sequence)", where, type);
+  throw_unsupported(
+      "{}: unsupported post_processor type '{}' (supported: TemplateProcessing, ByteLevel, "
+      "BertProcessing, RobertaProcessing, Sequence)",
+      where, type);
 }
 
 }  // namespace headwise::tokenize

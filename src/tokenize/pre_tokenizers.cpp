@@ -11,12 +11,14 @@ namespace headwise::tokenize {
 namespace {
 
 // GPT-2's pre-tokenization pattern, used by ByteLevel when use_regex is true.
-constexpr const char* kGpt2Pattern = R"('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+)";
+constexpr const char* kGpt2Pattern =
+    R"('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+)";
 
 using Span = std::pair<size_t, size_t>;
 
 // Cuts the piece into consecutive spans marked delimiter or not, covering all of it.
-std::vector<std::pair<Span, bool>> cover(size_t size, const std::vector<Span>& matches, bool invert) {
+std::vector<std::pair<Span, bool>> cover(size_t size, const std::vector<Span>& matches,
+                                         bool invert) {
   std::vector<std::pair<Span, bool>> spans;
   size_t prev = 0;
   for (const auto& [begin, end] : matches) {
@@ -29,7 +31,8 @@ std::vector<std::pair<Span, bool>> cover(size_t size, const std::vector<Span>& m
 }
 
 // Applies the delimiter behaviour, mirroring Hugging Face's NormalizedString::split.
-std::vector<Span> apply_behavior(const std::vector<std::pair<Span, bool>>& spans, SplitBehavior behavior) {
+std::vector<Span> apply_behavior(const std::vector<std::pair<Span, bool>>& spans,
+                                 SplitBehavior behavior) {
   std::vector<Span> out;
   bool previous_match = false;
   switch (behavior) {
@@ -89,13 +92,15 @@ SplitBehavior parse_behavior(const std::string& name, const std::string& where) 
 // Regex- or literal-based split; the shared engine of Split, Digits, Whitespace, ...
 class RegexSplit : public PreTokenizer {
  public:
-  RegexSplit(const std::string& pattern, SplitBehavior behavior, bool invert, const std::string& where)
+  RegexSplit(const std::string& pattern, SplitBehavior behavior, bool invert,
+             const std::string& where)
       : regex_(pattern, where), behavior_(behavior), invert_(invert) {}
   void pre_tokenize(std::vector<Piece>& pieces) const override {
     std::vector<Piece> out;
     out.reserve(pieces.size() * 4);
     for (const auto& piece : pieces) {
-      for (auto& part : split_piece(piece, regex_.find_all(piece.text), behavior_, invert_)) out.push_back(std::move(part));
+      for (auto& part : split_piece(piece, regex_.find_all(piece.text), behavior_, invert_))
+        out.push_back(std::move(part));
     }
     pieces.swap(out);
   }
@@ -136,8 +141,10 @@ std::unique_ptr<PreTokenizer> make_split(const nlohmann::json& config, const std
 
 class ByteLevel final : public PreTokenizer {
  public:
-  ByteLevel(bool add_prefix_space, bool use_regex, const std::string& where) : add_prefix_space_(add_prefix_space) {
-    if (use_regex) split_ = std::make_unique<RegexSplit>(kGpt2Pattern, SplitBehavior::kIsolated, false, where);
+  ByteLevel(bool add_prefix_space, bool use_regex, const std::string& where)
+      : add_prefix_space_(add_prefix_space) {
+    if (use_regex)
+      split_ = std::make_unique<RegexSplit>(kGpt2Pattern, SplitBehavior::kIsolated, false, where);
   }
   void pre_tokenize(std::vector<Piece>& pieces) const override {
     if (add_prefix_space_) {
@@ -171,10 +178,14 @@ class Metaspace final : public PreTokenizer {
       std::string text;
       text.reserve(piece.text.size() + replacement_.size());
       for (char c : piece.text) {
-        if (c == ' ') text += replacement_; else text.push_back(c);
+        if (c == ' ')
+          text += replacement_;
+        else
+          text.push_back(c);
       }
       const bool starts = text.compare(0, replacement_.size(), replacement_) == 0;
-      if (!starts && (scheme_ == PrependScheme::kAlways || (scheme_ == PrependScheme::kFirst && piece.at_input_start))) {
+      if (!starts && (scheme_ == PrependScheme::kAlways ||
+                      (scheme_ == PrependScheme::kFirst && piece.at_input_start))) {
         text.insert(0, replacement_);
       }
       Piece replaced{std::move(text), piece.at_input_start};
@@ -187,7 +198,8 @@ class Metaspace final : public PreTokenizer {
            hit = replaced.text.find(replacement_, hit + replacement_.size())) {
         matches.emplace_back(hit, hit + replacement_.size());
       }
-      for (auto& part : split_piece(replaced, matches, SplitBehavior::kMergedWithNext, false)) out.push_back(std::move(part));
+      for (auto& part : split_piece(replaced, matches, SplitBehavior::kMergedWithNext, false))
+        out.push_back(std::move(part));
     }
     pieces.swap(out);
   }
@@ -198,15 +210,20 @@ class Metaspace final : public PreTokenizer {
   bool split_;
 };
 
-std::unique_ptr<PreTokenizer> make_metaspace(const nlohmann::json& config, const std::string& where) {
+std::unique_ptr<PreTokenizer> make_metaspace(const nlohmann::json& config,
+                                             const std::string& where) {
   const std::string replacement = require_string(config, "replacement", where);
   PrependScheme scheme = PrependScheme::kAlways;
   if (config.contains("prepend_scheme")) {
     const std::string name = require_string(config, "prepend_scheme", where);
-    if (name == "always") scheme = PrependScheme::kAlways;
-    else if (name == "first") scheme = PrependScheme::kFirst;
-    else if (name == "never") scheme = PrependScheme::kNever;
-    else throw_input_error("{}: unknown prepend_scheme '{}'", where, name);
+    if (name == "always")
+      scheme = PrependScheme::kAlways;
+    else if (name == "first")
+      scheme = PrependScheme::kFirst;
+    else if (name == "never")
+      scheme = PrependScheme::kNever;
+    else
+      throw_input_error("{}: unknown prepend_scheme '{}'", where, name);
   } else if (!config.value("add_prefix_space", true)) {
     scheme = PrependScheme::kNever;
   }
@@ -226,10 +243,12 @@ class Sequence final : public PreTokenizer {
 
 }  // namespace
 
-std::vector<Piece> split_piece(const Piece& piece, const std::vector<std::pair<size_t, size_t>>& matches,
+std::vector<Piece> split_piece(const Piece& piece,
+                               const std::vector<std::pair<size_t, size_t>>& matches,
                                SplitBehavior behavior, bool invert) {
   std::vector<Piece> out;
-  for (const auto& [begin, end] : apply_behavior(cover(piece.text.size(), matches, invert), behavior)) {
+  for (const auto& [begin, end] :
+       apply_behavior(cover(piece.text.size(), matches, invert), behavior)) {
     if (begin == end) continue;
     out.push_back({piece.text.substr(begin, end - begin), piece.at_input_start && begin == 0});
   }
@@ -242,39 +261,48 @@ const std::string& byte_to_unicode(unsigned char b) {
     int shifted = 0;
     for (int byte = 0; byte < 256; ++byte) {
       // Printable Latin-1 bytes map to themselves; the rest to U+0100 onwards, in order.
-      const bool printable = (byte >= '!' && byte <= '~') || (byte >= 0xA1 && byte <= 0xAC) || byte >= 0xAE;
-      utf8::append(t[byte], printable ? static_cast<char32_t>(byte) : static_cast<char32_t>(256 + shifted++));
+      const bool printable =
+          (byte >= '!' && byte <= '~') || (byte >= 0xA1 && byte <= 0xAC) || byte >= 0xAE;
+      utf8::append(t[byte], printable ? static_cast<char32_t>(byte)
+                                      : static_cast<char32_t>(256 + shifted++));
     }
     return t;
   }();
   return table[b];
 }
 
-std::unique_ptr<PreTokenizer> make_pre_tokenizer(const nlohmann::json& config, const std::string& where) {
+std::unique_ptr<PreTokenizer> make_pre_tokenizer(const nlohmann::json& config,
+                                                 const std::string& where) {
   if (config.is_null()) return nullptr;
   const std::string type = require_string(config, "type", where);
   if (type == "ByteLevel") {
-    return std::make_unique<ByteLevel>(config.value("add_prefix_space", true), config.value("use_regex", true), where);
+    return std::make_unique<ByteLevel>(config.value("add_prefix_space", true),
+                                       config.value("use_regex", true), where);
   }
   if (type == "Split") return make_split(config, where);
   if (type == "Metaspace") return make_metaspace(config, where);
   if (type == "Digits") {
     const bool individual = config.value("individual_digits", false);
-    return std::make_unique<RegexSplit>("[0-9]", individual ? SplitBehavior::kIsolated : SplitBehavior::kContiguous,
-                                        false, where);
+    return std::make_unique<RegexSplit>(
+        "[0-9]", individual ? SplitBehavior::kIsolated : SplitBehavior::kContiguous, false, where);
   }
-  if (type == "Whitespace") return std::make_unique<RegexSplit>(R"(\w+|[^\w\s]+)", SplitBehavior::kRemoved, true, where);
-  if (type == "WhitespaceSplit") return std::make_unique<RegexSplit>(R"(\s)", SplitBehavior::kRemoved, false, where);
+  if (type == "Whitespace")
+    return std::make_unique<RegexSplit>(R"(\w+|[^\w\s]+)", SplitBehavior::kRemoved, true, where);
+  if (type == "WhitespaceSplit")
+    return std::make_unique<RegexSplit>(R"(\s)", SplitBehavior::kRemoved, false, where);
   if (type == "Sequence") {
     std::vector<std::unique_ptr<PreTokenizer>> steps;
     const auto& list = require_array(config, "pretokenizers", where);
     for (size_t i = 0; i < list.size(); ++i) {
-      if (auto step = make_pre_tokenizer(list[i], fmt::format("{}.pretokenizers[{}]", where, i))) steps.push_back(std::move(step));
+      if (auto step = make_pre_tokenizer(list[i], fmt::format("{}.pretokenizers[{}]", where, i)))
+        steps.push_back(std::move(step));
     }
     return std::make_unique<Sequence>(std::move(steps));
   }
-  throw_unsupported("{}: unsupported pre_tokenizer type '{}' (supported: ByteLevel, Split, Metaspace, Digits, "
-                    "Whitespace, WhitespaceSplit, Sequence)", where, type);
+  throw_unsupported(
+      "{}: unsupported pre_tokenizer type '{}' (supported: ByteLevel, Split, Metaspace, Digits, "
+      "Whitespace, WhitespaceSplit, Sequence)",
+      where, type);
 }
 
 }  // namespace headwise::tokenize

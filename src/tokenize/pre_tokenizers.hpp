@@ -28,12 +28,14 @@ enum class SplitBehavior { kRemoved, kIsolated, kMergedWithPrevious, kMergedWith
 
 // Splits `piece` at `matches` ([begin, end) byte ranges, sorted, disjoint). With `invert`,
 // the text between matches is treated as the delimiter instead. Empty pieces are dropped.
-std::vector<Piece> split_piece(const Piece& piece, const std::vector<std::pair<size_t, size_t>>& matches,
+std::vector<Piece> split_piece(const Piece& piece,
+                               const std::vector<std::pair<size_t, size_t>>& matches,
                                SplitBehavior behavior, bool invert);
 
 // The GPT-2 byte-to-character table: byte b becomes the UTF-8 of a printable code point.
 const std::string& byte_to_unicode(unsigned char b);
 
-std::unique_ptr<PreTokenizer> make_pre_tokenizer(const nlohmann::json& config, const std::string& where);
+std::unique_ptr<PreTokenizer> make_pre_tokenizer(const nlohmann::json& config,
+                                                 const std::string& where);
 
 }  // namespace headwise::tokenize

@@ -12,7 +12,8 @@ struct Regex::Impl {
   bool jit = false;
 };
 
-Regex::Regex(const std::string& pattern, const std::string& where) : impl_(std::make_unique<Impl>()) {
+Regex::Regex(const std::string& pattern, const std::string& where)
+    : impl_(std::make_unique<Impl>()) {
   int error_code = 0;
   PCRE2_SIZE error_offset = 0;
   impl_->code = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(pattern.data()), pattern.size(),
@@ -20,8 +21,8 @@ Regex::Regex(const std::string& pattern, const std::string& where) : impl_(std::
   if (impl_->code == nullptr) {
     PCRE2_UCHAR message[256];
     pcre2_get_error_message(error_code, message, sizeof(message));
-    throw_input_error("{}: regex '{}' does not compile at offset {}: {}", where, pattern, error_offset,
-                      reinterpret_cast<const char*>(message));
+    throw_input_error("{}: regex '{}' does not compile at offset {}: {}", where, pattern,
+                      error_offset, reinterpret_cast<const char*>(message));
   }
   // JIT makes pre-tokenization several times faster; without it PCRE2 still works.
   impl_->jit = pcre2_jit_compile(impl_->code, PCRE2_JIT_COMPLETE) == 0;
@@ -39,9 +40,10 @@ std::vector<std::pair<size_t, size_t>> Regex::find_all(std::string_view text) co
   const auto* subject = reinterpret_cast<PCRE2_SPTR>(text.data());
   size_t start = 0;
   while (start <= text.size()) {
-    const int rc = impl_->jit ? pcre2_jit_match(impl_->code, subject, text.size(), start, 0, data.get(), nullptr)
-                              : pcre2_match(impl_->code, subject, text.size(), start, PCRE2_NO_UTF_CHECK,
-                                            data.get(), nullptr);
+    const int rc = impl_->jit ? pcre2_jit_match(impl_->code, subject, text.size(), start, 0,
+                                                data.get(), nullptr)
+                              : pcre2_match(impl_->code, subject, text.size(), start,
+                                            PCRE2_NO_UTF_CHECK, data.get(), nullptr);
     if (rc == PCRE2_ERROR_NOMATCH) break;
     HEADWISE_CHECK(rc >= 0, "PCRE2 match failed with code {}", rc);
     const PCRE2_SIZE* ovector = pcre2_get_ovector_pointer(data.get());

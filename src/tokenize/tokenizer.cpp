@@ -28,7 +28,8 @@ struct Tokenizer::Impl {
   int64_t vocab_size = 0;
 
   const std::string* token_of(int32_t id) const {
-    if (const auto it = added_by_id.find(id); it != added_by_id.end()) return &added->tokens()[it->second].decoded;
+    if (const auto it = added_by_id.find(id); it != added_by_id.end())
+      return &added->tokens()[it->second].decoded;
     const std::string& token = model->id_to_token(id);
     return token.empty() ? nullptr : &token;
   }
@@ -40,7 +41,8 @@ fs::path resolve(const fs::path& path) {
   std::error_code ec;
   if (fs::is_directory(path, ec)) {
     const fs::path file = path / "tokenizer.json";
-    if (!fs::exists(file, ec)) throw_input_error("{}: no tokenizer.json in this folder", path.string());
+    if (!fs::exists(file, ec))
+      throw_input_error("{}: no tokenizer.json in this folder", path.string());
     return file;
   }
   return path;
@@ -49,8 +51,10 @@ fs::path resolve(const fs::path& path) {
 std::unique_ptr<BpeModel> make_model(const nlohmann::json& config, const std::string& where) {
   const std::string type = config.contains("type") ? require_string(config, "type", where) : "BPE";
   if (type != "BPE") {
-    throw_unsupported("{}: unsupported tokenizer model type '{}' (supported: BPE, byte-level or with byte fallback)",
-                      where, type);
+    throw_unsupported(
+        "{}: unsupported tokenizer model type '{}' (supported: BPE, byte-level or with byte "
+        "fallback)",
+        where, type);
   }
   return std::make_unique<BpeModel>(config, where);
 }
@@ -70,7 +74,8 @@ Tokenizer Tokenizer::from_file(const fs::path& path) {
   impl->normalizer = make_normalizer(section("normalizer"), file + ": normalizer");
   impl->pre_tokenizer = make_pre_tokenizer(section("pre_tokenizer"), file + ": pre_tokenizer");
   impl->model = make_model(require_field(json, "model", file), file + ": model");
-  impl->added = std::make_unique<AddedVocabulary>(section("added_tokens"), impl->normalizer.get(), file + ": added_tokens");
+  impl->added = std::make_unique<AddedVocabulary>(section("added_tokens"), impl->normalizer.get(),
+                                                  file + ": added_tokens");
   impl->post_processor = make_post_processor(section("post_processor"), file + ": post_processor");
   impl->decoder = make_decoder(section("decoder"), file + ": decoder");
   impl->vocab_size = static_cast<int64_t>(impl->model->size());
@@ -113,8 +118,11 @@ std::string Tokenizer::decode(const std::vector<int64_t>& ids, bool skip_special
   tokens.reserve(ids.size());
   for (size_t i = 0; i < ids.size(); ++i) {
     const int64_t id = ids[i];
-    const std::string* token = id >= 0 && id <= INT32_MAX ? impl_->token_of(static_cast<int32_t>(id)) : nullptr;
-    if (token == nullptr) throw_input_error("{}: id {} (position {}) is not in the vocabulary", impl_->path.string(), id, i);
+    const std::string* token =
+        id >= 0 && id <= INT32_MAX ? impl_->token_of(static_cast<int32_t>(id)) : nullptr;
+    if (token == nullptr)
+      throw_input_error("{}: id {} (position {}) is not in the vocabulary", impl_->path.string(),
+                        id, i);
     if (skip_special_tokens) {
       const auto it = impl_->added_by_id.find(static_cast<int32_t>(id));
       if (it != impl_->added_by_id.end() && impl_->added->tokens()[it->second].special) continue;
@@ -133,7 +141,9 @@ std::string Tokenizer::decode(const std::vector<int64_t>& ids, bool skip_special
   return out;
 }
 
-int64_t Tokenizer::vocab_size() const { return impl_->vocab_size; }
+int64_t Tokenizer::vocab_size() const {
+  return impl_->vocab_size;
+}
 
 std::optional<int64_t> Tokenizer::token_to_id(std::string_view token) const {
   for (const auto& added : impl_->added->tokens()) {
@@ -145,10 +155,13 @@ std::optional<int64_t> Tokenizer::token_to_id(std::string_view token) const {
 }
 
 std::string Tokenizer::id_to_token(int64_t id) const {
-  const std::string* token = id >= 0 && id <= INT32_MAX ? impl_->token_of(static_cast<int32_t>(id)) : nullptr;
+  const std::string* token =
+      id >= 0 && id <= INT32_MAX ? impl_->token_of(static_cast<int32_t>(id)) : nullptr;
   return token ? *token : std::string();
 }
 
-const fs::path& Tokenizer::path() const { return impl_->path; }
+const fs::path& Tokenizer::path() const {
+  return impl_->path;
+}
 
 }  // namespace headwise::tokenize

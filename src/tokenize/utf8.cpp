@@ -5,7 +5,10 @@ namespace headwise::tokenize::utf8 {
 char32_t next(std::string_view text, size_t& pos) {
   const auto lead = static_cast<unsigned char>(text[pos]);
   const size_t len = sequence_length(lead);
-  char32_t cp = len == 1 ? lead : len == 2 ? (lead & 0x1F) : len == 3 ? (lead & 0x0F) : (lead & 0x07);
+  char32_t cp = len == 1   ? lead
+                : len == 2 ? (lead & 0x1F)
+                : len == 3 ? (lead & 0x0F)
+                           : (lead & 0x07);
   for (size_t i = 1; i < len && pos + i < text.size(); ++i) {
     cp = (cp << 6) | (static_cast<unsigned char>(text[pos + i]) & 0x3F);
   }
@@ -92,8 +95,20 @@ std::string decode_lossy(std::string_view bytes) {
 
 bool is_whitespace(char32_t cp) {
   switch (cp) {
-    case 0x09: case 0x0A: case 0x0B: case 0x0C: case 0x0D: case 0x20: case 0x85: case 0xA0:
-    case 0x1680: case 0x2028: case 0x2029: case 0x202F: case 0x205F: case 0x3000:
+    case 0x09:
+    case 0x0A:
+    case 0x0B:
+    case 0x0C:
+    case 0x0D:
+    case 0x20:
+    case 0x85:
+    case 0xA0:
+    case 0x1680:
+    case 0x2028:
+    case 0x2029:
+    case 0x202F:
+    case 0x205F:
+    case 0x3000:
       return true;
     default:
       return cp >= 0x2000 && cp <= 0x200A;

@@ -14,8 +14,10 @@
 
 using namespace headwise;
 
-TEST_CASE("context guard: within, beyond the trained positions, beyond what RoPE can represent", "[arch]") {
-  const auto dir = headwise::testing::fixture_dir("llama_rope3");  // max_position_embeddings 256, llama3 RoPE
+TEST_CASE("context guard: within, beyond the trained positions, beyond what RoPE can represent",
+          "[arch]") {
+  const auto dir =
+      headwise::testing::fixture_dir("llama_rope3");  // max_position_embeddings 256, llama3 RoPE
   const auto spec = arch::load_model_spec(dir);
   const auto limit = arch::context_limit(spec);
   CHECK(limit.max_position_embeddings == 256);
@@ -38,7 +40,8 @@ TEST_CASE("context guard: within, beyond the trained positions, beyond what RoPE
       CHECK(std::string(e.what()).find("--context") != std::string::npos);
     }
   }
-  CHECK(arch::check_context(spec, arch::kMaxRepresentablePosition, "--context", "cfg.json").has_value());
+  CHECK(arch::check_context(spec, arch::kMaxRepresentablePosition, "--context", "cfg.json")
+            .has_value());
 
   // A config that states no max_position_embeddings (this Gemma-3 one) is never warned about;
   // its legacy rope_scaling is still described.

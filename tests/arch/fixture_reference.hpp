@@ -5,10 +5,10 @@
 #include <ATen/ATen.h>
 #include <catch2/catch.hpp>
 
-#include "../support/test_paths.hpp"
-#include "../support/temp_dir.hpp"
-#include <nlohmann/json.hpp>
 #include <unistd.h>
+#include <nlohmann/json.hpp>
+#include "../support/temp_dir.hpp"
+#include "../support/test_paths.hpp"
 
 #include <atomic>
 #include <filesystem>
@@ -23,7 +23,6 @@
 #include "headwise/io/safetensors.hpp"
 #include "headwise/memory/memory_model.hpp"
 
-
 namespace headwise::testing {
 
 inline std::filesystem::path fixture_dir(const std::string& name) {
@@ -35,7 +34,8 @@ inline memory::HeadWindows windows_by_head(const arch::ModelSpec& spec,
                                            const std::function<int64_t(int64_t, int64_t)>& window) {
   memory::HeadWindows out;
   for (int64_t id : spec.global_layer_ids()) {
-    for (int64_t h = 0; h < spec.layer(id).attention->num_kv_heads; ++h) out[id].push_back(window(id, h));
+    for (int64_t h = 0; h < spec.layer(id).attention->num_kv_heads; ++h)
+      out[id].push_back(window(id, h));
   }
   return out;
 }
@@ -45,17 +45,22 @@ inline at::Tensor read_reference(const std::filesystem::path& dir, const std::st
   const auto file = io::SafetensorsFile::open(dir / "reference.safetensors");
   const auto& info = file->tensors().at(name);
   const auto bytes = file->bytes(info);
-  return at::from_blob(bytes.data(), info.shape, at::TensorOptions().dtype(arch::to_scalar_type(info.dtype))).clone();
+  return at::from_blob(bytes.data(), info.shape,
+                       at::TensorOptions().dtype(arch::to_scalar_type(info.dtype)))
+      .clone();
 }
 
-inline double max_abs(const at::Tensor& t) { return t.abs().max().item<double>(); }
+inline double max_abs(const at::Tensor& t) {
+  return t.abs().max().item<double>();
+}
 inline double max_abs_diff(const at::Tensor& a, const at::Tensor& b) {
   return (a.to(at::kDouble) - b.to(at::kDouble)).abs().max().item<double>();
 }
 
 // The fixture's logits from the C++ model loaded from `model_dir` (default: the fixture).
-inline at::Tensor run_fixture(const std::filesystem::path& fixture, const arch::ModelOptions& options,
-                              const std::optional<std::filesystem::path>& model_dir = std::nullopt) {
+inline at::Tensor run_fixture(
+    const std::filesystem::path& fixture, const arch::ModelOptions& options,
+    const std::optional<std::filesystem::path>& model_dir = std::nullopt) {
   auto model = arch::load_model(model_dir.value_or(fixture), options);
   return model->forward(read_reference(fixture, "input_ids"));
 }
@@ -106,7 +111,8 @@ inline void copy_fixture(const std::filesystem::path& fixture, const std::filesy
   std::vector<EditableTensor> tensors;
   for (const auto& [name, info] : file->tensors()) {
     const auto bytes = file->bytes(info);
-    EditableTensor t{name, info.dtype, info.shape, std::vector<std::byte>(bytes.begin(), bytes.end())};
+    EditableTensor t{name, info.dtype, info.shape,
+                     std::vector<std::byte>(bytes.begin(), bytes.end())};
     if (!edit_tensor || edit_tensor(t)) tensors.push_back(std::move(t));
   }
   std::vector<io::TensorToWrite> to_write;
@@ -116,9 +122,9 @@ inline void copy_fixture(const std::filesystem::path& fixture, const std::filesy
 
 // The fixture's fp32 logits after its config and tensors pass through the edits, against
 // transformers' reference for the unedited checkpoint: how far an edited feature moves them.
-inline ParityError edited_fixture_error(const std::string& name,
-                                        const std::function<nlohmann::json(nlohmann::json)>& edit_config,
-                                        const std::function<bool(EditableTensor&)>& edit_tensor = {}) {
+inline ParityError edited_fixture_error(
+    const std::string& name, const std::function<nlohmann::json(nlohmann::json)>& edit_config,
+    const std::function<bool(EditableTensor&)>& edit_tensor = {}) {
   const auto fixture = fixture_dir(name);
   TempDir dir;
   copy_fixture(fixture, dir.path(), edit_config, edit_tensor);
@@ -128,15 +134,19 @@ inline ParityError edited_fixture_error(const std::string& name,
 // Zeroes every tensor whose name contains `part` (an edit_tensor for edited_fixture_error).
 inline std::function<bool(EditableTensor&)> zero_tensors(const std::string& part) {
   return [part](EditableTensor& t) {
-    if (t.name.find(part) != std::string::npos) std::fill(t.data.begin(), t.data.end(), std::byte{0});
+    if (t.name.find(part) != std::string::npos)
+      std::fill(t.data.begin(), t.data.end(), std::byte{0});
     return true;
   };
 }
 
-inline nlohmann::json same_config(nlohmann::json c) { return c; }
+inline nlohmann::json same_config(nlohmann::json c) {
+  return c;
+}
 
 // Loading `dir` must fail with an InputError whose message contains every `needle`.
-inline void require_load_error(const std::filesystem::path& dir, const std::vector<std::string>& needles) {
+inline void require_load_error(const std::filesystem::path& dir,
+                               const std::vector<std::string>& needles) {
   try {
     arch::load_model(dir, arch::ModelOptions{});
     FAIL("loading " << dir << " succeeded");

@@ -29,16 +29,19 @@ const char* const kGemmaFixtures[] = {"gemma3_softcap", "gemma3_gqa4"};
 constexpr double kBf16Tolerance = 0x1p-7;
 
 // Moves every text tensor under `prefix` (the wrapper's layout) and nests the config.
-void write_wrapper(const std::filesystem::path& fixture, const std::filesystem::path& out, const std::string& prefix,
-                   bool text_model_type) {
+void write_wrapper(const std::filesystem::path& fixture, const std::filesystem::path& out,
+                   const std::string& prefix, bool text_model_type) {
   copy_fixture(
       fixture, out,
       [&](nlohmann::json text) {
         if (!text_model_type) text.erase("model_type");
         const auto dtype = text["dtype"];
         text.erase("dtype");
-        return nlohmann::json{{"model_type", "gemma3"}, {"architectures", {"Gemma3ForConditionalGeneration"}},
-                              {"dtype", dtype}, {"text_config", text}, {"vision_config", {{"hidden_size", 32}}}};
+        return nlohmann::json{{"model_type", "gemma3"},
+                              {"architectures", {"Gemma3ForConditionalGeneration"}},
+                              {"dtype", dtype},
+                              {"text_config", text},
+                              {"vision_config", {{"hidden_size", 32}}}};
       },
       [&](EditableTensor& t) {
         REQUIRE(t.name.rfind("model.", 0) == 0);
@@ -62,7 +65,8 @@ class RecordingCore final : public arch::AttentionCore {
 
 TEST_CASE("gemma3_text matches transformers in fp32", "[parity]") {
   for (const char* name : kGemmaFixtures) {
-    const auto err = compare(run_fixture(fixture_dir(name), {}), read_reference(fixture_dir(name), "logits_fp32"));
+    const auto err = compare(run_fixture(fixture_dir(name), {}),
+                             read_reference(fixture_dir(name), "logits_fp32"));
     INFO(name << ": max abs err " << err.error << ", logit scale " << err.scale);
     CHECK(err.error <= 1e-4 * err.scale);
   }
@@ -72,7 +76,8 @@ TEST_CASE("gemma3_text matches transformers in bf16", "[parity]") {
   arch::ModelOptions options;
   options.compute_dtype = DType::kBFloat16;
   for (const char* name : kGemmaFixtures) {
-    const auto err = compare(run_fixture(fixture_dir(name), options), read_reference(fixture_dir(name), "logits_bf16"));
+    const auto err = compare(run_fixture(fixture_dir(name), options),
+                             read_reference(fixture_dir(name), "logits_bf16"));
     INFO(name << ": bf16 max abs err " << err.error << ", logit scale " << err.scale);
     CHECK(err.error <= kBf16Tolerance * err.scale);
   }
@@ -83,8 +88,8 @@ TEST_CASE("gemma3 wrapper checkpoints give the text model's logits", "[parity]")
   const at::Tensor plain = run_fixture(fixture, {});
   // Newer uploads: model.language_model.*; older ones: language_model.model.* (and a text
   // part without model_type, which text_config_of names gemma3_text).
-  for (const auto& [prefix, text_model_type] :
-       std::vector<std::pair<std::string, bool>>{{"model.language_model.", true}, {"language_model.model.", false}}) {
+  for (const auto& [prefix, text_model_type] : std::vector<std::pair<std::string, bool>>{
+           {"model.language_model.", true}, {"language_model.model.", false}}) {
     TempDir dir;
     write_wrapper(fixture, dir.path(), prefix, text_model_type);
     const auto spec = arch::load_model_spec(dir.path());
@@ -135,7 +140,8 @@ TEST_CASE("gemma3 layers hand their attention core the layer's window, scaling a
   arch::LayerRun run;
   run.attention = &core;
   at::Tensor hidden = model->embed(ids);
-  for (int64_t i = 0; i < model->spec().num_layers(); ++i) hidden = model->run_layer(i, hidden, run);
+  for (int64_t i = 0; i < model->spec().num_layers(); ++i)
+    hidden = model->run_layer(i, hidden, run);
   CHECK(max_abs_diff(model->logits(hidden), model->forward(ids)) == 0.0);
   REQUIRE(core.seen.size() == 4);
   for (const auto& in : core.seen) {
@@ -161,12 +167,14 @@ TEST_CASE("gemma3 weights of the wrong shape or missing are named with their fil
       }
       return true;
     });
-    require_load_error(dir.path(), {"model.layers.1.self_attn.k_norm.weight", "model.safetensors", "[8]", "[16]"});
+    require_load_error(
+        dir.path(), {"model.layers.1.self_attn.k_norm.weight", "model.safetensors", "[8]", "[16]"});
   }
   {
     TempDir dir;
-    copy_fixture(fixture, dir.path(), keep,
-                 [](EditableTensor& t) { return t.name != "model.layers.3.post_feedforward_layernorm.weight"; });
+    copy_fixture(fixture, dir.path(), keep, [](EditableTensor& t) {
+      return t.name != "model.layers.3.post_feedforward_layernorm.weight";
+    });
     require_load_error(dir.path(), {"model.layers.3.post_feedforward_layernorm.weight", "missing"});
   }
 }
@@ -222,7 +230,8 @@ TEST_CASE("Gemma-3-27B config: 62 layers, 5 local : 1 global, window 1024", "[ar
     } else {
       CHECK(layer.kind == arch::LayerKind::kSlidingAttention);
       CHECK(layer.attention->sliding_window == 1024);
-      CHECK(layer.attention->sliding_cache_tokens == 1023);  // DynamicSlidingWindowLayer keeps W - 1
+      CHECK(layer.attention->sliding_cache_tokens ==
+            1023);  // DynamicSlidingWindowLayer keeps W - 1
     }
   }
 }

@@ -15,9 +15,12 @@ using namespace headwise;
 
 namespace {
 
-std::filesystem::path fixture(const char* name) { return std::filesystem::path(HEADWISE_FIXTURES_DIR) / name; }
+std::filesystem::path fixture(const char* name) {
+  return std::filesystem::path(HEADWISE_FIXTURES_DIR) / name;
+}
 
-at::Tensor run_layers(arch::DecoderModel& model, const at::Tensor& ids, bool prefetch, bool release) {
+at::Tensor run_layers(arch::DecoderModel& model, const at::Tensor& ids, bool prefetch,
+                      bool release) {
   at::Tensor hidden = model.embed(ids);
   arch::ExactAttentionCore exact;
   for (int64_t i = 0; i < model.spec().num_layers(); ++i) {
@@ -57,7 +60,7 @@ TEST_CASE("a prefetch that is never used is harmless", "[arch]") {
   c10::InferenceMode inference;
   auto model = arch::load_model(fixture("qwen3_next_tiny"), {});
   model->prefetch_layer(1);
-  model->prefetch_layer(2);  // replaces the first request
+  model->prefetch_layer(2);   // replaces the first request
   model->prefetch_layer(-1);  // out of range: ignored
   model->prefetch_layer(model->spec().num_layers());
   const at::Tensor ids = at::randint(0, model->spec().vocab_size, {1, 16}, at::kLong);

@@ -8,8 +8,8 @@
 #include <unistd.h>
 #include <catch2/catch.hpp>
 
-#include "../support/test_paths.hpp"
 #include "../support/temp_dir.hpp"
+#include "../support/test_paths.hpp"
 
 #include <cmath>
 #include <cstdlib>
@@ -93,8 +93,8 @@ at::Tensor run_fixture(const fs::path& dir, const at::Tensor& ids,
   return model->forward(ids);
 }
 
-const char* const kFixtures[] = {"qwen3_next_tiny", "qwen3_next_tiny_b", "qwen3_next_yarn", "qwen3_5_moe_tiny", "qwen3_5_text_tiny",
-                                 "qwen3_5_text_tiny_b"};
+const char* const kFixtures[] = {"qwen3_next_tiny",  "qwen3_next_tiny_b", "qwen3_next_yarn",
+                                 "qwen3_5_moe_tiny", "qwen3_5_text_tiny", "qwen3_5_text_tiny_b"};
 
 }  // namespace
 
@@ -250,11 +250,13 @@ TEST_CASE("qwen hybrid rejects a layer state of the wrong shape", "[arch]") {
                       Catch::Contains("recurrent_state") && Catch::Contains("[2, 4, 16, 8]"));
 }
 
-TEST_CASE("qwen3_next YaRN is applied: the same weights with default RoPE give other logits", "[parity]") {
+TEST_CASE("qwen3_next YaRN is applied: the same weights with default RoPE give other logits",
+          "[parity]") {
   const std::string name = "qwen3_next_yarn";
   TempDir dir("yarn");
   nlohmann::json config = read_json(fixture(name) / "config.json");
-  config["rope_parameters"] = {{"rope_type", "default"}, {"rope_theta", 10000.0}, {"partial_rotary_factor", 0.5}};
+  config["rope_parameters"] = {
+      {"rope_type", "default"}, {"rope_theta", 10000.0}, {"partial_rotary_factor", 0.5}};
   write_json(dir.path() / "config.json", config);
   fs::copy_file(fixture(name) / "model.safetensors", dir.path() / "model.safetensors");
   const at::Tensor ids = reference(name, "input_ids");
@@ -264,8 +266,9 @@ TEST_CASE("qwen3_next YaRN is applied: the same weights with default RoPE give o
 
 TEST_CASE("qwen3_5 and qwen3_5_moe wrapper checkpoints give the text model's logits", "[arch]") {
   const auto [name, wrapper_type, text_type] =
-      GENERATE(table<std::string, std::string, std::string>({{"qwen3_5_text_tiny_b", "qwen3_5", "qwen3_5_text"},
-                                                             {"qwen3_5_moe_tiny", "qwen3_5_moe", "qwen3_5_moe_text"}}));
+      GENERATE(table<std::string, std::string, std::string>(
+          {{"qwen3_5_text_tiny_b", "qwen3_5", "qwen3_5_text"},
+           {"qwen3_5_moe_tiny", "qwen3_5_moe", "qwen3_5_moe_text"}}));
   INFO(name);
   TempDir dir("wrapper");
   nlohmann::json text = read_json(fixture(name) / "config.json");

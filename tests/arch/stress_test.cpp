@@ -87,10 +87,12 @@ at::Tensor streamed_logits(const std::filesystem::path& fixture, const at::Tenso
 constexpr int kRunsPerFamily = 12;
 
 // The fixture's reference tokens as a `--tokens` JSON file in `dir`.
-std::filesystem::path write_reference_tokens(const std::filesystem::path& fixture, const std::filesystem::path& dir) {
+std::filesystem::path write_reference_tokens(const std::filesystem::path& fixture,
+                                             const std::filesystem::path& dir) {
   const at::Tensor ids = read_reference(fixture, "input_ids").flatten();
   std::string tokens = "[";
-  for (int64_t i = 0; i < ids.size(0); ++i) tokens += (i ? "," : "") + std::to_string(ids[i].item<int64_t>());
+  for (int64_t i = 0; i < ids.size(0); ++i)
+    tokens += (i ? "," : "") + std::to_string(ids[i].item<int64_t>());
   const auto path = dir / "ids.json";
   write_file_atomically(path, tokens + "]");
   return path;
@@ -98,11 +100,12 @@ std::filesystem::path write_reference_tokens(const std::filesystem::path& fixtur
 
 // `headwise-calc forward` of `tokens` at OMP_NUM_THREADS=threads (with `env` added): the
 // logits file's bytes.
-std::string forward_bytes(const std::filesystem::path& fixture, const std::filesystem::path& tokens, int threads,
-                          const std::string& env = "") {
+std::string forward_bytes(const std::filesystem::path& fixture, const std::filesystem::path& tokens,
+                          int threads, const std::string& env = "") {
   const auto out = tokens.parent_path() / "logits.safetensors";
   const auto result =
-      run_cli_with("forward --model " + fixture.string() + " --tokens " + tokens.string() + " -q -o " + out.string(),
+      run_cli_with("forward --model " + fixture.string() + " --tokens " + tokens.string() +
+                       " -q -o " + out.string(),
                    (env.empty() ? "" : env + " ") + "OMP_NUM_THREADS=" + std::to_string(threads));
   INFO(result.err);
   REQUIRE(result.status == 0);
@@ -112,13 +115,16 @@ std::string forward_bytes(const std::filesystem::path& fixture, const std::files
 // A small calibration of `fixture` (qwen3_next_tiny by default) at OMP_NUM_THREADS=threads: the
 // policy's bytes. The budget binds (full KV is 256 KiB here), so the windows come from the
 // measured distortions and a changed bit in them can show.
-std::string calibrated_policy_bytes(const std::filesystem::path& dir, int threads, const std::string& fixture = "qwen3_next_tiny",
-                                    const std::string& budget = "200k", const std::string& extra = "") {
+std::string calibrated_policy_bytes(const std::filesystem::path& dir, int threads,
+                                    const std::string& fixture = "qwen3_next_tiny",
+                                    const std::string& budget = "200k",
+                                    const std::string& extra = "") {
   const auto out = dir / "policy.yaml";
-  const auto result = run_cli_with("--model " + fixture_dir(fixture).string() +
-                                       " --context 512 --windows 8,32,full --seq-len 96 --samples 2 --budget " + budget +
-                                       " -q -o " + out.string() + " " + extra,
-                                   "OMP_NUM_THREADS=" + std::to_string(threads));
+  const auto result =
+      run_cli_with("--model " + fixture_dir(fixture).string() +
+                       " --context 512 --windows 8,32,full --seq-len 96 --samples 2 --budget " +
+                       budget + " -q -o " + out.string() + " " + extra,
+                   "OMP_NUM_THREADS=" + std::to_string(threads));
   INFO(result.err);
   REQUIRE(result.status == 0);
   return read_text_file(out);
@@ -126,13 +132,14 @@ std::string calibrated_policy_bytes(const std::filesystem::path& dir, int thread
 
 }  // namespace
 
-TEST_CASE("every family's forward gives the same bits under load, within parity of transformers", "[stress]") {
+TEST_CASE("every family's forward gives the same bits under load, within parity of transformers",
+          "[stress]") {
   const IntraOpThreads threads(2);
   const MachineLoad load(/*spinners=*/1);
   // One fixture per family with a forward; gemma3_gqa4's sliding window (23) is shorter than
   // its sequence (96), so the sliding mask is exercised.
-  for (const char* name : {"gemma3_gqa4", "gemma3_softcap", "qwen3_next_tiny", "qwen3_5_text_tiny", "qwen3_sliding",
-                           "llama_rope3", "llama_bias_tied", "qwen3_gqa"}) {
+  for (const char* name : {"gemma3_gqa4", "gemma3_softcap", "qwen3_next_tiny", "qwen3_5_text_tiny",
+                           "qwen3_sliding", "llama_rope3", "llama_bias_tied", "qwen3_gqa"}) {
     INFO(name);
     const auto dir = fixture_dir(name);
     const at::Tensor ids = read_reference(dir, "input_ids");
@@ -181,8 +188,9 @@ TEST_CASE("headwise-calc forward gives the same bits at 1 to 16 intra-op threads
   // go past the cores. Without either (HEADWISE_MKL_STRICT=0) the MoE fixtures differ at 6+.
   TempDir dir("threads");
   int differing_without_strict = 0;
-  for (const char* name : {"qwen3_next_tiny", "qwen3_5_moe_tiny", "bamba_tiny", "jamba_tiny", "granitemoehybrid_tiny",
-                           "falcon_h1_tiny", "gemma3_gqa4", "llama_rope3", "gpt_oss_tiny", "nemotron_h_tiny"}) {
+  for (const char* name :
+       {"qwen3_next_tiny", "qwen3_5_moe_tiny", "bamba_tiny", "jamba_tiny", "granitemoehybrid_tiny",
+        "falcon_h1_tiny", "gemma3_gqa4", "llama_rope3", "gpt_oss_tiny", "nemotron_h_tiny"}) {
     INFO(name);
     const auto fixture = fixture_dir(name);
     const auto tokens = write_reference_tokens(fixture, dir.path());
@@ -203,7 +211,8 @@ TEST_CASE("headwise-calc forward gives the same bits at 1 to 16 intra-op threads
   }
   // Not a requirement (it depends on the CPU and MKL's kernels), but it shows that this test
   // can see what it guards against (measured on the 2-core machine: 6 of 10).
-  WARN(differing_without_strict << " of 10 fixtures give other bits at 2-16 threads than at 1 in MKL's default mode");
+  WARN(differing_without_strict
+       << " of 10 fixtures give other bits at 2-16 threads than at 1 in MKL's default mode");
 }
 
 TEST_CASE("a calibration writes the same policy bytes at 1 to 16 intra-op threads", "[stress]") {

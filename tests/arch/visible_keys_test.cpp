@@ -4,10 +4,10 @@
 // shuffled key sets, the runtime's ring buffers fed in uneven chunks (global heads with mixed
 // windows and sinks, and a sliding layer; fused and explicit attention), and the CUDA
 // kernel where a GPU is present. The reference is a brute-force loop over key_visible in double.
-#include <catch2/catch.hpp>
 #include <ATen/core/grad_mode.h>
 #include <c10/core/InferenceMode.h>
 #include <torch/csrc/autograd/autograd.h>
+#include <catch2/catch.hpp>
 
 #include <algorithm>
 #include <set>
@@ -36,7 +36,8 @@ struct Case {
 // Windows of 1 (only the query itself), shorter and longer than the sequence, equal to it, and
 // sinks inside and beyond some windows.
 const std::vector<Case> kCases{
-    {{1, 1}, 0}, {{3, F}, 0}, {{5, 2}, 2}, {{F, F}, 3}, {{22, 23}, 0}, {{4, 7}, 1}, {{100, 4}, 5}, {{1, 6}, 4},
+    {{1, 1}, 0},   {{3, F}, 0}, {{5, 2}, 2},   {{F, F}, 3},
+    {{22, 23}, 0}, {{4, 7}, 1}, {{100, 4}, 5}, {{1, 6}, 4},
 };
 constexpr int64_t kSteps = 23;
 
@@ -49,7 +50,8 @@ at::Tensor random(std::vector<int64_t> shape, uint64_t seed) {
 at::Tensor reference_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                const std::vector<int64_t>& windows, int64_t sinks, double scaling,
                                const at::Tensor& sink_logits, int64_t position_offset = 0) {
-  const int64_t batch = q.size(0), heads = q.size(1), steps = q.size(2), hd = q.size(3), kv = k.size(1);
+  const int64_t batch = q.size(0), heads = q.size(1), steps = q.size(2), hd = q.size(3),
+                kv = k.size(1);
   const at::Tensor qd = q.to(at::kDouble), kd = k.to(at::kDouble), vd = v.to(at::kDouble);
   at::Tensor out = at::zeros({batch, steps, heads, hd}, at::kDouble);
   for (int64_t b = 0; b < batch; ++b) {
@@ -58,13 +60,15 @@ at::Tensor reference_attention(const at::Tensor& q, const at::Tensor& k, const a
       for (int64_t i = 0; i < steps; ++i) {
         std::vector<int64_t> keys;
         for (int64_t j = 0; j < steps; ++j) {
-          if (arch::key_visible(position_offset + i, position_offset + j, windows[static_cast<size_t>(g)], sinks)) {
+          if (arch::key_visible(position_offset + i, position_offset + j,
+                                windows[static_cast<size_t>(g)], sinks)) {
             keys.push_back(j);
           }
         }
         const at::Tensor idx = at::tensor(keys, at::kLong);
         at::Tensor logits = (kd[b][g].index_select(0, idx).matmul(qd[b][h][i])) * scaling;
-        if (sink_logits.defined()) logits = at::cat({logits, sink_logits.to(at::kDouble)[h].view({1})});
+        if (sink_logits.defined())
+          logits = at::cat({logits, sink_logits.to(at::kDouble)[h].view({1})});
         const at::Tensor p = at::softmax(logits, 0).slice(0, 0, static_cast<int64_t>(keys.size()));
         out[b][i][h] = p.matmul(vd[b][g].index_select(0, idx));
       }
@@ -109,7 +113,7 @@ TEST_CASE("visible keys: the tensor mask is the scalar rule", "[arch]") {
   STATIC_REQUIRE_FALSE(arch::key_visible(7, 6, 1, 0));
   STATIC_REQUIRE(arch::key_visible(7, 5, 3, 0));
   STATIC_REQUIRE_FALSE(arch::key_visible(7, 4, 3, 0));
-  STATIC_REQUIRE(arch::key_visible(7, 1, 3, 2));    // a sink
+  STATIC_REQUIRE(arch::key_visible(7, 1, 3, 2));        // a sink
   STATIC_REQUIRE_FALSE(arch::key_visible(1, 2, F, 5));  // sinks never reveal the future
 }
 
@@ -119,10 +123,11 @@ TEST_CASE("visible keys: windowed attention, any chunk, with and without sink lo
     auto in = inputs(4, 2, 8, seed += 3);
     for (bool with_sink_logits : {false, true}) {
       in.sink_logits = with_sink_logits ? random({4}, seed + 7) : at::Tensor();
-      const at::Tensor want = reference_attention(in.q, in.k, in.v, c.windows, c.sinks, in.scaling, in.sink_logits);
+      const at::Tensor want =
+          reference_attention(in.q, in.k, in.v, c.windows, c.sinks, in.scaling, in.sink_logits);
       for (int64_t chunk : {1, 4, 64}) {
-        INFO("windows " << c.windows[0] << "," << c.windows[1] << " sinks " << c.sinks << " chunk " << chunk
-                        << " sink logits " << with_sink_logits);
+        INFO("windows " << c.windows[0] << "," << c.windows[1] << " sinks " << c.sinks << " chunk "
+                        << chunk << " sink logits " << with_sink_logits);
         const at::Tensor got = arch::windowed_attention(in, c.windows, c.sinks, chunk);
         CHECK(at::allclose(got, want, 1e-5, 1e-5));
       }
@@ -135,10 +140,12 @@ TEST_CASE("visible keys: the fused windowed attention, values and gradients", "[
   for (const auto& c : kCases) {
     for (int64_t w : c.windows) {
       auto in = inputs(4, 2, 8, seed += 3);
-      const at::Tensor want = reference_attention(in.q, in.k, in.v, {w, w}, c.sinks, in.scaling, at::Tensor());
+      const at::Tensor want =
+          reference_attention(in.q, in.k, in.v, {w, w}, c.sinks, in.scaling, at::Tensor());
       for (int64_t chunk : {1, 4, 64}) {
         INFO("window " << w << " sinks " << c.sinks << " chunk " << chunk);
-        CHECK(at::allclose(arch::fused_windowed_attention(in, w, c.sinks, chunk), want, 1e-5, 1e-5));
+        CHECK(
+            at::allclose(arch::fused_windowed_attention(in, w, c.sinks, chunk), want, 1e-5, 1e-5));
       }
       // duo trains through it: its gradients are the explicit path's.
       const c10::InferenceMode not_inference(false);
@@ -167,14 +174,17 @@ TEST_CASE("visible keys: the multi-window bands give each level's window", "[arc
     std::set<int64_t> levels(c.windows.begin(), c.windows.end());
     levels.insert(F);
     std::string text;
-    for (int64_t w : levels) text += (text.empty() ? "" : ",") + (w == F ? std::string("full") : std::to_string(w));
+    for (int64_t w : levels)
+      text += (text.empty() ? "" : ",") + (w == F ? std::string("full") : std::to_string(w));
     const auto ladder = measure::parse_window_ladder(text, "test");
     for (int64_t chunk : {3, 64}) {
-      const at::Tensor all = measure::all_window_outputs(in, ladder, c.sinks, chunk);  // [levels, B, T, H, hd]
+      const at::Tensor all =
+          measure::all_window_outputs(in, ladder, c.sinks, chunk);  // [levels, B, T, H, hd]
       for (size_t l = 0; l < ladder.levels.size(); ++l) {
         const int64_t w = ladder.levels[l];
         INFO("level " << w << " sinks " << c.sinks << " chunk " << chunk);
-        const at::Tensor want = reference_attention(in.q, in.k, in.v, {w, w}, c.sinks, in.scaling, at::Tensor());
+        const at::Tensor want =
+            reference_attention(in.q, in.k, in.v, {w, w}, c.sinks, in.scaling, at::Tensor());
         CHECK(at::allclose(all[static_cast<int64_t>(l)], want, 1e-5, 1e-5));
       }
     }
@@ -186,16 +196,18 @@ TEST_CASE("visible keys: the runtime's fused kernel over explicit key sets", "[a
   uint64_t seed = 60;
   for (const auto& c : kCases) {
     const auto in = inputs(4, 2, 8, seed += 3);
-    const at::Tensor want = reference_attention(in.q, in.k, in.v, c.windows, c.sinks, in.scaling, at::Tensor());
+    const at::Tensor want =
+        reference_attention(in.q, in.k, in.v, c.windows, c.sinks, in.scaling, at::Tensor());
     const at::Tensor order = at::randperm(kSteps, at::TensorOptions().dtype(at::kLong));
     const at::Tensor positions = at::arange(kSteps, at::kLong).index_select(0, order);
     at::Tensor got = at::empty({1, 2, 2, kSteps, 8});
     for (int64_t h = 0; h < 2; ++h) {
-      const at::Tensor allowed = arch::visible_keys(at::arange(kSteps, at::kLong), positions, c.windows[h], c.sinks);
-      got.select(1, h).copy_(arch::fused_masked_attention(in.q.view({1, 2, 2, kSteps, 8}).select(1, h),
-                                                          in.k.slice(1, h, h + 1).index_select(2, order),
-                                                          in.v.slice(1, h, h + 1).index_select(2, order), allowed,
-                                                          in.scaling));
+      const at::Tensor allowed =
+          arch::visible_keys(at::arange(kSteps, at::kLong), positions, c.windows[h], c.sinks);
+      got.select(1, h).copy_(arch::fused_masked_attention(
+          in.q.view({1, 2, 2, kSteps, 8}).select(1, h),
+          in.k.slice(1, h, h + 1).index_select(2, order),
+          in.v.slice(1, h, h + 1).index_select(2, order), allowed, in.scaling));
     }
     INFO("windows " << c.windows[0] << "," << c.windows[1] << " sinks " << c.sinks);
     CHECK(at::allclose(got.view({1, 4, kSteps, 8}).transpose(1, 2), want, 1e-5, 1e-5));
@@ -222,9 +234,10 @@ TEST_CASE("visible keys: the runtime's ring buffers, fed in uneven chunks", "[ar
     o.kv_dtype = DType::kFloat32;
     const auto windows = cycled(c.windows, att.num_kv_heads);
     for (const auto& [with_sink_logits, kernel] :
-         std::vector<std::pair<bool, arch::AttentionKernel>>{{true, arch::AttentionKernel::kFused},
-                                                             {false, arch::AttentionKernel::kFused},
-                                                             {false, arch::AttentionKernel::kExplicit}}) {
+         std::vector<std::pair<bool, arch::AttentionKernel>>{
+             {true, arch::AttentionKernel::kFused},
+             {false, arch::AttentionKernel::kFused},
+             {false, arch::AttentionKernel::kExplicit}}) {
       runtime::GroupedCache cache = runtime::GroupedCache::allocate(spec, {{global, windows}}, o);
       runtime::CachedAttentionCore core(spec, cache, /*query_chunk=*/2);
       core.set_kernel(kernel);
@@ -234,11 +247,12 @@ TEST_CASE("visible keys: the runtime's ring buffers, fed in uneven chunks", "[ar
         in.layer_id = layer;
         if (with_sink_logits) in.sink_logits = random({a.num_heads}, seed + 3);
         in.sliding_window = layer == sliding ? a.sliding_window : 0;
-        const std::vector<int64_t> want_windows = layer == sliding ? cycled({a.sliding_window}, a.num_kv_heads) : windows;
+        const std::vector<int64_t> want_windows =
+            layer == sliding ? cycled({a.sliding_window}, a.num_kv_heads) : windows;
         const int64_t want_sinks = layer == sliding ? 0 : c.sinks;
         // A full window ignores sinks; the rule already says so (every causal key is visible).
-        const at::Tensor want =
-            reference_attention(in.q, in.k, in.v, want_windows, want_sinks, in.scaling, in.sink_logits);
+        const at::Tensor want = reference_attention(in.q, in.k, in.v, want_windows, want_sinks,
+                                                    in.scaling, in.sink_logits);
         std::vector<at::Tensor> parts;
         int64_t t0 = 0;
         for (int64_t step : {1, 5, 2, 7, 3, 5}) {
@@ -252,8 +266,9 @@ TEST_CASE("visible keys: the runtime's ring buffers, fed in uneven chunks", "[ar
           t0 = t1;
         }
         REQUIRE(t0 == kSteps);
-        INFO("layer " << layer << " windows " << c.windows[0] << "," << c.windows[1] << " sinks " << c.sinks
-                      << " sink logits " << with_sink_logits << " explicit " << (kernel == arch::AttentionKernel::kExplicit));
+        INFO("layer " << layer << " windows " << c.windows[0] << "," << c.windows[1] << " sinks "
+                      << c.sinks << " sink logits " << with_sink_logits << " explicit "
+                      << (kernel == arch::AttentionKernel::kExplicit));
         CHECK(at::allclose(at::cat(parts, 1), want, 1e-5, 1e-5));
       }
     }
@@ -261,16 +276,19 @@ TEST_CASE("visible keys: the runtime's ring buffers, fed in uneven chunks", "[ar
 }
 
 TEST_CASE("visible keys: the CUDA kernel (where a GPU is present)", "[arch][gpu]") {
-  if (!at::hasCUDA()) HEADWISE_SKIP("no CUDA device: the kernel is checked by tools/gpu-check.sh on a GPU machine");
+  if (!at::hasCUDA())
+    HEADWISE_SKIP("no CUDA device: the kernel is checked by tools/gpu-check.sh on a GPU machine");
   uint64_t seed = 90;
   for (const auto& c : kCases) {
     auto in = inputs(4, 2, 32, seed += 3);  // head_dim a multiple of 32: the kernel's path
-    const at::Tensor want = reference_attention(in.q, in.k, in.v, c.windows, c.sinks, in.scaling, at::Tensor());
+    const at::Tensor want =
+        reference_attention(in.q, in.k, in.v, c.windows, c.sinks, in.scaling, at::Tensor());
     arch::AttentionInputs gpu = in;
     gpu.q = in.q.cuda();
     gpu.k = in.k.cuda();
     gpu.v = in.v.cuda();
     INFO("windows " << c.windows[0] << "," << c.windows[1] << " sinks " << c.sinks);
-    CHECK(at::allclose(arch::windowed_attention(gpu, c.windows, c.sinks, 8).cpu(), want, 1e-4, 1e-4));
+    CHECK(
+        at::allclose(arch::windowed_attention(gpu, c.windows, c.sinks, 8).cpu(), want, 1e-4, 1e-4));
   }
 }

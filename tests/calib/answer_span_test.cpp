@@ -9,8 +9,8 @@
 
 #include <random>
 
-#include "../arch/fixture_reference.hpp"
 #include "../../src/calib/span_attention.hpp"
+#include "../arch/fixture_reference.hpp"
 #include "headwise/arch/attention.hpp"
 #include "headwise/arch/visible_keys.hpp"
 #include "headwise/calib/activations.hpp"
@@ -24,8 +24,8 @@ using namespace headwise;
 namespace {
 
 // Random attention inputs [B, heads, T, hd] with `kv` KV heads.
-arch::AttentionInputs random_inputs(int64_t batch, int64_t heads, int64_t kv, int64_t steps, int64_t head_dim,
-                                    uint64_t seed) {
+arch::AttentionInputs random_inputs(int64_t batch, int64_t heads, int64_t kv, int64_t steps,
+                                    int64_t head_dim, uint64_t seed) {
   at::manual_seed(static_cast<int64_t>(seed));
   arch::AttentionInputs in;
   in.q = at::randn({batch, heads, steps, head_dim});
@@ -36,15 +36,18 @@ arch::AttentionInputs random_inputs(int64_t batch, int64_t heads, int64_t kv, in
 }
 
 // windowed_attention's rows [begin, T) of one sequence's inputs.
-at::Tensor reference_rows(const arch::AttentionInputs& in, int64_t window, int64_t sinks, int64_t begin) {
+at::Tensor reference_rows(const arch::AttentionInputs& in, int64_t window, int64_t sinks,
+                          int64_t begin) {
   const std::vector<int64_t> windows(static_cast<size_t>(in.k.size(1)), window);
   return arch::windowed_attention(in, windows, sinks, 7).slice(1, begin, in.q.size(2));
 }
 
-std::vector<std::vector<int64_t>> random_sequences(int64_t count, int64_t steps, int64_t vocab, uint64_t seed) {
+std::vector<std::vector<int64_t>> random_sequences(int64_t count, int64_t steps, int64_t vocab,
+                                                   uint64_t seed) {
   std::mt19937_64 rng(seed);
   std::uniform_int_distribution<int64_t> token(0, vocab - 1);
-  std::vector<std::vector<int64_t>> out(static_cast<size_t>(count), std::vector<int64_t>(static_cast<size_t>(steps)));
+  std::vector<std::vector<int64_t>> out(static_cast<size_t>(count),
+                                        std::vector<int64_t>(static_cast<size_t>(steps)));
   for (auto& s : out) {
     for (auto& t : s) t = token(rng);
   }
@@ -75,7 +78,8 @@ class SpanOnlyWindowsCore final : public arch::AttentionCore {
 
 // Mean TV at the answer positions between the plain forward and the forward through `core`.
 double forward_divergence(arch::DecoderModel& model, const std::vector<std::vector<int64_t>>& seqs,
-                          const std::vector<std::vector<int64_t>>& answers, arch::AttentionCore& core) {
+                          const std::vector<std::vector<int64_t>>& answers,
+                          arch::AttentionCore& core) {
   const at::Tensor ids = calib::token_batch(seqs, 0, seqs.size());
   arch::ExactAttentionCore exact(16);
   const at::Tensor ref = at::log_softmax(model.logits(model.hidden_states(ids, exact)), -1);
@@ -85,7 +89,8 @@ double forward_divergence(arch::DecoderModel& model, const std::vector<std::vect
   for (size_t s = 0; s < seqs.size(); ++s) {
     for (int64_t t : answers[s]) {
       const auto i = static_cast<int64_t>(s);
-      total += calib::divergence_per_position(ref[i][t].unsqueeze(0), run[i][t].unsqueeze(0), calib::AnswerDivergence::kTv)
+      total += calib::divergence_per_position(ref[i][t].unsqueeze(0), run[i][t].unsqueeze(0),
+                                              calib::AnswerDivergence::kTv)
                    .item<double>();
       ++count;
     }
@@ -95,13 +100,17 @@ double forward_divergence(arch::DecoderModel& model, const std::vector<std::vect
 
 }  // namespace
 
-TEST_CASE("span attention equals windowed attention over the same keys, for several candidates at once", "[calib]") {
+TEST_CASE(
+    "span attention equals windowed attention over the same keys, for several candidates at once",
+    "[calib]") {
   c10::InferenceMode inference;
   const int64_t batch = 2, heads = 4, kv = 2, steps = 40, hd = 8, begin = 29, candidates = 3;
-  for (const auto& [window, sinks] : std::vector<std::pair<int64_t, int64_t>>{{kFullWindow, 0}, {5, 0}, {6, 2}, {13, 3}}) {
+  for (const auto& [window, sinks] :
+       std::vector<std::pair<int64_t, int64_t>>{{kFullWindow, 0}, {5, 0}, {6, 2}, {13, 3}}) {
     // Candidate c's span keys differ (own inputs per candidate); the prefix is shared.
     std::vector<arch::AttentionInputs> runs;
-    for (int64_t c = 0; c < candidates; ++c) runs.push_back(random_inputs(batch, heads, kv, steps, hd, 11 + static_cast<uint64_t>(c)));
+    for (int64_t c = 0; c < candidates; ++c)
+      runs.push_back(random_inputs(batch, heads, kv, steps, hd, 11 + static_cast<uint64_t>(c)));
     for (auto& r : runs) {
       r.k.slice(2, 0, begin).copy_(runs[0].k.slice(2, 0, begin));
       r.v.slice(2, 0, begin).copy_(runs[0].v.slice(2, 0, begin));
@@ -123,16 +132,19 @@ TEST_CASE("span attention equals windowed attention over the same keys, for seve
     shape.scaling = runs[0].scaling;
     shape.window = window;
     shape.sink_tokens = sinks;
-    const at::Tensor out = calib::span_attention(interleave(q), begin, shared, &own, shape);  // [B*C, S, heads, hd]
+    const at::Tensor out =
+        calib::span_attention(interleave(q), begin, shared, &own, shape);  // [B*C, S, heads, hd]
     for (int64_t c = 0; c < candidates; ++c) {
-      const at::Tensor expected = reference_rows(runs[static_cast<size_t>(c)], window, sinks, begin);
+      const at::Tensor expected =
+          reference_rows(runs[static_cast<size_t>(c)], window, sinks, begin);
       for (int64_t b = 0; b < batch; ++b) {
         CHECK(testing::max_abs_diff(out[b * candidates + c], expected[b]) < 1e-5);
       }
     }
     // The measured layer's form: every key shared, none of its own.
     const calib::KeyBlock all{runs[1].k, runs[1].v, 0};
-    const at::Tensor whole = calib::span_attention(runs[1].q.slice(2, begin, steps), begin, all, nullptr, shape);
+    const at::Tensor whole =
+        calib::span_attention(runs[1].q.slice(2, begin, steps), begin, all, nullptr, shape);
     CHECK(testing::max_abs_diff(whole, reference_rows(runs[1], window, sinks, begin)) < 1e-5);
   }
   // Soft-capping and gpt-oss sink logits join the same softmax.
@@ -150,11 +162,14 @@ TEST_CASE("span attention equals windowed attention over the same keys, for seve
                               reference_rows(in, 9, 0, 20)) < 1e-5);
 }
 
-TEST_CASE("answer span: on every family, a candidate's divergence is the forward's with its windows on the span only",
-          "[calib]") {
+TEST_CASE(
+    "answer span: on every family, a candidate's divergence is the forward's with its windows on "
+    "the span only",
+    "[calib]") {
   c10::InferenceMode inference;
-  for (const char* name : {"qwen3_next_tiny", "gemma3_gqa4", "gpt_oss_tiny", "falcon_h1_tiny", "bamba_tiny", "jamba_tiny",
-                           "nemotron_h_tiny", "lfm2_tiny", "qwen3_sliding"}) {
+  for (const char* name :
+       {"qwen3_next_tiny", "gemma3_gqa4", "gpt_oss_tiny", "falcon_h1_tiny", "bamba_tiny",
+        "jamba_tiny", "nemotron_h_tiny", "lfm2_tiny", "qwen3_sliding"}) {
     INFO(name);
     arch::ModelOptions options;
     options.attention_chunk = 16;
@@ -174,7 +189,8 @@ TEST_CASE("answer span: on every family, a candidate's divergence is the forward
       INFO("layer " << layer);
       const auto heads = static_cast<size_t>(spec.layer(layer).attention->num_kv_heads);
       const calib::SpanSite& site = span.reference_site(layer);
-      std::vector<std::vector<int64_t>> assignments{std::vector<int64_t>(heads, kFullWindow), std::vector<int64_t>(heads, 4)};
+      std::vector<std::vector<int64_t>> assignments{std::vector<int64_t>(heads, kFullWindow),
+                                                    std::vector<int64_t>(heads, 4)};
       std::vector<int64_t> mixed(heads, kFullWindow);
       mixed[0] = 8;
       assignments.push_back(mixed);
@@ -189,7 +205,10 @@ TEST_CASE("answer span: on every family, a candidate's divergence is the forward
       // A site captured on the full-KV stream is the reference one.
       calib::ActivationStream stream(*model, seqs, 2, calib::ActivationPlacement::kAuto);
       arch::ExactAttentionCore exact(16);
-      for (int64_t i = 0; i < layer; ++i) stream.apply([&](const at::Tensor& h) { return model->run_layer(i, h, {&exact, nullptr, 0}); });
+      for (int64_t i = 0; i < layer; ++i)
+        stream.apply([&](const at::Tensor& h) {
+          return model->run_layer(i, h, {&exact, nullptr, 0});
+        });
       const calib::SpanSite captured = span.capture(layer, stream);
       const auto again = span.evaluate(captured, {captured.compose(assignments[1])}, "test");
       CHECK(again[0] == Approx(measured[1]).margin(1e-6));
@@ -197,8 +216,10 @@ TEST_CASE("answer span: on every family, a candidate's divergence is the forward
   }
 }
 
-TEST_CASE("answer span: with the whole sequence as the span it is the exact measure; a sweep equals one call per layer",
-          "[calib]") {
+TEST_CASE(
+    "answer span: with the whole sequence as the span it is the exact measure; a sweep equals one "
+    "call per layer",
+    "[calib]") {
   c10::InferenceMode inference;
   for (const char* name : {"qwen3_next_tiny", "gemma3_gqa4", "falcon_h1_tiny"}) {
     INFO(name);
@@ -214,7 +235,8 @@ TEST_CASE("answer span: with the whole sequence as the span it is the exact meas
     so.margin = 100;  // span = every position
     calib::AnswerSpan span(*model, seqs, answers, so);
     REQUIRE(span.span_begin() == 0);
-    calib::AnswerKl exact(*model, seqs, answers, 2, 0, dist::single_process(), calib::AnswerDivergence::kTv);
+    calib::AnswerKl exact(*model, seqs, answers, 2, 0, dist::single_process(),
+                          calib::AnswerDivergence::kTv);
     std::vector<calib::AnswerSpan::SweepItem> items;
     std::vector<std::vector<std::vector<int64_t>>> assignments;
     for (int64_t layer : spec.global_layer_ids()) {
@@ -223,7 +245,8 @@ TEST_CASE("answer span: with the whole sequence as the span it is the exact meas
       if (!cut.empty()) cut.back() = 4;
       assignments.push_back({std::vector<int64_t>(heads, 16), cut});
       items.push_back({&span.reference_site(layer), {}});
-      for (const auto& w : assignments.back()) items.back().candidates.push_back(span.reference_site(layer).compose(w));
+      for (const auto& w : assignments.back())
+        items.back().candidates.push_back(span.reference_site(layer).compose(w));
     }
     const auto swept = span.sweep(items, "test");
     size_t i = 0;
@@ -232,7 +255,10 @@ TEST_CASE("answer span: with the whole sequence as the span it is the exact meas
       const auto alone = span.evaluate(span.reference_site(layer), items[i].candidates, "test");
       calib::ActivationStream stream(*model, seqs, 2, calib::ActivationPlacement::kAuto);
       arch::ExactAttentionCore full(16);
-      for (int64_t j = 0; j < layer; ++j) stream.apply([&](const at::Tensor& h) { return model->run_layer(j, h, {&full, nullptr, 0}); });
+      for (int64_t j = 0; j < layer; ++j)
+        stream.apply([&](const at::Tensor& h) {
+          return model->run_layer(j, h, {&full, nullptr, 0});
+        });
       for (size_t c = 0; c < assignments[i].size(); ++c) {
         CHECK(swept[i][c] == Approx(alone[c]).margin(1e-9));
         CHECK(alone[c] == Approx(exact.evaluate(layer, stream, assignments[i][c])).margin(2e-5));
@@ -250,6 +276,8 @@ TEST_CASE("answer span: bad margins and answers outside the sequence are refused
   so.margin = -1;
   CHECK_THROWS_WITH(calib::AnswerSpan(*model, seqs, {{20}}, so), Catch::Contains("--span-margin"));
   so.margin = 4;
-  CHECK_THROWS_WITH(calib::AnswerSpan(*model, seqs, {{24}}, so), Catch::Contains("outside its 24 tokens"));
-  CHECK_THROWS_WITH(calib::AnswerSpan(*model, seqs, {{}}, so), Catch::Contains("no answer positions"));
+  CHECK_THROWS_WITH(calib::AnswerSpan(*model, seqs, {{24}}, so),
+                    Catch::Contains("outside its 24 tokens"));
+  CHECK_THROWS_WITH(calib::AnswerSpan(*model, seqs, {{}}, so),
+                    Catch::Contains("no answer positions"));
 }

@@ -21,7 +21,8 @@ double luminance(const std::string& hex) {
 
 // Hue in degrees of "#rrggbb" (HSV); a sequential scale keeps one hue and varies lightness.
 double hue(const std::string& hex) {
-  const double r = std::stoi(hex.substr(1, 2), nullptr, 16), g = std::stoi(hex.substr(3, 2), nullptr, 16),
+  const double r = std::stoi(hex.substr(1, 2), nullptr, 16),
+               g = std::stoi(hex.substr(3, 2), nullptr, 16),
                b = std::stoi(hex.substr(5, 2), nullptr, 16);
   const double hi = std::max({r, g, b}), lo = std::min({r, g, b}), c = hi - lo;
   if (c == 0) return 0;
@@ -31,19 +32,25 @@ double hue(const std::string& hex) {
 
 }  // namespace
 
-TEST_CASE("heat map: a sequential scale from the smallest window (dark) to full (pale)", "[calib]") {
-  const auto spec = test::toy_spec({{{test::HeadRole::kLocal}, {test::HeadRole::kLocal}, {test::HeadRole::kLocal},
+TEST_CASE("heat map: a sequential scale from the smallest window (dark) to full (pale)",
+          "[calib]") {
+  const auto spec = test::toy_spec({{{test::HeadRole::kLocal},
+                                     {test::HeadRole::kLocal},
+                                     {test::HeadRole::kLocal},
                                      {test::HeadRole::kLocal}}});
-  for (const auto& levels : {std::vector<int64_t>{64, kFullWindow}, std::vector<int64_t>{64, 256, 1024, kFullWindow},
-                             std::vector<int64_t>{16, 64, 256, 1024, 4096, 16384, 65536, kFullWindow}}) {
+  for (const auto& levels :
+       {std::vector<int64_t>{64, kFullWindow}, std::vector<int64_t>{64, 256, 1024, kFullWindow},
+        std::vector<int64_t>{16, 64, 256, 1024, 4096, 16384, 65536, kFullWindow}}) {
     const measure::WindowLadder ladder{levels};
     // Head h at level h (the last level repeated when the ladder is shorter than the layer).
     std::vector<int64_t> heads;
-    for (size_t h = 0; h < 4; ++h) heads.push_back(levels[std::min(h * (levels.size() - 1) / 3, levels.size() - 1)]);
+    for (size_t h = 0; h < 4; ++h)
+      heads.push_back(levels[std::min(h * (levels.size() - 1) / 3, levels.size() - 1)]);
     const std::string svg = report::window_heatmap_svg(spec, {{0, heads}}, ladder, "title");
     const std::regex cell(R"re(fill="(#[0-9a-f]{6})" stroke="white")re");
     std::vector<double> cells, hues;
-    for (auto it = std::sregex_iterator(svg.begin(), svg.end(), cell); it != std::sregex_iterator(); ++it) {
+    for (auto it = std::sregex_iterator(svg.begin(), svg.end(), cell); it != std::sregex_iterator();
+         ++it) {
       cells.push_back(luminance((*it)[1]));
       hues.push_back(hue((*it)[1]));
     }
@@ -56,31 +63,40 @@ TEST_CASE("heat map: a sequential scale from the smallest window (dark) to full 
   }
 }
 
-TEST_CASE("heat map: h2o heads are marked and coloured as the level their slots were cut from", "[calib]") {
-  const auto spec = test::toy_spec({{{test::HeadRole::kLocal}, {test::HeadRole::kLocal}, {test::HeadRole::kLocal},
+TEST_CASE("heat map: h2o heads are marked and coloured as the level their slots were cut from",
+          "[calib]") {
+  const auto spec = test::toy_spec({{{test::HeadRole::kLocal},
+                                     {test::HeadRole::kLocal},
+                                     {test::HeadRole::kLocal},
                                      {test::HeadRole::kLocal}}});
   const measure::WindowLadder ladder{{128, 512, 2048, kFullWindow}};
   const std::map<int64_t, std::vector<int64_t>> served{{0, {448, 448, 512, kFullWindow}}};
   const auto colours = [](const std::string& svg) {
     const std::regex cell(R"re(fill="(#[0-9a-f]{6})" stroke="white")re");
     std::vector<std::string> out;
-    for (auto it = std::sregex_iterator(svg.begin(), svg.end(), cell); it != std::sregex_iterator(); ++it) out.push_back((*it)[1]);
+    for (auto it = std::sregex_iterator(svg.begin(), svg.end(), cell); it != std::sregex_iterator();
+         ++it)
+      out.push_back((*it)[1]);
     return out;
   };
   using policy::KeepRule;
-  const std::string marked =
-      report::window_heatmap_svg(spec, served, ladder, "t", {{0, {KeepRule::kH2O, KeepRule::kH2O, KeepRule::kWindow, KeepRule::kWindow}}});
+  const std::string marked = report::window_heatmap_svg(
+      spec, served, ladder, "t",
+      {{0, {KeepRule::kH2O, KeepRule::kH2O, KeepRule::kWindow, KeepRule::kWindow}}});
   INFO(marked);
   const auto cells = colours(marked);
   REQUIRE(cells.size() == 4);
   CHECK(cells[0] == cells[2]);  // 448 h2o slots cut from 512: 512's colour, not full's
   CHECK(cells[0] != cells[3]);
   const std::regex mark(R"re(>h</text>)re");
-  CHECK(std::distance(std::sregex_iterator(marked.begin(), marked.end(), mark), std::sregex_iterator()) == 2);
+  CHECK(std::distance(std::sregex_iterator(marked.begin(), marked.end(), mark),
+                      std::sregex_iterator()) == 2);
   CHECK(marked.find("448 slots of heavy hitters (h2o)") != std::string::npos);
-  CHECK(marked.find("heavy hitters (h2o), not a window") != std::string::npos);  // the legend says what h is
+  CHECK(marked.find("heavy hitters (h2o), not a window") !=
+        std::string::npos);  // the legend says what h is
   // Without rules: no marks, no legend line.
-  const std::string plain = report::window_heatmap_svg(spec, {{0, {512, 512, 512, kFullWindow}}}, ladder, "t");
+  const std::string plain =
+      report::window_heatmap_svg(spec, {{0, {512, 512, 512, kFullWindow}}}, ladder, "t");
   CHECK(plain.find(">h</text>") == std::string::npos);
   CHECK(plain.find("heavy hitters") == std::string::npos);
 }

@@ -19,11 +19,13 @@ void write(const fs::path& path, const std::string& text) {
 
 }  // namespace
 
-TEST_CASE("the cgroup v2 limit and anonymous memory are read from the process's own cgroup", "[calib]") {
+TEST_CASE("the cgroup v2 limit and anonymous memory are read from the process's own cgroup",
+          "[calib]") {
   testing::TempDir dir("cgroup2");
   write(dir / "proc", "0::/user.slice/job.scope\n");
   write(dir / "sys/user.slice/job.scope/memory.max", "8589934592\n");
-  write(dir / "sys/user.slice/job.scope/memory.stat", "anon 1073741824\nfile 4294967296\nkernel 1000\n");
+  write(dir / "sys/user.slice/job.scope/memory.stat",
+        "anon 1073741824\nfile 4294967296\nkernel 1000\n");
   const auto m = calib::cgroup_memory_from(dir / "proc", dir / "sys");
   REQUIRE(m);
   CHECK(m->limit_bytes == 8589934592);
@@ -33,11 +35,13 @@ TEST_CASE("the cgroup v2 limit and anonymous memory are read from the process's 
   CHECK_FALSE(calib::cgroup_memory_from(dir / "proc", dir / "sys"));
 }
 
-TEST_CASE("the cgroup v1 memory hierarchy is found among the others, and 'no limit' is no limit", "[calib]") {
+TEST_CASE("the cgroup v1 memory hierarchy is found among the others, and 'no limit' is no limit",
+          "[calib]") {
   testing::TempDir dir("cgroup1");
   write(dir / "proc", "9:name=systemd:/\n5:devices:/\n4:memory:/jobs/a\n1:cpu,cpuacct:/\n0::/\n");
   write(dir / "sys/memory/jobs/a/memory.limit_in_bytes", "4294967296\n");
-  write(dir / "sys/memory/jobs/a/memory.stat", "cache 100\nrss 5\ntotal_cache 300\ntotal_rss 536870912\n");
+  write(dir / "sys/memory/jobs/a/memory.stat",
+        "cache 100\nrss 5\ntotal_cache 300\ntotal_rss 536870912\n");
   const auto m = calib::cgroup_memory_from(dir / "proc", dir / "sys");
   REQUIRE(m);
   CHECK(m->limit_bytes == 4294967296);

@@ -12,28 +12,35 @@ using namespace headwise;
 using test::HeadRole;
 
 TEST_CASE("SeqCalib resumed from any layer's checkpoint equals the uninterrupted run", "[calib]") {
-  const std::vector<test::ToyHead> layer{{HeadRole::kUniform}, {HeadRole::kFar}, {HeadRole::kLocal}};
+  const std::vector<test::ToyHead> layer{
+      {HeadRole::kUniform}, {HeadRole::kFar}, {HeadRole::kLocal}};
   test::ToyModel model({layer, layer, layer});
   const auto seqs = test::toy_sequences(3, 96, 5);
   calib::SeqCalibOptions options;
   options.ladder = measure::parse_window_ladder("4,16,full", "--windows");
-  options.head_bytes = [](const arch::LayerSpec&, int64_t window) { return window == kFullWindow ? 96 : window; };
+  options.head_bytes = [](const arch::LayerSpec&, int64_t window) {
+    return window == kFullWindow ? 96 : window;
+  };
   options.global_budget_bytes = 3 * (96 + 16 + 4);
   options.micro_batch = 2;
   std::vector<nlohmann::json> states;
-  options.checkpoint = [&](const calib::WalkState& s) { states.push_back(calib::walk_state_to_json(s)); };
+  options.checkpoint = [&](const calib::WalkState& s) {
+    states.push_back(calib::walk_state_to_json(s));
+  };
   const auto whole = calib::run_seqcalib(model, seqs, options);
   REQUIRE(states.size() == 3);
   options.checkpoint = nullptr;
   for (const auto& json : states) {
-    const calib::WalkState state = calib::walk_state_from_json(nlohmann::json::parse(json.dump()), "ckpt");
+    const calib::WalkState state =
+        calib::walk_state_from_json(nlohmann::json::parse(json.dump()), "ckpt");
     CHECK(calib::walk_state_to_json(state) == json);
     options.resume = &state;
     const auto resumed = calib::run_seqcalib(model, seqs, options);
     CHECK(resumed.windows == whole.windows);
     CHECK(resumed.expected_distortion == whole.expected_distortion);
     REQUIRE(resumed.curves.size() == whole.curves.size());
-    for (size_t i = 0; i < whole.curves.size(); ++i) CHECK(resumed.curves[i].distortion == whole.curves[i].distortion);
+    for (size_t i = 0; i < whole.curves.size(); ++i)
+      CHECK(resumed.curves[i].distortion == whole.curves[i].distortion);
     CHECK(resumed.probe_lambda == whole.probe_lambda);
   }
 }

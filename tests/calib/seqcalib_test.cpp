@@ -19,7 +19,9 @@ namespace {
 constexpr int64_t kContext = 64;
 
 // Unpaged fp32 bytes of one KV head: min(w, C) * head_dim * 2 * 4.
-int64_t toy_head_bytes(int64_t window) { return std::min(window, kContext) * test::kToyHeadDim * 2 * 4; }
+int64_t toy_head_bytes(int64_t window) {
+  return std::min(window, kContext) * test::kToyHeadDim * 2 * 4;
+}
 
 calib::SeqCalibOptions toy_options(const char* ladder, int64_t budget) {
   calib::SeqCalibOptions o;
@@ -31,9 +33,11 @@ calib::SeqCalibOptions toy_options(const char* ladder, int64_t budget) {
 
 at::Tensor final_hidden(test::ToyModel& model, const std::vector<std::vector<int64_t>>& seqs,
                         const std::map<int64_t, std::vector<int64_t>>* windows) {
-  at::Tensor ids = at::empty({static_cast<int64_t>(seqs.size()), static_cast<int64_t>(seqs[0].size())}, at::kLong);
+  at::Tensor ids = at::empty(
+      {static_cast<int64_t>(seqs.size()), static_cast<int64_t>(seqs[0].size())}, at::kLong);
   for (size_t i = 0; i < seqs.size(); ++i) {
-    for (size_t t = 0; t < seqs[i].size(); ++t) ids[static_cast<int64_t>(i)][static_cast<int64_t>(t)] = seqs[i][t];
+    for (size_t t = 0; t < seqs[i].size(); ++t)
+      ids[static_cast<int64_t>(i)][static_cast<int64_t>(t)] = seqs[i][t];
   }
   at::Tensor h = model.embed(ids);
   arch::ExactAttentionCore exact;
@@ -49,7 +53,8 @@ at::Tensor final_hidden(test::ToyModel& model, const std::vector<std::vector<int
 }  // namespace
 
 TEST_CASE("SeqCalib gives planted far heads long windows and local heads short ones", "[calib]") {
-  const std::vector<test::ToyHead> layer{{HeadRole::kLocal}, {HeadRole::kFar}, {HeadRole::kLocal}, {HeadRole::kFar}};
+  const std::vector<test::ToyHead> layer{
+      {HeadRole::kLocal}, {HeadRole::kFar}, {HeadRole::kLocal}, {HeadRole::kFar}};
   test::ToyModel model({layer, layer});
   const auto seqs = test::toy_sequences(4, kContext, 3);
   // Exactly enough for every far head at full and every local head at the shortest level.
@@ -70,13 +75,18 @@ TEST_CASE("SeqCalib gives planted far heads long windows and local heads short o
   }
 }
 
-TEST_CASE("SeqCalib: a budget at or above full KV gives full everywhere; below the minimum it refuses", "[calib]") {
+TEST_CASE(
+    "SeqCalib: a budget at or above full KV gives full everywhere; below the minimum it refuses",
+    "[calib]") {
   const std::vector<test::ToyHead> layer{{HeadRole::kLocal}, {HeadRole::kFar}};
   test::ToyModel model({layer});
   const auto seqs = test::toy_sequences(2, kContext, 5);
-  const auto full = calib::run_seqcalib(model, seqs, toy_options("4,16,full", 2 * toy_head_bytes(kFullWindow)));
+  const auto full =
+      calib::run_seqcalib(model, seqs, toy_options("4,16,full", 2 * toy_head_bytes(kFullWindow)));
   CHECK(full.windows.at(0) == std::vector<int64_t>{kFullWindow, kFullWindow});
-  CHECK_THROWS_AS(calib::run_seqcalib(model, seqs, toy_options("4,16,full", 2 * toy_head_bytes(4) - 1)), InfeasibleError);
+  CHECK_THROWS_AS(
+      calib::run_seqcalib(model, seqs, toy_options("4,16,full", 2 * toy_head_bytes(4) - 1)),
+      InfeasibleError);
 }
 
 TEST_CASE("conditioning changes the decision and lowers the end-to-end error", "[calib]") {
@@ -100,14 +110,17 @@ TEST_CASE("conditioning changes the decision and lowers the end-to-end error", "
   CHECK(seqcalib.windows.at(1) == std::vector<int64_t>{kFullWindow, 4});
 
   const at::Tensor reference = final_hidden(model, seqs, nullptr);
-  const double error_unconditioned = (final_hidden(model, seqs, &unconditioned.windows) - reference).pow(2).mean().item<double>();
-  const double error_seqcalib = (final_hidden(model, seqs, &seqcalib.windows) - reference).pow(2).mean().item<double>();
+  const double error_unconditioned =
+      (final_hidden(model, seqs, &unconditioned.windows) - reference).pow(2).mean().item<double>();
+  const double error_seqcalib =
+      (final_hidden(model, seqs, &seqcalib.windows) - reference).pow(2).mean().item<double>();
   INFO("unconditioned " << error_unconditioned << " seqcalib " << error_seqcalib);
   CHECK(error_seqcalib < 0.5 * error_unconditioned);
 }
 
 TEST_CASE("SeqCalib is deterministic and independent of the micro-batch split", "[calib]") {
-  const std::vector<test::ToyHead> layer{{HeadRole::kUniform}, {HeadRole::kFar}, {HeadRole::kLocal}};
+  const std::vector<test::ToyHead> layer{
+      {HeadRole::kUniform}, {HeadRole::kFar}, {HeadRole::kLocal}};
   test::ToyModel model({layer, layer});
   const auto seqs = test::toy_sequences(4, kContext, 21);
   const int64_t budget = 2 * (toy_head_bytes(kFullWindow) + toy_head_bytes(16) + toy_head_bytes(4));
@@ -122,14 +135,16 @@ TEST_CASE("SeqCalib is deterministic and independent of the micro-batch split", 
   for (size_t i = 0; i < a.curves.size(); ++i) {
     CHECK(a.curves[i].distortion == b.curves[i].distortion);
     for (size_t l = 0; l < a.curves[i].distortion.size(); ++l) {
-      CHECK(split.curves[i].distortion[l] == Approx(a.curves[i].distortion[l]).epsilon(1e-6).margin(1e-12));
+      CHECK(split.curves[i].distortion[l] ==
+            Approx(a.curves[i].distortion[l]).epsilon(1e-6).margin(1e-12));
     }
   }
 }
 
 namespace {
 
-calib::SeqCalibOptions answer_options(const char* ladder, int64_t budget, const std::vector<std::vector<int64_t>>& seqs) {
+calib::SeqCalibOptions answer_options(const char* ladder, int64_t budget,
+                                      const std::vector<std::vector<int64_t>>& seqs) {
   auto o = toy_options(ladder, budget);
   o.measure = calib::DistortionMeasure::kAnswerKl;
   o.answer_positions = calib::tail_answer_positions(seqs, 8);
@@ -147,30 +162,38 @@ struct PlantedToy {
 // the answer hinges on it. Heads 1-3 average content with full weight: a large block output,
 // a moderate effect on the answer. The budget pays for one full window.
 PlantedToy quiet_retriever() {
-  return {test::ToyModel({{{HeadRole::kFar, 0.05}, {HeadRole::kUniform}, {HeadRole::kUniform}, {HeadRole::kUniform}}},
+  return {test::ToyModel({{{HeadRole::kFar, 0.05},
+                           {HeadRole::kUniform},
+                           {HeadRole::kUniform},
+                           {HeadRole::kUniform}}},
                          test::ToyReadout{200.0}),
-          test::toy_sequences(4, kContext, 31), toy_head_bytes(kFullWindow) + 3 * toy_head_bytes(4)};
+          test::toy_sequences(4, kContext, 31),
+          toy_head_bytes(kFullWindow) + 3 * toy_head_bytes(4)};
 }
 
 // Heads 0 and 1 each retrieve position 0 into the same slot; the readout caps the slot at what
 // one of them writes, so either alone answers and cutting one alone costs nothing. Cutting both
 // loses the answer. Heads 2 and 3 average content. The budget pays for two full windows.
 PlantedToy backup_retrievers(test::ToyReadout readout) {
-  const std::vector<test::ToyHead> layer{{HeadRole::kFar, 0.5}, {HeadRole::kFar, 0.5}, {HeadRole::kUniform}, {HeadRole::kUniform}};
+  const std::vector<test::ToyHead> layer{
+      {HeadRole::kFar, 0.5}, {HeadRole::kFar, 0.5}, {HeadRole::kUniform}, {HeadRole::kUniform}};
   return {test::ToyModel({layer}, readout), test::toy_sequences(4, kContext, 41),
           2 * toy_head_bytes(kFullWindow) + 2 * toy_head_bytes(4)};
 }
 
 // Two layers of the three roles: the model the determinism checks run on.
 PlantedToy two_mixed_layers() {
-  const std::vector<test::ToyHead> layer{{HeadRole::kUniform}, {HeadRole::kFar}, {HeadRole::kLocal}};
-  return {test::ToyModel({layer, layer}, test::ToyReadout{20.0}), test::toy_sequences(4, kContext, 23),
+  const std::vector<test::ToyHead> layer{
+      {HeadRole::kUniform}, {HeadRole::kFar}, {HeadRole::kLocal}};
+  return {test::ToyModel({layer, layer}, test::ToyReadout{20.0}),
+          test::toy_sequences(4, kContext, 23),
           2 * (toy_head_bytes(kFullWindow) + toy_head_bytes(16) + toy_head_bytes(4))};
 }
 
 }  // namespace
 
-TEST_CASE("answer-kl keeps the retrieval head whose block output is small; block-mse cuts it", "[calib]") {
+TEST_CASE("answer-kl keeps the retrieval head whose block output is small; block-mse cuts it",
+          "[calib]") {
   auto [model, seqs, budget] = quiet_retriever();
   const auto block = calib::run_seqcalib(model, seqs, toy_options("4,16,full", budget));
   const auto answer = calib::run_seqcalib(model, seqs, answer_options("4,16,full", budget, seqs));
@@ -219,10 +242,14 @@ TEST_CASE("answer-tv orders a lost answer as greedy accuracy does; answer-kl doe
     return calib::divergence_per_position(full, q, d).sum().item<double>();
   };
   using calib::AnswerDivergence;
-  INFO("KL soft " << total(soft, AnswerDivergence::kKl) << " lost " << total(lost, AnswerDivergence::kKl) << "; TV soft "
-                  << total(soft, AnswerDivergence::kTv) << " lost " << total(lost, AnswerDivergence::kTv));
-  CHECK(total(soft, AnswerDivergence::kKl) < total(lost, AnswerDivergence::kKl));  // KL: the lost needle dominates
-  CHECK(total(lost, AnswerDivergence::kTv) < total(soft, AnswerDivergence::kTv));  // TV: one exact answer pays
+  INFO("KL soft " << total(soft, AnswerDivergence::kKl) << " lost "
+                  << total(lost, AnswerDivergence::kKl) << "; TV soft "
+                  << total(soft, AnswerDivergence::kTv) << " lost "
+                  << total(lost, AnswerDivergence::kTv));
+  CHECK(total(soft, AnswerDivergence::kKl) <
+        total(lost, AnswerDivergence::kKl));  // KL: the lost needle dominates
+  CHECK(total(lost, AnswerDivergence::kTv) <
+        total(soft, AnswerDivergence::kTv));  // TV: one exact answer pays
   // TV is at most 1 per position and 0 against itself; KL of the lost answer is ~ln(1e6).
   const at::Tensor tv = calib::divergence_per_position(full, lost, AnswerDivergence::kTv);
   CHECK(tv[0].item<double>() == Approx(0.0).margin(1e-6));
@@ -230,11 +257,14 @@ TEST_CASE("answer-tv orders a lost answer as greedy accuracy does; answer-kl doe
   CHECK(calib::divergence_per_position(full, lost, AnswerDivergence::kKl)[1].item<double>() ==
         Approx(std::log(1e6)).epsilon(1e-3));
   CHECK(calib::parse_distortion_measure("answer-tv") == calib::DistortionMeasure::kAnswerTv);
-  CHECK(std::string(calib::distortion_measure_name(calib::DistortionMeasure::kAnswerTv)) == "answer-tv");
+  CHECK(std::string(calib::distortion_measure_name(calib::DistortionMeasure::kAnswerTv)) ==
+        "answer-tv");
 }
 
-TEST_CASE("answer-tv reports the policy's total variation at the answer positions, end to end", "[calib]") {
-  const std::vector<test::ToyHead> layer{{HeadRole::kFar, 0.5}, {HeadRole::kUniform}, {HeadRole::kLocal}};
+TEST_CASE("answer-tv reports the policy's total variation at the answer positions, end to end",
+          "[calib]") {
+  const std::vector<test::ToyHead> layer{
+      {HeadRole::kFar, 0.5}, {HeadRole::kUniform}, {HeadRole::kLocal}};
   test::ToyModel model({layer, layer}, test::ToyReadout{20.0});
   const auto seqs = test::toy_sequences(4, kContext, 51);
   // One full window for the two layers' far heads: one of them loses position 0.
@@ -248,9 +278,10 @@ TEST_CASE("answer-tv reports the policy's total variation at the answer position
     const int64_t t = h.size(1);
     return at::log_softmax(model.logits(h.slice(1, t - 9, t - 1)).to(at::kFloat), -1).flatten(0, 1);
   };
-  const at::Tensor by_hand = calib::divergence_per_position(answer_log_probs(nullptr), answer_log_probs(&r.windows),
-                                                            calib::AnswerDivergence::kTv);
-  INFO(fmt::format("windows {} / {}", fmt::join(r.windows.at(0), ","), fmt::join(r.windows.at(1), ",")));
+  const at::Tensor by_hand = calib::divergence_per_position(
+      answer_log_probs(nullptr), answer_log_probs(&r.windows), calib::AnswerDivergence::kTv);
+  INFO(fmt::format("windows {} / {}", fmt::join(r.windows.at(0), ","),
+                   fmt::join(r.windows.at(1), ",")));
   CHECK(r.global_bytes <= budget);
   CHECK(r.answer_kl_policy == Approx(by_hand.mean().item<double>()).epsilon(1e-5).margin(1e-9));
   CHECK(r.answer_kl_policy >= 0.0);
@@ -259,7 +290,8 @@ TEST_CASE("answer-tv reports the policy's total variation at the answer position
   CHECK(r.answer_kl_policy > 1e-3);
 }
 
-TEST_CASE("answer-grad predicts a joint cut that flips the answer from heads that each look cheap", "[calib]") {
+TEST_CASE("answer-grad predicts a joint cut that flips the answer from heads that each look cheap",
+          "[calib]") {
   // The two retrievers back each other up (the readout caps the slot at what one writes, and the
   // retrieved slot is the answer): at full KV either one's gradient is zero, so the first
   // linearisation cuts both; re-linearised there, restoring one is predicted to bring the answer
@@ -274,20 +306,25 @@ TEST_CASE("answer-grad predicts a joint cut that flips the answer from heads tha
   CHECK(gradient.global_bytes <= budget);
 }
 
-TEST_CASE("answer-kl decides a layer's heads jointly: of two heads that back each other up, one stays", "[calib]") {
+TEST_CASE(
+    "answer-kl decides a layer's heads jointly: of two heads that back each other up, one stays",
+    "[calib]") {
   auto [model, seqs, budget] = backup_retrievers(test::ToyReadout{4.0, 0.5});
   auto independent_options = answer_options("4,full", budget, seqs);
   independent_options.joint_heads = false;
   const auto independent = calib::run_seqcalib(model, seqs, independent_options);
   const auto joint = calib::run_seqcalib(model, seqs, answer_options("4,full", budget, seqs));
-  auto retrievers_kept = [](const std::vector<int64_t>& w) { return (w[0] == kFullWindow) + (w[1] == kFullWindow); };
+  auto retrievers_kept = [](const std::vector<int64_t>& w) {
+    return (w[0] == kFullWindow) + (w[1] == kFullWindow);
+  };
   INFO("independent " << fmt::format("{}", fmt::join(independent.windows.at(0), ",")) << " joint "
                       << fmt::format("{}", fmt::join(joint.windows.at(0), ",")));
   // Measured with the other heads at full, each retriever looks free: both are cut.
   CHECK(retrievers_kept(independent.windows.at(0)) == 0);
   // Jointly, exactly one retriever keeps its window and the other byte goes to content.
   CHECK(retrievers_kept(joint.windows.at(0)) == 1);
-  INFO("answer KL: independent " << independent.answer_kl_policy << " joint " << joint.answer_kl_policy);
+  INFO("answer KL: independent " << independent.answer_kl_policy << " joint "
+                                 << joint.answer_kl_policy);
   CHECK(joint.answer_kl_policy < 0.5 * independent.answer_kl_policy);
 }
 
@@ -301,7 +338,8 @@ TEST_CASE("answer-kl is deterministic and independent of the micro-batch split",
   CHECK(a.windows == b.windows);
   CHECK(a.windows == split.windows);
   REQUIRE(a.curves.size() == b.curves.size());
-  for (size_t i = 0; i < a.curves.size(); ++i) CHECK(a.curves[i].distortion == b.curves[i].distortion);
+  for (size_t i = 0; i < a.curves.size(); ++i)
+    CHECK(a.curves[i].distortion == b.curves[i].distortion);
 }
 
 TEST_CASE("answer-kl refuses sequences without answer positions", "[calib]") {
@@ -314,13 +352,16 @@ TEST_CASE("answer-kl refuses sequences without answer positions", "[calib]") {
   CHECK_THROWS_AS(calib::run_seqcalib(model, seqs, options), InputError);
 }
 
-TEST_CASE("fresh conditioning: a completion that moves a lower layer triggers a re-walk, kept only if it helps",
-          "[calib]") {
+TEST_CASE(
+    "fresh conditioning: a completion that moves a lower layer triggers a re-walk, kept only if it "
+    "helps",
+    "[calib]") {
   // Layer 0's far head is cut by the walk and lengthened by the completion, so layer 1 was
   // decided on a stream that no longer exists: the layers above it are re-walked on the completed
   // stream. On this model the re-walk reaches the same windows, so it is measured and discarded
   // (the cross-layer re-solve that follows then moves layer 0's bytes and is kept).
-  test::ToyModel model({{{HeadRole::kLocal, 3.0}, {HeadRole::kFar, 1.0}}, {{HeadRole::kBackup, 1.0}, {HeadRole::kUniform, 0.6}}},
+  test::ToyModel model({{{HeadRole::kLocal, 3.0}, {HeadRole::kFar, 1.0}},
+                        {{HeadRole::kBackup, 1.0}, {HeadRole::kUniform, 0.6}}},
                        test::ToyReadout{20.0});
   const auto seqs = test::toy_sequences(4, kContext, 9);
   const int64_t budget = toy_head_bytes(kFullWindow) + 3 * toy_head_bytes(4);
@@ -329,7 +370,8 @@ TEST_CASE("fresh conditioning: a completion that moves a lower layer triggers a 
   REQUIRE(r.answer_kl_by_pass.size() >= 2);  // the first policy and at least one re-walk tried
   CHECK(r.answer_kl_by_pass.size() <= 3);    // bounded: two re-walks at most
   // Every kept pass lowered the KL; the reported policy is the last kept one.
-  for (int64_t p = 1; p <= r.rewalks; ++p) CHECK(r.answer_kl_by_pass[p] < r.answer_kl_by_pass[p - 1]);
+  for (int64_t p = 1; p <= r.rewalks; ++p)
+    CHECK(r.answer_kl_by_pass[p] < r.answer_kl_by_pass[p - 1]);
   // The cross-layer re-solve starts from the last kept re-walk.
   REQUIRE(!r.answer_kl_by_resolve.empty());
   CHECK(r.answer_kl_by_resolve.front() == r.answer_kl_by_pass[static_cast<size_t>(r.rewalks)]);
@@ -337,7 +379,8 @@ TEST_CASE("fresh conditioning: a completion that moves a lower layer triggers a 
   CHECK(r.global_bytes <= budget);
 }
 
-TEST_CASE("cross-layer re-solve: bytes a lower layer kept go to the layer above that needs them", "[calib]") {
+TEST_CASE("cross-layer re-solve: bytes a lower layer kept go to the layer above that needs them",
+          "[calib]") {
   // Layer 0 averages content; layer 1's two retrievers back each other up (the readout caps the
   // slot at what one writes), so measured with the other at full each looks free to cut. Priced
   // by those curves, the walk leaves layer 0 at full and layer 1 can then afford neither
@@ -349,8 +392,9 @@ TEST_CASE("cross-layer re-solve: bytes a lower layer kept go to the layer above 
   const auto seqs = test::toy_sequences(4, kContext, 41);
   const int64_t budget = toy_head_bytes(kFullWindow) + 3 * toy_head_bytes(4);
   const auto r = calib::run_seqcalib(model, seqs, answer_options("4,full", budget, seqs));
-  INFO(fmt::format("windows {} / {}, resolves {}, KL by resolve {}", fmt::join(r.windows.at(0), ","),
-                   fmt::join(r.windows.at(1), ","), r.resolves, fmt::join(r.answer_kl_by_resolve, ",")));
+  INFO(fmt::format("windows {} / {}, resolves {}, KL by resolve {}",
+                   fmt::join(r.windows.at(0), ","), fmt::join(r.windows.at(1), ","), r.resolves,
+                   fmt::join(r.answer_kl_by_resolve, ",")));
   CHECK(r.resolves >= 1);
   CHECK(r.windows.at(0) == std::vector<int64_t>{4});
   const auto& top = r.windows.at(1);
@@ -365,7 +409,8 @@ TEST_CASE("cross-layer re-solve: bytes a lower layer kept go to the layer above 
 
 namespace {
 
-calib::SeqCalibOptions span_options(const char* ladder, int64_t budget, const std::vector<std::vector<int64_t>>& seqs) {
+calib::SeqCalibOptions span_options(const char* ladder, int64_t budget,
+                                    const std::vector<std::vector<int64_t>>& seqs) {
   auto o = answer_options(ladder, budget, seqs);
   o.measure = calib::DistortionMeasure::kAnswerTvSpan;
   return o;
@@ -373,7 +418,9 @@ calib::SeqCalibOptions span_options(const char* ladder, int64_t budget, const st
 
 }  // namespace
 
-TEST_CASE("answer-tv-span decides the planted toys as the exact answer-tv does, validated against it", "[calib]") {
+TEST_CASE(
+    "answer-tv-span decides the planted toys as the exact answer-tv does, validated against it",
+    "[calib]") {
   // The retrieval head that writes little and the two backup retrievers: the cases answer-kl is
   // built for. The span measure runs each candidate on the answer span only; here it must keep
   // the retrieval head and exactly one of the two backups, as the exact measure does.
@@ -395,7 +442,8 @@ TEST_CASE("answer-tv-span decides the planted toys as the exact answer-tv does, 
     CHECK(span.validation->spearman >= 0.9);
     REQUIRE(span.validation->joint_decisions.size() == 1);
     const auto& decision = span.validation->joint_decisions.front();
-    CHECK(decision.exact_windows == decision.windows);  // the exact measure's own decision is the same
+    CHECK(decision.exact_windows ==
+          decision.windows);  // the exact measure's own decision is the same
     CHECK(decision.measured <= 1.1 * decision.exact_measured + 1e-9);
   }
   {
@@ -411,7 +459,10 @@ TEST_CASE("answer-tv-span decides the planted toys as the exact answer-tv does, 
   }
 }
 
-TEST_CASE("answer-tv-span is deterministic, independent of the micro-batch split, and refuses a bad margin", "[calib]") {
+TEST_CASE(
+    "answer-tv-span is deterministic, independent of the micro-batch split, and refuses a bad "
+    "margin",
+    "[calib]") {
   auto [model, seqs, budget] = two_mixed_layers();
   auto options = span_options("4,16,full", budget, seqs);
   const auto a = calib::run_seqcalib(model, seqs, options);
@@ -424,10 +475,14 @@ TEST_CASE("answer-tv-span is deterministic, independent of the micro-batch split
   for (size_t i = 0; i < a.curves.size(); ++i) {
     CHECK(a.curves[i].distortion == b.curves[i].distortion);
     for (size_t l = 0; l < a.curves[i].distortion.size(); ++l) {
-      CHECK(split.curves[i].distortion[l] == Approx(a.curves[i].distortion[l]).epsilon(1e-5).margin(1e-9));
+      CHECK(split.curves[i].distortion[l] ==
+            Approx(a.curves[i].distortion[l]).epsilon(1e-5).margin(1e-9));
     }
   }
-  CHECK(calib::parse_distortion_measure("answer-tv-span") == calib::DistortionMeasure::kAnswerTvSpan);
-  CHECK(calib::parse_distortion_measure("answer-kl-span") == calib::DistortionMeasure::kAnswerKlSpan);
-  CHECK(calib::answer_divergence(calib::DistortionMeasure::kAnswerKlSpan) == calib::AnswerDivergence::kKl);
+  CHECK(calib::parse_distortion_measure("answer-tv-span") ==
+        calib::DistortionMeasure::kAnswerTvSpan);
+  CHECK(calib::parse_distortion_measure("answer-kl-span") ==
+        calib::DistortionMeasure::kAnswerKlSpan);
+  CHECK(calib::answer_divergence(calib::DistortionMeasure::kAnswerKlSpan) ==
+        calib::AnswerDivergence::kKl);
 }

@@ -74,7 +74,9 @@ struct ToyReadout {
 class ToyModel final : public arch::DecoderModel {
  public:
   explicit ToyModel(std::vector<std::vector<ToyHead>> layers, ToyReadout readout = {})
-      : DecoderModel(toy_spec(layers), nullptr, arch::ModelOptions{}), layers_(std::move(layers)), readout_(readout) {
+      : DecoderModel(toy_spec(layers), nullptr, arch::ModelOptions{}),
+        layers_(std::move(layers)),
+        readout_(readout) {
     at::manual_seed(1234);
     embedding_ = at::zeros({kToyVocab, kToyHidden});
     embedding_.select(1, 0).fill_(1.0);
@@ -84,18 +86,23 @@ class ToyModel final : public arch::DecoderModel {
     inv_freq_ = at::tensor(std::vector<float>{1.0F, 0.71F, 0.453F, 0.297F, 0.1931F, 0.1237F});
   }
 
-  at::Tensor embed(const at::Tensor& ids) override { return embedding_.index_select(0, ids.flatten()).view({ids.size(0), ids.size(1), kToyHidden}); }
+  at::Tensor embed(const at::Tensor& ids) override {
+    return embedding_.index_select(0, ids.flatten()).view({ids.size(0), ids.size(1), kToyHidden});
+  }
   at::Tensor logits(const at::Tensor& hidden) override {
     // Out of place: the answer-grad measure back-propagates through this.
     const at::Tensor h = hidden.to(at::kFloat);
-    const at::Tensor retrieved = at::clamp_max(h.slice(-1, 2, 3), readout_.retrieved_cap) * readout_.retrieved_gain;
+    const at::Tensor retrieved =
+        at::clamp_max(h.slice(-1, 2, 3), readout_.retrieved_cap) * readout_.retrieved_gain;
     return at::cat({h.slice(-1, 0, 2), retrieved, h.slice(-1, 3)}, -1);
   }
   std::vector<arch::WeightRequirement> required_weights() const override { return {}; }
 
-  at::Tensor run_layer(int64_t layer, const at::Tensor& hidden, const arch::LayerRun& run) override {
+  at::Tensor run_layer(int64_t layer, const at::Tensor& hidden,
+                       const arch::LayerRun& run) override {
     const auto& heads = layers_[static_cast<size_t>(layer)];
-    const int64_t batch = hidden.size(0), steps = hidden.size(1), nh = static_cast<int64_t>(heads.size());
+    const int64_t batch = hidden.size(0), steps = hidden.size(1),
+                  nh = static_cast<int64_t>(heads.size());
     const auto rope = arch::rotary_table(inv_freq_, run.position_offset, steps, 1.0, at::kFloat);
     std::vector<at::Tensor> qs, ks, vs;
     at::Tensor o_proj = at::zeros({kToyHidden, nh * kToyHeadDim});
@@ -120,11 +127,12 @@ class ToyModel final : public arch::DecoderModel {
   }
 
  private:
-  static constexpr double kLocalScale = 6.3;   // a: self score a^2 = 40
-  static constexpr double kFarScale = 10.95;   // b: flag score b^2 = 120 beats any local score
+  static constexpr double kLocalScale = 6.3;  // a: self score a^2 = 40
+  static constexpr double kFarScale = 10.95;  // b: flag score b^2 = 120 beats any local score
 
   // [B, T, hd] each, before RoPE.
-  std::tuple<at::Tensor, at::Tensor, at::Tensor> head_qkv(const ToyHead& head, const at::Tensor& x) const {
+  std::tuple<at::Tensor, at::Tensor, at::Tensor> head_qkv(const ToyHead& head,
+                                                          const at::Tensor& x) const {
     const auto shape = std::vector<int64_t>{x.size(0), x.size(1), kToyHeadDim};
     at::Tensor q = at::zeros(shape), k = at::zeros(shape), v = at::zeros(shape);
     const at::Tensor one = x.select(2, 0), flag = x.select(2, 1), retrieved = x.select(2, 2);
@@ -164,7 +172,8 @@ class ToyModel final : public arch::DecoderModel {
 };
 
 // Token sequences with the flag token first, random content after.
-inline std::vector<std::vector<int64_t>> toy_sequences(int64_t samples, int64_t steps, uint64_t seed) {
+inline std::vector<std::vector<int64_t>> toy_sequences(int64_t samples, int64_t steps,
+                                                       uint64_t seed) {
   at::manual_seed(seed);
   std::vector<std::vector<int64_t>> out;
   for (int64_t s = 0; s < samples; ++s) {

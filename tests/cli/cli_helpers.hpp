@@ -1,9 +1,9 @@
 #pragma once
 // Runs headwise-calc as a child process (its own libtorch, exit codes, signals) for the
 // end-to-end tests of calibrate, resume and regen.
-#include <catch2/catch.hpp>
 #include <sys/wait.h>
 #include <unistd.h>
+#include <catch2/catch.hpp>
 
 #include <atomic>
 #include <cstdio>

@@ -20,9 +20,11 @@ using headwise::testing::run_cli;
 
 // A model folder holding `config` as config.json (and, when asked, a 12-byte safetensors file).
 fs::path model_dir(const std::string& config, bool with_weights = false) {
-  const fs::path dir = fs::temp_directory_path() / ("headwise_cli_" + config + (with_weights ? "_w" : ""));
+  const fs::path dir =
+      fs::temp_directory_path() / ("headwise_cli_" + config + (with_weights ? "_w" : ""));
   fs::create_directories(dir);
-  fs::copy_file(headwise::testing::config_dir() / config, dir / "config.json", fs::copy_options::overwrite_existing);
+  fs::copy_file(headwise::testing::config_dir() / config, dir / "config.json",
+                fs::copy_options::overwrite_existing);
   if (with_weights) {
     const std::string header = R"({"w":{"dtype":"BF16","shape":[2,3],"data_offsets":[0,12]}})";
     std::ofstream f(dir / "model.safetensors", std::ios::binary);
@@ -49,7 +51,8 @@ void expect_one_line_errors(const std::vector<std::pair<std::string, std::string
 
 TEST_CASE("mem-estimate --json: full KV on bamba tiny", "[cli]") {
   const auto dir = model_dir("bamba_tiny.json");
-  const Run r = run_cli("mem-estimate --model " + dir.string() + " --full-kv --context 100 --batch 3 --json");
+  const Run r =
+      run_cli("mem-estimate --model " + dir.string() + " --full-kv --context 100 --batch 3 --json");
   REQUIRE(r.status == 0);
   const auto j = nlohmann::json::parse(r.out);
   CHECK(j["total_bytes"] == 144384);  // hand-computed in memory_model_test
@@ -70,8 +73,9 @@ TEST_CASE("mem-estimate --json: full KV on bamba tiny", "[cli]") {
 
 TEST_CASE("mem-estimate: uniform window, overrides, weights, --gpu-memory", "[cli]") {
   const auto dir = model_dir("bamba_tiny.json", true);
-  Run r = run_cli("mem-estimate --model " + dir.string() +
-                  " --uniform-window 10 --context 100 --batch 3 --sink-tokens 4 --block-size 1 --json");
+  Run r =
+      run_cli("mem-estimate --model " + dir.string() +
+              " --uniform-window 10 --context 100 --batch 3 --sink-tokens 4 --block-size 1 --json");
   REQUIRE(r.status == 0);
   auto j = nlohmann::json::parse(r.out);
   CHECK(j["components"]["global_kv_bytes"] == 3 * 4 * 896);
@@ -79,17 +83,20 @@ TEST_CASE("mem-estimate: uniform window, overrides, weights, --gpu-memory", "[cl
   CHECK(j["layers"][1]["kv_head_windows"] == nlohmann::json::array({10, 10}));
 
   // budget = 200000 - 12 - 1000 bytes; full KV grows 256 B/token/sequence beyond the states
-  r = run_cli("mem-estimate --model " + dir.string() + " --uniform-window 10 --context 1k --gpu-memory 200000 "
+  r = run_cli("mem-estimate --model " + dir.string() +
+              " --uniform-window 10 --context 1k --gpu-memory 200000 "
               "--reserve 1000 --json");
   REQUIRE(r.status == 0);
   j = nlohmann::json::parse(r.out);
   CHECK(j["gpu_fit"]["cache_budget_bytes"] == 200000 - 12 - 1000);
-  CHECK(j["gpu_fit"]["policy"]["max_context"].is_null());  // finite windows: never outgrows the budget
+  CHECK(j["gpu_fit"]["policy"]["max_context"]
+            .is_null());  // finite windows: never outgrows the budget
   // full KV at batch 1: 19456 B of states + ceil(C/16)*16 * 256 B ≤ 198988 → C ≤ 16*43 = 688
   CHECK(j["gpu_fit"]["full_kv"]["max_context"] == 688);
   CHECK(j["gpu_fit"]["full_kv"]["max_batch"] == 198988 / (19456 + 1024 * 256));
 
-  r = run_cli("mem-estimate --model " + dir.string() + " --full-kv --context 1k --gpu-memory 200000");
+  r = run_cli("mem-estimate --model " + dir.string() +
+              " --full-kv --context 1k --gpu-memory 200000");
   REQUIRE(r.status == 0);
   CHECK(r.out.find("max context at batch 1") != std::string::npos);
   CHECK(r.out.find("global KV") != std::string::npos);
@@ -197,7 +204,9 @@ TEST_CASE("mem-estimate --engine: headwise unchanged, vllm figures, both side by
   CHECK(j["layers"][0]["bytes"] == 521 * 32768);
   CHECK(j["kv_cache_groups"].size() == 2);
   // --max-model-len is --context under vLLM's name
-  CHECK(run_cli("mem-estimate --model " + dir.string() + " --full-kv --max-model-len 128k --engine vllm --json").out == r.out);
+  CHECK(run_cli("mem-estimate --model " + dir.string() +
+                " --full-kv --max-model-len 128k --engine vllm --json")
+            .out == r.out);
   // a smaller batch budget: sliding layers reserve cdiv(127 + 2048, 16) + 1 = 137 pages
   r = run_cli(base + " --engine vllm --max-num-batched-tokens 2048 --json");
   REQUIRE(r.status == 0);
@@ -212,7 +221,8 @@ TEST_CASE("mem-estimate --engine: headwise unchanged, vllm figures, both side by
   REQUIRE(j["difference"].is_array());
   for (const auto& d : j["difference"]) {
     INFO(d.dump());
-    CHECK(d["difference_bytes"] == d["vllm_bytes"].get<int64_t>() - d["headwise_bytes"].get<int64_t>());
+    CHECK(d["difference_bytes"] ==
+          d["vllm_bytes"].get<int64_t>() - d["headwise_bytes"].get<int64_t>());
     CHECK(d["why"].is_null() == (d["difference_bytes"] == 0));
   }
   CHECK(j["difference"][1]["component"] == "local (sliding) KV");
@@ -226,8 +236,8 @@ TEST_CASE("mem-estimate --engine: headwise unchanged, vllm figures, both side by
   CHECK(r.out.find("chunked prefill") != std::string::npos);
 
   // --gpu-memory answers for the chosen engine: 2 requests fit a budget of twice the reservation
-  r = run_cli(base + " --engine vllm --gpu-memory " + std::to_string(int64_t{3426091008} * 2 + 100) +
-              " --weights-bytes 100 --json");
+  r = run_cli(base + " --engine vllm --gpu-memory " +
+              std::to_string(int64_t{3426091008} * 2 + 100) + " --weights-bytes 100 --json");
   REQUIRE(r.status == 0);
   CHECK(nlohmann::json::parse(r.out)["gpu_fit"]["full_kv"]["max_batch"] == 2);
 }

@@ -4,8 +4,8 @@
 #include <algorithm>
 #include <regex>
 
-#include "../support/test_paths.hpp"
 #include "../arch/fixture_reference.hpp"
+#include "../support/test_paths.hpp"
 #include "cli_helpers.hpp"
 #include "headwise/arch/registry.hpp"
 #include "headwise/policy/policy.hpp"
@@ -23,13 +23,17 @@ const fs::path kFixture = fs::path(HEADWISE_FIXTURES_DIR) / "qwen3_gqa";
 std::string manifest_text(const std::string& seed) {
   return "policies:\n"
          "  - name: gqa\n"
-         "    model: " + kFixture.string() + "\n"
+         "    model: " +
+         kFixture.string() +
+         "\n"
          "    context: 4k\n"
          "    budget: 64k\n"
          "    windows: [16, 64, full]\n"
          "    samples: 2\n"
          "    seq_len: 128\n"
-         "    seed: " + seed + "\n"
+         "    seed: " +
+         seed +
+         "\n"
          "    output: gqa.yaml\n";
 }
 
@@ -79,8 +83,10 @@ TEST_CASE("regen writes, skips what is up to date, and --check catches a hand ed
   INFO(r.out);
   CHECK(r.status == 1);
   CHECK(r.out.find("gqa: gqa.yaml differs") != std::string::npos);
-  CHECK(r.out.find(fmt::format("layer {} KV head 0: window {} → {}, bytes ", edited.per_layer_policies.front().layer_id,
-                               policy::window_name(windows.front()), policy::window_name(before))) != std::string::npos);
+  CHECK(r.out.find(fmt::format("layer {} KV head 0: window {} → {}, bytes ",
+                               edited.per_layer_policies.front().layer_id,
+                               policy::window_name(windows.front()),
+                               policy::window_name(before))) != std::string::npos);
   CHECK(r.out.find("memory.total_bytes: ") != std::string::npos);
   CHECK(r.err.find("regen --check: 1 of 1 policies differ") != std::string::npos);
   CHECK(std::count(r.err.begin(), r.err.end(), '\n') == 1);
@@ -122,7 +128,9 @@ TEST_CASE("regen writes, skips what is up to date, and --check catches a hand ed
 }
 
 TEST_CASE("the manifest reader is strict and names the entry and key", "[policy]") {
-  const std::string good = "policies:\n  - {name: a, model: m, context: 4k, budget: 1g, windows: '64,full', seed: 0, output: a.yaml}\n";
+  const std::string good =
+      "policies:\n  - {name: a, model: m, context: 4k, budget: 1g, windows: '64,full', seed: 0, "
+      "output: a.yaml}\n";
   const auto m = regen::parse_manifest(good, "m.yaml", "/base");
   REQUIRE(m.entries.size() == 1);
   CHECK(m.entries[0].request.model == "/base/m");
@@ -130,21 +138,30 @@ TEST_CASE("the manifest reader is strict and names the entry and key", "[policy]
   CHECK(m.entries[0].request.windows == "64,full");
   CHECK(m.entries[0].request.samples == 8);  // the main command's default
 
-  CHECK_THAT(manifest_error("policies:\n  - {name: a, model: m, context: 4k, budget: 1g, windows: full, seed: 0, "
-                            "output: a.yaml, budgett: 2}\n"),
-             Catch::Contains("m.yaml:2:") && Catch::Contains("entry 'a': budgett: unknown key"));
-  CHECK_THAT(manifest_error("policies:\n  - {name: a, model: m, context: 4k, windows: full, seed: 0, output: a.yaml}\n"),
+  CHECK_THAT(
+      manifest_error(
+          "policies:\n  - {name: a, model: m, context: 4k, budget: 1g, windows: full, seed: 0, "
+          "output: a.yaml, budgett: 2}\n"),
+      Catch::Contains("m.yaml:2:") && Catch::Contains("entry 'a': budgett: unknown key"));
+  CHECK_THAT(manifest_error("policies:\n  - {name: a, model: m, context: 4k, windows: full, seed: "
+                            "0, output: a.yaml}\n"),
              Catch::Contains("entry 'a': budget: is missing"));
-  CHECK_THAT(manifest_error("policies:\n  - {name: a, model: m, context: 4k, budget: 1g, windows: full, seed: x, "
-                            "output: a.yaml}\n"),
-             Catch::Contains("entry 'a': seed: 'x' is not an integer"));
-  CHECK_THAT(manifest_error(good + "  - {name: a, model: m, context: 4k, budget: 1g, windows: full, seed: 0, output: b.yaml}\n"),
+  CHECK_THAT(
+      manifest_error(
+          "policies:\n  - {name: a, model: m, context: 4k, budget: 1g, windows: full, seed: x, "
+          "output: a.yaml}\n"),
+      Catch::Contains("entry 'a': seed: 'x' is not an integer"));
+  CHECK_THAT(manifest_error(good + "  - {name: a, model: m, context: 4k, budget: 1g, windows: "
+                                   "full, seed: 0, output: b.yaml}\n"),
              Catch::Contains("'a' appears twice"));
-  CHECK_THAT(manifest_error("entries: []\n"), Catch::Contains("entries: unknown key (allowed: policies, recalibrate_on_check)"));
+  CHECK_THAT(manifest_error("entries: []\n"),
+             Catch::Contains("entries: unknown key (allowed: policies, recalibrate_on_check)"));
   CHECK_THAT(manifest_error("policies: [\n"), Catch::Contains("malformed YAML"));
-  CHECK_THAT(manifest_error("policies:\n  - {name: 'a b', model: m, context: 4k, budget: 1g, windows: full, seed: 0, "
-                            "output: a.yaml}\n"),
-             Catch::Contains("may hold only"));
+  CHECK_THAT(
+      manifest_error(
+          "policies:\n  - {name: 'a b', model: m, context: 4k, budget: 1g, windows: full, seed: 0, "
+          "output: a.yaml}\n"),
+      Catch::Contains("may hold only"));
 }
 
 namespace {
@@ -153,17 +170,21 @@ namespace {
 // (checked by its inputs fingerprint, at budget `budget_b`); `subset` is the manifest's last line.
 std::string two_entry_manifest(const std::string& budget_b, const std::string& subset) {
   std::string text = "policies:\n";
-  for (const auto& [name, budget] : {std::pair<std::string, std::string>{"recalibrated", "64k"}, {"fingerprinted", budget_b}}) {
+  for (const auto& [name, budget] :
+       {std::pair<std::string, std::string>{"recalibrated", "64k"}, {"fingerprinted", budget_b}}) {
     text += "  - name: " + name + "\n    model: " + kFixture.string() +
-            "\n    context: 4k\n    budget: " + budget + "\n    windows: [16, 64, full]\n    samples: 2\n"
-            "    seq_len: 128\n    seed: 1\n    output: " + name + ".yaml\n";
+            "\n    context: 4k\n    budget: " + budget +
+            "\n    windows: [16, 64, full]\n    samples: 2\n"
+            "    seq_len: 128\n    seed: 1\n    output: " +
+            name + ".yaml\n";
   }
   return text + subset;
 }
 
 }  // namespace
 
-TEST_CASE("regen --check recalibrates the manifest's subset and checks the rest by fingerprint", "[cli]") {
+TEST_CASE("regen --check recalibrates the manifest's subset and checks the rest by fingerprint",
+          "[cli]") {
   testing::TempDir dir;
   const fs::path manifest = dir.path() / "manifest.yaml";
   const fs::path cheap = dir.path() / "fingerprinted.yaml";
@@ -177,19 +198,22 @@ TEST_CASE("regen --check recalibrates the manifest's subset and checks the rest 
   INFO(r.out << r.err);
   CHECK(r.status == 0);
   CHECK(r.out.find("recalibrated: recalibrated.yaml is up to date\n") != std::string::npos);
-  CHECK(r.out.find("fingerprinted: fingerprinted.yaml is up to date (inputs unchanged") != std::string::npos);
+  CHECK(r.out.find("fingerprinted: fingerprinted.yaml is up to date (inputs unchanged") !=
+        std::string::npos);
   CHECK(r.out.find("not recalibrated") != std::string::npos);
 
   // A changed input of the fingerprinted entry (its budget) makes it stale without recalibrating.
   write_file_atomically(manifest, two_entry_manifest("40k", subset));
   r = run_cli_with(regen + " --check");
   CHECK(r.status == 1);
-  CHECK(r.out.find("fingerprinted: fingerprinted.yaml is stale: its inputs changed") != std::string::npos);
+  CHECK(r.out.find("fingerprinted: fingerprinted.yaml is stale: its inputs changed") !=
+        std::string::npos);
   CHECK(r.err.find("1 of 2 policies differ") != std::string::npos);
   write_file_atomically(manifest, two_entry_manifest("48k", subset));
 
   // A layout edit, and a memory block that disagrees with the model, are caught by the cheap check.
-  write_file_atomically(cheap, std::regex_replace(made, std::regex("block_size: 16"), "block_size:  16"));
+  write_file_atomically(cheap,
+                        std::regex_replace(made, std::regex("block_size: 16"), "block_size:  16"));
   r = run_cli_with(regen + " --check");
   CHECK(r.status == 1);
   CHECK(r.out.find("fingerprinted.yaml is stale: not as headwise writes it") != std::string::npos);
@@ -211,31 +235,42 @@ TEST_CASE("regen --check recalibrates the manifest's subset and checks the rest 
   CHECK(run_cli_with(regen + " --check --quiet").status == 0);
   r = run_cli_with(regen + " --check --all");
   CHECK(r.status == 1);
-  CHECK(r.out.find("fingerprinted: fingerprinted.yaml differs from what the manifest entry produces") != std::string::npos);
+  CHECK(r.out.find(
+            "fingerprinted: fingerprinted.yaml differs from what the manifest entry produces") !=
+        std::string::npos);
   CHECK(run_cli_with(regen + " --all").err.find("--all: only with --check") != std::string::npos);
 }
 
-TEST_CASE("recalibrate_on_check names entries and covers every measure, keep-rules choice and method", "[policy]") {
+TEST_CASE(
+    "recalibrate_on_check names entries and covers every measure, keep-rules choice and method",
+    "[policy]") {
   const std::string entries =
       "policies:\n"
-      "  - {name: a, model: m, context: 4k, budget: 1g, windows: '64,full', seed: 0, output: a.yaml, distortion: answer-kl}\n"
-      "  - {name: b, model: m, context: 4k, budget: 1g, windows: '64,full', seed: 0, output: b.yaml, keep_rules: window}\n"
-      "  - {name: c, model: m, context: 4k, budget: 1g, windows: '64,full', seed: 0, output: c.yaml, keep_rules: window,"
+      "  - {name: a, model: m, context: 4k, budget: 1g, windows: '64,full', seed: 0, output: "
+      "a.yaml, distortion: answer-kl}\n"
+      "  - {name: b, model: m, context: 4k, budget: 1g, windows: '64,full', seed: 0, output: "
+      "b.yaml, keep_rules: window}\n"
+      "  - {name: c, model: m, context: 4k, budget: 1g, windows: '64,full', seed: 0, output: "
+      "c.yaml, keep_rules: window,"
       " conditioning: false}\n";
   const auto coverage_error = [&](const std::string& subset) {
     try {
-      regen::check_recalibration_coverage(regen::parse_manifest(entries + subset, "m.yaml", fs::path()));
+      regen::check_recalibration_coverage(
+          regen::parse_manifest(entries + subset, "m.yaml", fs::path()));
     } catch (const InputError& e) {
       return std::string(e.what());
     }
     return std::string("(accepted)");
   };
-  const auto m = regen::parse_manifest(entries + "recalibrate_on_check: [a, c]\n", "m.yaml", fs::path());
+  const auto m =
+      regen::parse_manifest(entries + "recalibrate_on_check: [a, c]\n", "m.yaml", fs::path());
   REQUIRE(m.recalibrate_on_check.has_value());
   CHECK(m.recalibrated_on_check("a"));
   CHECK_FALSE(m.recalibrated_on_check("b"));
-  CHECK(regen::parse_manifest(entries, "m.yaml", fs::path()).recalibrated_on_check("b"));  // no key: all
-  CHECK(regen::calibration_kind(m.entries[0].request).keep_rules == "window,h2o");  // auto under answer-kl
+  CHECK(regen::parse_manifest(entries, "m.yaml", fs::path())
+            .recalibrated_on_check("b"));  // no key: all
+  CHECK(regen::calibration_kind(m.entries[0].request).keep_rules ==
+        "window,h2o");  // auto under answer-kl
   // b and c name no measure: they use calibrate's default, whatever it is at the time.
   const std::string default_measure = calib::CalibrationRequest{}.distortion;
   CHECK(regen::calibration_kind(m.entries[1].request).measure == default_measure);
@@ -244,19 +279,25 @@ TEST_CASE("recalibrate_on_check names entries and covers every measure, keep-rul
   CHECK(coverage_error("recalibrate_on_check: [a, b, c]\n") == "(accepted)");
   CHECK(coverage_error("recalibrate_on_check: [a, c]\n") == "(accepted)");
   CHECK_THAT(coverage_error("recalibrate_on_check: [a, b]\n"),
-             Catch::Contains("recalibrate_on_check") && Catch::Contains("method 'unconditioned' (used by c)"));
-  CHECK_THAT(coverage_error("recalibrate_on_check: [b, c]\n"), Catch::Contains("distortion measure 'answer-kl' (used by a)"));
+             Catch::Contains("recalibrate_on_check") &&
+                 Catch::Contains("method 'unconditioned' (used by c)"));
+  CHECK_THAT(coverage_error("recalibrate_on_check: [b, c]\n"),
+             Catch::Contains("distortion measure 'answer-kl' (used by a)"));
   // A new default measure leaves every entry without `distortion:` uncovered until one of them
   // is listed: the error names the measure, the entries that use it and what to do.
-  CHECK_THAT(coverage_error("recalibrate_on_check: [a]\n"),
-             Catch::Contains("m.yaml: recalibrate_on_check: no entry it names calibrates with distortion measure '" +
-                             default_measure + "' (used by b, c)") &&
-                 Catch::Contains("list under recalibrate_on_check one entry that uses each of these"));
+  CHECK_THAT(
+      coverage_error("recalibrate_on_check: [a]\n"),
+      Catch::Contains(
+          "m.yaml: recalibrate_on_check: no entry it names calibrates with distortion measure '" +
+          default_measure + "' (used by b, c)") &&
+          Catch::Contains("list under recalibrate_on_check one entry that uses each of these"));
   CHECK_THAT(coverage_error("recalibrate_on_check: [c]\n"),  // every uncovered value, in one line
              Catch::Contains("distortion measure 'answer-kl' (used by a)") &&
                  Catch::Contains("keep rules 'window,h2o' (used by a)"));
   CHECK_THAT(manifest_error(entries + "recalibrate_on_check: [a, z]\n"),
              Catch::Contains("recalibrate_on_check: no entry 'z'"));
-  CHECK_THAT(manifest_error(entries + "recalibrate_on_check: [a, a]\n"), Catch::Contains("'a' appears twice"));
-  CHECK_THAT(manifest_error(entries + "recalibrate_on_check: a\n"), Catch::Contains("must be a list of entry names"));
+  CHECK_THAT(manifest_error(entries + "recalibrate_on_check: [a, a]\n"),
+             Catch::Contains("'a' appears twice"));
+  CHECK_THAT(manifest_error(entries + "recalibrate_on_check: a\n"),
+             Catch::Contains("must be a list of entry names"));
 }

@@ -7,8 +7,8 @@
 #include <algorithm>
 #include <csignal>
 
-#include "../support/test_paths.hpp"
 #include "../arch/fixture_reference.hpp"
+#include "../support/test_paths.hpp"
 #include "cli_helpers.hpp"
 #include "headwise/arch/registry.hpp"
 #include "headwise/memory/memory_model.hpp"
@@ -20,7 +20,8 @@ namespace fs = std::filesystem;
 
 namespace {
 
-const fs::path kFixture = fs::path(HEADWISE_FIXTURES_DIR) / "qwen3_gqa";  // 4 global layers, 2 KV heads each
+const fs::path kFixture =
+    fs::path(HEADWISE_FIXTURES_DIR) / "qwen3_gqa";  // 4 global layers, 2 KV heads each
 
 // A budget between the smallest and the full ladder, so every layer has a real choice.
 std::string middle_budget() {
@@ -38,12 +39,14 @@ std::string middle_budget() {
 
 std::string calibrate_args(const fs::path& output, const std::string& seed = "3") {
   return "--model " + kFixture.string() + " --context 4k --budget " + middle_budget() +
-         " --windows 16,64,256,full --seq-len 320 --samples 2 --seed " + seed + " -o " + output.string() + " --quiet";
+         " --windows 16,64,256,full --seq-len 320 --samples 2 --seed " + seed + " -o " +
+         output.string() + " --quiet";
 }
 
 // The environment that kills the child right after its n-th checkpoint write.
 std::string kill_after_checkpoints(int n) {
-  return std::string("LD_PRELOAD=") + HEADWISE_KILL_HOOK + " HEADWISE_KILL_AFTER_CHECKPOINTS=" + std::to_string(n);
+  return std::string("LD_PRELOAD=") + HEADWISE_KILL_HOOK +
+         " HEADWISE_KILL_AFTER_CHECKPOINTS=" + std::to_string(n);
 }
 
 }  // namespace

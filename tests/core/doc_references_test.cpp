@@ -1,7 +1,7 @@
 // Every `docs/<name>.md` (or .svg) the repository mentions exists: code comments and pages must
 // not send a reader to a page that is not there.
-#include "../support/test_paths.hpp"
 #include <catch2/catch.hpp>
+#include "../support/test_paths.hpp"
 
 #include <cctype>
 #include <filesystem>
@@ -18,11 +18,15 @@ namespace {
 const fs::path kRoot = fs::weakly_canonical(fs::path(HEADWISE_FIXTURES_DIR) / ".." / "..");
 
 bool is_text_source(const fs::path& p) {
-  static const std::set<std::string> kinds{".md", ".cpp", ".hpp", ".c", ".cu", ".cuh", ".py", ".sh", ".txt", ".yaml", ".cmake"};
+  static const std::set<std::string> kinds{".md", ".cpp", ".hpp", ".c",    ".cu",   ".cuh",
+                                           ".py", ".sh",  ".txt", ".yaml", ".cmake"};
   return kinds.contains(p.extension().string()) || p.filename() == "CMakeLists.txt";
 }
 
-bool continues_path(char c) { return std::isalnum(static_cast<unsigned char>(c)) || c == '_' || c == '-' || c == '.' || c == '/'; }
+bool continues_path(char c) {
+  return std::isalnum(static_cast<unsigned char>(c)) || c == '_' || c == '-' || c == '.' ||
+         c == '/';
+}
 
 // The `docs/...` paths in `text` that start a path (not `shared/docs/...`, which is outside the
 // repository) and name a page or picture.
@@ -46,7 +50,8 @@ TEST_CASE("every docs/ page the repository mentions exists", "[core]") {
   for (const char* dir : {"docs", "src", "include", "tests", "tools"}) {
     for (const auto& entry : fs::recursive_directory_iterator(kRoot / dir)) {
       const std::string path = entry.path().string();
-      if (entry.is_regular_file() && is_text_source(entry.path()) && path.find("/fixtures/") == std::string::npos) {
+      if (entry.is_regular_file() && is_text_source(entry.path()) &&
+          path.find("/fixtures/") == std::string::npos) {
         files.push_back(entry.path());
       }
     }
@@ -58,7 +63,8 @@ TEST_CASE("every docs/ page the repository mentions exists", "[core]") {
     const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
     for (const auto& ref : doc_references(text)) {
       ++checked;
-      if (!fs::exists(kRoot / ref)) missing.push_back(fs::relative(file, kRoot).string() + " → " + ref);
+      if (!fs::exists(kRoot / ref))
+        missing.push_back(fs::relative(file, kRoot).string() + " → " + ref);
     }
   }
   CHECK(checked > 3);  // the scan finds the references there are (README, docs pages)

@@ -1,7 +1,7 @@
 // ExactSum is what lets ranks merge their sums in any order and still match one process: the
 // result must depend on the multiset of terms only, and be the correctly rounded exact sum.
-#include <catch2/catch.hpp>
 #include <ATen/Parallel.h>
+#include <catch2/catch.hpp>
 
 #include <algorithm>
 #include <cmath>
@@ -107,7 +107,8 @@ class IntraOpThreads {
 
 }  // namespace
 
-TEST_CASE("a tensor's sum and a small product give the same bits at any intra-op thread count", "[core]") {
+TEST_CASE("a tensor's sum and a small product give the same bits at any intra-op thread count",
+          "[core]") {
   // ATen reduces a large tensor to one value with a partial sum per thread, and MKL splits a
   // small product's work by thread: both give other last bits at other thread counts. The
   // library's forms must not (core/reproducible_math.hpp).
@@ -134,11 +135,14 @@ TEST_CASE("a tensor's sum and a small product give the same bits at any intra-op
     plain_sums_differing += at::equal(big.pow(2).sum(), plain_sum_one) ? 0 : 1;
     plain_products_differing += at::equal(at::linear(x, w), product_one) ? 0 : 1;
   }
-  // What the forms guard against, where this CPU shows it (measured on the 2-core machine: 2 of 5 and 3 of 5).
+  // What the forms guard against, where this CPU shows it (measured on the 2-core machine: 2 of 5
+  // and 3 of 5).
   WARN("plain sum differs at " << plain_sums_differing << " of 5 thread counts, plain product at "
                                << plain_products_differing);
   // The blocked sum is the sum: within float64 rounding of the exact value.
-  CHECK(headwise::thread_count_independent_sum(big.pow(2)).item<double>() == Approx(big.pow(2).sum().item<double>()).epsilon(1e-12));
+  CHECK(headwise::thread_count_independent_sum(big.pow(2)).item<double>() ==
+        Approx(big.pow(2).sum().item<double>()).epsilon(1e-12));
   CHECK(headwise::thread_count_independent_sum(at::ones({5})).item<double>() == 5.0);
-  CHECK(headwise::thread_count_independent_sum(at::ones({4096 * 3 + 7}), at::kDouble).item<double>() == 4096.0 * 3 + 7);
+  CHECK(headwise::thread_count_independent_sum(at::ones({4096 * 3 + 7}), at::kDouble)
+            .item<double>() == 4096.0 * 3 + 7);
 }

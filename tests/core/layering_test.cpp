@@ -2,8 +2,8 @@
 // the executable alone, with CLI11), and measure/ builds on arch/, never the reverse. A break
 // here would show up as a link error only in some build, or as a cycle nobody meant. The task
 // generators (tasks/) sit below both calib/ and eval/, which use them.
-#include "../support/test_paths.hpp"
 #include <catch2/catch.hpp>
+#include "../support/test_paths.hpp"
 
 #include <filesystem>
 #include <fstream>
@@ -25,8 +25,10 @@ std::vector<std::string> includers(const std::vector<std::string>& dirs, const s
     for (const auto& entry : fs::recursive_directory_iterator(kRoot / dir)) {
       if (!entry.is_regular_file()) continue;
       std::ifstream in(entry.path());
-      const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-      if (text.find(needle) != std::string::npos) out.push_back(fs::relative(entry.path(), kRoot).string());
+      const std::string text((std::istreambuf_iterator<char>(in)),
+                             std::istreambuf_iterator<char>());
+      if (text.find(needle) != std::string::npos)
+        out.push_back(fs::relative(entry.path(), kRoot).string());
     }
   }
   return out;
@@ -36,7 +38,8 @@ std::vector<std::string> library_dirs_except(const std::string& part) {
   std::vector<std::string> out;
   for (const auto& root : {"src", "include/headwise"}) {
     for (const auto& entry : fs::directory_iterator(kRoot / root)) {
-      if (entry.is_directory() && entry.path().filename() != part) out.push_back(fs::relative(entry.path(), kRoot).string());
+      if (entry.is_directory() && entry.path().filename() != part)
+        out.push_back(fs::relative(entry.path(), kRoot).string());
     }
   }
   return out;

@@ -10,9 +10,13 @@ TEST_CASE("planted: exactly four failing assertions", "[.planted-four-failures]"
   for (int i = 0; i < 4; ++i) CHECK(i < 0);
 }
 
-TEST_CASE("planted: a test case that skips", "[.planted-skip]") { HEADWISE_SKIP("planted skip"); }
+TEST_CASE("planted: a test case that skips", "[.planted-skip]") {
+  HEADWISE_SKIP("planted skip");
+}
 
-TEST_CASE("planted: a test case that passes", "[.planted-pass]") { CHECK(true); }
+TEST_CASE("planted: a test case that passes", "[.planted-pass]") {
+  CHECK(true);
+}
 
 TEST_CASE("planted: a skip after a failed assertion still fails", "[.planted-skip-after-failure]") {
   CHECK(false);

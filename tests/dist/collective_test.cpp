@@ -86,9 +86,11 @@ TEST_CASE("all_gather returns every rank's bytes in rank order", "[dist]") {
     ExactSum local;
     local.add(rank == 0 ? 1e300 : rank == 1 ? 1.0 : -1e300);
     const double exact = dist::sum_all(*world, local, "exact").value();
-    // Element-wise: element i gets rank + i from each rank, and the 1e300 cancellation in element 1.
+    // Element-wise: element i gets rank + i from each rank, and the 1e300 cancellation in
+    // element 1.
     std::vector<ExactSum> each(3);
-    for (size_t i = 0; i < each.size(); ++i) each[i].add(static_cast<double>(rank) + static_cast<double>(i));
+    for (size_t i = 0; i < each.size(); ++i)
+      each[i].add(static_cast<double>(rank) + static_cast<double>(i));
     each[1].add(rank == 0 ? 1e300 : rank == 2 ? -1e300 : 0.0);
     std::vector<double> each_total;
     for (const auto& e : dist::sum_all(*world, each, "each")) each_total.push_back(e.value());

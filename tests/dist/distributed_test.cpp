@@ -11,8 +11,8 @@
 #include <chrono>
 #include <thread>
 
-#include "../support/test_paths.hpp"
 #include "../cli/cli_helpers.hpp"
+#include "../support/test_paths.hpp"
 #include "port.hpp"
 
 using namespace headwise;

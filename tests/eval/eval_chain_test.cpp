@@ -18,9 +18,11 @@ std::vector<int64_t> tokens_at(const std::vector<int64_t>& answer, int64_t first
 }
 
 // Where `needle` occurs in `prompt`, every start.
-std::vector<int64_t> occurrences(const std::vector<int64_t>& prompt, const std::vector<int64_t>& needle) {
+std::vector<int64_t> occurrences(const std::vector<int64_t>& prompt,
+                                 const std::vector<int64_t>& needle) {
   std::vector<int64_t> out;
-  for (auto it = prompt.begin(); (it = std::search(it, prompt.end(), needle.begin(), needle.end())) != prompt.end(); ++it) {
+  for (auto it = prompt.begin();
+       (it = std::search(it, prompt.end(), needle.begin(), needle.end())) != prompt.end(); ++it) {
     out.push_back(it - prompt.begin());
   }
   return out;
@@ -28,14 +30,17 @@ std::vector<int64_t> occurrences(const std::vector<int64_t>& prompt, const std::
 
 }  // namespace
 
-TEST_CASE("needle_chain is variable tracking: each query after the first asks for the key the hop before answered",
-          "[eval]") {
+TEST_CASE(
+    "needle_chain is variable tracking: each query after the first asks for the key the hop before "
+    "answered",
+    "[eval]") {
   eval::TaskRequest request;
   request.tasks = {"needle_chain"};
   request.samples = 12;
   request.seq_len = 512;
   request.seed = 5;
-  const auto samples = eval::make_eval_samples(headwise::testing::fixture_dir("qwen3_next_tiny"), 512, request);
+  const auto samples =
+      eval::make_eval_samples(headwise::testing::fixture_dir("qwen3_next_tiny"), 512, request);
   REQUIRE(samples.size() == 12);
   constexpr int64_t kHops = 4, kKey = 2, kValue = 3;
   const int64_t marker = 64, separator = 65;  // the set's reserved ids for a 512-token vocabulary
@@ -66,7 +71,8 @@ TEST_CASE("needle_chain is variable tracking: each query after the first asks fo
         CHECK(key == tokens_at(s.answer, value_start, kKey));
         value_start = query + 2 + kKey;
       }
-      for (int64_t i = 0; i < kValue; ++i) CHECK(s.answer_source[value_start + i] == eval::kGeneratedToken);
+      for (int64_t i = 0; i < kValue; ++i)
+        CHECK(s.answer_source[value_start + i] == eval::kGeneratedToken);
       // This hop's needle is planted once in the prompt, with this key and this value.
       std::vector<int64_t> needle{marker};
       needle.insert(needle.end(), key.begin(), key.end());
@@ -90,11 +96,13 @@ TEST_CASE("needle_chain is variable tracking: each query after the first asks fo
   CHECK(planted_out_of_chain_order > 0);
   // Its own sample stream: not needle_multikey's (the same needle count).
   request.tasks = {"needle_multikey"};
-  CHECK(eval::make_eval_samples(headwise::testing::fixture_dir("qwen3_next_tiny"), 512, request)[0].prompt !=
-        samples[0].prompt);
+  CHECK(eval::make_eval_samples(headwise::testing::fixture_dir("qwen3_next_tiny"), 512, request)[0]
+            .prompt != samples[0].prompt);
 }
 
-TEST_CASE("the multi-hop harness feeds the model's own answer into the next query, not the reference", "[eval]") {
+TEST_CASE(
+    "the multi-hop harness feeds the model's own answer into the next query, not the reference",
+    "[eval]") {
   c10::InferenceMode inference;
   const auto dir = headwise::testing::fixture_dir("qwen3_next_tiny");
   auto model = arch::load_model(dir, arch::ModelOptions{});
@@ -108,8 +116,10 @@ TEST_CASE("the multi-hop harness feeds the model's own answer into the next quer
   options.context = request.seq_len;
   options.kv_dtype = spec.dtype;
   eval::RunOptions run;
-  run.attention_kernel = arch::AttentionKernel::kExplicit;  // the plain forward's numerics, bit for bit
-  const auto result = eval::run_method(*model, {"full", memory::full_kv_windows(spec)}, options, samples, run, nullptr);
+  run.attention_kernel =
+      arch::AttentionKernel::kExplicit;  // the plain forward's numerics, bit for bit
+  const auto result = eval::run_method(*model, {"full", memory::full_kv_windows(spec)}, options,
+                                       samples, run, nullptr);
   REQUIRE(result.answer_per_sample.size() == samples.size());
   int64_t copied_a_wrong_answer = 0;
   for (size_t n = 0; n < samples.size(); ++n) {

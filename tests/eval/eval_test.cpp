@@ -2,8 +2,8 @@
 // bytes through the CLI (a policy with h2o heads included), full KV has KL 0, the reported
 // accuracies, KL and perplexity equal a teacher-forced masked forward computed here, and bad
 // input fails with one line.
-#include <catch2/catch.hpp>
 #include <c10/core/InferenceMode.h>
+#include <catch2/catch.hpp>
 
 #include <algorithm>
 #include <cmath>
@@ -12,8 +12,8 @@
 #include <random>
 #include <set>
 
-#include "../support/test_paths.hpp"
 #include "../arch/fixture_reference.hpp"
+#include "../support/test_paths.hpp"
 #include "../test_configs.hpp"
 #include "headwise/calib/seqcalib.hpp"
 #include "headwise/core/error.hpp"
@@ -36,8 +36,8 @@ struct Run {
 // `env`: assignments put before the command ("OMP_NUM_THREADS=4").
 Run run_cli(const std::string& args, const fs::path& scratch, const std::string& env = "") {
   const fs::path err_file = scratch / "stderr.txt";
-  const std::string command = (env.empty() ? "" : "env " + env + " ") + std::string(HEADWISE_CLI) + " " + args + " 2>" +
-                              err_file.string();
+  const std::string command = (env.empty() ? "" : "env " + env + " ") + std::string(HEADWISE_CLI) +
+                              " " + args + " 2>" + err_file.string();
   Run r;
   FILE* pipe = popen(command.c_str(), "r");
   REQUIRE(pipe != nullptr);
@@ -55,7 +55,8 @@ bool is_eviction_row(const nlohmann::json& m) {
   return m.contains("details") && m["details"].contains("auxiliary_bytes_measured");
 }
 
-memory::HeadWindows random_policy_windows(const arch::ModelSpec& spec, const std::vector<int64_t>& ladder,
+memory::HeadWindows random_policy_windows(const arch::ModelSpec& spec,
+                                          const std::vector<int64_t>& ladder,
                                           std::mt19937_64& rng) {
   memory::HeadWindows out;
   for (int64_t id : spec.global_layer_ids()) {
@@ -89,7 +90,8 @@ policy::Policy fixture_policy(const fs::path& dir, const memory::HeadWindows& wi
 TEST_CASE("eval baselines spend the policy's bytes to within one block per head", "[eval]") {
   std::mt19937_64 rng(5);
   const std::vector<int64_t> ladder{64, 256, 1024, kFullWindow};
-  for (const auto& file : {"qwen3_next_80b_a3b.json", "gemma3_27b.json", "jamba_tiny.json", "falcon_h1_tiny.json"}) {
+  for (const auto& file :
+       {"qwen3_next_80b_a3b.json", "gemma3_27b.json", "jamba_tiny.json", "falcon_h1_tiny.json"}) {
     const auto spec = headwise::testing::spec_from_config(file);
     for (int trial = 0; trial < 6; ++trial) {
       memory::MemoryOptions o;
@@ -101,13 +103,15 @@ TEST_CASE("eval baselines spend the policy's bytes to within one block per head"
       const int64_t tolerance = eval::one_block_per_head(spec, o);
       eval::HeadScores scores;
       for (const auto& [layer, heads] : policy_windows) {
-        for (size_t h = 0; h < heads.size(); ++h) scores[layer].push_back(std::uniform_real_distribution<double>()(rng));
+        for (size_t h = 0; h < heads.size(); ++h)
+          scores[layer].push_back(std::uniform_real_distribution<double>()(rng));
       }
       const std::vector<std::pair<std::string, memory::HeadWindows>> baselines{
           {"uniform", eval::uniform_baseline(spec, o, budget)},
           {"pyramid", eval::pyramid_baseline(spec, o, budget)},
           {"random", eval::random_baseline(spec, o, budget, ladder, 17 + trial)},
-          {"ranked-full", eval::ranked_full_baseline(spec, o, budget, scores, ladder.front(), "ranked-full")}};
+          {"ranked-full",
+           eval::ranked_full_baseline(spec, o, budget, scores, ladder.front(), "ranked-full")}};
       for (const auto& [name, windows] : baselines) {
         INFO(file << " trial " << trial << " " << name << " budget " << budget);
         memory::validate_windows(spec, windows);
@@ -119,7 +123,8 @@ TEST_CASE("eval baselines spend the policy's bytes to within one block per head"
   }
 }
 
-TEST_CASE("eval baselines have their shapes: uniform is one window, pyramid decreases with depth", "[eval]") {
+TEST_CASE("eval baselines have their shapes: uniform is one window, pyramid decreases with depth",
+          "[eval]") {
   const auto spec = headwise::testing::spec_from_config("gemma3_27b.json");
   memory::MemoryOptions o;
   o.context = 32768;
@@ -131,7 +136,8 @@ TEST_CASE("eval baselines have their shapes: uniform is one window, pyramid decr
   const auto pyramid = eval::pyramid_baseline(spec, o, half);
   const auto ids = spec.global_layer_ids();
   // Every head but the first layer's (which takes the top-up) follows the depth order.
-  for (size_t j = 2; j < ids.size(); ++j) CHECK(pyramid.at(ids[j]).front() <= pyramid.at(ids[j - 1]).front());
+  for (size_t j = 2; j < ids.size(); ++j)
+    CHECK(pyramid.at(ids[j]).front() <= pyramid.at(ids[j - 1]).front());
   CHECK(pyramid.at(ids.front()).front() > pyramid.at(ids.back()).front());
 }
 
@@ -139,9 +145,9 @@ TEST_CASE("eval --json: every method, measured == estimated bytes, full has KL 0
   // Every hybrid family with a forward: gated DeltaNet (Qwen3-Next, Qwen3.5-MoE), gpt-oss (sliding
   // layers, sink logits), LFM2 (short convolutions), the Mamba-2 hybrids (Bamba, Nemotron-H,
   // Granite 4.0-H, Falcon-H1) and Jamba (Mamba-1).
-  const auto fixture =
-      GENERATE(as<std::string>{}, "qwen3_next_tiny", "qwen3_5_moe_tiny", "gpt_oss_tiny", "lfm2_tiny", "bamba_tiny",
-               "nemotron_h_tiny", "granitemoehybrid_tiny", "jamba_tiny", "falcon_h1_tiny");
+  const auto fixture = GENERATE(as<std::string>{}, "qwen3_next_tiny", "qwen3_5_moe_tiny",
+                                "gpt_oss_tiny", "lfm2_tiny", "bamba_tiny", "nemotron_h_tiny",
+                                "granitemoehybrid_tiny", "jamba_tiny", "falcon_h1_tiny");
   INFO(fixture);
   headwise::testing::TempDir tmp;
   const auto dir = headwise::testing::fixture_dir(fixture);
@@ -149,22 +155,25 @@ TEST_CASE("eval --json: every method, measured == estimated bytes, full has KL 0
   const auto spec = arch::load_model_spec(dir);
   const auto p = fixture_policy(dir, random_policy_windows(spec, {8, 32, policy::kFull}, rng));
   policy::write_policy(tmp.path() / "policy.yaml", p);
-  const Run r = run_cli("eval --model " + dir.string() + " --policy " + (tmp.path() / "policy.yaml").string() +
-                            " --samples 2 --calib-samples 2 --seq-len 120 --prefill-chunk 50 --json --quiet",
-                        tmp.path());
+  const Run r = run_cli(
+      "eval --model " + dir.string() + " --policy " + (tmp.path() / "policy.yaml").string() +
+          " --samples 2 --calib-samples 2 --seq-len 120 --prefill-chunk 50 --json --quiet",
+      tmp.path());
   INFO(r.err);
   REQUIRE(r.status == 0);
   const auto j = nlohmann::json::parse(r.out);
   std::vector<std::string> names;
   for (const auto& m : j["methods"]) names.push_back(m["name"]);
-  CHECK(names == std::vector<std::string>{"headwise", "full", "uniform", "pyramid", "retrieval-score", "duo", "random",
-                                         "unconditioned", "snapkv", "h2o", "adakv", "snapkv-chunked", "adakv-chunked"});
+  CHECK(names == std::vector<std::string>{
+                     "headwise", "full", "uniform", "pyramid", "retrieval-score", "duo", "random",
+                     "unconditioned", "snapkv", "h2o", "adakv", "snapkv-chunked", "adakv-chunked"});
   const int64_t budget = j["policy_global_kv_bytes"], tolerance = j["one_block_per_head_bytes"];
   for (const auto& m : j["methods"]) {
     INFO(m.dump());
     CHECK(m["cache_bytes_measured"] == m["cache_bytes_estimated"]);
     CHECK(m["tasks"].size() == eval::default_tasks(dir).size());
-    for (const auto& [task, acc] : m["tasks"].items()) CHECK((acc.get<double>() >= 0 && acc.get<double>() <= 1));
+    for (const auto& [task, acc] : m["tasks"].items())
+      CHECK((acc.get<double>() >= 0 && acc.get<double>() <= 1));
     CHECK(m["kl_vs_full"].get<double>() >= 0);
     const int64_t bytes = m["global_kv_bytes"];
     if (m["name"] == "full") {
@@ -182,7 +191,8 @@ TEST_CASE("eval --json: every method, measured == estimated bytes, full has KL 0
       // SnapKV/AdaKV stage the prompt's K/V before compressing (full KV at the prefill peak);
       // chunked, they compress after every prefill chunk and stage nothing, as H2O.
       const std::string name = m["name"];
-      CHECK((d.at("prefill_staged_peak_bytes_measured").get<int64_t>() > 0) == (name == "snapkv" || name == "adakv"));
+      CHECK((d.at("prefill_staged_peak_bytes_measured").get<int64_t>() > 0) ==
+            (name == "snapkv" || name == "adakv"));
     } else if (m["name"] == "unconditioned") {
       CHECK(bytes <= budget);  // ladder levels only, like the policy itself
     } else {
@@ -201,19 +211,23 @@ TEST_CASE("eval --json: every method, measured == estimated bytes, full has KL 0
   CHECK_FALSE(j.at("paired_vs_headwise").contains("headwise"));
 }
 
-TEST_CASE("eval of several policies in one run equals one run per policy, sharing the budget-free work",
-          "[eval]") {
+TEST_CASE(
+    "eval of several policies in one run equals one run per policy, sharing the budget-free work",
+    "[eval]") {
   headwise::testing::TempDir tmp;
   const auto dir = headwise::testing::fixture_dir("qwen3_next_tiny");
   const auto spec = arch::load_model_spec(dir);
   std::mt19937_64 rng(12);
-  const std::vector<std::string> paths{(tmp.path() / "a.yaml").string(), (tmp.path() / "b.yaml").string()};
+  const std::vector<std::string> paths{(tmp.path() / "a.yaml").string(),
+                                       (tmp.path() / "b.yaml").string()};
   auto tight = fixture_policy(dir, random_policy_windows(spec, {8, 32}, rng));
   policy::write_policy(paths[0], tight);
-  policy::write_policy(paths[1], fixture_policy(dir, random_policy_windows(spec, {32, policy::kFull}, rng)));
-  const std::string common = "eval --model " + dir.string() +
-                             " --samples 2 --calib-samples 2 --duo-steps 3 --seq-len 120 --prefill-chunk 50 --json --quiet"
-                             " --baselines full,uniform,retrieval-score,duo,snapkv";
+  policy::write_policy(paths[1],
+                       fixture_policy(dir, random_policy_windows(spec, {32, policy::kFull}, rng)));
+  const std::string common =
+      "eval --model " + dir.string() +
+      " --samples 2 --calib-samples 2 --duo-steps 3 --seq-len 120 --prefill-chunk 50 --json --quiet"
+      " --baselines full,uniform,retrieval-score,duo,snapkv";
   const Run both = run_cli(common + " --policy " + paths[0] + " --policy " + paths[1], tmp.path());
   INFO(both.err);
   REQUIRE(both.status == 0);
@@ -231,11 +245,12 @@ TEST_CASE("eval of several policies in one run equals one run per policy, sharin
       const auto& a = alone["methods"][m];
       const auto& t = together["methods"][m];
       INFO(paths[i] << " " << a.at("name"));
-      for (const char* key : {"name", "windows", "tasks", "kl_vs_full", "perplexity", "global_kv_bytes",
-                              "cache_bytes_measured", "cache_bytes_estimated"}) {
+      for (const char* key : {"name", "windows", "tasks", "kl_vs_full", "perplexity",
+                              "global_kv_bytes", "cache_bytes_measured", "cache_bytes_estimated"}) {
         CHECK(t.at(key) == a.at(key));
       }
-      if (a.contains("details") && a["details"].contains("gates")) CHECK(t["details"]["gates"] == a["details"]["gates"]);
+      if (a.contains("details") && a["details"].contains("gates"))
+        CHECK(t["details"]["gates"] == a["details"]["gates"]);
     }
   }
   // Duo's gates and the retrieval scores do not depend on the budget: the same in both.
@@ -254,15 +269,19 @@ TEST_CASE("eval of several policies in one run equals one run per policy, sharin
   other_context.context = 512;
   policy::fill_memory(other_context, spec);
   policy::write_policy(tmp.path() / "c.yaml", other_context);
-  const Run refused = run_cli(common + " --policy " + paths[0] + " --policy " + (tmp.path() / "c.yaml").string(), tmp.path());
+  const Run refused =
+      run_cli(common + " --policy " + paths[0] + " --policy " + (tmp.path() / "c.yaml").string(),
+              tmp.path());
   CHECK(refused.status == 1);
   CHECK(refused.out.empty());
   CHECK(refused.err.find("c.yaml: context is 512") != std::string::npos);
   CHECK(std::count(refused.err.begin(), refused.err.end(), '\n') == 1);
-  const Run uneven = run_cli(common + " --policy " + paths[0] + " --policy " + paths[1] + " --unconditioned-policy " +
-                                 paths[0], tmp.path());
+  const Run uneven = run_cli(common + " --policy " + paths[0] + " --policy " + paths[1] +
+                                 " --unconditioned-policy " + paths[0],
+                             tmp.path());
   CHECK(uneven.status == 1);
-  CHECK(uneven.err.find("--unconditioned-policy given 1 times for 2 --policy") != std::string::npos);
+  CHECK(uneven.err.find("--unconditioned-policy given 1 times for 2 --policy") !=
+        std::string::npos);
 }
 
 TEST_CASE("eval --jobs 2 gives the figures of --jobs 1 and runs a repeated method once", "[eval]") {
@@ -270,12 +289,14 @@ TEST_CASE("eval --jobs 2 gives the figures of --jobs 1 and runs a repeated metho
   const auto dir = headwise::testing::fixture_dir("qwen3_next_tiny");
   std::mt19937_64 rng(31);
   const std::string path = (tmp.path() / "a.yaml").string();
-  policy::write_policy(path, fixture_policy(dir, random_policy_windows(arch::load_model_spec(dir), {8, 32}, rng)));
+  policy::write_policy(
+      path, fixture_policy(dir, random_policy_windows(arch::load_model_spec(dir), {8, 32}, rng)));
   // The same policy twice: the second's methods are the first's runs; one thread per job in
   // both schedules, so the figures must agree to the last bit.
-  const std::string common = "eval --model " + dir.string() + " --policy " + path + " --policy " + path +
-                             " --samples 2 --calib-samples 2 --duo-steps 3 --seq-len 120 --prefill-chunk 50 --json"
-                             " --baselines full,uniform,retrieval-score,duo,snapkv,h2o";
+  const std::string common =
+      "eval --model " + dir.string() + " --policy " + path + " --policy " + path +
+      " --samples 2 --calib-samples 2 --duo-steps 3 --seq-len 120 --prefill-chunk 50 --json"
+      " --baselines full,uniform,retrieval-score,duo,snapkv,h2o";
   const Run serial = run_cli(common + " --quiet --jobs 1", tmp.path());
   INFO(serial.err);
   REQUIRE(serial.status == 0);
@@ -317,9 +338,11 @@ TEST_CASE("eval --jobs 2 gives the figures of --jobs 1 and runs a repeated metho
   // The thread count must not matter either: --jobs 1 at 4 and 16 intra-op threads, --jobs 2 at
   // 2 threads each (what a 4-core machine runs by default), give the 1-thread figures (eval's
   // sums are thread-count free and small GEMMs run on one MKL thread: core/reproducible_math).
-  for (const auto& [jobs, threads] : std::vector<std::pair<std::string, std::string>>{{"1", "4"}, {"1", "16"}, {"2", "4"}}) {
+  for (const auto& [jobs, threads] :
+       std::vector<std::pair<std::string, std::string>>{{"1", "4"}, {"1", "16"}, {"2", "4"}}) {
     INFO("--jobs " << jobs << " at OMP_NUM_THREADS=" << threads);
-    const Run r = run_cli(common + " --quiet --jobs " + jobs, tmp.path(), "OMP_NUM_THREADS=" + threads);
+    const Run r =
+        run_cli(common + " --quiet --jobs " + jobs, tmp.path(), "OMP_NUM_THREADS=" + threads);
     REQUIRE(r.status == 0);
     auto c = nlohmann::json::parse(r.out).at("evaluations");
     for (auto& e : c) {
@@ -336,19 +359,25 @@ TEST_CASE("eval bad input: one line naming the flag, non-zero exit", "[eval]") {
   headwise::testing::TempDir tmp;
   const auto dir = headwise::testing::fixture_dir("qwen3_next_tiny");
   std::mt19937_64 rng(4);
-  const auto p = fixture_policy(dir, random_policy_windows(arch::load_model_spec(dir), {8, 32, policy::kFull}, rng));
+  const auto p = fixture_policy(
+      dir, random_policy_windows(arch::load_model_spec(dir), {8, 32, policy::kFull}, rng));
   const std::string policy_path = (tmp.path() / "policy.yaml").string();
   policy::write_policy(policy_path, p);
   const std::string base = "eval --policy " + policy_path + " --samples 1";
   const std::vector<std::pair<std::string, std::string>> cases{
-      {base + " --model " + headwise::testing::fixture_dir("qwen3_next_tiny_b").string(), "--policy"},
-      {base + " --model " + dir.string() + " --seq-len 120 --tasks needle_single,bogus", "--tasks bogus"},
+      {base + " --model " + headwise::testing::fixture_dir("qwen3_next_tiny_b").string(),
+       "--policy"},
+      {base + " --model " + dir.string() + " --seq-len 120 --tasks needle_single,bogus",
+       "--tasks bogus"},
       {base + " --model " + dir.string() + " --seq-len 120 --tasks niah_single", "tokenizer.json"},
-      {base + " --model " + dir.string() + " --seq-len 120 --baselines uniform,bogus", "--baselines bogus"},
+      {base + " --model " + dir.string() + " --seq-len 120 --baselines uniform,bogus",
+       "--baselines bogus"},
       {base + " --model " + dir.string() + " --seq-len 300", "--seq-len"},
       {base + " --model " + dir.string() + " --seq-len 120 --jobs 0", "--jobs"},
-      {base + " --model " + dir.string() + " --seq-len 120 --jobs 2 --threads-per-job -1", "--threads-per-job"},
-      {"eval --model " + dir.string() + " --policy " + (tmp.path() / "missing.yaml").string(), "missing.yaml"}};
+      {base + " --model " + dir.string() + " --seq-len 120 --jobs 2 --threads-per-job -1",
+       "--threads-per-job"},
+      {"eval --model " + dir.string() + " --policy " + (tmp.path() / "missing.yaml").string(),
+       "missing.yaml"}};
   for (const auto& [args, needle] : cases) {
     const Run r = run_cli(args, tmp.path());
     INFO(args << "\n" << r.err);
@@ -359,8 +388,10 @@ TEST_CASE("eval bad input: one line naming the flag, non-zero exit", "[eval]") {
   }
 }
 
-TEST_CASE("eval text tasks need a tokenizer that can write English; otherwise the token tasks are the default",
-          "[eval]") {
+TEST_CASE(
+    "eval text tasks need a tokenizer that can write English; otherwise the token tasks are the "
+    "default",
+    "[eval]") {
   headwise::testing::TempDir tmp;
   auto folder_with_tokenizer = [&](const std::string& name, const fs::path& tokenizer) {
     const fs::path dir = tmp.path() / name;
@@ -369,15 +400,18 @@ TEST_CASE("eval text tasks need a tokenizer that can write English; otherwise th
     return dir;
   };
   // The default model's tokenizer: 512 one-character tokens of its synthetic alphabet.
-  const fs::path own_alphabet = folder_with_tokenizer(
-      "own", fs::path(HEADWISE_FIXTURES_DIR) / ".." / ".." / "models" / "tiny-qwen3-next" / "tokenizer.json");
-  const fs::path english = folder_with_tokenizer(
-      "english", fs::path(HEADWISE_FIXTURES_DIR) / "tokenizers" / "bytelevel_qwen" / "tokenizer.json");
+  const fs::path own_alphabet =
+      folder_with_tokenizer("own", fs::path(HEADWISE_FIXTURES_DIR) / ".." / ".." / "models" /
+                                       "tiny-qwen3-next" / "tokenizer.json");
+  const fs::path english =
+      folder_with_tokenizer("english", fs::path(HEADWISE_FIXTURES_DIR) / "tokenizers" /
+                                           "bytelevel_qwen" / "tokenizer.json");
 
   CHECK(eval::default_tasks(own_alphabet) ==
         std::vector<std::string>{"needle_single", "needle_multikey", "needle_chain"});
   const auto english_defaults = eval::default_tasks(english);
-  CHECK(std::find(english_defaults.begin(), english_defaults.end(), "niah_single") != english_defaults.end());
+  CHECK(std::find(english_defaults.begin(), english_defaults.end(), "niah_single") !=
+        english_defaults.end());
 
   eval::TaskRequest request;
   request.tasks = {"niah_single"};
@@ -392,7 +426,8 @@ TEST_CASE("eval text tasks need a tokenizer that can write English; otherwise th
   CHECK_FALSE(eval::make_eval_samples(english, 151936, request).empty());
 }
 
-TEST_CASE("eval refuses samples no longer than the policy's windows unless allowed, and says why", "[eval]") {
+TEST_CASE("eval refuses samples no longer than the policy's windows unless allowed, and says why",
+          "[eval]") {
   headwise::testing::TempDir tmp;
   const auto dir = headwise::testing::fixture_dir("qwen3_next_tiny");
   const auto spec = arch::load_model_spec(dir);
@@ -400,18 +435,22 @@ TEST_CASE("eval refuses samples no longer than the policy's windows unless allow
   for (int64_t id : spec.global_layer_ids()) windows[id] = std::vector<int64_t>(2, 32);
   windows.begin()->second.back() = policy::kFull;
   policy::write_policy(tmp.path() / "policy.yaml", fixture_policy(dir, windows));
-  const std::string base = "eval --model " + dir.string() + " --policy " + (tmp.path() / "policy.yaml").string() +
-                           " --samples 1 --calib-samples 1 --baselines full,uniform --tasks needle_single";
+  const std::string base =
+      "eval --model " + dir.string() + " --policy " + (tmp.path() / "policy.yaml").string() +
+      " --samples 1 --calib-samples 1 --baselines full,uniform --tasks needle_single";
   const Run refused = run_cli(base + " --seq-len 32", tmp.path());
   CHECK(refused.status == 1);
   CHECK(refused.out.empty());
-  CHECK(refused.err.find("--seq-len 32 is not longer than the policy's largest finite window (32 tokens)") != std::string::npos);
+  CHECK(refused.err.find(
+            "--seq-len 32 is not longer than the policy's largest finite window (32 tokens)") !=
+        std::string::npos);
   CHECK(std::count(refused.err.begin(), refused.err.end(), '\n') == 1);
 
   const Run allowed = run_cli(base + " --seq-len 32 --allow-short-seq-len --json", tmp.path());
   INFO(allowed.err);
   CHECK(allowed.status == 0);
-  CHECK(allowed.err.find("the comparison does not show what the deployment will see") != std::string::npos);
+  CHECK(allowed.err.find("the comparison does not show what the deployment will see") !=
+        std::string::npos);
 
   // The default runs at the policy's context (256 tokens here): nothing to warn about.
   const Run at_context = run_cli(base + " --json", tmp.path());
@@ -444,7 +483,8 @@ TEST_CASE("Wilson intervals and sample spreads", "[eval]") {
   CHECK(eval::largest_finite_window({{1, {64, policy::kFull}}, {3, {128, 16}}}) == 128);
 }
 
-TEST_CASE("paired comparison on the same samples: exact McNemar and the paired difference", "[eval]") {
+TEST_CASE("paired comparison on the same samples: exact McNemar and the paired difference",
+          "[eval]") {
   // 100 samples: both right on 50, only a on 10, only b on 2, neither on 38.
   eval::MethodResult a, b;
   for (int i = 0; i < 100; ++i) {
@@ -469,15 +509,22 @@ TEST_CASE("paired comparison on the same samples: exact McNemar and the paired d
   CHECK(same.accuracy_difference == 0.0);
 }
 
-TEST_CASE("eval --unconditioned-policy: the exact ablation is used as given, and only a true ablation is accepted",
-          "[eval]") {
+TEST_CASE(
+    "eval --unconditioned-policy: the exact ablation is used as given, and only a true ablation is "
+    "accepted",
+    "[eval]") {
   headwise::testing::TempDir tmp;
   const auto dir = headwise::testing::fixture_dir("qwen3_next_tiny");
   const auto spec = arch::load_model_spec(dir);
   std::mt19937_64 rng(8);
-  const nlohmann::json provenance = {{"method", "seqcalib"},          {"dataset_sha256", "ab12"}, {"samples", 4},
-                                     {"seq_len", 256},                {"seed", 0},                {"probe_samples", 2},
-                                     {"distortion_measure", "answer-kl"}, {"heads", "joint"}};
+  const nlohmann::json provenance = {{"method", "seqcalib"},
+                                     {"dataset_sha256", "ab12"},
+                                     {"samples", 4},
+                                     {"seq_len", 256},
+                                     {"seed", 0},
+                                     {"probe_samples", 2},
+                                     {"distortion_measure", "answer-kl"},
+                                     {"heads", "joint"}};
   auto policy = fixture_policy(dir, random_policy_windows(spec, {8, 32, policy::kFull}, rng));
   policy.calibration = provenance;
   auto ablation = fixture_policy(dir, random_policy_windows(spec, {8, 32, policy::kFull}, rng));
@@ -511,8 +558,9 @@ TEST_CASE("eval --unconditioned-policy: the exact ablation is used as given, and
   // Through the CLI: the unconditioned row has the given policy's windows.
   policy::write_policy(tmp.path() / "policy.yaml", policy);
   policy::write_policy(tmp.path() / "ablation.yaml", ablation);
-  const Run r = run_cli("eval --model " + dir.string() + " --policy " + (tmp.path() / "policy.yaml").string() +
-                            " --unconditioned-policy " + (tmp.path() / "ablation.yaml").string() +
+  const Run r = run_cli("eval --model " + dir.string() + " --policy " +
+                            (tmp.path() / "policy.yaml").string() + " --unconditioned-policy " +
+                            (tmp.path() / "ablation.yaml").string() +
                             " --baselines unconditioned --samples 1 --seq-len 120 --json --quiet",
                         tmp.path());
   INFO(r.err);
@@ -535,7 +583,8 @@ namespace {
 // Logits of `tokens` [1, T] with `windows` applied as masks over one full-sequence call (the
 // calibration's PolicyAttentionCore), or the plain forward for full KV: no cache, no chunks, no
 // greedy loop, apart from the runtime decoder eval runs.
-at::Tensor masked_logits(arch::DecoderModel& model, const std::vector<int64_t>& tokens, const memory::HeadWindows& windows) {
+at::Tensor masked_logits(arch::DecoderModel& model, const std::vector<int64_t>& tokens,
+                         const memory::HeadWindows& windows) {
   c10::InferenceMode inference;
   const at::Tensor ids = at::tensor(tokens, at::TensorOptions().dtype(at::kLong)).view({1, -1});
   calib::PolicyAttentionCore core(windows, /*sink_tokens=*/0, 64);
@@ -561,16 +610,20 @@ Recomputed recompute(arch::DecoderModel& model, const std::vector<eval::EvalSamp
   Recomputed r;
   for (const auto& s : samples) {
     const eval::TeacherForced tf = eval::teacher_forced(s);
-    const at::Tensor logp = at::log_softmax(masked_logits(model, tf.tokens, windows).to(at::kDouble), -1);
+    const at::Tensor logp =
+        at::log_softmax(masked_logits(model, tf.tokens, windows).to(at::kDouble), -1);
     bool right = true;
     for (size_t i = 0; i < s.answer.size(); ++i) {
-      right = right && logp[tf.first_answer_row + static_cast<int64_t>(i)].argmax().item<int64_t>() == s.answer[i];
+      right =
+          right && logp[tf.first_answer_row + static_cast<int64_t>(i)].argmax().item<int64_t>() ==
+                       s.answer[i];
     }
     auto& [hits, total] = r.counts[s.task];
     hits += right ? 1 : 0;
     ++total;
     const auto p = static_cast<int64_t>(s.prompt.size());
-    for (int64_t t = 0; t + 1 < p; ++t) r.nll -= logp[t][s.prompt[static_cast<size_t>(t + 1)]].item<double>();
+    for (int64_t t = 0; t + 1 < p; ++t)
+      r.nll -= logp[t][s.prompt[static_cast<size_t>(t + 1)]].item<double>();
     r.nll_tokens += p - 1;
     r.tails.push_back(logp.slice(0, p - std::min(kl_positions, p), p));
   }
@@ -588,21 +641,25 @@ const nlohmann::json& method_row(const nlohmann::json& j, const std::string& nam
 memory::HeadWindows windows_of(const nlohmann::json& row) {
   memory::HeadWindows out;
   for (const auto& [layer, heads] : row.at("windows").items()) {
-    for (const auto& w : heads) out[std::stoll(layer)].push_back(w.is_string() ? kFullWindow : w.get<int64_t>());
+    for (const auto& w : heads)
+      out[std::stoll(layer)].push_back(w.is_string() ? kFullWindow : w.get<int64_t>());
   }
   return out;
 }
 
 }  // namespace
 
-TEST_CASE("eval's accuracies, KL and perplexity equal a teacher-forced masked forward computed here", "[eval]") {
+TEST_CASE(
+    "eval's accuracies, KL and perplexity equal a teacher-forced masked forward computed here",
+    "[eval]") {
   // The 2K default model, trained on these tasks (accuracies are neither all 0 nor all 1), under a
   // policy with float32 K/V and states: the decoder then computes what the masked reference does,
   // so every figure must agree (counts exactly, KL and perplexity to float rounding).
   headwise::testing::TempDir tmp;
   const fs::path dir = fs::path(HEADWISE_SOURCE_DIR) / "models" / "tiny-qwen3-next";
   const auto spec = arch::load_model_spec(dir);
-  policy::Policy p = fixture_policy(dir, {{1, {32, kFullWindow, 32, 64}}, {3, {64, 32, kFullWindow, 32}}});
+  policy::Policy p =
+      fixture_policy(dir, {{1, {32, kFullWindow, 32, 64}}, {3, {64, 32, kFullWindow, 32}}});
   p.context = 512;
   p.sink_tokens = 0;
   p.state_dtype = DType::kFloat32;
@@ -610,16 +667,20 @@ TEST_CASE("eval's accuracies, KL and perplexity equal a teacher-forced masked fo
   policy::fill_memory(p, spec);
   policy::write_policy(tmp.path() / "policy.yaml", p);
   const int64_t kl_positions = 100;
-  const Run r = run_cli("eval --model " + dir.string() + " --policy " + (tmp.path() / "policy.yaml").string() +
-                            " --baselines full,uniform --tasks needle_single,needle_multikey --samples 6 --seq-len 320"
-                            " --prefill-chunk 64 --kl-positions " + std::to_string(kl_positions) + " --json --quiet",
+  const Run r = run_cli("eval --model " + dir.string() + " --policy " +
+                            (tmp.path() / "policy.yaml").string() +
+                            " --baselines full,uniform --tasks needle_single,needle_multikey "
+                            "--samples 6 --seq-len 320"
+                            " --prefill-chunk 64 --kl-positions " +
+                            std::to_string(kl_positions) + " --json --quiet",
                         tmp.path());
   INFO(r.err);
   REQUIRE(r.status == 0);
   const auto j = nlohmann::json::parse(r.out);
   CHECK(j.at("state_dtype") == "float32");
 
-  eval::TaskRequest request{{"needle_single", "needle_multikey"}, 6, 320, 0};  // eval's defaults: seed 0
+  eval::TaskRequest request{
+      {"needle_single", "needle_multikey"}, 6, 320, 0};  // eval's defaults: seed 0
   const auto samples = eval::make_eval_samples(dir, spec.vocab_size, request);
   auto model = arch::load_model(dir, arch::ModelOptions{});
   const Recomputed full = recompute(*model, samples, memory::full_kv_windows(spec), kl_positions);
@@ -631,25 +692,30 @@ TEST_CASE("eval's accuracies, KL and perplexity equal a teacher-forced masked fo
     for (const auto& [task, counts] : mine.counts) {
       CHECK(row.at("tasks_counts").at(task).at("right") == counts.first);
       CHECK(row.at("tasks_counts").at(task).at("total") == counts.second);
-      CHECK(row.at("tasks").at(task).get<double>() == Approx(static_cast<double>(counts.first) / counts.second));
+      CHECK(row.at("tasks").at(task).get<double>() ==
+            Approx(static_cast<double>(counts.first) / counts.second));
       right_anywhere += counts.first;
       wrong_anywhere += counts.second - counts.first;
     }
-    CHECK(row.at("perplexity").get<double>() == Approx(std::exp(mine.nll / static_cast<double>(mine.nll_tokens))).epsilon(1e-5));
+    CHECK(row.at("perplexity").get<double>() ==
+          Approx(std::exp(mine.nll / static_cast<double>(mine.nll_tokens))).epsilon(1e-5));
     double kl = 0;
     int64_t positions = 0;
     for (size_t i = 0; i < samples.size(); ++i) {
       kl += (full.tails[i].exp() * (full.tails[i] - mine.tails[i])).sum().item<double>();
       positions += full.tails[i].size(0);
     }
-    CHECK(row.at("kl_vs_full").get<double>() == Approx(kl / static_cast<double>(positions)).epsilon(1e-3).margin(1e-7));
+    CHECK(row.at("kl_vs_full").get<double>() ==
+          Approx(kl / static_cast<double>(positions)).epsilon(1e-3).margin(1e-7));
   }
   // The comparison must be able to disagree: some answers right, some wrong.
   CHECK(right_anywhere > 0);
   CHECK(wrong_anywhere > 0);
 }
 
-TEST_CASE("eval of a policy with h2o heads: measured bytes equal the policy's, bookkeeping included", "[eval]") {
+TEST_CASE(
+    "eval of a policy with h2o heads: measured bytes equal the policy's, bookkeeping included",
+    "[eval]") {
   headwise::testing::TempDir tmp;
   const auto dir = headwise::testing::fixture_dir("qwen3_next_tiny");
   const auto spec = arch::load_model_spec(dir);
@@ -659,9 +725,10 @@ TEST_CASE("eval of a policy with h2o heads: measured bytes equal the policy's, b
   policy::fill_memory(p, spec);
   REQUIRE(p.memory.components.selection_state_bytes > 0);
   policy::write_policy(tmp.path() / "policy.yaml", p);
-  const Run r = run_cli("eval --model " + dir.string() + " --policy " + (tmp.path() / "policy.yaml").string() +
-                            " --baselines full,h2o --samples 2 --seq-len 120 --prefill-chunk 50 --json --quiet",
-                        tmp.path());
+  const Run r = run_cli(
+      "eval --model " + dir.string() + " --policy " + (tmp.path() / "policy.yaml").string() +
+          " --baselines full,h2o --samples 2 --seq-len 120 --prefill-chunk 50 --json --quiet",
+      tmp.path());
   INFO(r.err);
   REQUIRE(r.status == 0);
   const auto j = nlohmann::json::parse(r.out);
@@ -671,9 +738,11 @@ TEST_CASE("eval of a policy with h2o heads: measured bytes equal the policy's, b
   CHECK(row.at("cache_bytes_estimated") == p.memory.total_bytes);
   CHECK(row.at("global_kv_bytes") == p.memory.components.global_kv_bytes);
   // The eviction cache's positions and scores: exactly the policy's selection_state_bytes.
-  CHECK(row.at("details").at("auxiliary_bytes_measured") == p.memory.components.selection_state_bytes);
+  CHECK(row.at("details").at("auxiliary_bytes_measured") ==
+        p.memory.components.selection_state_bytes);
   // The h2o baseline runs H2O in every head on the same slots, its bookkeeping reported apart.
   CHECK(method_row(j, "h2o").at("windows") == row.at("windows"));
-  CHECK(method_row(j, "h2o").at("cache_bytes_estimated").get<int64_t>() + p.memory.components.selection_state_bytes ==
+  CHECK(method_row(j, "h2o").at("cache_bytes_estimated").get<int64_t>() +
+            p.memory.components.selection_state_bytes ==
         p.memory.total_bytes);
 }

@@ -22,7 +22,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     for (const auto& layer : spec.layers) {
       if (!layer.attention) continue;
       const auto& att = *layer.attention;
-      if (att.num_heads <= 0 || att.num_kv_heads <= 0 || att.head_dim <= 0) fuzz::fail("accepted non-positive heads");
+      if (att.num_heads <= 0 || att.num_kv_heads <= 0 || att.head_dim <= 0)
+        fuzz::fail("accepted non-positive heads");
     }
     // What every command does next with a spec: the full-KV memory estimate.
     memory::MemoryOptions options;

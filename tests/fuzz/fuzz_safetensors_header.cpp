@@ -17,10 +17,12 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   fuzz::expect_accept_or_input_error([&] {
     const auto tensors = io::parse_safetensors_header(header, data_size, "fuzz.safetensors");
     for (const auto& t : tensors) {
-      if (t.begin > t.end || t.end > data_size) fuzz::fail("accepted a tensor outside the data section");
+      if (t.begin > t.end || t.end > data_size)
+        fuzz::fail("accepted a tensor outside the data section");
       if (t.numel() < 0) fuzz::fail("accepted a negative element count");
       const auto element = static_cast<uint64_t>(element_size(t.dtype));
-      if (static_cast<uint64_t>(t.numel()) * element != t.end - t.begin) fuzz::fail("accepted a size mismatch");
+      if (static_cast<uint64_t>(t.numel()) * element != t.end - t.begin)
+        fuzz::fail("accepted a size mismatch");
     }
   });
   return 0;

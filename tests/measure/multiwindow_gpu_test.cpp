@@ -38,12 +38,14 @@ arch::AttentionInputs random_inputs(const Case& c, uint64_t seed) {
 }
 
 arch::AttentionInputs to_cuda(arch::AttentionInputs in) {
-  for (at::Tensor* t : {&in.q, &in.k, &in.v, &in.o_proj_weight, &in.output_gate}) *t = t->to(at::kCUDA);
+  for (at::Tensor* t : {&in.q, &in.k, &in.v, &in.o_proj_weight, &in.output_gate})
+    *t = t->to(at::kCUDA);
   return in;
 }
 
 arch::AttentionInputs to_float(arch::AttentionInputs in) {
-  for (at::Tensor* t : {&in.q, &in.k, &in.v, &in.o_proj_weight, &in.output_gate}) *t = t->to(at::kFloat);
+  for (at::Tensor* t : {&in.q, &in.k, &in.v, &in.o_proj_weight, &in.output_gate})
+    *t = t->to(at::kFloat);
   return in;
 }
 
@@ -54,10 +56,10 @@ double rel_error(const at::Tensor& got, const at::Tensor& want) {
 }
 
 const std::vector<Case> kCases = {
-    {2, 6, 2, 50, 32, at::kFloat},                 // several KV groups, tiny T
-    {1, 8, 2, 300, 128, at::kFloat, 0.0, 5},       // many blocks, position offset
-    {1, 4, 4, 130, 64, at::kBFloat16},             // MHA, bf16 loads
-    {2, 4, 1, 97, 256, at::kHalf, 30.0},           // MQA, fp16, soft-capping, widest head
+    {2, 6, 2, 50, 32, at::kFloat},            // several KV groups, tiny T
+    {1, 8, 2, 300, 128, at::kFloat, 0.0, 5},  // many blocks, position offset
+    {1, 4, 4, 130, 64, at::kBFloat16},        // MHA, bf16 loads
+    {2, 4, 1, 97, 256, at::kHalf, 30.0},      // MQA, fp16, soft-capping, widest head
 };
 
 }  // namespace
@@ -72,7 +74,8 @@ TEST_CASE("CUDA multi-window levels equal the CPU path", "[gpu]") {
         const auto in = random_inputs(c, ++seed);
         const at::Tensor want = measure::all_window_outputs(to_float(in), ladder, sinks, chunk);
         const at::Tensor got = measure::all_window_outputs(to_cuda(in), ladder, sinks, chunk);
-        INFO("hd " << c.hd << " dtype " << c10::toString(c.dtype) << " sinks " << sinks << " chunk " << chunk);
+        INFO("hd " << c.hd << " dtype " << c10::toString(c.dtype) << " sinks " << sinks << " chunk "
+                   << chunk);
         // Same rounded inputs, fp32 accumulation on both sides: only summation order differs.
         CHECK(rel_error(got, want) < 1e-4);
       }
@@ -106,8 +109,10 @@ TEST_CASE("CUDA distortion measurement equals the CPU measurement", "[gpu]") {
   for (const auto& c : kCases) {
     const auto in = random_inputs(c, ++seed);
     measure::DistortionAccumulator cpu(c.kv, 3), gpu(c.kv, 3);
-    const at::Tensor full_cpu = measure::measure_window_distortion(to_float(in), ladder, 2, 32, cpu);
-    const at::Tensor full_gpu = measure::measure_window_distortion(to_cuda(to_float(in)), ladder, 2, 32, gpu);
+    const at::Tensor full_cpu =
+        measure::measure_window_distortion(to_float(in), ladder, 2, 32, cpu);
+    const at::Tensor full_gpu =
+        measure::measure_window_distortion(to_cuda(to_float(in)), ladder, 2, 32, gpu);
     CHECK(rel_error(full_gpu, full_cpu) < 1e-4);
     for (int64_t h = 0; h < c.kv; ++h) {
       for (int64_t l = 0; l < 3; ++l) {

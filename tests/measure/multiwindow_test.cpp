@@ -8,8 +8,8 @@ using namespace headwise;
 
 namespace {
 
-arch::AttentionInputs random_inputs(int64_t batch, int64_t heads, int64_t kv, int64_t steps, int64_t hd,
-                                    bool gated, uint64_t seed) {
+arch::AttentionInputs random_inputs(int64_t batch, int64_t heads, int64_t kv, int64_t steps,
+                                    int64_t hd, bool gated, uint64_t seed) {
   at::manual_seed(seed);
   arch::AttentionInputs in;
   in.q = at::randn({batch, heads, steps, hd}) * 2.0;
@@ -36,7 +36,8 @@ TEST_CASE("one-pass multi-window attention equals masked attention at every leve
       const auto ladder = measure::parse_window_ladder("4,9,20,full", "test");
       const at::Tensor levels = measure::all_window_outputs(in, ladder, sinks, chunk);
       for (size_t l = 0; l < ladder.size(); ++l) {
-        const at::Tensor expected = arch::windowed_attention(in, ladder.levels[l], sinks, /*chunk=*/1000);
+        const at::Tensor expected =
+            arch::windowed_attention(in, ladder.levels[l], sinks, /*chunk=*/1000);
         INFO("sinks " << sinks << " chunk " << chunk << " level " << l);
         CHECK((levels[static_cast<int64_t>(l)] - expected).abs().max().item<double>() < 1e-5);
       }
@@ -44,7 +45,8 @@ TEST_CASE("one-pass multi-window attention equals masked attention at every leve
   }
 }
 
-TEST_CASE("the one-pass levels include learned sink logits (gpt-oss) like masked attention", "[measure]") {
+TEST_CASE("the one-pass levels include learned sink logits (gpt-oss) like masked attention",
+          "[measure]") {
   auto in = random_inputs(2, 6, 2, 50, 8, false, 23);
   in.sink_logits = at::randn({6}) * 2.0;  // one per query head
   const auto ladder = measure::parse_window_ladder("4,9,20,full", "test");
@@ -59,8 +61,10 @@ TEST_CASE("the one-pass levels include learned sink logits (gpt-oss) like masked
   // The sinks change the outputs (the test would pass without them otherwise).
   arch::AttentionInputs plain = in;
   plain.sink_logits = at::Tensor();
-  CHECK((arch::windowed_attention(plain, 9, 0, 1000) - arch::windowed_attention(in, 9, 0, 1000)).abs().max().item<double>() >
-        1e-3);
+  CHECK((arch::windowed_attention(plain, 9, 0, 1000) - arch::windowed_attention(in, 9, 0, 1000))
+            .abs()
+            .max()
+            .item<double>() > 1e-3);
 }
 
 TEST_CASE("a ladder without 'full' still measures against the untruncated output", "[measure]") {
@@ -68,7 +72,8 @@ TEST_CASE("a ladder without 'full' still measures against the untruncated output
   const auto ladder = measure::parse_window_ladder("8,16", "test");
   measure::DistortionAccumulator acc(2, 2);
   const at::Tensor full = measure::measure_window_distortion(in, ladder, 0, 16, acc);
-  CHECK((full - arch::windowed_attention(in, kFullWindow, 0, 1000)).abs().max().item<double>() < 1e-5);
+  CHECK((full - arch::windowed_attention(in, kFullWindow, 0, 1000)).abs().max().item<double>() <
+        1e-5);
   CHECK(acc.distortion(0, 0) >= acc.distortion(0, 1));
   CHECK(acc.distortion(0, 1) > 0);
 }
@@ -90,9 +95,11 @@ TEST_CASE("measured distortion equals truncating one KV head at a time", "[measu
         std::vector<int64_t> windows(kv, kFullWindow);
         windows[h] = ladder.levels[l];
         const at::Tensor y = block_output(in, arch::windowed_attention(in, windows, sinks, 1000));
-        const double expected = (y - y_full).to(at::kDouble).pow(2).sum().item<double>() / reference;
+        const double expected =
+            (y - y_full).to(at::kDouble).pow(2).sum().item<double>() / reference;
         INFO("gated " << gated << " head " << h << " level " << l);
-        CHECK(acc.distortion(h, static_cast<int64_t>(l)) == Approx(expected).epsilon(1e-3).margin(1e-9));
+        CHECK(acc.distortion(h, static_cast<int64_t>(l)) ==
+              Approx(expected).epsilon(1e-3).margin(1e-9));
       }
       CHECK(acc.distortion(h, 3) == 0.0);  // full
     }

@@ -4,15 +4,15 @@
 // (tools/vllm_reference.py), and the last case re-runs that comparison when vLLM is importable.
 #include <catch2/catch.hpp>
 
+#include <sys/wait.h>
 #include <cstdio>
 #include <cstdlib>
-#include <map>
-#include <sys/wait.h>
 #include <fstream>
+#include <map>
 #include <nlohmann/json.hpp>
 
-#include "../support/test_paths.hpp"
 #include "../support/skip.hpp"
+#include "../support/test_paths.hpp"
 #include "../test_configs.hpp"
 #include "headwise/core/error.hpp"
 #include "headwise/memory/vllm_model.hpp"
@@ -83,8 +83,8 @@ TEST_CASE("vLLM: Gemma-3-27B at 128K, full KV and a uniform window", "[memory]")
   // 10 * 131072 * (769 + 6 * 577) = 5545656320
   CHECK(u.total_bytes == int64_t{5545656320});
   // batch 3 reserves three requests' pages
-  CHECK(memory::vllm_estimate(gemma, memory::uniform_windows(gemma, 4096), at_128k(3), v).total_bytes ==
-        3 * int64_t{5545656320});
+  CHECK(memory::vllm_estimate(gemma, memory::uniform_windows(gemma, 4096), at_128k(3), v)
+            .total_bytes == 3 * int64_t{5545656320});
 }
 
 TEST_CASE("vLLM: Gemma-3-27B, a headwise policy as per-window head groups", "[memory]") {
@@ -100,7 +100,8 @@ TEST_CASE("vLLM: Gemma-3-27B, a headwise policy as per-window head groups", "[me
   // an 8-head page (65536 B) divides the 16-head page (131072 B): its block grows to 32 tokens
   CHECK(e.page_bytes == 131072);
   CHECK(e.specs.size() == 52 + 2 * 10);
-  // full heads: cdiv(131072, 32) = 4096 pages; window 4096: cdiv(4095 + 8192, 32) + 1 = 384 + 1 = 385
+  // full heads: cdiv(131072, 32) = 4096 pages; window 4096: cdiv(4095 + 8192, 32) + 1 = 384 + 1 =
+  // 385
   CHECK(pages_of(e, 5, memory::VllmSpecKind::kFullAttention) == 4096);
   CHECK(pages_of(e, 5, memory::VllmSpecKind::kSlidingWindow) == 385);
   CHECK(e.layers[5].kv_bytes == (4096 + 385) * int64_t{131072});
@@ -127,7 +128,9 @@ TEST_CASE("vLLM: gpt-oss-20b at 128K", "[memory]") {
   // a smaller batch budget: max_num_batched_tokens 2048 → cdiv(127 + 2048, 16) + 1 = 136 + 1 = 137
   VllmOptions small;
   small.max_num_batched_tokens = 2048;
-  CHECK(memory::vllm_estimate(oss, memory::full_kv_windows(oss), at_128k(), small).layers[0].bytes == 137 * 32768);
+  CHECK(
+      memory::vllm_estimate(oss, memory::full_kv_windows(oss), at_128k(), small).layers[0].bytes ==
+      137 * 32768);
 }
 
 TEST_CASE("vLLM: Qwen3-Next-80B-A3B at 128K, hybrid block alignment and Mamba modes", "[memory]") {
@@ -135,9 +138,11 @@ TEST_CASE("vLLM: Qwen3-Next-80B-A3B at 128K, hybrid block alignment and Mamba mo
   const auto qwen = spec_from_config("qwen3_next_80b_a3b.json");
   // GDN state page: conv (16*128*2 + 32*128 = 8192) x (4 - 1) x 2 B = 49152 + recurrent
   // 32 x 128 x 128 x 2 B (mamba_ssm_cache_dtype auto = bf16) = 1048576 → 1097728 B
-  // attention: 2 heads * 256 * 2 * 2 B = 2048 B/token; block = 16 * cdiv(1097728, 16 * 2048) = 16 * 34 = 544
+  // attention: 2 heads * 256 * 2 * 2 B = 2048 B/token; block = 16 * cdiv(1097728, 16 * 2048) = 16 *
+  // 34 = 544
   constexpr int64_t kPage = 544 * 2048;  // 1114112; the Mamba page is padded by 16384 B
-  const auto e = memory::vllm_estimate(qwen, memory::full_kv_windows(qwen), at_128k(), VllmOptions{});
+  const auto e =
+      memory::vllm_estimate(qwen, memory::full_kv_windows(qwen), at_128k(), VllmOptions{});
   CHECK(e.block_size == 544);
   CHECK(e.page_bytes == kPage);
   // full layer: cdiv(131072, 544) = 241 pages; GDN layer: 1 page (mamba_cache_mode none)
@@ -151,10 +156,12 @@ TEST_CASE("vLLM: Qwen3-Next-80B-A3B at 128K, hybrid block alignment and Mamba mo
   // align keeps 2 state pages: 12 * 1114112 * (241 + 3 * 2) = 3302227968
   VllmOptions align;
   align.mamba_cache_mode = memory::MambaCacheMode::kAlign;
-  CHECK(memory::vllm_estimate(qwen, memory::full_kv_windows(qwen), at_128k(), align).total_bytes == int64_t{3302227968});
-  // uniform window 4096: cdiv(4095 + 8192, 544) + 1 = 23 + 1 = 24 pages; 12 * 1114112 * (24 + 3) = 360972288
-  CHECK(memory::vllm_estimate(qwen, memory::uniform_windows(qwen, 4096), at_128k(), VllmOptions{}).total_bytes ==
-        int64_t{360972288});
+  CHECK(memory::vllm_estimate(qwen, memory::full_kv_windows(qwen), at_128k(), align).total_bytes ==
+        int64_t{3302227968});
+  // uniform window 4096: cdiv(4095 + 8192, 544) + 1 = 23 + 1 = 24 pages; 12 * 1114112 * (24 + 3) =
+  // 360972288
+  CHECK(memory::vllm_estimate(qwen, memory::uniform_windows(qwen, 4096), at_128k(), VllmOptions{})
+            .total_bytes == int64_t{360972288});
   // --state-dtype float32 (mamba_ssm_cache_dtype): recurrent 2097152 + conv 49152 = 2146304 B;
   // block 16 * cdiv(2146304, 32768) = 16 * 66 = 1056
   auto fp32 = at_128k();
@@ -176,14 +183,18 @@ TEST_CASE("vLLM: capacity search and bad options", "[memory]") {
   at_max.context += 1;
   CHECK(memory::vllm_estimate(oss, full, at_max, VllmOptions{}).total_bytes > budget);
   // every window finite: sliding reservations stop growing at W - 1 + T tokens
-  CHECK(!memory::vllm_capacity(oss, memory::uniform_windows(oss, 128), at_128k(), VllmOptions{}, budget).max_context);
+  CHECK(!memory::vllm_capacity(oss, memory::uniform_windows(oss, 128), at_128k(), VllmOptions{},
+                               budget)
+             .max_context);
 
   VllmOptions bad;
   bad.max_num_batched_tokens = 0;
-  CHECK_THROWS_WITH(memory::vllm_estimate(oss, full, at_128k(), bad), Catch::Contains("--max-num-batched-tokens"));
+  CHECK_THROWS_WITH(memory::vllm_estimate(oss, full, at_128k(), bad),
+                    Catch::Contains("--max-num-batched-tokens"));
   auto sinks = at_128k();
   sinks.sink_tokens = 4;
-  CHECK_THROWS_WITH(memory::vllm_estimate(oss, full, sinks, VllmOptions{}), Catch::Contains("--sink-tokens"));
+  CHECK_THROWS_WITH(memory::vllm_estimate(oss, full, sinks, VllmOptions{}),
+                    Catch::Contains("--sink-tokens"));
   CHECK_THROWS_WITH(memory::parse_mamba_cache_mode("some"), Catch::Contains("--mamba-cache-mode"));
   CHECK(memory::parse_mamba_cache_mode("align") == memory::MambaCacheMode::kAlign);
   CHECK(memory::vllm_rules_version() == "v0.25.1");
@@ -194,7 +205,8 @@ TEST_CASE("vLLM: capacity search and bad options", "[memory]") {
 // own spec classes and grouping compute for the same specs.
 TEST_CASE("vLLM: totals equal vLLM's own code when it is importable", "[memory]") {
   const char* python = std::getenv("HEADWISE_VLLM_PYTHON");
-  if (python == nullptr || !has_builder("gemma3_text") || !has_builder("qwen3_next") || !has_builder("gpt_oss")) {
+  if (python == nullptr || !has_builder("gemma3_text") || !has_builder("qwen3_next") ||
+      !has_builder("gpt_oss")) {
     HEADWISE_SKIP("HEADWISE_VLLM_PYTHON is not set: the comparison with vLLM's code needs vLLM");
   }
   const auto file = std::filesystem::temp_directory_path() / "headwise_vllm_cases.jsonl";
@@ -202,33 +214,44 @@ TEST_CASE("vLLM: totals equal vLLM's own code when it is importable", "[memory]"
   {
     std::ofstream cases(file);
     const std::vector<std::pair<std::string, int64_t>> models{
-        {"gemma3_27b.json", 0}, {"gemma3_27b.json", 4096}, {"qwen3_next_80b_a3b.json", 0},
-        {"qwen3_next_80b_a3b.json", 4096}, {"gpt_oss_20b.json", 0}, {"gpt_oss_20b.json", 1000}};
+        {"gemma3_27b.json", 0},         {"gemma3_27b.json", 4096},
+        {"qwen3_next_80b_a3b.json", 0}, {"qwen3_next_80b_a3b.json", 4096},
+        {"gpt_oss_20b.json", 0},        {"gpt_oss_20b.json", 1000}};
     for (const auto& [config, window] : models) {
       const auto spec = spec_from_config(config);
-      const auto windows = window == 0 ? memory::full_kv_windows(spec) : memory::uniform_windows(spec, window);
+      const auto windows =
+          window == 0 ? memory::full_kv_windows(spec) : memory::uniform_windows(spec, window);
       const auto e = memory::vllm_estimate(spec, windows, at_128k(), VllmOptions{});
       nlohmann::json specs = nlohmann::json::array();
       for (const auto& s : e.specs) {
         // Before page unification (vLLM unifies them itself), Mamba pages as opaque bytes.
         if (s.kind == memory::VllmSpecKind::kMamba) {
-          specs.push_back({{"kind", "mamba"}, {"block_size", s.block_size}, {"shapes", {{s.state_bytes}}},
-                           {"dtypes", {"uint8"}}, {"page_size_padded", s.page_bytes}});
+          specs.push_back({{"kind", "mamba"},
+                           {"block_size", s.block_size},
+                           {"shapes", {{s.state_bytes}}},
+                           {"dtypes", {"uint8"}},
+                           {"page_size_padded", s.page_bytes}});
         } else {
-          specs.push_back({{"kind", s.kind == memory::VllmSpecKind::kFullAttention ? "full" : "sliding"},
-                           {"block_size", e.block_size}, {"num_kv_heads", s.num_kv_heads}, {"head_size", s.head_dim},
-                           {"window", s.window}});
+          specs.push_back(
+              {{"kind", s.kind == memory::VllmSpecKind::kFullAttention ? "full" : "sliding"},
+               {"block_size", e.block_size},
+               {"num_kv_heads", s.num_kv_heads},
+               {"head_size", s.head_dim},
+               {"window", s.window}});
         }
       }
       const std::string name = config + "@" + std::to_string(window);
-      cases << nlohmann::json{{"name", name}, {"max_model_len", 131072}, {"max_num_batched_tokens", 8192}, {"specs", specs}}
+      cases << nlohmann::json{{"name", name},
+                              {"max_model_len", 131072},
+                              {"max_num_batched_tokens", 8192},
+                              {"specs", specs}}
                    .dump()
             << "\n";
       ours.emplace_back(name, e.total_bytes);
     }
   }
-  const std::string cmd = std::string(python) + " " + HEADWISE_SOURCE_DIR + "/tools/vllm_reference.py < " + file.string() +
-                          " 2>/dev/null";
+  const std::string cmd = std::string(python) + " " + HEADWISE_SOURCE_DIR +
+                          "/tools/vllm_reference.py < " + file.string() + " 2>/dev/null";
   FILE* pipe = popen(cmd.c_str(), "r");
   REQUIRE(pipe != nullptr);
   std::map<std::string, int64_t> theirs;

@@ -5,8 +5,8 @@
 
 #include "../test_configs.hpp"
 #include "headwise/core/error.hpp"
-#include "headwise/policy/policy.hpp"
 #include "headwise/core/reproducible_math.hpp"
+#include "headwise/policy/policy.hpp"
 #include "headwise/regen/policy_diff.hpp"
 
 #include <ATen/Context.h>
@@ -30,8 +30,13 @@ policy::Policy sample_policy() {
   p.block_size = 16;
   p.sink_tokens = 4;
   p.window_levels = {256, 1024, policy::kFull};
-  p.calibration = {{"dataset_sha256", "00ff"}, {"samples", 64}, {"seq_len", 4096}, {"seed", 7},
-                   {"tool_version", "0.1.0"}, {"distortion", "block_output_mse"}, {"numeric_string", "123"},
+  p.calibration = {{"dataset_sha256", "00ff"},
+                   {"samples", 64},
+                   {"seq_len", 4096},
+                   {"seed", 7},
+                   {"tool_version", "0.1.0"},
+                   {"distortion", "block_output_mse"},
+                   {"numeric_string", "123"},
                    {"nested", {{"a", {1, 2}}, {"b", nullptr}, {"c", true}, {"d", 0.25}}}};
   p.per_layer_policies = {{1, {256, policy::kFull}, {0.125, 0.0}, {}}, {3, {1024, 1024}, {}, {}}};
   policy::fill_memory(p, spec);
@@ -74,7 +79,8 @@ TEST_CASE("policy round-trips and writes byte-identically", "[policy]") {
   for (const char* name : {"a.yaml", "b.yaml"}) std::filesystem::remove(dir / name);
 }
 
-TEST_CASE("state_dtype: absent means native (as before the field), present is written and priced", "[policy]") {
+TEST_CASE("state_dtype: absent means native (as before the field), present is written and priced",
+          "[policy]") {
   // A policy written before the field (sample_policy has none): it reads, writes back byte for
   // byte without the field, and its memory is each state's native dtype (bamba: conv states in
   // the checkpoint's bf16, SSM state float32).
@@ -93,7 +99,8 @@ TEST_CASE("state_dtype: absent means native (as before the field), present is wr
     p.state_dtype = d;
     policy::fill_memory(p, spec);
     const std::string yaml = policy::to_yaml(p);
-    CHECK(yaml.find(fmt::format("dtype: bfloat16\nstate_dtype: {}\n", dtype_name(d))) != std::string::npos);
+    CHECK(yaml.find(fmt::format("dtype: bfloat16\nstate_dtype: {}\n", dtype_name(d))) !=
+          std::string::npos);
     const policy::Policy q = policy::from_yaml(yaml, "p.yaml");
     CHECK(q.state_dtype == d);
     CHECK(q.memory_options().state_dtype == d);
@@ -101,21 +108,29 @@ TEST_CASE("state_dtype: absent means native (as before the field), present is wr
     policy::validate_against_model(q, spec, "p.yaml");
     // Every state at the policy's dtype: two mamba layers, batch 2.
     int64_t per_sequence = 0;
-    for (const auto& s : spec.layer(0).states) per_sequence += s.bytes_per_sequence() / element_size(s.dtype) * element_size(d);
+    for (const auto& s : spec.layer(0).states)
+      per_sequence += s.bytes_per_sequence() / element_size(s.dtype) * element_size(d);
     CHECK(p.memory.components.ssm_state_bytes == 2 * 2 * per_sequence);
     // The memory block is checked against the field: the native figures are stale here.
     if (p.memory.components.ssm_state_bytes != native.memory.components.ssm_state_bytes) {
-      CHECK_THROWS_WITH(policy::validate_against_model(policy::from_yaml(replace(text, "dtype: bfloat16\n",
-                                                                              fmt::format("dtype: bfloat16\nstate_dtype: {}\n", dtype_name(d))),
-                                                                      "p.yaml"),
-                                                       spec, "p.yaml"),
-                        Catch::Contains("memory.total_bytes"));
+      CHECK_THROWS_WITH(
+          policy::validate_against_model(
+              policy::from_yaml(
+                  replace(text, "dtype: bfloat16\n",
+                          fmt::format("dtype: bfloat16\nstate_dtype: {}\n", dtype_name(d))),
+                  "p.yaml"),
+              spec, "p.yaml"),
+          Catch::Contains("memory.total_bytes"));
     }
   }
-  CHECK_THROWS_WITH(policy::from_yaml(replace(text, "dtype: bfloat16\n", "dtype: bfloat16\nstate_dtype: int8\n"), "p.yaml"),
-                    Catch::Contains("p.yaml: state_dtype") && Catch::Contains("not a state dtype"));
-  CHECK_THROWS_WITH(policy::from_yaml(replace(text, "dtype: bfloat16\n", "dtype: bfloat16\nstate_dtype: native\n"), "p.yaml"),
-                    Catch::Contains("state_dtype"));  // native is spelled by leaving the field out
+  CHECK_THROWS_WITH(
+      policy::from_yaml(replace(text, "dtype: bfloat16\n", "dtype: bfloat16\nstate_dtype: int8\n"),
+                        "p.yaml"),
+      Catch::Contains("p.yaml: state_dtype") && Catch::Contains("not a state dtype"));
+  CHECK_THROWS_WITH(
+      policy::from_yaml(
+          replace(text, "dtype: bfloat16\n", "dtype: bfloat16\nstate_dtype: native\n"), "p.yaml"),
+      Catch::Contains("state_dtype"));  // native is spelled by leaving the field out
 }
 
 TEST_CASE("memory block equals the memory model", "[policy]") {
@@ -135,36 +150,52 @@ TEST_CASE("strict reader: unknown keys, ladder, heads, layers, broken YAML", "[p
   const std::string yaml = policy::to_yaml(sample_policy());
   const auto read = [](const std::string& text) { return policy::from_yaml(text, "pol.yaml"); };
 
-  CHECK_THROWS_WITH(read(replace(yaml, "batch: 2", "batch: 2\nbacth: 3")),
-                    Catch::Contains("pol.yaml") && Catch::Contains("bacth") && Catch::Contains("unknown key"));
-  CHECK_THROWS_WITH(read(replace(yaml, "kv_head_windows: [1024, 1024]", "kv_head_windows: [1024, 1024]\n    extra: 1")),
+  CHECK_THROWS_WITH(
+      read(replace(yaml, "batch: 2", "batch: 2\nbacth: 3")),
+      Catch::Contains("pol.yaml") && Catch::Contains("bacth") && Catch::Contains("unknown key"));
+  CHECK_THROWS_WITH(read(replace(yaml, "kv_head_windows: [1024, 1024]",
+                                 "kv_head_windows: [1024, 1024]\n    extra: 1")),
                     Catch::Contains("per_layer_policies[1].extra"));
-  CHECK_THROWS_WITH(read(replace(yaml, "kv_head_windows: [1024, 1024]", "kv_head_windows: [1024, 512]")),
-                    Catch::Contains("layer 3") && Catch::Contains("512 is not one of window_levels"));
-  CHECK_THROWS_WITH(read(replace(yaml, "window_levels: [256, 1024, full]", "window_levels: [1024, 256, full]")),
-                    Catch::Contains("window_levels[1]"));
+  CHECK_THROWS_WITH(
+      read(replace(yaml, "kv_head_windows: [1024, 1024]", "kv_head_windows: [1024, 512]")),
+      Catch::Contains("layer 3") && Catch::Contains("512 is not one of window_levels"));
+  CHECK_THROWS_WITH(
+      read(replace(yaml, "window_levels: [256, 1024, full]", "window_levels: [1024, 256, full]")),
+      Catch::Contains("window_levels[1]"));
   CHECK_THROWS_WITH(read(replace(yaml, "schema: headwise/policy/v1", "schema: headwise/policy/v9")),
                     Catch::Contains("schema"));
-  CHECK_THROWS_WITH(read(replace(yaml, "context: 4096", "context: -5")), Catch::Contains("context"));
-  CHECK_THROWS_WITH(read(replace(yaml, "context: 4096", "context: 4k")), Catch::Contains("not an integer"));
-  CHECK_THROWS_WITH(read(replace(yaml, "context: 4096\n", "")), Catch::Contains("context") && Catch::Contains("missing"));
-  CHECK_THROWS_WITH(read(replace(yaml, "dtype: bfloat16", "dtype: bfloat17")), Catch::Contains("dtype"));
-  CHECK_THROWS_WITH(read("schema: [unclosed\n"), Catch::Contains("pol.yaml:") && Catch::Contains("broken YAML"));
-  CHECK_THROWS_WITH(read(std::regex_replace(yaml, std::regex("total_bytes: [0-9]+\n  global"), "total_bytes: 1\n  global")),
+  CHECK_THROWS_WITH(read(replace(yaml, "context: 4096", "context: -5")),
+                    Catch::Contains("context"));
+  CHECK_THROWS_WITH(read(replace(yaml, "context: 4096", "context: 4k")),
+                    Catch::Contains("not an integer"));
+  CHECK_THROWS_WITH(read(replace(yaml, "context: 4096\n", "")),
+                    Catch::Contains("context") && Catch::Contains("missing"));
+  CHECK_THROWS_WITH(read(replace(yaml, "dtype: bfloat16", "dtype: bfloat17")),
+                    Catch::Contains("dtype"));
+  CHECK_THROWS_WITH(read("schema: [unclosed\n"),
+                    Catch::Contains("pol.yaml:") && Catch::Contains("broken YAML"));
+  CHECK_THROWS_WITH(read(std::regex_replace(yaml, std::regex("total_bytes: [0-9]+\n  global"),
+                                            "total_bytes: 1\n  global")),
                     Catch::Contains("memory.total_bytes"));
 
   // against the model: wrong head count, non-global layer, missing layer, stale memory block
-  const auto check = [&](const std::string& text) { policy::validate_against_model(read(text), spec, "pol.yaml"); };
-  CHECK_THROWS_WITH(check(replace(yaml, "kv_head_windows: [1024, 1024]", "kv_head_windows: [1024, 1024, 1024]")),
-                    Catch::Contains("layer_id 3") && Catch::Contains("2 KV heads"));
-  CHECK_THROWS_WITH(check(replace(yaml, "layer_id: 3\n    kv", "layer_id: 2\n    kv")),
-                    Catch::Contains("layer_id 2") && Catch::Contains("not a global attention layer"));
-  CHECK_THROWS_WITH(check(replace(yaml, "batch: 2", "batch: 3")), Catch::Contains("memory.total_bytes") && Catch::Contains("stale"));
+  const auto check = [&](const std::string& text) {
+    policy::validate_against_model(read(text), spec, "pol.yaml");
+  };
+  CHECK_THROWS_WITH(
+      check(replace(yaml, "kv_head_windows: [1024, 1024]", "kv_head_windows: [1024, 1024, 1024]")),
+      Catch::Contains("layer_id 3") && Catch::Contains("2 KV heads"));
+  CHECK_THROWS_WITH(
+      check(replace(yaml, "layer_id: 3\n    kv", "layer_id: 2\n    kv")),
+      Catch::Contains("layer_id 2") && Catch::Contains("not a global attention layer"));
+  CHECK_THROWS_WITH(check(replace(yaml, "batch: 2", "batch: 3")),
+                    Catch::Contains("memory.total_bytes") && Catch::Contains("stale"));
   auto p = sample_policy();
   p.per_layer_policies.pop_back();
   p.memory = {};
   p.non_global_layers.clear();
-  CHECK_THROWS_WITH(policy::validate_against_model(p, spec, "pol.yaml"), Catch::Contains("global layer 3 is missing"));
+  CHECK_THROWS_WITH(policy::validate_against_model(p, spec, "pol.yaml"),
+                    Catch::Contains("global layer 3 is missing"));
   CHECK_THROWS_AS(policy::read_policy("/nonexistent/policy.yaml"), InputError);
 }
 
@@ -177,7 +208,8 @@ TEST_CASE("policies with h2o heads carry their rules and their selection bookkee
   policy::fill_memory(p, spec);
   CHECK(p.selecting_layers() == std::set<int64_t>{3});
   CHECK(p.window_heads_of_selecting_layers() == std::set<std::pair<int64_t, int64_t>>{{3, 1}});
-  // Slots (1000 + 4 sinks → 1008, 1040; block 16) x (8 B position + 4 B score) + 3 x 8 B per head, batch 2.
+  // Slots (1000 + 4 sinks → 1008, 1040; block 16) x (8 B position + 4 B score) + 3 x 8 B per head,
+  // batch 2.
   CHECK(p.memory.components.selection_state_bytes == 2 * ((1008 + 1040) * 12 + 2 * 24));
   CHECK(p.memory.total_bytes == p.memory.components.total());
   const std::string yaml = policy::to_yaml(p);
@@ -195,15 +227,21 @@ TEST_CASE("policies with h2o heads carry their rules and their selection bookkee
 
   const auto read = [](const std::string& text) { return policy::from_yaml(text, "pol.yaml"); };
   CHECK_THROWS_WITH(read(replace(yaml, "kv_head_rules: [h2o, window]", "kv_head_rules: [h2o]")),
-                    Catch::Contains("layer 3") && Catch::Contains("kv_head_rules") && Catch::Contains("one rule per KV head"));
-  CHECK_THROWS_WITH(read(replace(yaml, "kv_head_rules: [h2o, window]", "kv_head_rules: [h2o, snapkv]")),
-                    Catch::Contains("kv_head_rules[1]") && Catch::Contains("window or h2o"));
+                    Catch::Contains("layer 3") && Catch::Contains("kv_head_rules") &&
+                        Catch::Contains("one rule per KV head"));
+  CHECK_THROWS_WITH(
+      read(replace(yaml, "kv_head_rules: [h2o, window]", "kv_head_rules: [h2o, snapkv]")),
+      Catch::Contains("kv_head_rules[1]") && Catch::Contains("window or h2o"));
   // Only an h2o head may hold a window outside the ladder.
-  CHECK_THROWS_WITH(read(replace(yaml, "kv_head_rules: [h2o, window]", "kv_head_rules: [window, window]")),
-                    Catch::Contains("kv_head_windows[0]") && Catch::Contains("1000 is not one of window_levels"));
+  CHECK_THROWS_WITH(
+      read(replace(yaml, "kv_head_rules: [h2o, window]", "kv_head_rules: [window, window]")),
+      Catch::Contains("kv_head_windows[0]") && Catch::Contains("1000 is not one of window_levels"));
   // The bookkeeping is checked against the model like every other component.
-  CHECK_THROWS_WITH(policy::validate_against_model(read(std::regex_replace(yaml, std::regex("  selection_state_bytes: [0-9]+\n"), "")), spec, "pol.yaml"),
-                    Catch::Contains("memory.total_bytes"));
+  CHECK_THROWS_WITH(
+      policy::validate_against_model(
+          read(std::regex_replace(yaml, std::regex("  selection_state_bytes: [0-9]+\n"), "")), spec,
+          "pol.yaml"),
+      Catch::Contains("memory.total_bytes"));
 }
 
 TEST_CASE("regen --check tolerates distortion float noise and nothing else", "[policy]") {
@@ -218,21 +256,29 @@ TEST_CASE("regen --check tolerates distortion float noise and nothing else", "[p
     return regen::distortion_noise_only(committed, committed_text, produced.first, produced.second);
   };
 
-  SECTION("identical") { CHECK(noise_only(produced_with([](policy::Policy&) {})) == 0.0); }
+  SECTION("identical") {
+    CHECK(noise_only(produced_with([](policy::Policy&) {})) == 0.0);
+  }
   SECTION("a 1e-6 relative gap in one distortion is noise") {
-    const auto gap = noise_only(produced_with([](policy::Policy& p) { p.per_layer_policies[0].expected_distortion[0] *= 1 + 1e-6; }));
+    const auto gap = noise_only(produced_with(
+        [](policy::Policy& p) { p.per_layer_policies[0].expected_distortion[0] *= 1 + 1e-6; }));
     REQUIRE(gap.has_value());
     CHECK(*gap == Approx(1e-6).epsilon(1e-3));
   }
   SECTION("a 1e-3 relative gap is a change") {
-    CHECK_FALSE(noise_only(produced_with([](policy::Policy& p) { p.per_layer_policies[0].expected_distortion[0] *= 1.001; })));
+    CHECK_FALSE(noise_only(produced_with(
+        [](policy::Policy& p) { p.per_layer_policies[0].expected_distortion[0] *= 1.001; })));
   }
-  SECTION("a zero distortion that becomes 1e-9 of its layer's scale is noise; 1e-3 of it is a change") {
-    CHECK(noise_only(produced_with([](policy::Policy& p) { p.per_layer_policies[0].expected_distortion[1] = 1.25e-10; })));
-    CHECK_FALSE(noise_only(produced_with([](policy::Policy& p) { p.per_layer_policies[0].expected_distortion[1] = 1.25e-4; })));
+  SECTION(
+      "a zero distortion that becomes 1e-9 of its layer's scale is noise; 1e-3 of it is a change") {
+    CHECK(noise_only(produced_with(
+        [](policy::Policy& p) { p.per_layer_policies[0].expected_distortion[1] = 1.25e-10; })));
+    CHECK_FALSE(noise_only(produced_with(
+        [](policy::Policy& p) { p.per_layer_policies[0].expected_distortion[1] = 1.25e-4; })));
   }
   SECTION("a window change with noise-sized distortions is a change") {
-    CHECK_FALSE(noise_only(produced_with([](policy::Policy& p) { p.per_layer_policies[1].kv_head_windows[0] = 256; })));
+    CHECK_FALSE(noise_only(produced_with(
+        [](policy::Policy& p) { p.per_layer_policies[1].kv_head_windows[0] = 256; })));
   }
   SECTION("a provenance change is a change") {
     CHECK_FALSE(noise_only(produced_with([](policy::Policy& p) { p.calibration["seed"] = 8; })));
@@ -243,7 +289,8 @@ TEST_CASE("regen --check tolerates distortion float noise and nothing else", "[p
   }
 }
 
-TEST_CASE("regen --check measures distortion noise against the layer's scale, not each value", "[policy]") {
+TEST_CASE("regen --check measures distortion noise against the layer's scale, not each value",
+          "[policy]") {
   // A layer whose heads cost 0.02 and 3e-9: float noise in the sums behind the small one is
   // absolute at the layer's scale, so it may move by half of itself (what another SIMD width
   // gives) while a per-value bound of 1e-4 would call the policy stale.
@@ -273,7 +320,9 @@ TEST_CASE("regen --check measures distortion noise against the layer's scale, no
   SECTION("drift it must catch: the layer's largest cost moves by 1e-3 of itself") {
     CHECK_FALSE(noise_only(0.02 * 1.001, 3e-9));
   }
-  SECTION("a layer far below the policy's scale: its float noise is the policy's, its drift still shows") {
+  SECTION(
+      "a layer far below the policy's scale: its float noise is the policy's, its drift still "
+      "shows") {
     // policies/tiny-qwen3-next.yaml as committed and as another CPU measured it (AMD EPYC with
     // AVX-512, 2026-12-04): both layers moved by ~5e-8, 1.5e-3 of layer 1's own scale.
     policy::Policy a = committed, b = committed;
@@ -286,7 +335,8 @@ TEST_CASE("regen --check measures distortion noise against the layer's scale, no
     REQUIRE(gap.has_value());
     CHECK(*gap < 1e-4);
     // A 2% move of layer 1's largest cost (6.9e-7; 1.2e-6 of the policy's scale) is a change.
-    b.per_layer_policies[0].expected_distortion = {3.440785197502312e-05 * 1.02, 5.646706995321438e-06};
+    b.per_layer_policies[0].expected_distortion = {3.440785197502312e-05 * 1.02,
+                                                   5.646706995321438e-06};
     CHECK_FALSE(regen::distortion_noise_only(a, a_text, b, policy::to_yaml(b)));
   }
   SECTION("another layer's scale does not excuse this one's drift") {

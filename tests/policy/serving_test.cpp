@@ -10,13 +10,15 @@ namespace {
 policy::Policy two_layer_policy() {
   policy::Policy p;
   p.sink_tokens = 0;
-  p.per_layer_policies = {{1, {448, 448, 512, 512}, {}, {}}, {3, {policy::kFull, 2048, policy::kFull, 512}, {}, {}}};
+  p.per_layer_policies = {{1, {448, 448, 512, 512}, {}, {}},
+                          {3, {policy::kFull, 2048, policy::kFull, 512}, {}, {}}};
   return p;
 }
 
 }  // namespace
 
-TEST_CASE("serving note: a windows-only policy of a family vLLM serves runs everywhere", "[policy]") {
+TEST_CASE("serving note: a windows-only policy of a family vLLM serves runs everywhere",
+          "[policy]") {
   const policy::Policy p = two_layer_policy();
   CHECK(policy::vllm_refusal(p, "gemma3_text").empty());
   const std::string note = policy::serving_note(p, "llama", "out/policy.yaml");
@@ -24,11 +26,13 @@ TEST_CASE("serving note: a windows-only policy of a family vLLM serves runs ever
   CHECK(note.find("not in vLLM") == std::string::npos);
 }
 
-TEST_CASE("serving note: h2o heads name the heads, the engines that cannot run them and --keep-rules window",
-          "[policy]") {
+TEST_CASE(
+    "serving note: h2o heads name the heads, the engines that cannot run them and --keep-rules "
+    "window",
+    "[policy]") {
   policy::Policy p = two_layer_policy();
-  p.per_layer_policies[0].kv_head_rules = {policy::KeepRule::kH2O, policy::KeepRule::kH2O, policy::KeepRule::kH2O,
-                                           policy::KeepRule::kWindow};
+  p.per_layer_policies[0].kv_head_rules = {policy::KeepRule::kH2O, policy::KeepRule::kH2O,
+                                           policy::KeepRule::kH2O, policy::KeepRule::kWindow};
   const std::string note = policy::serving_note(p, "gemma3_text", "out/policy.yaml");
   CHECK(note.find("headwise's runtime") != std::string::npos);
   CHECK(note.find("python/headwise_hf") != std::string::npos);

@@ -1,14 +1,14 @@
 // Online eviction (SnapKV, H2O, AdaKV) in the runtime decoder: the KV bytes equal the policy's
 // estimate to the byte, no head ever holds more than its slots, a capacity covering the
 // sequence is full KV, and each selection rule on hand-checkable cases.
-#include <catch2/catch.hpp>
 #include <ATen/CPUGeneratorImpl.h>
 #include <c10/core/InferenceMode.h>
+#include <catch2/catch.hpp>
 
 #include <algorithm>
 #include <functional>
-#include <set>
 #include <numeric>
+#include <set>
 
 #include "../arch/fixture_reference.hpp"
 #include "../calib/toy_model.hpp"
@@ -26,10 +26,12 @@ constexpr int64_t kBatch = 2;
 constexpr int64_t kPrompt = 40;
 constexpr int64_t kDecode = 4;
 
-const std::vector<EvictionMethod> kMethods{EvictionMethod::kSnapKV, EvictionMethod::kH2O, EvictionMethod::kAdaKV};
+const std::vector<EvictionMethod> kMethods{EvictionMethod::kSnapKV, EvictionMethod::kH2O,
+                                           EvictionMethod::kAdaKV};
 
-runtime::EvictionOptions eviction(EvictionMethod method,
-                                  runtime::EvictionPrefill prefill = runtime::EvictionPrefill::kWholePrompt) {
+runtime::EvictionOptions eviction(
+    EvictionMethod method,
+    runtime::EvictionPrefill prefill = runtime::EvictionPrefill::kWholePrompt) {
   runtime::EvictionOptions o;
   o.method = method;
   o.observation_window = 6;  // shorter than the prompt, longer than a chunk: staged across chunks
@@ -55,7 +57,8 @@ at::Tensor random_ids(int64_t vocab, int64_t steps, uint64_t seed) {
   return at::randint(vocab, {kBatch, steps}, gen, at::TensorOptions().dtype(at::kLong));
 }
 
-memory::MemoryOptions options_for(const arch::ModelSpec& spec, int64_t context, int64_t block, int64_t sinks) {
+memory::MemoryOptions options_for(const arch::ModelSpec& spec, int64_t context, int64_t block,
+                                  int64_t sinks) {
   memory::MemoryOptions o;
   o.context = context;
   o.batch = kBatch;
@@ -69,7 +72,8 @@ memory::MemoryOptions options_for(const arch::ModelSpec& spec, int64_t context, 
 at::Tensor run(runtime::Decoder& decoder, const at::Tensor& ids, int64_t prompt, int64_t chunk) {
   decoder.reset();
   std::vector<at::Tensor> parts{decoder.prefill(ids.slice(1, 0, prompt), chunk)};
-  for (int64_t t = prompt; t < ids.size(1); ++t) parts.push_back(decoder.decode_step(ids.select(1, t)).unsqueeze(1));
+  for (int64_t t = prompt; t < ids.size(1); ++t)
+    parts.push_back(decoder.decode_step(ids.select(1, t)).unsqueeze(1));
   return at::cat(parts, 1);
 }
 
@@ -82,10 +86,12 @@ void check_within_capacity(const runtime::EvictionCache& cache, EvictionMethod m
       for (int64_t h = 0; h < layer.num_kv_heads; ++h) {
         const int64_t held = static_cast<int64_t>(cache.held_positions(id, b, h).size());
         const int64_t region = cache.region_length(id, b, h);
-        INFO("layer " << id << " seq " << b << " head " << h << " held " << held << " region " << region);
+        INFO("layer " << id << " seq " << b << " head " << h << " held " << held << " region "
+                      << region);
         CHECK(held <= region);
         if (full) CHECK(held == region);
-        if (method != EvictionMethod::kAdaKV) CHECK(region == layer.capacity[static_cast<size_t>(h)]);
+        if (method != EvictionMethod::kAdaKV)
+          CHECK(region == layer.capacity[static_cast<size_t>(h)]);
         regions += region;
       }
       CHECK(regions == std::accumulate(layer.capacity.begin(), layer.capacity.end(), int64_t{0}));
@@ -111,7 +117,9 @@ arch::AttentionInputs toy_inputs(const at::Tensor& q, const at::Tensor& k, int64
   return in;
 }
 
-std::vector<int64_t> vec(std::initializer_list<int64_t> v) { return v; }
+std::vector<int64_t> vec(std::initializer_list<int64_t> v) {
+  return v;
+}
 
 std::vector<int64_t> to_vector(const at::Tensor& t) {
   const at::Tensor c = t.to(at::kLong).contiguous();
@@ -120,13 +128,16 @@ std::vector<int64_t> to_vector(const at::Tensor& t) {
 
 }  // namespace
 
-TEST_CASE("eviction decoders hold exactly the estimated bytes and never more than each head's slots", "[runtime]") {
+TEST_CASE(
+    "eviction decoders hold exactly the estimated bytes and never more than each head's slots",
+    "[runtime]") {
   c10::InferenceMode inference;
   for (const auto& name : {"qwen3_next_tiny", "gemma3_gqa4", "qwen3_gqa"}) {
     auto model = arch::load_model(fixture_dir(name), arch::ModelOptions{});
     const auto& spec = model->spec();
     // Binding: slots round_up(min(w + 2, 64), 4) = 8 and 16 per head, for 44 tokens.
-    const auto windows = windows_by_head(spec, [](int64_t, int64_t h) -> int64_t { return h % 2 == 0 ? 5 : 12; });
+    const auto windows =
+        windows_by_head(spec, [](int64_t, int64_t h) -> int64_t { return h % 2 == 0 ? 5 : 12; });
     const auto ids = random_ids(spec.vocab_size, kPrompt + kDecode, 3);
     for (auto kv : {DType::kFloat32, DType::kBFloat16}) {
       auto o = options_for(spec, 64, 4, 2);
@@ -164,7 +175,8 @@ TEST_CASE("eviction decoders hold exactly the estimated bytes and never more tha
 
 TEST_CASE("eviction with slots covering the sequence is full KV", "[runtime]") {
   c10::InferenceMode inference;
-  for (const auto& name : {"qwen3_next_tiny", "gemma3_gqa4", "gemma3_softcap", "qwen3_gqa", "gpt_oss_tiny"}) {
+  for (const auto& name :
+       {"qwen3_next_tiny", "gemma3_gqa4", "gemma3_softcap", "qwen3_gqa", "gpt_oss_tiny"}) {
     auto model = arch::load_model(fixture_dir(name), arch::ModelOptions{});
     const auto& spec = model->spec();
     const auto ids = random_ids(spec.vocab_size, kPrompt + kDecode, 7);
@@ -172,14 +184,16 @@ TEST_CASE("eviction with slots covering the sequence is full KV", "[runtime]") {
     runtime::Decoder full(*model, memory::full_kv_windows(spec), o);
     const at::Tensor reference = run(full, ids, kPrompt, 16);
     // Every head full, and finite windows no shorter than the sequence (sinks included).
-    const auto long_windows = windows_by_head(spec, [](int64_t, int64_t h) -> int64_t { return h == 0 ? 44 : 60; });
-    for (const auto& [label, windows] : {std::pair{"full", memory::full_kv_windows(spec)}, std::pair{"long", long_windows}}) {
+    const auto long_windows =
+        windows_by_head(spec, [](int64_t, int64_t h) -> int64_t { return h == 0 ? 44 : 60; });
+    for (const auto& [label, windows] :
+         {std::pair{"full", memory::full_kv_windows(spec)}, std::pair{"long", long_windows}}) {
       for (const auto& config : all_configurations()) {
         runtime::Decoder decoder(*model, windows, o, config);
         for (int64_t chunk : {1, 16}) {
           const auto err = headwise::testing::compare(run(decoder, ids, kPrompt, chunk), reference);
-          INFO(name << " " << label << " " << runtime::eviction_name(config) << " chunk " << chunk << ": max |diff| "
-                    << err.error << " (scale " << err.scale << ")");
+          INFO(name << " " << label << " " << runtime::eviction_name(config) << " chunk " << chunk
+                    << ": max |diff| " << err.error << " (scale " << err.scale << ")");
           CHECK(err.error <= 1e-5 * err.scale);
         }
       }
@@ -188,7 +202,8 @@ TEST_CASE("eviction with slots covering the sequence is full KV", "[runtime]") {
 }
 
 // Every (global layer, KV head) of the spec for which `pick` says so.
-std::set<std::pair<int64_t, int64_t>> heads_where(const arch::ModelSpec& spec, const std::function<bool(int64_t)>& pick) {
+std::set<std::pair<int64_t, int64_t>> heads_where(const arch::ModelSpec& spec,
+                                                  const std::function<bool(int64_t)>& pick) {
   std::set<std::pair<int64_t, int64_t>> out;
   for (int64_t id : spec.global_layer_ids()) {
     for (int64_t h = 0; h < spec.layer(id).attention->num_kv_heads; ++h) {
@@ -198,14 +213,16 @@ std::set<std::pair<int64_t, int64_t>> heads_where(const arch::ModelSpec& spec, c
   return out;
 }
 
-TEST_CASE("window heads in the eviction cache keep exactly the grouped cache's window", "[runtime]") {
+TEST_CASE("window heads in the eviction cache keep exactly the grouped cache's window",
+          "[runtime]") {
   c10::InferenceMode inference;
   for (const auto& name : {"qwen3_next_tiny", "gemma3_gqa4", "gpt_oss_tiny"}) {
     auto model = arch::load_model(fixture_dir(name), arch::ModelOptions{});
     const auto& spec = model->spec();
     const auto ids = random_ids(spec.vocab_size, kPrompt + kDecode, 11);
     // Binding windows with sinks and block padding: slots 8 and 16 for 44 tokens.
-    const auto windows = windows_by_head(spec, [](int64_t, int64_t h) -> int64_t { return h % 2 == 0 ? 5 : 12; });
+    const auto windows =
+        windows_by_head(spec, [](int64_t, int64_t h) -> int64_t { return h % 2 == 0 ? 5 : 12; });
     const auto o = options_for(spec, 64, 4, 2);
     runtime::Decoder grouped(*model, windows, o);
     const at::Tensor reference = run(grouped, ids, kPrompt, 16);
@@ -214,7 +231,8 @@ TEST_CASE("window heads in the eviction cache keep exactly the grouped cache's w
     runtime::Decoder decoder(*model, windows, o, every_head);
     for (int64_t chunk : {1, 3, 16}) {
       const auto err = headwise::testing::compare(run(decoder, ids, kPrompt, chunk), reference);
-      INFO(name << " chunk " << chunk << ": max |diff| " << err.error << " (scale " << err.scale << ")");
+      INFO(name << " chunk " << chunk << ": max |diff| " << err.error << " (scale " << err.scale
+                << ")");
       CHECK(err.error <= 1e-5 * err.scale);
     }
     // Mixed: even heads keep their window (sinks 0, 1 and the last slots' positions), odd heads
@@ -241,18 +259,25 @@ TEST_CASE("window heads in the eviction cache keep exactly the grouped cache's w
   }
 }
 
-TEST_CASE("keep_indices: the recent window, then scores, ties to the more recent; pooling as SnapKV's", "[runtime]") {
+TEST_CASE(
+    "keep_indices: the recent window, then scores, ties to the more recent; pooling as SnapKV's",
+    "[runtime]") {
   const at::Tensor pos = at::tensor(vec({4, 0, 7, 1, 2, 3, 6, 5}));
-  const at::Tensor score = at::tensor(std::vector<float>{0.2F, 0.5F, 0.0F, 9.0F, 0.2F, 0.2F, 0.0F, -1.0F});
-  // recent 2 = positions 7, 6; then 9.0 (pos 1), 0.5 (pos 0), and of the 0.2 ties the most recent (pos 4).
-  CHECK(to_vector(pos.index_select(0, runtime::keep_indices(pos, score, 5, 2))) == vec({0, 1, 4, 6, 7}));
+  const at::Tensor score =
+      at::tensor(std::vector<float>{0.2F, 0.5F, 0.0F, 9.0F, 0.2F, 0.2F, 0.0F, -1.0F});
+  // recent 2 = positions 7, 6; then 9.0 (pos 1), 0.5 (pos 0), and of the 0.2 ties the most recent
+  // (pos 4).
+  CHECK(to_vector(pos.index_select(0, runtime::keep_indices(pos, score, 5, 2))) ==
+        vec({0, 1, 4, 6, 7}));
   // No recent window: pure score order.
   CHECK(to_vector(pos.index_select(0, runtime::keep_indices(pos, score, 3, 0))) == vec({0, 1, 4}));
   // Fewer candidates than slots: all of them, by position.
-  CHECK(to_vector(pos.index_select(0, runtime::keep_indices(pos, score, 9, 4))) == vec({0, 1, 2, 3, 4, 5, 6, 7}));
+  CHECK(to_vector(pos.index_select(0, runtime::keep_indices(pos, score, 9, 4))) ==
+        vec({0, 1, 2, 3, 4, 5, 6, 7}));
 
   const at::Tensor s = at::tensor(std::vector<float>{0, 6, 0, 0, 0, 0, 3});
-  CHECK(at::equal(runtime::pool_scores(s, 3, runtime::ScorePooling::kMax), at::tensor(std::vector<float>{6, 6, 6, 0, 0, 3, 3})));
+  CHECK(at::equal(runtime::pool_scores(s, 3, runtime::ScorePooling::kMax),
+                  at::tensor(std::vector<float>{6, 6, 6, 0, 0, 3, 3})));
   CHECK(at::allclose(runtime::pool_scores(s, 3, runtime::ScorePooling::kAvg),
                      at::tensor(std::vector<float>{2, 2, 2, 0, 0, 1, 1})));
   CHECK(at::equal(runtime::pool_scores(s, 1, runtime::ScorePooling::kMax), s));
@@ -308,12 +333,15 @@ TEST_CASE("SnapKV and H2O keep a planted high-attention key and evict a low one"
     CHECK(pooled.held_positions(0, 0, 0) == vec({5, 6, 14, 15}));
   }
 
-  SECTION("H2O: heavy hitters by accumulated attention plus the recent half, bounded token by token") {
-    auto cache = runtime::EvictionCache::allocate(spec, windows, test::toy_memory_options(32), eviction(EvictionMethod::kH2O));
+  SECTION(
+      "H2O: heavy hitters by accumulated attention plus the recent half, bounded token by token") {
+    auto cache = runtime::EvictionCache::allocate(spec, windows, test::toy_memory_options(32),
+                                                  eviction(EvictionMethod::kH2O));
     runtime::EvictionAttentionCore core(cache, 5);
     for (int64_t t = 0; t < kT; ++t) {
       core.attend(toy_inputs(q.slice(1, t, t + 1), k.slice(1, t, t + 1), t));
-      CHECK(cache.held_positions(0, 0, 0).size() == static_cast<size_t>(std::min<int64_t>(t + 1, 4)));
+      CHECK(cache.held_positions(0, 0, 0).size() ==
+            static_cast<size_t>(std::min<int64_t>(t + 1, 4)));
     }
     const auto held = cache.held_positions(0, 0, 0);
     // Recent {14, 15}; key 3 took almost all attention since it arrived; key 5 almost none.
@@ -324,7 +352,9 @@ TEST_CASE("SnapKV and H2O keep a planted high-attention key and evict a low one"
   }
 }
 
-TEST_CASE("AdaKV gives the head whose scores dominate more slots than its capacity, the total unchanged", "[runtime]") {
+TEST_CASE(
+    "AdaKV gives the head whose scores dominate more slots than its capacity, the total unchanged",
+    "[runtime]") {
   c10::InferenceMode inference;
   // Two KV heads of capacity 8, prompt 16, window 2. Head 0's window queries attend to six
   // planted prefix keys; head 1's attend to their own window (its prefix scores are tiny).
@@ -370,12 +400,16 @@ TEST_CASE("eviction refuses bad parameters and windows with one clear line", "[r
   const auto bad = [&](auto edit, const std::string& needle) {
     auto o = eviction(EvictionMethod::kSnapKV);
     edit(o);
-    CHECK_THROWS_WITH(runtime::EvictionCache::allocate(spec, windows, test::toy_memory_options(32), o), Catch::Contains(needle));
+    CHECK_THROWS_WITH(
+        runtime::EvictionCache::allocate(spec, windows, test::toy_memory_options(32), o),
+        Catch::Contains(needle));
   };
   bad([](auto& o) { o.observation_window = 0; }, "observation window must be positive");
   bad([](auto& o) { o.pooling_kernel = 4; }, "pooling kernel must be a positive odd number");
   bad([](auto& o) { o.adakv_floor = 1.5; }, "AdaKV floor must be a share in [0, 1]");
   const memory::HeadWindows one_head_missing{{0, {8}}};
-  CHECK_THROWS_AS(runtime::EvictionCache::allocate(spec, one_head_missing, test::toy_memory_options(32), eviction(EvictionMethod::kH2O)),
-                  InputError);
+  CHECK_THROWS_AS(
+      runtime::EvictionCache::allocate(spec, one_head_missing, test::toy_memory_options(32),
+                                       eviction(EvictionMethod::kH2O)),
+      InputError);
 }

@@ -20,18 +20,21 @@ memory::HeadWindows random_windows(const arch::ModelSpec& spec, std::mt19937_64&
   memory::HeadWindows out;
   for (int64_t id : spec.global_layer_ids()) {
     auto& heads = out[id];
-    for (int64_t h = 0; h < spec.layer(id).attention->num_kv_heads; ++h) heads.push_back(ladder[pick(rng)]);
+    for (int64_t h = 0; h < spec.layer(id).attention->num_kv_heads; ++h)
+      heads.push_back(ladder[pick(rng)]);
   }
   return out;
 }
 
 }  // namespace
 
-TEST_CASE("grouped cache allocates exactly the estimated bytes on every architecture", "[runtime]") {
+TEST_CASE("grouped cache allocates exactly the estimated bytes on every architecture",
+          "[runtime]") {
   const auto configs = headwise::testing::registered_configs();
   REQUIRE(configs.size() >= 7);  // the seven config-level families at least
   std::mt19937_64 rng(1234);
-  const std::vector<DType> dtypes{DType::kBFloat16, DType::kFloat16, DType::kFloat32, DType::kFloat8E4M3};
+  const std::vector<DType> dtypes{DType::kBFloat16, DType::kFloat16, DType::kFloat32,
+                                  DType::kFloat8E4M3};
   for (const auto& file : configs) {
     const auto spec = spec_from_config(file);
     // Real-size configs would allocate GiBs; tiny contexts keep the test cheap.
@@ -46,8 +49,8 @@ TEST_CASE("grouped cache allocates exactly the estimated bytes on every architec
       const auto windows = random_windows(spec, rng);
       const auto estimate = memory::estimate(spec, windows, o);
       const auto cache = GroupedCache::allocate(spec, windows, o);
-      INFO(file << " trial " << trial << " C=" << o.context << " B=" << o.batch << " b=" << o.block_size
-                << " S=" << o.sink_tokens << " kv=" << dtype_name(o.kv_dtype));
+      INFO(file << " trial " << trial << " C=" << o.context << " B=" << o.batch << " b="
+                << o.block_size << " S=" << o.sink_tokens << " kv=" << dtype_name(o.kv_dtype));
       CHECK(cache.allocated_bytes() == estimate.total_bytes);
       CHECK(!cache.cuda_allocator_bytes().has_value());
     }
@@ -111,5 +114,6 @@ TEST_CASE("grouped cache rejects a policy that does not fit the model", "[runtim
   o.context = 10;
   CHECK_THROWS_AS(GroupedCache::allocate(spec, {{1, {0, 0}}}, o), InputError);
   o.context = 0;
-  CHECK_THROWS_WITH(GroupedCache::allocate(spec, memory::full_kv_windows(spec), o), Catch::Contains("--context"));
+  CHECK_THROWS_WITH(GroupedCache::allocate(spec, memory::full_kv_windows(spec), o),
+                    Catch::Contains("--context"));
 }

@@ -34,8 +34,8 @@ inline std::optional<Reference> brute_force(const std::vector<Group>& groups, in
       bytes += groups[g].options[options[g][at[g]]].bytes;
       distortion += groups[g].options[options[g][at[g]]].distortion;
     }
-    if (bytes <= budget &&
-        (!best || distortion < best->distortion || (distortion == best->distortion && bytes < best->bytes))) {
+    if (bytes <= budget && (!best || distortion < best->distortion ||
+                            (distortion == best->distortion && bytes < best->bytes))) {
       best = Reference{distortion, bytes};
     }
     size_t g = 0;
@@ -48,8 +48,11 @@ inline std::optional<Reference> brute_force(const std::vector<Group>& groups, in
 // Small instances built to hit the awkward cases: equal bytes, equal distortions, zeros,
 // dominated options, a single option. Distortions are multiples of 1/8 so every sum is exact
 // and ties are real ties whatever the summation order.
-inline std::vector<Group> random_small_instance(std::mt19937_64& rng, size_t max_groups = 6, size_t max_options = 5) {
-  auto pick = [&](int64_t lo, int64_t hi) { return std::uniform_int_distribution<int64_t>(lo, hi)(rng); };
+inline std::vector<Group> random_small_instance(std::mt19937_64& rng, size_t max_groups = 6,
+                                                size_t max_options = 5) {
+  auto pick = [&](int64_t lo, int64_t hi) {
+    return std::uniform_int_distribution<int64_t>(lo, hi)(rng);
+  };
   const int64_t groups_count = pick(1, static_cast<int64_t>(max_groups));
   const bool sinks = pick(0, 1) == 1;
   const int64_t unit = pick(0, 2) == 0 ? 1 : 16 * pick(1, 4);
@@ -82,11 +85,13 @@ inline int64_t max_total_bytes(const std::vector<Group>& groups) {
 }
 
 // Budgets around the interesting points: infeasible, exactly minimal, between, tight, loose.
-inline std::vector<int64_t> interesting_budgets(const std::vector<Group>& groups, std::mt19937_64& rng) {
+inline std::vector<int64_t> interesting_budgets(const std::vector<Group>& groups,
+                                                std::mt19937_64& rng) {
   const int64_t low = min_total_bytes(groups);
   const int64_t high = max_total_bytes(groups);
   std::vector<int64_t> budgets = {low - 1, low, high, high + 7, max_window_total_bytes(groups) - 1};
-  for (int i = 0; i < 3; ++i) budgets.push_back(std::uniform_int_distribution<int64_t>(low, std::max(low, high))(rng));
+  for (int i = 0; i < 3; ++i)
+    budgets.push_back(std::uniform_int_distribution<int64_t>(low, std::max(low, high))(rng));
   return budgets;
 }
 

@@ -2,17 +2,17 @@
 
 #include "../support/temp_dir.hpp"
 
+#include <sys/wait.h>
+#include <unistd.h>
 #include <array>
-#include <cstdlib>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <random>
 #include <string>
-#include <sys/wait.h>
-#include <unistd.h>
 #include <vector>
 
 #include "headwise/core/error.hpp"
@@ -74,22 +74,30 @@ TEST_CASE("curves files parse, round-trip and reject bad keys", "[solve]") {
   expect_parse_error("[]", "\"heads\"");
   expect_parse_error("{}", "missing key \"heads\"");
   expect_parse_error(R"({"heads": []})", "non-empty");
-  expect_parse_error(R"({"heads": [{"kv_head": 0, "options": []}]})", "heads[0]: missing key \"layer_id\"");
+  expect_parse_error(R"({"heads": [{"kv_head": 0, "options": []}]})",
+                     "heads[0]: missing key \"layer_id\"");
   expect_parse_error(R"({"heads": [{"layer_id": 0, "kv_head": 0}]})", "missing key \"options\"");
-  expect_parse_error(R"({"heads": [{"layer_id": 0, "kv_head": 0, "options": [{"window": 1, "distortion": 0}]}]})",
-                     "heads[0].options[0]: missing key \"bytes\"");
-  expect_parse_error(R"({"heads": [{"layer_id": 0, "kv_head": 0, "options": [{"window": 1, "bytes": 1.5, "distortion": 0}]}]})",
-                     "heads[0].options[0].bytes");
-  expect_parse_error(R"({"heads": [{"layer_id": 0, "kv_head": 0, "options": [{"window": "half", "bytes": 1, "distortion": 0}]}]})",
-                     "heads[0].options[0].window");
-  expect_parse_error(R"({"heads": [{"layer_id": 0, "kv_head": 0, "options": [{"window": 1, "bytes": 1, "distortion": "x"}]}]})",
-                     "heads[0].options[0].distortion");
-  expect_parse_error(R"({"heads": [{"layer_id": 0, "kv_head": 0, "options": [{"window": 1, "bytes": 1, "distortion": -1}]}]})",
-                     "layer 0 KV head 0");
-  expect_parse_error(R"({"heads": [{"layer_id": 0, "kv_head": 0, "options": []}]})", "no window options");
-  expect_parse_error(R"({"heads": [{"layer_id": 1, "kv_head": 0, "options": [{"window": 1, "bytes": 1, "distortion": 0}]},
+  expect_parse_error(
+      R"({"heads": [{"layer_id": 0, "kv_head": 0, "options": [{"window": 1, "distortion": 0}]}]})",
+      "heads[0].options[0]: missing key \"bytes\"");
+  expect_parse_error(
+      R"({"heads": [{"layer_id": 0, "kv_head": 0, "options": [{"window": 1, "bytes": 1.5, "distortion": 0}]}]})",
+      "heads[0].options[0].bytes");
+  expect_parse_error(
+      R"({"heads": [{"layer_id": 0, "kv_head": 0, "options": [{"window": "half", "bytes": 1, "distortion": 0}]}]})",
+      "heads[0].options[0].window");
+  expect_parse_error(
+      R"({"heads": [{"layer_id": 0, "kv_head": 0, "options": [{"window": 1, "bytes": 1, "distortion": "x"}]}]})",
+      "heads[0].options[0].distortion");
+  expect_parse_error(
+      R"({"heads": [{"layer_id": 0, "kv_head": 0, "options": [{"window": 1, "bytes": 1, "distortion": -1}]}]})",
+      "layer 0 KV head 0");
+  expect_parse_error(R"({"heads": [{"layer_id": 0, "kv_head": 0, "options": []}]})",
+                     "no window options");
+  expect_parse_error(
+      R"({"heads": [{"layer_id": 1, "kv_head": 0, "options": [{"window": 1, "bytes": 1, "distortion": 0}]},
                                    {"layer_id": 1, "kv_head": 0, "options": [{"window": 1, "bytes": 1, "distortion": 0}]}]})",
-                     "heads[1]: layer 1 KV head 0 listed twice");
+      "heads[1]: layer 1 KV head 0 listed twice");
 
   headwise::testing::TempDir dir("solve");
   try {
@@ -137,14 +145,16 @@ TEST_CASE("headwise-calc solve re-solves stored curves", "[solve]") {
 
   const Run human = run_cli("solve --curves " + curves.string() + " --budget 5m --quiet");
   CHECK(human.status == 0);
-  CHECK_THAT(human.output, Catch::Contains("layer   3: 4096 1024") && Catch::Contains("approximate"));
+  CHECK_THAT(human.output,
+             Catch::Contains("layer   3: 4096 1024") && Catch::Contains("approximate"));
 
   const Run infeasible = run_cli("solve --curves " + curves.string() + " --budget 1m");
   CHECK(infeasible.status == 3);
   CHECK_THAT(infeasible.output, Catch::Contains("2097152 B"));
 
-  const Run broken = run_cli("solve --curves " + dir.write("bad.json", R"({"heads": [{"layer_id": 0}]})").string() +
-                             " --budget 1g");
+  const Run broken =
+      run_cli("solve --curves " +
+              dir.write("bad.json", R"({"heads": [{"layer_id": 0}]})").string() + " --budget 1g");
   CHECK(broken.status == 1);
   CHECK_THAT(broken.output, Catch::Contains("bad.json") && Catch::Contains("kv_head"));
 

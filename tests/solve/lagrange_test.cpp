@@ -21,7 +21,8 @@ size_t direct_argmin(const Group& group, double lambda) {
     const Option& b = group.options[best];
     const double va = a.distortion + lambda * static_cast<double>(a.bytes);
     const double vb = b.distortion + lambda * static_cast<double>(b.bytes);
-    if (va < vb || (va == vb && (a.bytes < b.bytes || (a.bytes == b.bytes && a.window > b.window)))) best = i;
+    if (va < vb || (va == vb && (a.bytes < b.bytes || (a.bytes == b.bytes && a.window > b.window))))
+      best = i;
   }
   return best;
 }

@@ -15,12 +15,14 @@ using namespace headwise::solve::testing;
 
 namespace {
 
-bool is_free_upgrade_left(const std::vector<Group>& groups, const SolveResult& result, int64_t budget) {
+bool is_free_upgrade_left(const std::vector<Group>& groups, const SolveResult& result,
+                          int64_t budget) {
   const int64_t slack = budget - result.total_bytes;
   for (size_t g = 0; g < groups.size(); ++g) {
     const Option& current = groups[g].options[result.choice[g]];
     for (const auto& option : groups[g].options) {
-      if (option.bytes > current.bytes && option.bytes - current.bytes <= slack && option.distortion <= current.distortion) {
+      if (option.bytes > current.bytes && option.bytes - current.bytes <= slack &&
+          option.distortion <= current.distortion) {
         return true;
       }
     }
@@ -66,8 +68,9 @@ TEST_CASE("exact solver equals brute force on random small instances", "[solve]"
         ++full;
         for (size_t g = 0; g < groups.size(); ++g) {
           const auto& options = groups[g].options;
-          const auto largest = std::max_element(options.begin(), options.end(),
-                                                [](const Option& a, const Option& b) { return a.window < b.window; });
+          const auto largest = std::max_element(
+              options.begin(), options.end(),
+              [](const Option& a, const Option& b) { return a.window < b.window; });
           CHECK(spent.choice[g] == static_cast<size_t>(largest - options.begin()));
         }
         CHECK(spent.proven_optimal == (spent.total_distortion == reference->distortion));
@@ -121,7 +124,8 @@ TEST_CASE("budget at full KV gives the largest window everywhere", "[solve]") {
 TEST_CASE("leftover budget buys free upgrades, level by level in group order", "[solve]") {
   // Curves that read 0 beyond the calibration length: 16k, 64k and full all cost nothing.
   auto head = [](int64_t layer) {
-    return Group{layer, 0, {{1024, 1, 3.0}, {16384, 16, 0.0}, {65536, 64, 0.0}, {kFullWindow, 160, 0.0}}};
+    return Group{
+        layer, 0, {{1024, 1, 3.0}, {16384, 16, 0.0}, {65536, 64, 0.0}, {kFullWindow, 160, 0.0}}};
   };
   const std::vector<Group> groups = {head(0), head(1), head(2)};
   const auto lean = solve_exact(groups, 200, {.spend_leftover = false});
@@ -160,7 +164,8 @@ TEST_CASE("input validation names the layer and head", "[solve]") {
   expect_error({{7, 2, {{1024, 5, -0.5}}}}, "distortion");
   expect_error({{7, 2, {{1024, 5, std::numeric_limits<double>::infinity()}}}}, "distortion");
   expect_error({{7, 2, {{1024, 5, 0.1}, {1024, 9, 0.0}}}}, "window 1024 listed twice");
-  expect_error({{7, 2, {{kFullWindow, 5, 0.1}, {kFullWindow, 9, 0.0}}}}, "window full listed twice");
+  expect_error({{7, 2, {{kFullWindow, 5, 0.1}, {kFullWindow, 9, 0.0}}}},
+               "window full listed twice");
   const int64_t huge = std::numeric_limits<int64_t>::max() / 2 + 1;
   try {
     solve_exact({{0, 0, {{1, huge, 0.0}}}, {7, 2, {{1, huge, 0.0}}}}, 1);

@@ -23,7 +23,8 @@ double capacity_dp(const std::vector<Group>& groups, int64_t budget) {
     next.assign(best.size(), inf);
     for (int64_t c = 0; c <= budget; ++c) {
       for (const auto& option : group.options) {
-        if (option.bytes <= c) next[c] = std::min(next[c], best[c - option.bytes] + option.distortion);
+        if (option.bytes <= c)
+          next[c] = std::min(next[c], best[c - option.bytes] + option.distortion);
       }
     }
     best.swap(next);
@@ -50,7 +51,9 @@ TEST_CASE("exact solver equals a capacity DP on medium instances", "[solve]") {
   // 40-120 groups: far beyond brute force, small bytes so the reference DP is cheap. Quarter
   // distortions keep every sum exact.
   std::mt19937_64 rng(77);
-  auto pick = [&](int64_t lo, int64_t hi) { return std::uniform_int_distribution<int64_t>(lo, hi)(rng); };
+  auto pick = [&](int64_t lo, int64_t hi) {
+    return std::uniform_int_distribution<int64_t>(lo, hi)(rng);
+  };
   int compared = 0;
   for (int instance = 0; instance < 60; ++instance) {
     std::vector<Group> groups;
@@ -59,14 +62,15 @@ TEST_CASE("exact solver equals a capacity DP on medium instances", "[solve]") {
       Group group{g / 8, g % 8, {}};
       const int64_t levels = pick(2, 6);
       for (int64_t k = 0; k < levels; ++k) {
-        group.options.push_back({k == levels - 1 ? kFullWindow : (int64_t{1024} << (2 * k)), pick(0, 40),
-                                 static_cast<double>(pick(0, 64)) / 4.0});
+        group.options.push_back({k == levels - 1 ? kFullWindow : (int64_t{1024} << (2 * k)),
+                                 pick(0, 40), static_cast<double>(pick(0, 64)) / 4.0});
       }
       groups.push_back(std::move(group));
     }
     const int64_t low = min_total_bytes(groups), high = max_total_bytes(groups);
     for (int b = 0; b < 3; ++b) {
-      const int64_t budget = pick(low, std::max(low, std::min(high, max_window_total_bytes(groups) - 1)));
+      const int64_t budget =
+          pick(low, std::max(low, std::min(high, max_window_total_bytes(groups) - 1)));
       if (budget >= max_window_total_bytes(groups)) continue;
       const auto result = solve_exact(groups, budget);
       INFO("instance " << instance << " budget " << budget);
@@ -103,7 +107,8 @@ TEST_CASE("large instances never exceed the budget and are deterministic", "[sol
       CHECK(first.choice == second.choice);
       CHECK(first.total_distortion == second.total_distortion);
       // Never worse than the Lagrangian solution that fits.
-      CHECK(first.total_distortion <= relax_at(groups, min_fitting_lambda(groups, budget)).total_distortion);
+      CHECK(first.total_distortion <=
+            relax_at(groups, min_fitting_lambda(groups, budget)).total_distortion);
     }
   }
 }
@@ -143,7 +148,8 @@ TEST_CASE("exact completion and upgrade equal brute force", "[solve]") {
       if (rng() % 2) fixed[g] = current[g];
       for (size_t i = 0; i < n; ++i) {
         if (!fixed[g] || *fixed[g] == i) fixed_allowed[g].push_back(i);
-        if (groups[g].options[i].bytes >= groups[g].options[current[g]].bytes) upgrade_allowed[g].push_back(i);
+        if (groups[g].options[i].bytes >= groups[g].options[current[g]].bytes)
+          upgrade_allowed[g].push_back(i);
       }
     }
     for (int64_t budget : interesting_budgets(groups, rng)) {

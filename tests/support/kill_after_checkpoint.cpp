@@ -16,7 +16,8 @@ extern "C" int rename(const char* from, const char* to) {
     return text != nullptr ? std::atoi(text) : 0;
   }();
   const int result = real_rename(from, to);
-  if (result == 0 && remaining > 0 && std::string_view(to).ends_with(".ckpt.json") && --remaining == 0) {
+  if (result == 0 && remaining > 0 && std::string_view(to).ends_with(".ckpt.json") &&
+      --remaining == 0) {
     std::raise(SIGKILL);
   }
   return result;

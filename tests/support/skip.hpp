@@ -23,8 +23,8 @@ void skip_current_test(const std::string& reason);
 }  // namespace headwise::testing
 
 // Skips the rest of the running test case; only directly inside a TEST_CASE body (it returns).
-#define HEADWISE_SKIP(reason)                                     \
-  do {                                                            \
-    ::headwise::testing::skip_current_test(reason);               \
-    return;                                                       \
+#define HEADWISE_SKIP(reason)                       \
+  do {                                              \
+    ::headwise::testing::skip_current_test(reason); \
+    return;                                         \
   } while (false)

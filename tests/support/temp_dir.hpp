@@ -3,11 +3,11 @@
 //
 // POSIX calls on purpose: libtorch.so exports its own std::filesystem::remove_all, which the
 // dynamic linker binds first and which crashes (a null call). Our folders are flat.
-#include "test_paths.hpp"
-#include <catch2/catch.hpp>
 #include <dirent.h>
 #include <sys/wait.h>
 #include <unistd.h>
+#include <catch2/catch.hpp>
+#include "test_paths.hpp"
 
 #include <array>
 #include <cstdio>
@@ -62,20 +62,25 @@ struct CliRun {
 inline CliRun run_cli_with(const std::string& arguments, const std::string& env = "") {
   TempDir scratch("cli");
   const auto err_path = scratch / "stderr.txt";
-  const std::string command =
-      "exec env " + env + " " + std::string(HEADWISE_CLI) + " " + arguments + " 2>" + err_path.string();
+  const std::string command = "exec env " + env + " " + std::string(HEADWISE_CLI) + " " +
+                              arguments + " 2>" + err_path.string();
   std::unique_ptr<FILE, int (*)(FILE*)> pipe(::popen(command.c_str(), "r"), ::pclose);
   REQUIRE(pipe);
   CliRun run;
   std::array<char, 4096> buffer{};
-  while (size_t n = std::fread(buffer.data(), 1, buffer.size(), pipe.get())) run.out.append(buffer.data(), n);
+  while (size_t n = std::fread(buffer.data(), 1, buffer.size(), pipe.get()))
+    run.out.append(buffer.data(), n);
   const int status = ::pclose(pipe.release());
-  run.status = WIFEXITED(status) ? WEXITSTATUS(status) : WIFSIGNALED(status) ? -WTERMSIG(status) : -1000;
+  run.status = WIFEXITED(status)     ? WEXITSTATUS(status)
+               : WIFSIGNALED(status) ? -WTERMSIG(status)
+                                     : -1000;
   std::ifstream err(err_path, std::ios::binary);
   run.err.assign(std::istreambuf_iterator<char>(err), std::istreambuf_iterator<char>());
   return run;
 }
 
-inline CliRun run_cli(const std::string& arguments) { return run_cli_with(arguments); }
+inline CliRun run_cli(const std::string& arguments) {
+  return run_cli_with(arguments);
+}
 
 }  // namespace headwise::testing

@@ -19,7 +19,8 @@ namespace fs = std::filesystem;
 namespace {
 
 const fs::path kFixtures = fs::path(HEADWISE_FIXTURES_DIR) / "tokenizers";
-const char* const kNames[] = {"bytelevel_qwen", "bytelevel_llama3", "sentencepiece_llama2", "sentencepiece_gemma"};
+const char* const kNames[] = {"bytelevel_qwen", "bytelevel_llama3", "sentencepiece_llama2",
+                              "sentencepiece_gemma"};
 
 std::vector<nlohmann::json> read_jsonl(const fs::path& path) {
   std::vector<nlohmann::json> records;
@@ -28,7 +29,9 @@ std::vector<nlohmann::json> read_jsonl(const fs::path& path) {
   return records;
 }
 
-std::vector<int64_t> ids_of(const nlohmann::json& array) { return array.get<std::vector<int64_t>>(); }
+std::vector<int64_t> ids_of(const nlohmann::json& array) {
+  return array.get<std::vector<int64_t>>();
+}
 
 std::string pinned(const std::string& name) {
   const std::string env = read_text_file(fs::path(HEADWISE_SOURCE_DIR) / "versions.env");
@@ -55,7 +58,8 @@ TEST_CASE("references were made with the pinned tokenizers version", "[tokenize]
 }
 
 TEST_CASE("encode matches tokenizers on every corpus text", "[tokenize]") {
-  const std::string corpus = read_text_file(fs::path(HEADWISE_SOURCE_DIR) / "tests/tokenize/corpus.txt");
+  const std::string corpus =
+      read_text_file(fs::path(HEADWISE_SOURCE_DIR) / "tests/tokenize/corpus.txt");
   for (const char* name : kNames) {
     const Tokenizer tok = Tokenizer::from_file(kFixtures / name);
     const auto records = read_jsonl(kFixtures / name / "reference.jsonl");
@@ -63,7 +67,8 @@ TEST_CASE("encode matches tokenizers on every corpus text", "[tokenize]") {
     size_t identical = 0, with_special = 0, decoded = 0;
     for (const auto& record : records) {
       const std::string text = record.at("text").get<std::string>();
-      if (record.at("line").get<int>() < 0) CHECK(text == corpus);  // the corpus changed: rerun the script
+      if (record.at("line").get<int>() < 0)
+        CHECK(text == corpus);  // the corpus changed: rerun the script
       INFO(name << " line " << record.at("line") << ": " << text);
       const auto ids = tok.encode(text, false);
       CHECK(ids == ids_of(record.at("ids")));
@@ -75,8 +80,9 @@ TEST_CASE("encode matches tokenizers on every corpus text", "[tokenize]") {
       CHECK(back == record.at("decoded").get<std::string>());
       decoded += back == record.at("decoded").get<std::string>();
     }
-    std::cout << "tokenizer parity " << name << ": ids " << identical << "/" << records.size() << ", with specials "
-              << with_special << "/" << records.size() << ", decode " << decoded << "/" << records.size() << "\n";
+    std::cout << "tokenizer parity " << name << ": ids " << identical << "/" << records.size()
+              << ", with specials " << with_special << "/" << records.size() << ", decode "
+              << decoded << "/" << records.size() << "\n";
   }
 }
 
@@ -106,10 +112,13 @@ TEST_CASE("vocabulary lookups agree with the file", "[tokenize]") {
   CHECK_FALSE(tok.token_to_id("no such token at all").has_value());
   CHECK(tok.id_to_token(2) == "</s>");
   int64_t max_id = 0;
-  for (const auto& [token, id] : json["model"]["vocab"].items()) max_id = std::max(max_id, id.get<int64_t>());
-  for (const auto& added : json["added_tokens"]) max_id = std::max(max_id, added["id"].get<int64_t>());
+  for (const auto& [token, id] : json["model"]["vocab"].items())
+    max_id = std::max(max_id, id.get<int64_t>());
+  for (const auto& added : json["added_tokens"])
+    max_id = std::max(max_id, added["id"].get<int64_t>());
   CHECK(tok.vocab_size() == max_id + 1);
-  CHECK(tok.decode(tok.encode("<s> hi", false), true) == tok.decode(tok.encode(" hi", false), true));
+  CHECK(tok.decode(tok.encode("<s> hi", false), true) ==
+        tok.decode(tok.encode(" hi", false), true));
 }
 
 TEST_CASE("bad tokenizer files and inputs name what is wrong", "[tokenize]") {
@@ -123,11 +132,14 @@ TEST_CASE("bad tokenizer files and inputs name what is wrong", "[tokenize]") {
       CHECK(what.find("tokenizer.json") != std::string::npos);
     }
   };
-  expect_error(write_variant("model", {{"type", "Unigram"}, {"vocab", nlohmann::json::array()}}), "'Unigram'");
-  expect_error(write_variant("pre_tokenizer", {{"type", "BertPreTokenizer"}}), "'BertPreTokenizer'");
+  expect_error(write_variant("model", {{"type", "Unigram"}, {"vocab", nlohmann::json::array()}}),
+               "'Unigram'");
+  expect_error(write_variant("pre_tokenizer", {{"type", "BertPreTokenizer"}}),
+               "'BertPreTokenizer'");
   expect_error(write_variant("normalizer", {{"type", "Precompiled"}}), "'Precompiled'");
   expect_error(write_variant("decoder", {{"type", "WordPiece"}}), "'WordPiece'");
-  expect_error(fs::temp_directory_path() / "headwise-no-such-dir" / "tokenizer.json", "no such file");
+  expect_error(fs::temp_directory_path() / "headwise-no-such-dir" / "tokenizer.json",
+               "no such file");
 
   const Tokenizer tok = Tokenizer::from_file(kFixtures / "bytelevel_qwen");
   CHECK_THROWS_AS(tok.encode("bad \xC3\x28 utf-8", false), InputError);

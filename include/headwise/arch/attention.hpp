@@ -21,18 +21,21 @@ at::Tensor windowed_attention(const AttentionInputs& inputs, std::span<const int
                               int64_t sink_tokens, int64_t chunk, int64_t first_query = 0);
 
 // Same window for every KV head.
-at::Tensor windowed_attention(const AttentionInputs& inputs, int64_t window, int64_t sink_tokens, int64_t chunk);
+at::Tensor windowed_attention(const AttentionInputs& inputs, int64_t window, int64_t sink_tokens,
+                              int64_t chunk);
 
 // windowed_attention with one window for every KV head through ATen's fused attention
 // (fused_masked_attention, which has a backward): each query chunk attends only to the sinks and
 // the keys its window can reach. Rounding differs from windowed_attention in the last bits, so
 // only paths that need no bit-parity use it (duo's gate training in eval). Falls back to
 // windowed_attention for sink logits and logit soft-capping.
-at::Tensor fused_windowed_attention(const AttentionInputs& inputs, int64_t window, int64_t sink_tokens, int64_t chunk);
+at::Tensor fused_windowed_attention(const AttentionInputs& inputs, int64_t window,
+                                    int64_t sink_tokens, int64_t chunk);
 
 // Boolean mask [num_kv_heads, Tq, Tk] of visible (query, key) pairs (visible_keys per head) for
 // positions q_begin.. and k_begin.. (absolute).
 at::Tensor window_mask(int64_t q_begin, int64_t q_len, int64_t k_begin, int64_t k_len,
-                       std::span<const int64_t> kv_windows, int64_t sink_tokens, const at::Device& device);
+                       std::span<const int64_t> kv_windows, int64_t sink_tokens,
+                       const at::Device& device);
 
 }  // namespace headwise::arch

@@ -28,7 +28,7 @@ ContextLimit context_limit(const ModelSpec& spec);
 // InputError naming `flag` when `context` is not positive or beyond kMaxRepresentablePosition;
 // otherwise a warning when it exceeds max_position_embeddings (naming that field of `where`,
 // usually <model>/config.json, and the RoPE scaling), or nullopt when it fits.
-std::optional<std::string> check_context(const ModelSpec& spec, int64_t context, std::string_view flag,
-                                         std::string_view where);
+std::optional<std::string> check_context(const ModelSpec& spec, int64_t context,
+                                         std::string_view flag, std::string_view where);
 
 }  // namespace headwise::arch

@@ -25,7 +25,8 @@ at::Tensor causal_conv1d_silu(const at::Tensor& x, const at::Tensor& weight,
 
 // The caller's state tensor `name` (batch first), checked against `expected`; undefined when the
 // map is null or lacks it (a fresh sequence).
-at::Tensor find_layer_state(const LayerState* state, const char* name, std::vector<int64_t> expected);
+at::Tensor find_layer_state(const LayerState* state, const char* name,
+                            std::vector<int64_t> expected);
 // Writes a final state into the caller's map: into the existing tensor when it has the same
 // shape (the runtime's buffer keeps its address and dtype), else as a new entry.
 void store_layer_state(LayerState& state, const char* name, const at::Tensor& value);

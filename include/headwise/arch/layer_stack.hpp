@@ -17,7 +17,8 @@ namespace headwise::arch {
 struct LayerContents {
   AttentionShape attention;    // full-attention layers take it as is (global)
   int64_t sliding_window = 0;  // sliding-attention layers take `attention` with this window
-  std::vector<StateTensorSpec> recurrent_states = {};  // Mamba, short-conv and linear-attention layers
+  std::vector<StateTensorSpec> recurrent_states =
+      {};  // Mamba, short-conv and linear-attention layers
 };
 
 // Layers 0..num_layers-1 of kind `kind_of(i)` (which may reject a config entry: it is asked in

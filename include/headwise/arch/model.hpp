@@ -32,9 +32,9 @@ struct AttentionInputs {
   at::Tensor k;  // [B, num_kv_heads, T, head_dim], after k-norm and RoPE (what a cache stores)
   at::Tensor v;  // [B, num_kv_heads, T, head_dim]
   double scaling = 1.0;
-  double logit_softcap = 0.0;  // 0 = none; else scores = c * tanh(scores / c)
-  at::Tensor sink_logits;      // [num_heads] learned sink logits (gpt-oss), or undefined
-  int64_t sliding_window = 0;  // 0 for global layers
+  double logit_softcap = 0.0;   // 0 = none; else scores = c * tanh(scores / c)
+  at::Tensor sink_logits;       // [num_heads] learned sink logits (gpt-oss), or undefined
+  int64_t sliding_window = 0;   // 0 for global layers
   int64_t position_offset = 0;  // position of q[..., 0, :] (and of k[..., 0, :])
   at::Tensor output_gate;    // [B, T, num_heads, head_dim] multiplied into the output, or undefined
   at::Tensor o_proj_weight;  // [hidden, num_heads * head_dim]
@@ -69,14 +69,15 @@ struct LayerRun {
 struct WeightRequirement {
   std::string name;
   std::vector<int64_t> shape;
-  int64_t layer = -1;       // -1: embeddings / final norm / head
-  bool keep_fp32 = false;   // architectures that keep some tensors in fp32 (gpt-oss norms)
+  int64_t layer = -1;      // -1: embeddings / final norm / head
+  bool keep_fp32 = false;  // architectures that keep some tensors in fp32 (gpt-oss norms)
   bool optional = false;
 };
 
 class DecoderModel {
  public:
-  DecoderModel(ModelSpec spec, std::shared_ptr<const io::Checkpoint> checkpoint, const ModelOptions& options);
+  DecoderModel(ModelSpec spec, std::shared_ptr<const io::Checkpoint> checkpoint,
+               const ModelOptions& options);
   virtual ~DecoderModel();
   DecoderModel(const DecoderModel&) = delete;
   DecoderModel& operator=(const DecoderModel&) = delete;
@@ -119,8 +120,8 @@ class DecoderModel {
   const at::Tensor& weight(int64_t layer, const std::string& name, bool keep_fp32 = false);
   bool has_weight(const std::string& name) const;
   // `<prefix>layers.<layer>.<name>`: a decoder layer's tensor under the usual naming.
-  const at::Tensor& layer_tensor(int64_t layer, std::string_view name, std::string_view prefix = "model.",
-                                 bool keep_fp32 = false);
+  const at::Tensor& layer_tensor(int64_t layer, std::string_view name,
+                                 std::string_view prefix = "model.", bool keep_fp32 = false);
   // The list required_weights() builds (weight_list.hpp), begun with the embedding table, the
   // final norm and the head unless tied; layers' tensors go under `<layer_prefix>layers.<i>.`, the
   // names layer_tensor() reads.
@@ -129,17 +130,19 @@ class DecoderModel {
   at::Tensor layer_linear(int64_t layer, std::string_view name, const at::Tensor& x, bool bias,
                           std::string_view prefix = "model.");
   // The token embedding table `name` looked up for input_ids.
-  at::Tensor embed_tokens(const at::Tensor& input_ids, const std::string& name = "model.embed_tokens.weight");
+  at::Tensor embed_tokens(const at::Tensor& input_ids,
+                          const std::string& name = "model.embed_tokens.weight");
   // The final norm `norm` (a top-level tensor) then the LM head: `lm_head.weight`, or the embedding
   // table `embedding` when tied. [B, T, vocab] fp32.
-  at::Tensor norm_and_head(const at::Tensor& hidden, const std::string& norm, double eps, NormStyle style, bool tied,
+  at::Tensor norm_and_head(const at::Tensor& hidden, const std::string& norm, double eps,
+                           NormStyle style, bool tied,
                            const std::string& embedding = "model.embed_tokens.weight");
   // How an attention block ends in every family: `in` (q, k, v as [B, heads, T, hd] after norms
   // and RoPE, with scaling, window and sinks set) through the run's core at the run's position,
   // then the layer's output projection `<o_proj>.weight` (+ `.bias` when `o_bias`), which the
   // measuring cores also receive as in.o_proj_weight. [B, T, hidden].
-  at::Tensor attend_and_project(AttentionInputs in, const LayerRun& run, std::string_view o_proj, bool o_bias,
-                                std::string_view prefix = "model.");
+  at::Tensor attend_and_project(AttentionInputs in, const LayerRun& run, std::string_view o_proj,
+                                bool o_bias, std::string_view prefix = "model.");
   // The text config the spec was built from, its errors naming the checkpoint's config.json:
   // a forward needs fields (norm eps, RoPE, biases) that the ModelSpec does not keep.
   ConfigReader text_config_reader() const;
@@ -154,7 +157,8 @@ class DecoderModel {
   at::Device device_;
   at::ScalarType dtype_;
   std::map<int64_t, std::map<std::string, at::Tensor>> resident_;
-  std::map<int64_t, std::vector<WeightRequirement>> layer_weights_;  // per layer, from required_weights()
+  std::map<int64_t, std::vector<WeightRequirement>>
+      layer_weights_;  // per layer, from required_weights()
   std::unique_ptr<LayerPrefetcher> prefetcher_;
   const std::vector<WeightRequirement>& weights_of(int64_t layer);
 };
@@ -174,6 +178,7 @@ at::ScalarType to_scalar_type(DType dtype);
 DType from_scalar_type(at::ScalarType type);
 
 // Zero-copy CPU view of a checkpoint tensor (keeps the mapping alive).
-at::Tensor checkpoint_tensor(const std::shared_ptr<const io::Checkpoint>& checkpoint, const std::string& name);
+at::Tensor checkpoint_tensor(const std::shared_ptr<const io::Checkpoint>& checkpoint,
+                             const std::string& name);
 
 }  // namespace headwise::arch

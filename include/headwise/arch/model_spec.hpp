@@ -27,7 +27,9 @@ enum class LayerKind {
 std::string_view layer_kind_name(LayerKind kind);  // "full_attention", "sliding_attention", ...
 LayerKind parse_layer_kind(std::string_view name, std::string_view what);
 // For test and log output.
-inline std::ostream& operator<<(std::ostream& os, LayerKind kind) { return os << layer_kind_name(kind); }
+inline std::ostream& operator<<(std::ostream& os, LayerKind kind) {
+  return os << layer_kind_name(kind);
+}
 
 struct AttentionShape {
   int64_t num_heads = 0;
@@ -60,7 +62,8 @@ struct StateTensorSpec {
 struct LayerSpec {
   int64_t id = 0;
   LayerKind kind = LayerKind::kMlpOnly;
-  std::optional<AttentionShape> attention;  // set for full/sliding (and Falcon-H1's parallel attention)
+  std::optional<AttentionShape>
+      attention;  // set for full/sliding (and Falcon-H1's parallel attention)
   std::vector<StateTensorSpec> states;
 
   // Global layers are the only ones whose KV heads get windows.
@@ -69,7 +72,7 @@ struct LayerSpec {
 };
 
 struct ModelSpec {
-  std::string model_type;     // the text model's type, e.g. "qwen3_next", "gemma3_text"
+  std::string model_type;         // the text model's type, e.g. "qwen3_next", "gemma3_text"
   std::string config_model_type;  // as the top-level config.json says ("gemma3" for wrappers)
   int64_t hidden_size = 0;
   int64_t vocab_size = 0;
@@ -87,7 +90,8 @@ struct ModelSpec {
 // messages, typically "<dir>/config.json".
 class ConfigReader {
  public:
-  ConfigReader(const nlohmann::json& config, std::string where) : config_(config), where_(std::move(where)) {}
+  ConfigReader(const nlohmann::json& config, std::string where)
+      : config_(config), where_(std::move(where)) {}
 
   bool has(std::string_view key) const;
   int64_t get_int(std::string_view key) const;

@@ -23,8 +23,9 @@ struct SparseMoeWeights {
   at::Tensor router;  // [E, H]
   // Loads expert e on demand: only experts some token routes to are touched.
   std::function<ExpertWeights(int64_t)> expert;
-  at::Tensor shared_gate, shared_up, shared_down;  // shared expert SwiGLU (undefined: none, as Jamba)
-  at::Tensor shared_expert_gate;                   // [1, H]; undefined: the shared expert is added as is
+  at::Tensor shared_gate, shared_up,
+      shared_down;                // shared expert SwiGLU (undefined: none, as Jamba)
+  at::Tensor shared_expert_gate;  // [1, H]; undefined: the shared expert is added as is
 };
 
 enum class MoeRouter {

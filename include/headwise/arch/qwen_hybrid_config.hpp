@@ -72,8 +72,8 @@ struct QwenHybridConfig {
 // `full_attention_interval` (HF default 4: layer i is full iff (i + 1) % 4 == 0).
 // How the feed-forward of a qwen hybrid family is laid out.
 enum class QwenFeedForward {
-  kDense,        // qwen3_5_text: a SwiGLU MLP on every layer
-  kSparseStep,   // qwen3_next: MoE on layers per decoder_sparse_step / mlp_only_layers, else dense
+  kDense,       // qwen3_5_text: a SwiGLU MLP on every layer
+  kSparseStep,  // qwen3_next: MoE on layers per decoder_sparse_step / mlp_only_layers, else dense
   kEveryLayerMoe,  // qwen3_5_moe_text: MoE (normalised top-k, shared expert) on every layer
 };
 QwenHybridConfig read_qwen_hybrid_config(const ConfigReader& reader, QwenFeedForward feed_forward);

@@ -24,14 +24,15 @@ namespace headwise::arch {
 class DecoderModel;
 
 struct ModelOptions {
-  std::string device = "cpu";       // "cpu", "cuda", "cuda:1"
+  std::string device = "cpu";          // "cpu", "cuda", "cuda:1"
   std::optional<DType> compute_dtype;  // default: float32 on CPU, the checkpoint's dtype on CUDA
-  int64_t attention_chunk = 512;    // queries per attention chunk: workspace O(chunk x T)
+  int64_t attention_chunk = 512;       // queries per attention chunk: workspace O(chunk x T)
 };
 
 using SpecBuilder = std::function<ModelSpec(const ConfigReader& text_config)>;
 using ModelFactory = std::function<std::unique_ptr<DecoderModel>(
-    const ModelSpec& spec, std::shared_ptr<const io::Checkpoint> checkpoint, const ModelOptions& options)>;
+    const ModelSpec& spec, std::shared_ptr<const io::Checkpoint> checkpoint,
+    const ModelOptions& options)>;
 
 struct Architecture {
   std::string name;                      // e.g. "qwen3_next"
@@ -47,8 +48,8 @@ class ArchitectureRegistry {
   const Architecture* find(std::string_view model_type) const;
   // Throws UnsupportedError listing the supported model types.
   const Architecture& get(std::string_view model_type, std::string_view where) const;
-  std::vector<std::string> supported_model_types() const;         // sorted
-  std::vector<std::string> model_types_with_forward() const;      // sorted
+  std::vector<std::string> supported_model_types() const;     // sorted
+  std::vector<std::string> model_types_with_forward() const;  // sorted
   const std::vector<Architecture>& all() const { return architectures_; }
 
  private:
@@ -70,6 +71,7 @@ ModelSpec build_model_spec(const nlohmann::json& config, std::string_view where)
 ModelSpec load_model_spec(const std::filesystem::path& model_dir);
 
 // Opens the checkpoint, validates every tensor the architecture needs, returns the model.
-std::unique_ptr<DecoderModel> load_model(const std::filesystem::path& model_dir, const ModelOptions& options);
+std::unique_ptr<DecoderModel> load_model(const std::filesystem::path& model_dir,
+                                         const ModelOptions& options);
 
 }  // namespace headwise::arch

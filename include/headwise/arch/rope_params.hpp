@@ -19,9 +19,9 @@ namespace headwise::arch {
 struct RopeParameters {
   std::string rope_type = "default";
   double theta = 10000.0;
-  double factor = 1.0;            // linear, llama3
-  double low_freq_factor = 1.0;   // llama3
-  double high_freq_factor = 4.0;  // llama3
+  double factor = 1.0;                           // linear, llama3
+  double low_freq_factor = 1.0;                  // llama3
+  double high_freq_factor = 4.0;                 // llama3
   int64_t original_max_position_embeddings = 0;  // llama3, yarn
   // yarn (HF's _compute_yarn_parameters): the ramp between full interpolation (below beta_slow
   // rotations over the original context) and none (above beta_fast), and the cos/sin factor.
@@ -36,8 +36,8 @@ double rope_attention_factor(const RopeParameters& params);
 
 // Reads one rope-parameter object on top of `base` (whose theta is the fallback when the
 // object has no `rope_theta`). `field` is the object's path in the config, for messages.
-RopeParameters read_rope_object(const ConfigReader& reader, const nlohmann::json& object, RopeParameters base,
-                                std::string_view field);
+RopeParameters read_rope_object(const ConfigReader& reader, const nlohmann::json& object,
+                                RopeParameters base, std::string_view field);
 
 // One table for every layer (llama, qwen3). As HF's convert_rope_params_to_dict: a legacy
 // `rope_scaling` replaces `rope_parameters`; theta comes from the object, else top-level

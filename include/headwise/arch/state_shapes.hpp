@@ -31,7 +31,8 @@ struct Mamba2Shape {
   int64_t state_size = 0;
   int64_t conv_kernel = 0;
 };
-std::vector<StateTensorSpec> mamba2_states(const Mamba2Shape& shape, DType conv_dtype, DType ssm_dtype);
+std::vector<StateTensorSpec> mamba2_states(const Mamba2Shape& shape, DType conv_dtype,
+                                           DType ssm_dtype);
 // Checks intermediate == heads * head_dim and that groups divide heads; errors name `where`.
 void validate_mamba2(const Mamba2Shape& shape, const ConfigReader& config);
 
@@ -45,8 +46,8 @@ Mamba2Shape read_bamba_mamba2_shape(const ConfigReader& config, int64_t intermed
 
 // Mamba-1 mixer (Jamba): conv state (intermediate, K) in the model dtype, SSM state
 // (intermediate, state_size) in float32.
-std::vector<StateTensorSpec> mamba1_states(int64_t intermediate, int64_t conv_kernel, int64_t state_size,
-                                           DType conv_dtype);
+std::vector<StateTensorSpec> mamba1_states(int64_t intermediate, int64_t conv_kernel,
+                                           int64_t state_size, DType conv_dtype);
 
 // LFM2 gated short convolution: conv state (hidden, L) in the model dtype.
 std::vector<StateTensorSpec> short_conv_states(int64_t hidden, int64_t l_cache, DType conv_dtype);
@@ -63,6 +64,7 @@ AttentionShape sliding_attention_shape(AttentionShape shape, int64_t window);
 std::optional<int64_t> read_int_or_auto(const ConfigReader& config, std::string_view key);
 
 // Layer kind list of `layer_types`-style configs, checked against num_hidden_layers.
-std::vector<std::string> read_layer_types(const ConfigReader& config, std::string_view key, int64_t num_layers);
+std::vector<std::string> read_layer_types(const ConfigReader& config, std::string_view key,
+                                          int64_t num_layers);
 
 }  // namespace headwise::arch

@@ -16,8 +16,8 @@ enum class ActivationPlacement;
 
 class ActivationStream {
  public:
-  ActivationStream(arch::DecoderModel& model, const std::vector<std::vector<int64_t>>& sequences, int64_t micro_batch,
-                   ActivationPlacement placement);
+  ActivationStream(arch::DecoderModel& model, const std::vector<std::vector<int64_t>>& sequences,
+                   int64_t micro_batch, ActivationPlacement placement);
 
   int64_t micro_batches() const { return static_cast<int64_t>(hidden_.size()); }
   // Replaces every micro-batch's hidden states by fn(hidden) (run on the model's device).
@@ -41,7 +41,8 @@ class ActivationStream {
 
 // Sequences [begin, end) as a [end - begin, T] int64 CPU tensor; InputError when their lengths
 // differ. The stream's micro-batches are consecutive runs of these.
-at::Tensor token_batch(const std::vector<std::vector<int64_t>>& sequences, size_t begin, size_t end);
+at::Tensor token_batch(const std::vector<std::vector<int64_t>>& sequences, size_t begin,
+                       size_t end);
 
 // Free bytes on a CUDA device (nullopt for CPU or without CUDA support).
 std::optional<int64_t> free_device_bytes(const at::Device& device);

@@ -29,7 +29,14 @@ class ActivationStream;
 
 // answer-tv-span / answer-kl-span: the same divergences measured on the answer span against cached
 // layers (answer_span.hpp), at a cost that does not grow with depth; answer-tv-span is the default.
-enum class DistortionMeasure { kBlockMse, kAnswerKl, kAnswerTv, kAnswerGrad, kAnswerTvSpan, kAnswerKlSpan };
+enum class DistortionMeasure {
+  kBlockMse,
+  kAnswerKl,
+  kAnswerTv,
+  kAnswerGrad,
+  kAnswerTvSpan,
+  kAnswerKlSpan
+};
 
 // "block-mse", "answer-kl", "answer-tv", "answer-grad", "answer-tv-span" or "answer-kl-span";
 // InputError naming --distortion otherwise.
@@ -37,7 +44,9 @@ DistortionMeasure parse_distortion_measure(const std::string& text);
 // The name parse_distortion_measure() reads.
 const char* distortion_measure_name(DistortionMeasure measure);
 // Whether the measure scores answer positions (and needs them).
-inline bool answer_aware(DistortionMeasure m) { return m != DistortionMeasure::kBlockMse; }
+inline bool answer_aware(DistortionMeasure m) {
+  return m != DistortionMeasure::kBlockMse;
+}
 // Whether the measure runs candidates on the answer span (answer_span.hpp).
 inline bool span_measure(DistortionMeasure m) {
   return m == DistortionMeasure::kAnswerTvSpan || m == DistortionMeasure::kAnswerKlSpan;
@@ -52,14 +61,16 @@ inline bool span_measure(DistortionMeasure m) {
 // lost needle costs at most 1, and keeping most needles exact is what pays.
 enum class AnswerDivergence { kKl, kTv };
 inline AnswerDivergence answer_divergence(DistortionMeasure m) {
-  return m == DistortionMeasure::kAnswerTv || m == DistortionMeasure::kAnswerTvSpan ? AnswerDivergence::kTv
-                                                                                   : AnswerDivergence::kKl;
+  return m == DistortionMeasure::kAnswerTv || m == DistortionMeasure::kAnswerTvSpan
+             ? AnswerDivergence::kTv
+             : AnswerDivergence::kKl;
 }
 // "answer KL" or "answer TV", as logs name the measured quantity.
 const char* divergence_label(AnswerDivergence divergence);
 // Per position: the divergence of `log_q` from the reference `log_p` (log-probs [positions,
 // vocab] each) → [positions], in float32.
-at::Tensor divergence_per_position(const at::Tensor& log_p, const at::Tensor& log_q, AnswerDivergence divergence);
+at::Tensor divergence_per_position(const at::Tensor& log_p, const at::Tensor& log_q,
+                                   AnswerDivergence divergence);
 
 // The measured layer's attention output with every head at one window, per (micro-batch,
 // window): a joint assignment is then composed head by head (compose_heads) instead of
@@ -98,7 +109,8 @@ class LevelCache {
 // The attention output with KV head h at windows[h], its GQA group of query heads (contiguous)
 // copied from level(windows[h]) ([B, T, heads, hd], every head at that window): each head's
 // attention depends on its own window only.
-at::Tensor compose_heads(std::span<const int64_t> windows, const std::function<at::Tensor(int64_t window)>& level);
+at::Tensor compose_heads(std::span<const int64_t> windows,
+                         const std::function<at::Tensor(int64_t window)>& level);
 
 class AnswerKl {
  public:
@@ -108,8 +120,9 @@ class AnswerKl {
   // this rank's shard; every measure below is the mean over every rank's answers (`world`).
   // `divergence` says what every measure below averages (KL unless told).
   AnswerKl(arch::DecoderModel& model, const std::vector<std::vector<int64_t>>& sequences,
-           const std::vector<std::vector<int64_t>>& answers, int64_t micro_batch, int64_t sink_tokens,
-           dist::Collective& world = dist::single_process(), AnswerDivergence divergence = AnswerDivergence::kKl);
+           const std::vector<std::vector<int64_t>>& answers, int64_t micro_batch,
+           int64_t sink_tokens, dist::Collective& world = dist::single_process(),
+           AnswerDivergence divergence = AnswerDivergence::kKl);
 
   // The same measure over the first `sequences` sequences only (the probe's), micro-batched the
   // same way: the reference is sliced from this one instead of recomputed.
@@ -123,15 +136,17 @@ class AnswerKl {
 
   // The measured layer's attention output [B, T, heads, hd] from its inputs and the micro-batch's
   // index in the stream.
-  using LayerAttention = std::function<at::Tensor(const arch::AttentionInputs& inputs, int64_t micro_batch)>;
+  using LayerAttention =
+      std::function<at::Tensor(const arch::AttentionInputs& inputs, int64_t micro_batch)>;
   // As evaluate(), with the measured layer's attention given by `attention` (keep rules: some heads
   // choose tokens online); `what` names the assignment in errors.
-  double evaluate_attention(int64_t layer, ActivationStream& stream, const LayerAttention& attention,
-                            const std::string& what);
+  double evaluate_attention(int64_t layer, ActivationStream& stream,
+                            const LayerAttention& attention, const std::string& what);
 
   // Mean KL(full || run) per answer position for a whole-model assignment: `embedded` holds the
   // embeddings (hidden states entering layer 0), every global layer runs at `windows`.
-  double evaluate_policy(ActivationStream& embedded, const std::map<int64_t, std::vector<int64_t>>& windows);
+  double evaluate_policy(ActivationStream& embedded,
+                         const std::map<int64_t, std::vector<int64_t>>& windows);
 
   // Mean KL(full || run) per answer position of hidden states that have passed every layer
   // already (a walk's stream after its last layer): no layer runs.
@@ -146,16 +161,21 @@ class AnswerKl {
   // Log-probs [answers of the micro-batch, vocab] at its answer positions of `final_hidden`
   // (hidden states after the last layer), and the full-KV reference there.
   at::Tensor output_log_probs(int64_t micro_batch, const at::Tensor& final_hidden);
-  const at::Tensor& reference(int64_t micro_batch) const { return reference_.at(static_cast<size_t>(micro_batch)); }
+  const at::Tensor& reference(int64_t micro_batch) const {
+    return reference_.at(static_cast<size_t>(micro_batch));
+  }
   // The sequence (row of the micro-batch) of each of its answer positions, on the model's device.
-  const at::Tensor& answer_rows(int64_t micro_batch) const { return batch_index_.at(static_cast<size_t>(micro_batch)); }
+  const at::Tensor& answer_rows(int64_t micro_batch) const {
+    return batch_index_.at(static_cast<size_t>(micro_batch));
+  }
   // The position of each of its answer positions, on the model's device.
   const at::Tensor& answer_columns(int64_t micro_batch) const {
     return position_index_.at(static_cast<size_t>(micro_batch));
   }
 
  private:
-  // evaluate() and evaluate_attention(): the measured layer at `windows`, or by `attention` when given.
+  // evaluate() and evaluate_attention(): the measured layer at `windows`, or by `attention` when
+  // given.
   double evaluate_layer(int64_t layer, ActivationStream& stream, std::span<const int64_t> windows,
                         const LayerAttention* attention, const std::string& what);
   // The divergence summed over the micro-batch's answer positions.
@@ -164,7 +184,8 @@ class AnswerKl {
   double mean_over_ranks(const ExactSum& local, const std::string& what) const;
   // Runs layers [first, num_layers) on `hidden` with `core`, each layer's weights released after
   // it; with `check`, every layer's output is checked finite (named by layer).
-  at::Tensor run_layers_from(int64_t first, at::Tensor hidden, arch::AttentionCore& core, bool check);
+  at::Tensor run_layers_from(int64_t first, at::Tensor hidden, arch::AttentionCore& core,
+                             bool check);
 
  public:
   static constexpr int64_t kLevelCacheBytes = LevelCache::kBytes;

@@ -45,10 +45,12 @@ using SpanOutputs = std::vector<at::Tensor>;
 // What the candidates of one global layer are made of, on one stream entering it.
 struct SpanSite {
   int64_t layer = -1;
-  std::vector<at::Tensor> input;                // per micro-batch: the layer's input at the span [Bm, S, hidden]
-  std::map<int64_t, SpanOutputs> levels;        // window → attention output with every head at it
-  std::vector<arch::LayerState> state;          // per micro-batch: the layer's own state at P (stateful layers)
-  std::vector<arch::AttentionInputs> attention;  // per micro-batch, all positions (only when asked: keep rules)
+  std::vector<at::Tensor> input;  // per micro-batch: the layer's input at the span [Bm, S, hidden]
+  std::map<int64_t, SpanOutputs> levels;  // window → attention output with every head at it
+  std::vector<arch::LayerState>
+      state;  // per micro-batch: the layer's own state at P (stateful layers)
+  std::vector<arch::AttentionInputs>
+      attention;  // per micro-batch, all positions (only when asked: keep rules)
 
   // Head h's group of query heads at windows[h] (each a key of `levels`).
   SpanOutputs compose(const std::vector<int64_t>& windows) const;
@@ -81,12 +83,14 @@ class AnswerSpan {
   SpanSite capture(int64_t layer, ActivationStream& stream, bool keep_attention = false);
   // The same from what a pass over a stateless layer has at hand: per micro-batch, the layer's
   // input at the span ([Bm, S, hidden]) and its attention inputs at every position.
-  SpanSite site_of(int64_t layer, std::vector<at::Tensor> input, const std::vector<arch::AttentionInputs>& attention) const;
+  SpanSite site_of(int64_t layer, std::vector<at::Tensor> input,
+                   const std::vector<arch::AttentionInputs>& attention) const;
 
   // The mean divergence per answer position (over every rank's answers) of each candidate: the
   // site's layer producing the candidate's attention output at the span, the layers above at
   // full KV. `what` names the evaluation in errors.
-  std::vector<double> evaluate(const SpanSite& site, const std::vector<SpanOutputs>& candidates, const std::string& what);
+  std::vector<double> evaluate(const SpanSite& site, const std::vector<SpanOutputs>& candidates,
+                               const std::string& what);
 
   struct SweepItem {
     const SpanSite* site = nullptr;
@@ -94,7 +98,8 @@ class AnswerSpan {
   };
   // evaluate() for sites of several layers at once: one pass over each layer, the candidates of
   // a lower site passing through the higher sites' layers with theirs (the probe's curves).
-  std::vector<std::vector<double>> sweep(const std::vector<SweepItem>& items, const std::string& what);
+  std::vector<std::vector<double>> sweep(const std::vector<SweepItem>& items,
+                                         const std::string& what);
 
   // Mean divergence per answer position of hidden states that have passed every layer (a walk's
   // final stream), against the reference: exact, no layer runs.
@@ -124,8 +129,10 @@ class AnswerSpan {
   };
 
   void run_reference(const std::vector<std::vector<int64_t>>& sequences);
-  void run_above_sites(int64_t layer, std::vector<SpanBatch>& batches, const std::vector<SweepItem>& items);
-  at::Tensor log_probs_at_answers(int64_t micro_batch, const at::Tensor& final_hidden, int64_t first_row);
+  void run_above_sites(int64_t layer, std::vector<SpanBatch>& batches,
+                       const std::vector<SweepItem>& items);
+  at::Tensor log_probs_at_answers(int64_t micro_batch, const at::Tensor& final_hidden,
+                                  int64_t first_row);
 
   arch::DecoderModel& model_;
   AnswerSpanOptions options_;

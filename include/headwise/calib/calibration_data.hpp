@@ -24,10 +24,12 @@ struct CalibrationData {
 // what the model's own continuation of a held-out tail loses (MoA scores the model's own
 // responses the same way).
 inline constexpr int64_t kAnswerTailPositions = 32;
-std::vector<std::vector<int64_t>> tail_answer_positions(const std::vector<std::vector<int64_t>>& sequences, int64_t tail);
+std::vector<std::vector<int64_t>> tail_answer_positions(
+    const std::vector<std::vector<int64_t>>& sequences, int64_t tail);
 
-CalibrationData load_calibration_data(const std::string& calib_path, const std::filesystem::path& model_dir,
-                                      int64_t vocab_size, int64_t samples, int64_t seq_len, uint64_t seed);
+CalibrationData load_calibration_data(const std::string& calib_path,
+                                      const std::filesystem::path& model_dir, int64_t vocab_size,
+                                      int64_t samples, int64_t seq_len, uint64_t seed);
 
 // sha256 over the ids as little-endian int64, sequence after sequence.
 std::string token_ids_sha256(const std::vector<std::vector<int64_t>>& sequences);

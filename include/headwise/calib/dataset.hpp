@@ -16,7 +16,7 @@ struct CalibrationSet {
   std::vector<std::vector<int64_t>> sequences;  // each exactly seq_len tokens
   std::string sha256;                           // of the file's bytes: goes into provenance
   std::string path;
-  std::string format;                           // "text", "input_ids" or "mixed"
+  std::string format;           // "text", "input_ids" or "mixed"
   int64_t records_used = 0;     // records that contributed tokens
   int64_t records_in_file = 0;  // non-blank lines
   int64_t records_cut = 0;      // longer than seq_len: only the first seq_len tokens kept
@@ -31,7 +31,8 @@ struct CalibrationSet {
 // Errors (InputError naming file and line): empty file, malformed JSON, a record with
 // neither or both fields, text with no tokenizer, ids outside [0, vocab_size), fewer
 // tokens than asked for.
-CalibrationSet load_calibration_set(const std::filesystem::path& path, const tokenize::Tokenizer* tokenizer,
-                                    int64_t seq_len, int64_t samples, int64_t vocab_size);
+CalibrationSet load_calibration_set(const std::filesystem::path& path,
+                                    const tokenize::Tokenizer* tokenizer, int64_t seq_len,
+                                    int64_t samples, int64_t vocab_size);
 
 }  // namespace headwise::calib

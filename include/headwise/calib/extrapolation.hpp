@@ -28,6 +28,7 @@ const char* extrapolation_name(Extrapolation rule);
 // Replaces, in every group (one head's curve), the distortion of the options whose window is in
 // `unmeasured` by the rule's value, from the group's other options. as-full and none change
 // nothing (the measured value of such a level already equals full KV's).
-void extrapolate_curves(std::vector<solve::Group>& groups, const std::vector<int64_t>& unmeasured, Extrapolation rule);
+void extrapolate_curves(std::vector<solve::Group>& groups, const std::vector<int64_t>& unmeasured,
+                        Extrapolation rule);
 
 }  // namespace headwise::calib

@@ -42,43 +42,45 @@ bool parse_keep_rules(const std::string& text);
 std::string resolve_keep_rules(const std::string& text, DistortionMeasure measure);
 
 struct KeepRuleOptions {
-  memory::MemoryOptions memory;      // the policy's serving shape: slots and bookkeeping bytes
-  int64_t budget_bytes = 0;          // the whole policy (fixed bytes included) must stay within it
-  int64_t prefill_chunk = 256;       // the runtime's prefill chunk: H2O evicts after every chunk
+  memory::MemoryOptions memory;  // the policy's serving shape: slots and bookkeeping bytes
+  int64_t budget_bytes = 0;      // the whole policy (fixed bytes included) must stay within it
+  int64_t prefill_chunk = 256;   // the runtime's prefill chunk: H2O evicts after every chunk
   int64_t micro_batch = 1;
   ActivationPlacement activations = ActivationPlacement::kAuto;
-  bool conditioned = true;           // false: every layer measured on the full-KV stream
+  bool conditioned = true;  // false: every layer measured on the full-KV stream
   AnswerDivergence divergence = AnswerDivergence::kTv;
-  // The answer-span measure (its reference done, on these sequences): trials run on the span, and the
-  // sequences may be this rank's shard (its evaluations sum over every rank). nullptr: the exact
-  // measure on every sequence.
+  // The answer-span measure (its reference done, on these sequences): trials run on the span, and
+  // the sequences may be this rank's shard (its evaluations sum over every rank). nullptr: the
+  // exact measure on every sequence.
   AnswerSpan* span = nullptr;
 };
 
 struct KeepRuleLayer {
   int64_t layer_id = 0;
-  std::vector<int64_t> candidates;   // heads tried (their slots evict on the calibration data)
-  double divergence_windows = 0.0;   // the measure with every head at its window
-  double divergence_chosen = 0.0;    // with the rules chosen
-  int64_t selection_bytes = 0;       // bookkeeping the layer now holds (0: no h2o head)
-  int64_t slots_given_up = 0;        // slots the h2o heads gave to pay for it
+  std::vector<int64_t> candidates;  // heads tried (their slots evict on the calibration data)
+  double divergence_windows = 0.0;  // the measure with every head at its window
+  double divergence_chosen = 0.0;   // with the rules chosen
+  int64_t selection_bytes = 0;      // bookkeeping the layer now holds (0: no h2o head)
+  int64_t slots_given_up = 0;       // slots the h2o heads gave to pay for it
 };
 
 struct KeepRuleResult {
-  std::map<int64_t, std::vector<int64_t>> windows;            // the h2o heads' shrunk where they paid
-  std::map<int64_t, std::vector<policy::KeepRule>> rules;     // per global layer, per KV head
+  std::map<int64_t, std::vector<int64_t>> windows;         // the h2o heads' shrunk where they paid
+  std::map<int64_t, std::vector<policy::KeepRule>> rules;  // per global layer, per KV head
   std::vector<KeepRuleLayer> layers;
   int64_t evaluations = 0;
   double seconds = 0.0;
-  // The policy's end-to-end answer divergence (windows and rules) on the calibration sequences, read
-  // off the pass's final stream; -1 when not measured (the exact measure's pass).
+  // The policy's end-to-end answer divergence (windows and rules) on the calibration sequences,
+  // read off the pass's final stream; -1 when not measured (the exact measure's pass).
   double divergence_final = -1.0;
 };
 
 // `windows`: SeqCalib's decision (global layers). `answers[s]`: the answer positions of sequence s.
-KeepRuleResult choose_keep_rules(arch::DecoderModel& model, const std::vector<std::vector<int64_t>>& sequences,
+KeepRuleResult choose_keep_rules(arch::DecoderModel& model,
+                                 const std::vector<std::vector<int64_t>>& sequences,
                                  const std::vector<std::vector<int64_t>>& answers,
-                                 const std::map<int64_t, std::vector<int64_t>>& windows, const KeepRuleOptions& options);
+                                 const std::map<int64_t, std::vector<int64_t>>& windows,
+                                 const KeepRuleOptions& options);
 
 // The report's `keep_rules` section: per layer the heads tried, the measure before and after, the
 // bookkeeping held and the slots given for it; the evaluations run and the seconds taken.

@@ -36,7 +36,7 @@ struct MemoryPlan {
   // weights are resident beside the one streaming: the largest global layer's.
   int64_t measured_layer_weight_bytes = 0;
   int64_t embedding_weight_bytes = 0;
-  int64_t activation_bytes = 0;  // all calibration hidden states
+  int64_t activation_bytes = 0;   // all calibration hidden states
   int64_t micro_batch_bytes = 0;  // one micro-batch's hidden states and layer intermediates
   int64_t workspace_bytes = 0;    // attention scores and multi-window partials of one chunk
   // Answer-span measures: every attention layer's K/V before the span (a sliding layer's window of
@@ -59,7 +59,8 @@ struct MemoryPlan {
 };
 
 MemoryPlan plan_calibration_memory(const arch::ModelSpec& spec, const io::Checkpoint& checkpoint,
-                                   const CalibrationShape& shape, bool on_device, std::optional<int64_t> available);
+                                   const CalibrationShape& shape, bool on_device,
+                                   std::optional<int64_t> available);
 
 // The answer-span caches of `shape.samples` sequences (an upper bound: the whole sequence before
 // the span), in the compute dtype, as AnswerSpan keeps them.

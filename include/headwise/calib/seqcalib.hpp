@@ -49,9 +49,10 @@ struct SeqCalibOptions {
   int64_t global_budget_bytes = 0;  // budget left for global KV (total budget - fixed bytes)
   int64_t sink_tokens = 0;
   HeadBytesFn head_bytes;
-  int64_t micro_batch = 1;      // sequences per layer call
-  int64_t probe_samples = 0;    // sequences for the unconditioned probe pass; 0 = default_probe_samples
-  bool conditioned = true;      // false: decide from probe curves only (the ablation baseline)
+  int64_t micro_batch = 1;  // sequences per layer call
+  int64_t probe_samples =
+      0;                    // sequences for the unconditioned probe pass; 0 = default_probe_samples
+  bool conditioned = true;  // false: decide from probe curves only (the ablation baseline)
   DistortionMeasure measure = DistortionMeasure::kBlockMse;
   // answer-kl: per sequence, the positions whose next-token distribution is scored.
   std::vector<std::vector<int64_t>> answer_positions;
@@ -83,19 +84,19 @@ struct SeqCalibOptions {
 struct HeadCurve {
   int64_t layer_id = 0;
   int64_t kv_head = 0;
-  std::vector<int64_t> windows;      // one per ladder level
-  std::vector<int64_t> bytes;        // exact bytes per level
-  std::vector<double> distortion;    // measured per level
+  std::vector<int64_t> windows;    // one per ladder level
+  std::vector<int64_t> bytes;      // exact bytes per level
+  std::vector<double> distortion;  // measured per level
 };
 
 struct LayerReport {
   int64_t layer_id = 0;
   std::string kind;
   double seconds = 0.0;
-  double lambda = 0.0;           // only for global layers
-  int64_t bytes_spent = 0;       // global KV bytes decided for this layer before completion
-  int64_t planned_ahead = 0;     // bytes the plan keeps for the layers above
-  int64_t exchanged_bytes = 0;   // distributed: what this rank sent to the others for the layer
+  double lambda = 0.0;          // only for global layers
+  int64_t bytes_spent = 0;      // global KV bytes decided for this layer before completion
+  int64_t planned_ahead = 0;    // bytes the plan keeps for the layers above
+  int64_t exchanged_bytes = 0;  // distributed: what this rank sent to the others for the layer
 };
 
 // One prediction of the answer-grad measure against the exact answer-kl measure of the same
@@ -128,7 +129,7 @@ struct SeqCalibResult {
   std::vector<HeadCurve> probe_curves;  // measured with full KV below
   double probe_lambda = 0.0;
   std::vector<LayerReport> layers;
-  int64_t global_bytes = 0;             // after completion
+  int64_t global_bytes = 0;  // after completion
   int64_t global_bytes_before_completion = 0;
   double total_distortion = 0.0;
   bool completion_proven_optimal = true;
@@ -149,24 +150,26 @@ struct SeqCalibResult {
   std::vector<double> answer_kl_by_resolve;
   int64_t answer_kl_evaluations = 0;
   std::optional<MeasureValidation> validation;  // answer-grad with validate_measure
-  int64_t peak_device_bytes = 0;        // CUDA allocator peak, 0 on CPU
+  int64_t peak_device_bytes = 0;                // CUDA allocator peak, 0 on CPU
   int64_t peak_rss_bytes = 0;
   double probe_seconds = 0.0;
   double total_seconds = 0.0;
-  std::string activations;              // "device" or "host"
-  int64_t local_sequences = 0;          // this rank's shard (all of them in one process)
-  int64_t exchanged_bytes = 0;          // distributed: everything this rank sent
+  std::string activations;      // "device" or "host"
+  int64_t local_sequences = 0;  // this rank's shard (all of them in one process)
+  int64_t exchanged_bytes = 0;  // distributed: everything this rank sent
 };
 
 // `sequences`: calibration token ids, all of the same length.
-SeqCalibResult run_seqcalib(arch::DecoderModel& model, const std::vector<std::vector<int64_t>>& sequences,
+SeqCalibResult run_seqcalib(arch::DecoderModel& model,
+                            const std::vector<std::vector<int64_t>>& sequences,
                             const SeqCalibOptions& options);
 
 // The attention core used for deployment-like runs: global layers get their policy windows
 // (physically as masks over the calibration stream), other layers run natively.
 class PolicyAttentionCore final : public arch::AttentionCore {
  public:
-  PolicyAttentionCore(const std::map<int64_t, std::vector<int64_t>>& windows, int64_t sink_tokens, int64_t chunk)
+  PolicyAttentionCore(const std::map<int64_t, std::vector<int64_t>>& windows, int64_t sink_tokens,
+                      int64_t chunk)
       : windows_(windows), sink_tokens_(sink_tokens), chunk_(chunk) {}
   at::Tensor attend(const arch::AttentionInputs& inputs) override;
 

@@ -23,11 +23,12 @@ namespace headwise::calib {
 
 struct WalkState {
   int64_t last_layer = -1;  // the last layer the walk finished (a global layer); -1 = none
-  std::map<int64_t, std::vector<solve::Group>> probe_groups;  // global layer → curves with full KV below
+  std::map<int64_t, std::vector<solve::Group>>
+      probe_groups;  // global layer → curves with full KV below
   double probe_lambda = 0.0;
   double probe_seconds = 0.0;
   std::map<int64_t, std::vector<int64_t>> windows;  // decided so far (before completion)
-  std::vector<solve::Group> decided_groups;          // conditioned curves, in decision order
+  std::vector<solve::Group> decided_groups;         // conditioned curves, in decision order
   std::vector<size_t> decided_choice;
   int64_t spent = 0;
   std::vector<LayerReport> layers;  // layers 0..last_layer

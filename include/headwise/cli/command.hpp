@@ -5,8 +5,8 @@
 
 #include "headwise/arch/visible_keys.hpp"
 
-#include <functional>
 #include <exception>
+#include <functional>
 #include <string>
 #include <string_view>
 #include <vector>

@@ -47,6 +47,7 @@ class SmallGemmOnOneThread {
 // 2-8 threads from 1). A reduction along a dimension with several outputs gives each output to one
 // thread, in a fixed order, so this sums blocks of 4096 elements along a dimension until one block
 // is left, and reduces that on one thread. Differentiable; any device.
-at::Tensor thread_count_independent_sum(const at::Tensor& t, std::optional<at::ScalarType> dtype = std::nullopt);
+at::Tensor thread_count_independent_sum(const at::Tensor& t,
+                                        std::optional<at::ScalarType> dtype = std::nullopt);
 
 }  // namespace headwise

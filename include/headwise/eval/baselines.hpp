@@ -19,23 +19,27 @@ int64_t global_kv_bytes(const arch::ModelSpec& spec, const memory::HeadWindows& 
 int64_t one_block_per_head(const arch::ModelSpec& spec, const memory::MemoryOptions& options);
 
 // One window for every head: the largest (any integer, not only ladder levels) that fits.
-memory::HeadWindows uniform_baseline(const arch::ModelSpec& spec, const memory::MemoryOptions& options, int64_t budget);
+memory::HeadWindows uniform_baseline(const arch::ModelSpec& spec,
+                                     const memory::MemoryOptions& options, int64_t budget);
 
 // PyramidKV-style: windows decrease linearly with depth (global layer j of G gets a share
 // (2(G - j) - 1) / G of the mean), the scale chosen as large as fits.
-memory::HeadWindows pyramid_baseline(const arch::ModelSpec& spec, const memory::MemoryOptions& options, int64_t budget);
+memory::HeadWindows pyramid_baseline(const arch::ModelSpec& spec,
+                                     const memory::MemoryOptions& options, int64_t budget);
 
 // Random ladder levels per head (seeded): heads in a random order each draw a level uniformly
 // among those that still fit with every later head at the smallest level.
-memory::HeadWindows random_baseline(const arch::ModelSpec& spec, const memory::MemoryOptions& options, int64_t budget,
+memory::HeadWindows random_baseline(const arch::ModelSpec& spec,
+                                    const memory::MemoryOptions& options, int64_t budget,
                                     const std::vector<int64_t>& ladder, uint64_t seed);
 
 // Retrieval heads and streaming heads (the retrieval-score and duo baselines): heads ranked by
 // `scores` (highest first) get full KV while that fits with the rest at `short_window`; the rest
 // share the longest short window the remaining bytes allow. `name` names the baseline in errors.
 using HeadScores = std::map<int64_t, std::vector<double>>;  // global layer → score per KV head
-memory::HeadWindows ranked_full_baseline(const arch::ModelSpec& spec, const memory::MemoryOptions& options,
-                                         int64_t budget, const HeadScores& scores, int64_t short_window,
+memory::HeadWindows ranked_full_baseline(const arch::ModelSpec& spec,
+                                         const memory::MemoryOptions& options, int64_t budget,
+                                         const HeadScores& scores, int64_t short_window,
                                          const char* name);
 
 }  // namespace headwise::eval

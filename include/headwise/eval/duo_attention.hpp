@@ -39,8 +39,8 @@ struct DuoTrainingOptions {
 };
 
 struct DuoGates {
-  HeadScores gates;                // global layer → gate per KV head, in [0, 1]
-  std::vector<double> step_loss;   // total loss per step (the first is the gates at 1)
+  HeadScores gates;               // global layer → gate per KV head, in [0, 1]
+  std::vector<double> step_loss;  // total loss per step (the first is the gates at 1)
 };
 
 // Trains the gates on `samples` (prompt + answer, teacher-forced; samples without an answer

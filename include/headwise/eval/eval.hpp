@@ -31,7 +31,8 @@ const std::vector<std::string>& baseline_names();  // method_names() without "he
 struct MethodWindows {
   std::string name;
   memory::HeadWindows windows;
-  nlohmann::json details = nlohmann::json::object();  // how a baseline chose (scores, gates, training)
+  nlohmann::json details =
+      nlohmann::json::object();  // how a baseline chose (scores, gates, training)
   // Set for the online eviction baselines (snapkv, h2o, adakv): every global KV head gets the
   // slots `windows` (the policy's) give it, and the method chooses which tokens fill them.
   std::optional<runtime::EvictionOptions> eviction = std::nullopt;
@@ -44,7 +45,7 @@ struct BaselineInputs {
   const policy::Policy& policy;
   memory::MemoryOptions options;  // the policy's, as eval runs them
   uint64_t seed = 0;              // the random baseline's
-  DuoTrainingOptions duo;         // the duo baseline's gate training (its window: the ladder's first)
+  DuoTrainingOptions duo;  // the duo baseline's gate training (its window: the ladder's first)
   // The policy's own calibration rerun with --no-conditioning (same data, measure, ladder and
   // budget; checked by check_unconditioned_ablation). When absent, `unconditioned` is calibrated
   // inside eval on the eval tasks' calibration samples, which also changes the data.
@@ -58,7 +59,8 @@ struct BaselineInputs {
 // eviction cache with H2O for those heads and the window for the rest.
 MethodWindows policy_method(const std::string& name, const policy::Policy& policy);
 
-void check_unconditioned_ablation(const policy::Policy& policy, const policy::Policy& ablation, const std::string& where);
+void check_unconditioned_ablation(const policy::Policy& policy, const policy::Policy& ablation,
+                                  const std::string& where);
 
 // The retrieval score (the HeadKV / RazorAttention family), measured without training: the
 // attention mass each KV head's query heads put on the needle (the answer's occurrence in the
@@ -72,7 +74,8 @@ HeadScores retrieval_scores(arch::DecoderModel& model, const std::vector<EvalSam
 // gate training is the most expensive step of an eval at long contexts.
 struct BaselineCache {
   std::optional<HeadScores> retrieval_scores;
-  std::map<std::pair<int64_t, int64_t>, DuoGates> duo_gates;  // (streaming window, sink tokens) → gates
+  std::map<std::pair<int64_t, int64_t>, DuoGates>
+      duo_gates;  // (streaming window, sink tokens) → gates
 };
 
 // Windows for each requested method (headwise first, then the baselines in `names` order).
@@ -82,7 +85,8 @@ struct BaselineCache {
 // is stored there; the caller must pass the same model and calibration samples every time.
 std::vector<MethodWindows> build_methods(arch::DecoderModel& model, const BaselineInputs& inputs,
                                          const std::vector<std::string>& names,
-                                         const std::vector<EvalSample>& calibration, BaselineCache* cache = nullptr);
+                                         const std::vector<EvalSample>& calibration,
+                                         BaselineCache* cache = nullptr);
 
 struct RunOptions {
   int64_t prefill_chunk = 256;
@@ -94,16 +98,17 @@ struct MethodResult {
   std::string name;
   memory::HeadWindows windows;
   int64_t global_kv_bytes = 0;
-  int64_t cache_bytes_estimated = 0;  // memory::estimate at the run's options
-  int64_t cache_bytes_measured = 0;   // storage the decoder's cache holds after the run
+  int64_t cache_bytes_estimated = 0;       // memory::estimate at the run's options
+  int64_t cache_bytes_measured = 0;        // storage the decoder's cache holds after the run
   std::map<std::string, double> accuracy;  // per task
   std::map<std::string, std::pair<int64_t, int64_t>> correct;  // per task: (right, total)
   std::vector<uint8_t> correct_per_sample;  // 1 where the answer was exact, in sample order
-  std::vector<std::vector<int64_t>> answer_per_sample;  // the answer the harness decoded (greedy_answer)
+  std::vector<std::vector<int64_t>>
+      answer_per_sample;               // the answer the harness decoded (greedy_answer)
   std::vector<double> kl_per_sample;   // mean KL per compared position, one per sample
   std::vector<double> nll_per_sample;  // mean NLL per prompt token, one per sample
-  double kl_vs_full = 0.0;     // mean KL(full || method) per compared position
-  double perplexity = 0.0;     // on the prompts' next tokens
+  double kl_vs_full = 0.0;             // mean KL(full || method) per compared position
+  double perplexity = 0.0;             // on the prompts' next tokens
   double prefill_tokens_per_s = 0.0;
   double decode_tokens_per_s = 0.0;
   std::vector<at::Tensor> logprobs;  // per sample [kl positions, vocab], kept for the full method
@@ -114,13 +119,17 @@ struct MethodResult {
 
 // The answer a greedy harness decodes after the prompt (`prompt_logits`: the prefill's logits
 // [1, prompt, vocab]): each generated token is the argmax of the logits so far; a given token is
-// fed as it is, a copied one repeats the model's own earlier answer token (EvalSample::answer_source).
-std::vector<int64_t> greedy_answer(runtime::Decoder& decoder, const at::Tensor& prompt_logits, const EvalSample& sample);
+// fed as it is, a copied one repeats the model's own earlier answer token
+// (EvalSample::answer_source).
+std::vector<int64_t> greedy_answer(runtime::Decoder& decoder, const at::Tensor& prompt_logits,
+                                   const EvalSample& sample);
 
 // Runs every sample. `reference`: the full method's result (its logprobs), or null when this
 // is the full method itself (KL 0 by definition, and its logprobs are kept).
-MethodResult run_method(arch::DecoderModel& model, const MethodWindows& method, const memory::MemoryOptions& options,
-                        const std::vector<EvalSample>& samples, const RunOptions& run, const MethodResult* reference);
+MethodResult run_method(arch::DecoderModel& model, const MethodWindows& method,
+                        const memory::MemoryOptions& options,
+                        const std::vector<EvalSample>& samples, const RunOptions& run,
+                        const MethodResult* reference);
 
 nlohmann::json to_json(const MethodResult& result, const arch::ModelSpec& spec);
 
@@ -135,12 +144,12 @@ std::pair<double, double> mean_and_ci95(const std::vector<double>& values);
 // intervals hide (each sample's difficulty cancels).
 struct PairedComparison {
   int64_t samples = 0;
-  int64_t only_a = 0;               // samples a answers and b does not
+  int64_t only_a = 0;  // samples a answers and b does not
   int64_t only_b = 0;
-  double accuracy_difference = 0;   // accuracy(a) - accuracy(b)
+  double accuracy_difference = 0;                      // accuracy(a) - accuracy(b)
   std::pair<double, double> accuracy_difference_ci95;  // Wald interval of a paired difference
-  double mcnemar_p = 1.0;           // exact two-sided McNemar (binomial on the discordant samples)
-  double kl_difference = 0;         // mean over samples of kl(a) - kl(b)
+  double mcnemar_p = 1.0;    // exact two-sided McNemar (binomial on the discordant samples)
+  double kl_difference = 0;  // mean over samples of kl(a) - kl(b)
   double kl_difference_ci95_half_width = 0;
 };
 PairedComparison paired_comparison(const MethodResult& a, const MethodResult& b);

@@ -9,9 +9,9 @@
 //
 // The first worker is also the builder: it builds the methods (the baselines' training, e.g.
 // duo's gates, is the long part at long contexts) and hands each to the queue as soon as it
-// exists, so the other workers run full KV and the methods built so far meanwhile. Two methods with the
-// same windows and the same eviction rule compute the same numbers; the second reuses the first's
-// run (said in the log) instead of repeating it.
+// exists, so the other workers run full KV and the methods built so far meanwhile. Two methods with
+// the same windows and the same eviction rule compute the same numbers; the second reuses the
+// first's run (said in the log) instead of repeating it.
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -36,19 +36,20 @@ struct ScheduleOptions {
 };
 
 struct ScheduledRuns {
-  MethodResult full;                                 // the reference, run once
-  std::vector<std::vector<MethodWindows>> methods;   // per policy, by slot
-  std::vector<std::vector<MethodResult>> results;    // the same shape
-  int64_t runs_executed = 0;                         // runs the decoder did (full included)
-  int64_t runs_reused = 0;                           // methods answered by an identical run
+  MethodResult full;                                // the reference, run once
+  std::vector<std::vector<MethodWindows>> methods;  // per policy, by slot
+  std::vector<std::vector<MethodResult>> results;   // the same shape
+  int64_t runs_executed = 0;                        // runs the decoder did (full included)
+  int64_t runs_reused = 0;                          // methods answered by an identical run
 };
 
 // Runs full KV first, then every emitted method, on `models.size()` workers (one model each,
 // all loaded from the same checkpoint). Each result equals what run_method gives for that
 // method alone at the workers' thread count. An error in any worker stops the others at their
 // next run and is rethrown here.
-ScheduledRuns run_scheduled(const std::vector<std::unique_ptr<arch::DecoderModel>>& models, size_t policies,
-                            const BuildMethods& build, const memory::MemoryOptions& options,
+ScheduledRuns run_scheduled(const std::vector<std::unique_ptr<arch::DecoderModel>>& models,
+                            size_t policies, const BuildMethods& build,
+                            const memory::MemoryOptions& options,
                             const std::vector<EvalSample>& samples, const RunOptions& run,
                             const ScheduleOptions& schedule = {});
 

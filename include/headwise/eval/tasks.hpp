@@ -54,7 +54,7 @@ std::vector<std::string> default_tasks(const std::filesystem::path& model_dir);
 
 // Throws InputError naming --tasks for an unknown task (listing the available ones) or a task
 // that needs a tokenizer the model lacks, and naming --seq-len / --samples for bad sizes.
-std::vector<EvalSample> make_eval_samples(const std::filesystem::path& model_dir, int64_t vocab_size,
-                                          const TaskRequest& request);
+std::vector<EvalSample> make_eval_samples(const std::filesystem::path& model_dir,
+                                          int64_t vocab_size, const TaskRequest& request);
 
 }  // namespace headwise::eval

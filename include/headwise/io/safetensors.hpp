@@ -64,6 +64,7 @@ struct TensorToWrite {
   std::vector<int64_t> shape;
   std::span<const std::byte> data;
 };
-void write_safetensors(const std::filesystem::path& path, const std::vector<TensorToWrite>& tensors);
+void write_safetensors(const std::filesystem::path& path,
+                       const std::vector<TensorToWrite>& tensors);
 
 }  // namespace headwise::io

@@ -13,7 +13,6 @@
 
 namespace headwise::measure {
 
-
 class DistortionAccumulator {
  public:
   DistortionAccumulator() = default;

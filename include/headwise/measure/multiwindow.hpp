@@ -19,21 +19,22 @@ namespace headwise::measure {
 
 // Called per query chunk [t0, t1) with the per-level outputs (fp32, [B, kv, group, tc, hd],
 // one per ladder level) and the untruncated output in the same layout.
-using LevelOutputsFn = std::function<void(int64_t t0, int64_t t1, const std::vector<at::Tensor>& levels,
-                                          const at::Tensor& full)>;
-void for_each_chunk_levels(const arch::AttentionInputs& inputs, const WindowLadder& ladder, int64_t sink_tokens,
-                           int64_t chunk, const LevelOutputsFn& fn);
+using LevelOutputsFn = std::function<void(
+    int64_t t0, int64_t t1, const std::vector<at::Tensor>& levels, const at::Tensor& full)>;
+void for_each_chunk_levels(const arch::AttentionInputs& inputs, const WindowLadder& ladder,
+                           int64_t sink_tokens, int64_t chunk, const LevelOutputsFn& fn);
 
 // Per-level attention outputs [levels, B, T, num_heads, head_dim] in fp32 (for tests and
 // small inputs; calibration uses measure_window_distortion).
-at::Tensor all_window_outputs(const arch::AttentionInputs& inputs, const WindowLadder& ladder, int64_t sink_tokens,
-                              int64_t chunk);
+at::Tensor all_window_outputs(const arch::AttentionInputs& inputs, const WindowLadder& ladder,
+                              int64_t sink_tokens, int64_t chunk);
 
 // Accumulates into `acc` (num_kv_heads x ladder levels) the squared change of the block
 // output o_proj(gate * a) when only one KV head is truncated, and the squared norm of the
 // untruncated block output. Returns the untruncated attention output [B, T, heads, hd] in
 // q's dtype.
-at::Tensor measure_window_distortion(const arch::AttentionInputs& inputs, const WindowLadder& ladder,
-                                     int64_t sink_tokens, int64_t chunk, DistortionAccumulator& acc);
+at::Tensor measure_window_distortion(const arch::AttentionInputs& inputs,
+                                     const WindowLadder& ladder, int64_t sink_tokens, int64_t chunk,
+                                     DistortionAccumulator& acc);
 
 }  // namespace headwise::measure

@@ -27,12 +27,12 @@ namespace headwise::memory {
 using headwise::kFullWindow;
 
 struct MemoryOptions {
-  int64_t context = 0;                 // C, tokens
-  int64_t batch = 1;                   // B, sequences
-  DType kv_dtype = DType::kBFloat16;   // K/V element type of attention layers
-  int64_t block_size = 16;             // paged rounding per head (1 = unpaged)
-  int64_t sink_tokens = 0;             // S, kept by every windowed head
-  std::optional<DType> state_dtype;    // overrides every recurrent/conv state's dtype
+  int64_t context = 0;                // C, tokens
+  int64_t batch = 1;                  // B, sequences
+  DType kv_dtype = DType::kBFloat16;  // K/V element type of attention layers
+  int64_t block_size = 16;            // paged rounding per head (1 = unpaged)
+  int64_t sink_tokens = 0;            // S, kept by every windowed head
+  std::optional<DType> state_dtype;   // overrides every recurrent/conv state's dtype
 };
 // Throws a FieldError naming the field (context, batch, ...) when a value is out of range.
 void validate_options(const MemoryOptions& options);
@@ -52,7 +52,8 @@ int64_t sliding_layer_slots(const arch::AttentionShape& attention, const MemoryO
 // Bytes of one state tensor for one sequence at the options' state dtype.
 int64_t state_bytes_per_sequence(const arch::StateTensorSpec& state, const MemoryOptions& options);
 // r[i][h](w) of design.md: bytes (times batch) one KV head of `layer` needs with window `window`.
-int64_t head_bytes(const arch::AttentionShape& attention, int64_t window, const MemoryOptions& options);
+int64_t head_bytes(const arch::AttentionShape& attention, int64_t window,
+                   const MemoryOptions& options);
 
 struct Components {
   int64_t global_kv_bytes = 0;
@@ -60,16 +61,17 @@ struct Components {
   int64_t linear_state_bytes = 0;
   int64_t ssm_state_bytes = 0;
   int64_t other_state_bytes = 0;
-  int64_t selection_state_bytes = 0;  // token-selection bookkeeping of layers whose heads select tokens
+  int64_t selection_state_bytes =
+      0;  // token-selection bookkeeping of layers whose heads select tokens
   int64_t total() const;
 };
 
 struct LayerMemory {
   int64_t layer_id = 0;
   arch::LayerKind kind = arch::LayerKind::kMlpOnly;
-  int64_t bytes = 0;        // everything the layer holds, times batch
-  int64_t kv_bytes = 0;     // K + V part
-  int64_t state_bytes = 0;  // recurrent/conv part
+  int64_t bytes = 0;            // everything the layer holds, times batch
+  int64_t kv_bytes = 0;         // K + V part
+  int64_t state_bytes = 0;      // recurrent/conv part
   int64_t selection_bytes = 0;  // token-selection bookkeeping (selecting global layers only)
   std::optional<std::vector<int64_t>> kv_head_windows;  // global layers only
 };
@@ -77,15 +79,16 @@ struct LayerMemory {
 struct MemoryEstimate {
   MemoryOptions options;
   Components components;
-  int64_t total_bytes = 0;  // == components.total()
+  int64_t total_bytes = 0;          // == components.total()
   std::vector<LayerMemory> layers;  // every layer, in order
 };
 
-MemoryEstimate estimate(const arch::ModelSpec& spec, const HeadWindows& windows, const MemoryOptions& options);
+MemoryEstimate estimate(const arch::ModelSpec& spec, const HeadWindows& windows,
+                        const MemoryOptions& options);
 // The same with the global layers in `selecting` choosing tokens online (runtime::EvictionCache):
 // their slots are the windows' slots, plus the bookkeeping selection_bytes() counts.
-MemoryEstimate estimate(const arch::ModelSpec& spec, const HeadWindows& windows, const MemoryOptions& options,
-                        const std::set<int64_t>& selecting);
+MemoryEstimate estimate(const arch::ModelSpec& spec, const HeadWindows& windows,
+                        const MemoryOptions& options, const std::set<int64_t>& selecting);
 // Bytes (times batch) of one selecting global layer's bookkeeping: per slot a position (int64)
 // and a keep score (float32), per KV head its region's offset, length and fill (int64 each).
 int64_t selection_bytes(const arch::AttentionShape& attention, const std::vector<int64_t>& windows,
@@ -105,12 +108,14 @@ struct Capacity {
 };
 inline constexpr int64_t kContextSearchLimit = int64_t{1} << 30;
 // `selecting`: global layers whose heads select tokens (their bookkeeping grows with the slots).
-Capacity capacity(const arch::ModelSpec& spec, const HeadWindows& windows, const MemoryOptions& options,
-                  int64_t cache_budget_bytes, int64_t context_limit = kContextSearchLimit,
+Capacity capacity(const arch::ModelSpec& spec, const HeadWindows& windows,
+                  const MemoryOptions& options, int64_t cache_budget_bytes,
+                  int64_t context_limit = kContextSearchLimit,
                   const std::set<int64_t>& selecting = {});
-// The same search for any engine's total: `total_bytes` must grow with context and be linear in batch.
+// The same search for any engine's total: `total_bytes` must grow with context and be linear in
+// batch.
 using TotalBytes = std::function<int64_t(const MemoryOptions&)>;
-Capacity capacity_search(const TotalBytes& total_bytes, const MemoryOptions& options, int64_t cache_budget_bytes,
-                         int64_t context_limit = kContextSearchLimit);
+Capacity capacity_search(const TotalBytes& total_bytes, const MemoryOptions& options,
+                         int64_t cache_budget_bytes, int64_t context_limit = kContextSearchLimit);
 
 }  // namespace headwise::memory

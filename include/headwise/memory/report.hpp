@@ -36,7 +36,7 @@ struct VllmReport {
 
 struct Report {
   Engine engine = Engine::kHeadwise;
-  std::string model;  // a name for humans
+  std::string model;         // a name for humans
   std::string policy_label;  // "full KV", "uniform window 4096", "policy <file>"
   MemoryEstimate estimate;
   int64_t full_kv_total_bytes = 0;
@@ -47,8 +47,8 @@ struct Report {
 
 // {"context", "batch", "block_size", "kv_dtype", "sink_tokens", "state_dtype", "total_bytes",
 //  "components": {...}, "full_kv_total_bytes", "saving_bytes", "weights_bytes" (or null),
-//  "layers": [{"layer_id", "kind", "bytes", "kv_bytes", "state_bytes", "kv_head_windows" (or null)}],
-//  "gpu_fit": {...} (only with --gpu-memory)}
+//  "layers": [{"layer_id", "kind", "bytes", "kv_bytes", "state_bytes", "kv_head_windows" (or
+//  null)}], "gpu_fit": {...} (only with --gpu-memory)}
 // --engine vllm: the same keys for vLLM's reservation plus "engine", "vllm_rules_version",
 //  "max_model_len", "max_num_batched_tokens", "mamba_cache_mode", "attention_block_size",
 //  "page_bytes", "group_size", "kv_cache_groups", "padding_layer_bytes", "page_padding_bytes".

@@ -52,7 +52,8 @@ inline constexpr int64_t kVllmDefaultMaxNumBatchedTokens = 8192;
 // vLLM's cache_config.mamba_cache_mode: how many state pages a request keeps for prefix caching.
 enum class MambaCacheMode { kNone, kAlign, kAll };
 std::string_view mamba_cache_mode_name(MambaCacheMode mode);
-MambaCacheMode parse_mamba_cache_mode(std::string_view text);  // InputError names --mamba-cache-mode
+MambaCacheMode parse_mamba_cache_mode(
+    std::string_view text);  // InputError names --mamba-cache-mode
 
 struct VllmOptions {
   int64_t max_num_batched_tokens = kVllmDefaultMaxNumBatchedTokens;
@@ -61,23 +62,24 @@ struct VllmOptions {
 void validate_vllm_options(const VllmOptions& options);
 
 enum class VllmSpecKind { kFullAttention, kSlidingWindow, kMamba };
-std::string_view vllm_spec_kind_name(VllmSpecKind kind);  // "full_attention", "sliding_window", "mamba"
+std::string_view vllm_spec_kind_name(
+    VllmSpecKind kind);  // "full_attention", "sliding_window", "mamba"
 
 // One vLLM KV cache spec: an attention layer, one window class of a global layer's heads, or a
 // layer's recurrent/conv states.
 struct VllmSpec {
   VllmSpecKind kind = VllmSpecKind::kFullAttention;
   int64_t layer_id = 0;
-  bool global_layer = false;          // from a global layer (windows of the policy apply)
+  bool global_layer = false;  // from a global layer (windows of the policy apply)
   int64_t num_kv_heads = 0;
   int64_t head_dim = 0;
-  int64_t window = 0;                 // kSlidingWindow only
-  int64_t state_bytes = 0;            // kMamba only: the unpadded page
+  int64_t window = 0;                                            // kSlidingWindow only
+  int64_t state_bytes = 0;                                       // kMamba only: the unpadded page
   arch::StateClass state_class = arch::StateClass::kOtherState;  // kMamba only
-  int64_t block_size = 0;             // after page unification
-  int64_t page_bytes = 0;             // after page unification (padding included)
-  int64_t unpadded_page_bytes = 0;    // what the page holds at block_size
-  int64_t pages_per_request = 0;      // max_memory_usage_bytes / page_bytes
+  int64_t block_size = 0;                                        // after page unification
+  int64_t page_bytes = 0;           // after page unification (padding included)
+  int64_t unpadded_page_bytes = 0;  // what the page holds at block_size
+  int64_t pages_per_request = 0;    // max_memory_usage_bytes / page_bytes
 };
 
 // One KV cache group: slots share a block table; padding slots hold pages but no layer.
@@ -89,31 +91,33 @@ struct VllmGroup {
 struct VllmEstimate {
   MemoryOptions options;
   VllmOptions vllm;
-  int64_t block_size = 0;        // attention block size after hybrid alignment
-  int64_t page_bytes = 0;        // the one page size every group shares
-  int64_t group_size = 0;        // slots per group
-  std::vector<VllmSpec> specs;   // every spec, in layer order
+  int64_t block_size = 0;       // attention block size after hybrid alignment
+  int64_t page_bytes = 0;       // the one page size every group shares
+  int64_t group_size = 0;       // slots per group
+  std::vector<VllmSpec> specs;  // every spec, in layer order
   std::vector<VllmGroup> groups;
-  Components components;         // specs' pages, by the component their layer belongs to
+  Components components;            // specs' pages, by the component their layer belongs to
   int64_t padding_layer_bytes = 0;  // pages of padding slots
   int64_t page_padding_bytes = 0;   // bytes of padded pages beyond what they hold (included above)
-  int64_t total_bytes = 0;       // components.total() + padding_layer_bytes
+  int64_t total_bytes = 0;          // components.total() + padding_layer_bytes
   std::vector<LayerMemory> layers;  // every layer, in order (padding slots belong to no layer)
 };
 
 // Attention block size vLLM settles on (rule 1 above); options.block_size for non-hybrid models.
-int64_t vllm_block_size(const arch::ModelSpec& spec, const MemoryOptions& options, const VllmOptions& vllm);
+int64_t vllm_block_size(const arch::ModelSpec& spec, const MemoryOptions& options,
+                        const VllmOptions& vllm);
 // Pages one spec reserves for one request at options.context (= max_model_len).
-int64_t vllm_pages_per_request(const VllmSpec& spec, const MemoryOptions& options, const VllmOptions& vllm);
+int64_t vllm_pages_per_request(const VllmSpec& spec, const MemoryOptions& options,
+                               const VllmOptions& vllm);
 // The specs of `spec` under `windows` (kFullWindow heads as full attention), pages unified.
 std::vector<VllmSpec> vllm_specs(const arch::ModelSpec& spec, const HeadWindows& windows,
                                  const MemoryOptions& options, const VllmOptions& vllm);
 // Bytes vLLM reserves for options.batch requests at options.context.
-VllmEstimate vllm_estimate(const arch::ModelSpec& spec, const HeadWindows& windows, const MemoryOptions& options,
-                           const VllmOptions& vllm);
+VllmEstimate vllm_estimate(const arch::ModelSpec& spec, const HeadWindows& windows,
+                           const MemoryOptions& options, const VllmOptions& vllm);
 // Largest max_model_len at options.batch and largest batch at options.context within a budget.
-Capacity vllm_capacity(const arch::ModelSpec& spec, const HeadWindows& windows, const MemoryOptions& options,
-                       const VllmOptions& vllm, int64_t cache_budget_bytes,
-                       int64_t context_limit = kContextSearchLimit);
+Capacity vllm_capacity(const arch::ModelSpec& spec, const HeadWindows& windows,
+                       const MemoryOptions& options, const VllmOptions& vllm,
+                       int64_t cache_budget_bytes, int64_t context_limit = kContextSearchLimit);
 
 }  // namespace headwise::memory

@@ -51,9 +51,9 @@ enum class KeepRule { kWindow, kH2O };
 
 struct LayerPolicy {
   int64_t layer_id = 0;
-  std::vector<int64_t> kv_head_windows;  // one per KV head, each a ladder level (kFull = full)
+  std::vector<int64_t> kv_head_windows;     // one per KV head, each a ladder level (kFull = full)
   std::vector<double> expected_distortion;  // empty, or one per KV head
-  std::vector<KeepRule> kv_head_rules;      // empty (every head keeps its window), or one per KV head
+  std::vector<KeepRule> kv_head_rules;  // empty (every head keeps its window), or one per KV head
 
   bool selects_tokens() const;       // some head has the h2o rule
   KeepRule rule(size_t head) const;  // the head's rule (kWindow when none is listed)
@@ -72,8 +72,9 @@ struct PolicyMemory {
 };
 
 struct ModelFingerprint {
-  std::string config_sha256;                         // sha256 of config.json's bytes
-  std::optional<std::string> weights_headers_sha256;  // Checkpoint::headers_sha256, null without weights
+  std::string config_sha256;  // sha256 of config.json's bytes
+  std::optional<std::string>
+      weights_headers_sha256;  // Checkpoint::headers_sha256, null without weights
 };
 
 struct Policy {
@@ -93,13 +94,14 @@ struct Policy {
   std::optional<DType> state_dtype;
   int64_t block_size = 16;
   int64_t sink_tokens = 0;
-  std::vector<int64_t> window_levels;  // ascending, kFull last if present
+  std::vector<int64_t> window_levels;                     // ascending, kFull last if present
   nlohmann::json calibration = nlohmann::json::object();  // provenance, free-form
   PolicyMemory memory;
   std::vector<NonGlobalLayer> non_global_layers;
   std::vector<LayerPolicy> per_layer_policies;  // ascending layer_id
 
-  memory::MemoryOptions memory_options() const;  // context, batch, dtype, state dtype, block size, sinks
+  memory::MemoryOptions memory_options()
+      const;  // context, batch, dtype, state dtype, block size, sinks
   memory::HeadWindows head_windows() const;
   // Global layers with an h2o head (the runtime's eviction cache holds them; their bookkeeping is
   // in the memory block), and the (layer id, KV head) pairs of those layers that keep windows.
@@ -121,7 +123,8 @@ void fill_memory(Policy& policy, const arch::ModelSpec& spec);
 
 // Checks a policy against a model: every global layer exactly once, head counts, windows in
 // the ladder, the memory block equal to what the memory model computes. `where` names the file.
-void validate_against_model(const Policy& policy, const arch::ModelSpec& spec, std::string_view where);
+void validate_against_model(const Policy& policy, const arch::ModelSpec& spec,
+                            std::string_view where);
 
 std::string to_yaml(const Policy& policy);
 // `where` names the source in errors (a path, or "<string>").

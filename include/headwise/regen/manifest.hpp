@@ -41,7 +41,7 @@ namespace headwise::regen {
 struct ManifestEntry {
   std::string name;
   calib::CalibrationRequest request;  // model and calib: relative to `base` (see below)
-  std::filesystem::path output;     // idem
+  std::filesystem::path output;       // idem
 };
 
 struct Manifest {
@@ -70,7 +70,8 @@ void check_recalibration_coverage(const Manifest& manifest);
 
 // `where` names the source in errors; relative paths are joined to `base` (empty: kept as
 // written, relative to the manifest's folder).
-Manifest parse_manifest(std::string_view text, std::string_view where, const std::filesystem::path& base);
+Manifest parse_manifest(std::string_view text, std::string_view where,
+                        const std::filesystem::path& base);
 Manifest read_manifest(const std::filesystem::path& path);
 
 }  // namespace headwise::regen

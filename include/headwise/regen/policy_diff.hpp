@@ -13,8 +13,8 @@ namespace headwise::regen {
 
 // One line per difference (empty when the policies are equal field by field). `spec` is the
 // model both were made for, used to price windows in bytes.
-std::vector<std::string> diff_policies(const policy::Policy& committed, const policy::Policy& produced,
-                                       const arch::ModelSpec& spec);
+std::vector<std::string> diff_policies(const policy::Policy& committed,
+                                       const policy::Policy& produced, const arch::ModelSpec& spec);
 
 // expected_distortion is a float measurement: the same calibration on another CPU (other SIMD
 // width) lands a few ulps to ~1e-5 apart after a few layers. Staleness is about inputs and
@@ -34,8 +34,10 @@ inline constexpr double kLayerScaleFloor = 1e-2;
 // When `committed_text` (parsed as `committed`) differs from `produced_text` only by
 // expected_distortion values within `relative_tolerance` of their layer's scale, the largest such
 // gap; otherwise nullopt (windows, bytes, provenance, layout or a larger distortion change).
-std::optional<double> distortion_noise_only(const policy::Policy& committed, const std::string& committed_text,
-                                            const policy::Policy& produced, const std::string& produced_text,
+std::optional<double> distortion_noise_only(const policy::Policy& committed,
+                                            const std::string& committed_text,
+                                            const policy::Policy& produced,
+                                            const std::string& produced_text,
                                             double relative_tolerance = kDistortionNoiseTolerance);
 
 // First line where two texts differ, as "line N: '<a>' → '<b>'" (for differences the field

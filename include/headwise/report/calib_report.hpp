@@ -31,7 +31,8 @@ struct ReportContext {
 nlohmann::json curves_json(const std::vector<calib::HeadCurve>& curves);
 // The probe's rate–distortion curve: total distortion vs global KV bytes over lambda.
 nlohmann::json rate_distortion_curve(const std::vector<calib::HeadCurve>& probe_curves, int points);
-nlohmann::json calibration_report(const calib::SeqCalibResult& result, const ReportContext& context);
+nlohmann::json calibration_report(const calib::SeqCalibResult& result,
+                                  const ReportContext& context);
 
 // The main command's report.json (calibration_report of the run, its keep rules, ranks and
 // backend) and its heat map, from a finished calibration: calib depends on nothing here.
@@ -42,7 +43,8 @@ std::string calibration_heatmap_svg(const calib::CalibrationOutcome& outcome);
 // layer, per head; a layer left out keeps windows) marks the heads whose slots hold heavy
 // hitters; such a head's slot count may be off the ladder and is coloured as the level it was cut
 // from (the smallest level holding it).
-std::string window_heatmap_svg(const arch::ModelSpec& spec, const std::map<int64_t, std::vector<int64_t>>& windows,
+std::string window_heatmap_svg(const arch::ModelSpec& spec,
+                               const std::map<int64_t, std::vector<int64_t>>& windows,
                                const measure::WindowLadder& ladder, const std::string& title,
                                const std::map<int64_t, std::vector<policy::KeepRule>>& rules = {});
 

@@ -50,11 +50,12 @@ class Decoder {
  public:
   // Allocates the grouped cache for `windows` at `options` on the model's device. The model
   // must outlive the decoder.
-  Decoder(arch::DecoderModel& model, const memory::HeadWindows& windows, const memory::MemoryOptions& options);
+  Decoder(arch::DecoderModel& model, const memory::HeadWindows& windows,
+          const memory::MemoryOptions& options);
   // The same slots per head, but global layers choose their tokens online (SnapKV / H2O / AdaKV,
   // eviction_cache.hpp) instead of keeping a window; other layers are as above.
-  Decoder(arch::DecoderModel& model, const memory::HeadWindows& windows, const memory::MemoryOptions& options,
-          const EvictionOptions& eviction);
+  Decoder(arch::DecoderModel& model, const memory::HeadWindows& windows,
+          const memory::MemoryOptions& options, const EvictionOptions& eviction);
   // The attention core refers to the cache member: neither may move.
   Decoder(const Decoder&) = delete;
   Decoder& operator=(const Decoder&) = delete;
@@ -93,7 +94,7 @@ class Decoder {
   arch::DecoderModel& model_;
   GroupedCache cache_;
   CachedAttentionCore core_;
-  std::unique_ptr<EvictionCache> eviction_;                // global layers under eviction, or null
+  std::unique_ptr<EvictionCache> eviction_;  // global layers under eviction, or null
   std::unique_ptr<EvictionAttentionCore> eviction_core_;
   int64_t position_ = 0;
   at::Tensor last_logits_;  // [batch, vocab] of the last fed token

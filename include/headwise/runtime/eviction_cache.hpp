@@ -53,8 +53,8 @@
 #include <cstdint>
 #include <map>
 #include <set>
-#include <utility>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "headwise/arch/model.hpp"
@@ -71,11 +71,13 @@ enum class EvictionPrefill { kWholePrompt, kEachChunk };
 
 struct EvictionOptions {
   EvictionMethod method = EvictionMethod::kSnapKV;
-  int64_t observation_window = 32;  // SnapKV/AdaKV: prompt queries that score the prefix (fewer if the prompt is shorter)
-  int64_t pooling_kernel = 7;       // SnapKV/AdaKV: odd 1-D pooling kernel over positions (1 = none)
+  int64_t observation_window =
+      32;  // SnapKV/AdaKV: prompt queries that score the prefix (fewer if the prompt is shorter)
+  int64_t pooling_kernel = 7;  // SnapKV/AdaKV: odd 1-D pooling kernel over positions (1 = none)
   ScorePooling pooling = ScorePooling::kMax;
-  double adakv_floor = 0.2;         // AdaKV: each head's prefix budget is at least this share of the mean
-  EvictionPrefill prefill = EvictionPrefill::kWholePrompt;  // SnapKV/AdaKV only (H2O always evicts per chunk)
+  double adakv_floor = 0.2;  // AdaKV: each head's prefix budget is at least this share of the mean
+  EvictionPrefill prefill =
+      EvictionPrefill::kWholePrompt;  // SnapKV/AdaKV only (H2O always evicts per chunk)
   // Heads that keep their window instead of choosing by the method: (layer id, KV head). Such a
   // head holds its sinks and its most recent tokens and each query sees exactly what the grouped
   // cache would show it (arch::key_visible with the head's window and sinks). A headwise policy
@@ -104,14 +106,16 @@ struct EvictionLayer {
   int64_t layer_id = 0;
   int64_t num_kv_heads = 0;
   std::vector<int64_t> capacity;  // per KV head: the policy's slots
-  std::vector<int64_t> window;    // per KV head: its window when it keeps one (window_heads), else 0
-  at::Tensor k, v;                // [batch, sum(capacity), head_dim]: the KV bytes
-  at::Tensor position;            // [batch, sum(capacity)] int64: the position in each slot, -1 unused (aux)
-  at::Tensor score;               // [batch, sum(capacity)] float32: keep priority (aux)
-  std::vector<std::vector<int64_t>> offset, length, held;  // [batch][head]: region start, length, entries used
+  std::vector<int64_t> window;  // per KV head: its window when it keeps one (window_heads), else 0
+  at::Tensor k, v;              // [batch, sum(capacity), head_dim]: the KV bytes
+  at::Tensor position;  // [batch, sum(capacity)] int64: the position in each slot, -1 unused (aux)
+  at::Tensor score;     // [batch, sum(capacity)] float32: keep priority (aux)
+  std::vector<std::vector<int64_t>> offset, length,
+      held;  // [batch][head]: region start, length, entries used
   // SnapKV/AdaKV prefill staging (transient; freed when the layer compresses at the prompt's end).
-  at::Tensor staged_k, staged_v;  // [batch, kv_heads, n, head_dim] in the KV dtype: prompt positions staged_begin..
-  at::Tensor observed_q;          // [batch, kv_heads, group, m, head_dim]: the observation window's queries
+  at::Tensor staged_k,
+      staged_v;  // [batch, kv_heads, n, head_dim] in the KV dtype: prompt positions staged_begin..
+  at::Tensor observed_q;  // [batch, kv_heads, group, m, head_dim]: the observation window's queries
   int64_t staged_begin = 0;
 };
 
@@ -119,12 +123,14 @@ class EvictionCache {
  public:
   // Validates (InputError) and allocates zeroed pools on `device` for every global layer.
   static EvictionCache allocate(const arch::ModelSpec& spec, const memory::HeadWindows& windows,
-                                const memory::MemoryOptions& options, const EvictionOptions& eviction,
-                                at::Device device = at::kCPU);
+                                const memory::MemoryOptions& options,
+                                const EvictionOptions& eviction, at::Device device = at::kCPU);
 
   // The pools of one global layer only (simulate_eviction); internal checks, not user input.
-  static EvictionCache allocate_layer(const arch::ModelSpec& spec, int64_t layer_id, const std::vector<int64_t>& windows,
-                                      const memory::MemoryOptions& options, const EvictionOptions& eviction,
+  static EvictionCache allocate_layer(const arch::ModelSpec& spec, int64_t layer_id,
+                                      const std::vector<int64_t>& windows,
+                                      const memory::MemoryOptions& options,
+                                      const EvictionOptions& eviction,
                                       at::Device device = at::kCPU);
 
   const memory::MemoryOptions& options() const { return options_; }
@@ -168,7 +174,8 @@ void drop_staging(EvictionLayer& layer);
 // Indices of the candidates to keep, ascending by position: the `recent` most recent, then the
 // others by score (higher first, ties to the more recent position), `keep` in all. Every
 // candidate when there are at most `keep`.
-at::Tensor keep_indices(const at::Tensor& position, const at::Tensor& score, int64_t keep, int64_t recent);
+at::Tensor keep_indices(const at::Tensor& position, const at::Tensor& score, int64_t keep,
+                        int64_t recent);
 
 // SnapKV's pooling of per-key scores given in position order: stride 1, padding kernel/2
 // (max pooling pads with -inf, avg pooling counts the zero padding, as torch's defaults do).
@@ -178,13 +185,15 @@ at::Tensor pool_scores(const at::Tensor& score, int64_t kernel, ScorePooling poo
 // candidates), then the remaining of `total` goes to the highest scores across all heads
 // (ties: more recent position, then lower head). scores[h]/positions[h] are head h's prefix
 // candidates. The budgets sum to min(total, all candidates).
-std::vector<int64_t> adakv_budgets(const std::vector<at::Tensor>& scores, const std::vector<at::Tensor>& positions,
-                                   int64_t total, int64_t floor);
+std::vector<int64_t> adakv_budgets(const std::vector<at::Tensor>& scores,
+                                   const std::vector<at::Tensor>& positions, int64_t total,
+                                   int64_t floor);
 
 // Attention over an EvictionCache at global layers (the decoder routes only those here).
 class EvictionAttentionCore final : public arch::AttentionCore {
  public:
-  EvictionAttentionCore(EvictionCache& cache, int64_t query_chunk) : cache_(cache), query_chunk_(query_chunk) {}
+  EvictionAttentionCore(EvictionCache& cache, int64_t query_chunk)
+      : cache_(cache), query_chunk_(query_chunk) {}
   // The prompt about to be prefilled spans positions [begin, end): SnapKV/AdaKV stage it and
   // each layer compresses when its chunk reaches `end`. Decode steps come after it.
   void begin_prompt(int64_t begin, int64_t end);
@@ -209,6 +218,7 @@ class EvictionAttentionCore final : public arch::AttentionCore {
 // keeps its numerics independent of the fused kernel's blocking.
 at::Tensor simulate_eviction(const arch::ModelSpec& spec, const arch::AttentionInputs& in,
                              const std::vector<int64_t>& windows, memory::MemoryOptions options,
-                             const EvictionOptions& eviction, int64_t prefill_chunk, int64_t query_chunk);
+                             const EvictionOptions& eviction, int64_t prefill_chunk,
+                             int64_t query_chunk);
 
 }  // namespace headwise::runtime

@@ -42,7 +42,7 @@ struct LayerCache {
   std::vector<HeadGroup> groups;  // global layers, ascending window (full last)
   at::Tensor k;                   // sliding layers
   at::Tensor v;
-  arch::LayerState states;        // recurrent/conv layers (and Falcon-H1's mamba half)
+  arch::LayerState states;  // recurrent/conv layers (and Falcon-H1's mamba half)
 };
 
 class GroupedCache {

@@ -22,7 +22,8 @@ std::vector<Group> read_curves_file(const std::filesystem::path& path);
 // The inverse of groups_from_json (window kFullWindow written as "full").
 nlohmann::json groups_to_json(const std::vector<Group>& groups);
 
-// {"total_bytes", "total_distortion", "proven_optimal", "choices": [{"layer_id", "kv_head", "window"}]}
+// {"total_bytes", "total_distortion", "proven_optimal", "choices": [{"layer_id", "kv_head",
+// "window"}]}
 nlohmann::json solution_to_json(const std::vector<Group>& groups, const SolveResult& result);
 
 }  // namespace headwise::solve

@@ -58,7 +58,6 @@ struct SolveOptions {
   size_t max_states = size_t{1} << 22;
 };
 
-
 // Throws InputError naming layer/head: no options, negative bytes, NaN/inf/negative
 // distortion, duplicate windows, or byte totals that overflow int64.
 void validate_groups(const std::vector<Group>& groups);
@@ -69,17 +68,19 @@ int64_t min_total_bytes(const std::vector<Group>& groups);
 int64_t max_window_total_bytes(const std::vector<Group>& groups);
 
 // Exact MCKP. InfeasibleError (stating the minimum budget) when min_total_bytes > budget.
-SolveResult solve_exact(const std::vector<Group>& groups, int64_t budget, const SolveOptions& options = {});
+SolveResult solve_exact(const std::vector<Group>& groups, int64_t budget,
+                        const SolveOptions& options = {});
 
 // Exact completion: groups with `fixed[g]` set keep that option; the others are solved exactly
 // with what the fixed ones leave of `budget`. `fixed` has one entry per group.
-SolveResult solve_completion(const std::vector<Group>& groups, const std::vector<std::optional<size_t>>& fixed,
-                             int64_t budget, const SolveOptions& options = {});
+SolveResult solve_completion(const std::vector<Group>& groups,
+                             const std::vector<std::optional<size_t>>& fixed, int64_t budget,
+                             const SolveOptions& options = {});
 
 // Exact upgrade: every group keeps `current[g]` or moves to an option with at least as many
 // bytes; minimises total distortion within `budget`.
-SolveResult solve_upgrade(const std::vector<Group>& groups, const std::vector<size_t>& current, int64_t budget,
-                          const SolveOptions& options = {});
+SolveResult solve_upgrade(const std::vector<Group>& groups, const std::vector<size_t>& current,
+                          int64_t budget, const SolveOptions& options = {});
 
 // Lagrangian relaxation at multiplier lambda >= 0: each group independently takes
 // argmin d + lambda * bytes (ties: fewer bytes, then larger window). Not budget-aware.
@@ -92,9 +93,11 @@ double min_fitting_lambda(const std::vector<Group>& groups, int64_t budget);
 // Benchmark: a realistic random instance (context 160k, block 16, head_dim 128/256, bf16,
 // `sink_tokens` sinks) of layers x heads groups with `levels` windows; returns the slowest
 // solve_exact time in milliseconds over budgets from 10% to 90% of full KV.
-double benchmark_solver_ms(int layers, int heads, int levels, uint64_t seed, int64_t sink_tokens = 4);
+double benchmark_solver_ms(int layers, int heads, int levels, uint64_t seed,
+                           int64_t sink_tokens = 4);
 
 // The instance the benchmark solves, for tests and tools.
-std::vector<Group> make_benchmark_groups(int layers, int heads, int levels, uint64_t seed, int64_t sink_tokens);
+std::vector<Group> make_benchmark_groups(int layers, int heads, int levels, uint64_t seed,
+                                         int64_t sink_tokens);
 
 }  // namespace headwise::solve

@@ -32,16 +32,18 @@ std::unique_ptr<TokenCounter> make_token_counter(const tokenize::Tokenizer* toke
 
 struct GeneratorRequest {
   std::string task;
-  int64_t length = 0;   // target tokens per record (records never exceed it)
+  int64_t length = 0;  // target tokens per record (records never exceed it)
   int64_t samples = 0;
   uint64_t seed = 0;
-  std::filesystem::path haystack_dir;  // empty: calib-data/haystack of data_dir() (core/data_dir.hpp)
+  std::filesystem::path
+      haystack_dir;  // empty: calib-data/haystack of data_dir() (core/data_dir.hpp)
 };
 
 const std::vector<std::string>& generator_tasks();
 
 // Deterministic for a given request and token counter. Throws InputError for an unknown
 // task, a non-positive length or sample count, or a length too short for the task.
-std::vector<nlohmann::json> generate_calibration(const GeneratorRequest& request, const TokenCounter& counter);
+std::vector<nlohmann::json> generate_calibration(const GeneratorRequest& request,
+                                                 const TokenCounter& counter);
 
 }  // namespace headwise::tasks
