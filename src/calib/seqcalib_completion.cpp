@@ -148,23 +148,28 @@ void rewalk_while_completion_moves_lower_layers(const RunInputs& in, const Answe
 // complete, and keep the result only if the end-to-end answer KL drops. At most kResolves passes.
 // On the 8K default model at 50% of full KV, the walk kept 4096 tokens for one head of layer 1
 // and left layer 3 a head at 1024 that cost 0.11 in answer KL.
+std::optional<ResolvedMove> propose_resolve(const RunInputs& in, const RunState& state) {
+  Windows proposed = decided_windows(
+      state.decisions,
+      solve::solve_exact(state.decisions.groups, in.options.global_budget_bytes).choice);
+  const std::optional<int64_t> lowest =
+      lowest_changed_layer_below_a_global_layer(in, state.result.windows, proposed);
+  if (!lowest) return std::nullopt;
+  return ResolvedMove{*lowest, std::move(proposed)};
+}
+
 constexpr int kResolves = 2;
 void resolve_across_layers(const RunInputs& in, const AnswerMeasures& measures, RunState& state) {
   SeqCalibResult& result = state.result;
   result.answer_kl_by_resolve = {result.answer_kl_policy};
   for (int pass = 0; pass < kResolves; ++pass) {
-    const Windows proposed = decided_windows(
-        state.decisions,
-        solve::solve_exact(state.decisions.groups, in.options.global_budget_bytes).choice);
-    const std::optional<int64_t> lowest =
-        lowest_changed_layer_below_a_global_layer(in, result.windows, proposed);
-    if (!lowest) return;
+    const std::optional<ResolvedMove> move = propose_resolve(in, state);
+    if (!move) return;
     spdlog::info(
         "re-solve {}: the exact solve over the conditioned curves moves layer {} to [{}]; "
-        "re-deciding the "
-        "layers above it",
-        pass + 1, *lowest, fmt::join(proposed.at(*lowest), ","));
-    const auto outcome = rewalk_above(in, measures, state, *lowest, proposed);
+        "re-deciding the layers above it",
+        pass + 1, move->lowest, fmt::join(move->windows.at(move->lowest), ","));
+    const auto outcome = rewalk_above(in, measures, state, move->lowest, move->windows);
     result.answer_kl_by_resolve.push_back(outcome.tried_kl);
     if (!outcome.kept) return;
     result.resolves = pass + 1;

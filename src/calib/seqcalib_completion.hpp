@@ -26,6 +26,14 @@ void resolve_across_layers(const RunInputs& in, const AnswerMeasures& measures, 
 // The windows of the decided groups at `choice` (one option index per group), by layer.
 Windows decided_windows(const Decisions& decisions, const std::vector<size_t>& choice);
 
+// The exact solve of the whole budget over the conditioned curves, when it moves windows of a
+// layer below a global layer: the proposed windows and the lowest layer they change.
+struct ResolvedMove {
+  int64_t lowest = 0;
+  Windows windows;
+};
+std::optional<ResolvedMove> propose_resolve(const RunInputs& in, const RunState& state);
+
 // The lowest global layer whose windows differ between `from` and `policy`, when a global layer
 // lies above it.
 std::optional<int64_t> lowest_changed_layer_below_a_global_layer(const RunInputs& in,

@@ -126,20 +126,15 @@ void resolve_across_layers_by_walks(const RunInputs& in, const AnswerMeasures& m
                                     RunState& state) {
   SeqCalibResult& result = state.result;
   result.answer_kl_by_resolve = {result.answer_kl_walk};
-  const Windows proposed = decided_windows(
-      state.decisions,
-      solve::solve_exact(state.decisions.groups, in.options.global_budget_bytes).choice);
-  const std::optional<int64_t> lowest =
-      lowest_changed_layer_below_a_global_layer(in, result.windows, proposed);
-  if (!lowest) return;
+  const std::optional<ResolvedMove> move = propose_resolve(in, state);
+  if (!move) return;
   spdlog::info(
       "re-solve: the exact solve over the conditioned curves moves layer {} to [{}]; re-deciding "
-      "the layers "
-      "above it",
-      *lowest, fmt::join(proposed.at(*lowest), ","));
+      "the layers above it",
+      move->lowest, fmt::join(move->windows.at(move->lowest), ","));
   const SeqCalibResult kept_result = result;
   const Decisions kept = state.decisions;
-  rewalk_above_fixed(in, measures, state, *lowest, proposed);
+  rewalk_above_fixed(in, measures, state, move->lowest, move->windows);
   result.answer_kl_by_resolve.push_back(result.answer_kl_walk);
   if (!(result.answer_kl_walk < kept_result.answer_kl_walk)) {
     spdlog::info("re-solved walk: {} {:.6g}, not below {:.6g}: kept the first walk's policy",
