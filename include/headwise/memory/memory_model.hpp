@@ -1,5 +1,5 @@
 #pragma once
-// The exact cache memory model (README, "Memory estimates"). Per request at context C,
+// The exact cache memory model (docs/memory.md). Per request at context C,
 // batch B, KV element size s, block size b (1 = unpaged), sinks S:
 //   global layer, KV head with window w:  ceil(min(w + S, C) / b) * b * head_dim * 2 * s
 //                 (full window:           ceil(C / b) * b * head_dim * 2 * s)
