@@ -1,5 +1,7 @@
 #include "headwise/calib/answer_kl.hpp"
 
+#include "answer_positions.hpp"
+
 #include <limits>
 #include <vector>
 
@@ -151,28 +153,12 @@ AnswerKl::AnswerKl(arch::DecoderModel& model, const std::vector<std::vector<int6
     throw_input_error("answer-kl: {} answer lists for {} calibration sequences", answers.size(),
                       sequences.size());
   }
-  const auto long_cpu = at::TensorOptions().dtype(at::kLong);
-  first_answer_ = std::numeric_limits<int64_t>::max();
-  for (size_t begin = 0; begin < sequences.size(); begin += static_cast<size_t>(micro_batch)) {
-    const size_t end = std::min(sequences.size(), begin + static_cast<size_t>(micro_batch));
-    std::vector<int64_t> rows, cols;
-    for (size_t s = begin; s < end; ++s) {
-      const auto len = static_cast<int64_t>(sequences[s].size());
-      for (int64_t t : answers[s]) {
-        if (t < 0 || t >= len) {
-          throw_input_error(
-              "answer-kl: answer position {} of calibration sequence {} is outside its {} tokens",
-              t, s, len);
-        }
-        rows.push_back(static_cast<int64_t>(s - begin));
-        cols.push_back(t);
-        first_answer_ = std::min(first_answer_, t);
-      }
-    }
-    answers_ += static_cast<int64_t>(rows.size());
-    batch_index_.push_back(at::tensor(rows, long_cpu).to(model.device()));
-    position_index_.push_back(at::tensor(cols, long_cpu).to(model.device()));
-  }
+  MicroBatchAnswers indexed =
+      index_answers(sequences, answers, micro_batch, model.device(), "answer-kl");
+  first_answer_ = indexed.first;
+  answers_ += indexed.count;
+  batch_index_ = std::move(indexed.rows);
+  position_index_ = std::move(indexed.columns);
   share_answer_counts("answer positions");
   if (answers_ == 0)
     throw_field_error("distortion",

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <limits>
 
+#include "answer_positions.hpp"
 #include "finite_checks.hpp"
 #include "headwise/arch/attention.hpp"
 #include "headwise/calib/activations.hpp"
@@ -281,30 +282,13 @@ AnswerSpan::AnswerSpan(arch::DecoderModel& model,
                     "answer span: steps") /
       std::max<int64_t>(1, dist::sum_all(world, sequences.empty() ? int64_t{0} : int64_t{1},
                                          "answer span: ranks with data"));
-  const auto long_cpu = at::TensorOptions().dtype(at::kLong);
-  int64_t first_answer = std::numeric_limits<int64_t>::max();
-  for (size_t begin = 0; begin < sequences.size();
-       begin += static_cast<size_t>(options.micro_batch)) {
-    const size_t end = std::min(sequences.size(), begin + static_cast<size_t>(options.micro_batch));
-    std::vector<int64_t> rows, cols;
-    for (size_t s = begin; s < end; ++s) {
-      const auto len = static_cast<int64_t>(sequences[s].size());
-      for (int64_t t : answers[s]) {
-        if (t < 0 || t >= len) {
-          throw_input_error(
-              "answer span: answer position {} of calibration sequence {} is outside its {} tokens",
-              t, s, len);
-        }
-        rows.push_back(static_cast<int64_t>(s - begin));
-        cols.push_back(t);
-        first_answer = std::min(first_answer, t);
-      }
-    }
-    micro_batch_rows_.push_back(static_cast<int64_t>(end - begin));
-    answers_ += static_cast<int64_t>(rows.size());
-    answer_rows_.push_back(at::tensor(rows, long_cpu).to(model.device()));
-    answer_columns_.push_back(at::tensor(cols, long_cpu).to(model.device()));
-  }
+  MicroBatchAnswers indexed =
+      index_answers(sequences, answers, options.micro_batch, model.device(), "answer span");
+  int64_t first_answer = indexed.first;
+  micro_batch_rows_ = std::move(indexed.sequences);
+  answers_ += indexed.count;
+  answer_rows_ = std::move(indexed.rows);
+  answer_columns_ = std::move(indexed.columns);
   answers_ = dist::sum_all(world, answers_, "answer span: answer positions");
   first_answer = dist::min_all(world, first_answer, "answer span: earliest answer");
   if (answers_ == 0)

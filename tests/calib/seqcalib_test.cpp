@@ -50,6 +50,29 @@ at::Tensor final_hidden(test::ToyModel& model, const std::vector<std::vector<int
   return h;
 }
 
+
+// Runs `options` twice and once more in micro-batches of 3: the windows and curves must be the
+// same bytes run to run, and the split may only move curves within `epsilon`/`margin`.
+void check_deterministic_and_split_independent(test::ToyModel& model,
+                                               const std::vector<std::vector<int64_t>>& seqs,
+                                               calib::SeqCalibOptions options, double epsilon,
+                                               double margin) {
+  const auto a = calib::run_seqcalib(model, seqs, options);
+  const auto b = calib::run_seqcalib(model, seqs, options);
+  options.micro_batch = 3;
+  const auto split = calib::run_seqcalib(model, seqs, options);
+  CHECK(a.windows == b.windows);
+  CHECK(a.windows == split.windows);
+  REQUIRE(a.curves.size() == split.curves.size());
+  for (size_t i = 0; i < a.curves.size(); ++i) {
+    CHECK(a.curves[i].distortion == b.curves[i].distortion);
+    for (size_t l = 0; l < a.curves[i].distortion.size(); ++l) {
+      CHECK(split.curves[i].distortion[l] ==
+            Approx(a.curves[i].distortion[l]).epsilon(epsilon).margin(margin));
+    }
+  }
+}
+
 }  // namespace
 
 TEST_CASE("SeqCalib gives planted far heads long windows and local heads short ones", "[calib]") {
@@ -124,21 +147,8 @@ TEST_CASE("SeqCalib is deterministic and independent of the micro-batch split", 
   test::ToyModel model({layer, layer});
   const auto seqs = test::toy_sequences(4, kContext, 21);
   const int64_t budget = 2 * (toy_head_bytes(kFullWindow) + toy_head_bytes(16) + toy_head_bytes(4));
-  auto options = toy_options("4,16,full", budget);
-  const auto a = calib::run_seqcalib(model, seqs, options);
-  const auto b = calib::run_seqcalib(model, seqs, options);
-  options.micro_batch = 3;
-  const auto split = calib::run_seqcalib(model, seqs, options);
-  CHECK(a.windows == b.windows);
-  CHECK(a.windows == split.windows);
-  REQUIRE(a.curves.size() == split.curves.size());
-  for (size_t i = 0; i < a.curves.size(); ++i) {
-    CHECK(a.curves[i].distortion == b.curves[i].distortion);
-    for (size_t l = 0; l < a.curves[i].distortion.size(); ++l) {
-      CHECK(split.curves[i].distortion[l] ==
-            Approx(a.curves[i].distortion[l]).epsilon(1e-6).margin(1e-12));
-    }
-  }
+  check_deterministic_and_split_independent(model, seqs, toy_options("4,16,full", budget), 1e-6,
+                                            1e-12);
 }
 
 namespace {
@@ -464,21 +474,8 @@ TEST_CASE(
     "margin",
     "[calib]") {
   auto [model, seqs, budget] = two_mixed_layers();
-  auto options = span_options("4,16,full", budget, seqs);
-  const auto a = calib::run_seqcalib(model, seqs, options);
-  const auto b = calib::run_seqcalib(model, seqs, options);
-  options.micro_batch = 3;
-  const auto split = calib::run_seqcalib(model, seqs, options);
-  CHECK(a.windows == b.windows);
-  CHECK(a.windows == split.windows);
-  REQUIRE(a.curves.size() == split.curves.size());
-  for (size_t i = 0; i < a.curves.size(); ++i) {
-    CHECK(a.curves[i].distortion == b.curves[i].distortion);
-    for (size_t l = 0; l < a.curves[i].distortion.size(); ++l) {
-      CHECK(split.curves[i].distortion[l] ==
-            Approx(a.curves[i].distortion[l]).epsilon(1e-5).margin(1e-9));
-    }
-  }
+  check_deterministic_and_split_independent(model, seqs, span_options("4,16,full", budget, seqs),
+                                            1e-5, 1e-9);
   CHECK(calib::parse_distortion_measure("answer-tv-span") ==
         calib::DistortionMeasure::kAnswerTvSpan);
   CHECK(calib::parse_distortion_measure("answer-kl-span") ==
