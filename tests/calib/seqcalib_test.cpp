@@ -50,7 +50,6 @@ at::Tensor final_hidden(test::ToyModel& model, const std::vector<std::vector<int
   return h;
 }
 
-
 // Runs `options` twice and once more in micro-batches of 3: the windows and curves must be the
 // same bytes run to run, and the split may only move curves within `epsilon`/`margin`.
 void check_deterministic_and_split_independent(test::ToyModel& model,
