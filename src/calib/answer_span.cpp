@@ -499,8 +499,9 @@ std::vector<std::vector<double>> AnswerSpan::sweep(const std::vector<SweepItem>&
       }
     }
     run_above_sites(j, batches, items);
-    // The measured (lowest) layer stays resident: the walk runs it under its decision next.
-    if (j > lowest) model_.release_layer(j);
+    // The measured (lowest) layer stays resident when it may: the walk runs it under its decision
+    // next.
+    if (j > lowest || !options_.keep_measured_layer) model_.release_layer(j);
   }
   std::vector<std::vector<ExactSum>> sums(items.size());
   for (size_t i = 0; i < items.size(); ++i) sums[i].resize(items[i].candidates.size());

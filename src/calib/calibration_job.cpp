@@ -415,6 +415,7 @@ CalibrationOutcome CalibrationJob::run(const RunControl& control) {
   };
   options.micro_batch = micro_batch;
   options.probe_samples = r.probe_samples;
+  options.measured_layer_resident = plan.measured_layer_resident;
   options.conditioned = !r.no_conditioning;
   options.measure = r.distortion;
   options.answer_positions = s.data.answer_positions;
@@ -449,6 +450,7 @@ CalibrationOutcome CalibrationJob::run(const RunControl& control) {
     so.windows = r.windows.levels;
     so.margin = r.span_margin;
     so.divergence = answer_divergence(r.distortion);
+    so.keep_measured_layer = plan.measured_layer_resident;
     spdlog::info("{}: full-KV reference and the answer span's caches ({} sequences)",
                  distortion_measure_name(r.distortion), shard_sequences.size());
     span = std::make_unique<AnswerSpan>(*model, shard_sequences, shard_answers, so, world);

@@ -121,14 +121,16 @@ std::optional<int64_t> available_host_bytes() {
 int64_t MemoryPlan::device_peak_bytes() const {
   const int64_t activations =
       activations_on_device ? activation_bytes + stream_checkpoint_bytes : 0;
-  return largest_layer_weight_bytes + measured_layer_weight_bytes + embedding_weight_bytes +
-         activations + micro_batch_bytes + workspace_bytes + answer_span_cache_bytes;
+  const int64_t measured = measured_layer_resident ? measured_layer_weight_bytes : 0;
+  return largest_layer_weight_bytes + measured + embedding_weight_bytes + activations +
+         micro_batch_bytes + workspace_bytes + answer_span_cache_bytes;
 }
 
 nlohmann::json MemoryPlan::to_json() const {
   nlohmann::json out{{"planned_peak_bytes", device_peak_bytes()},
                      {"largest_layer_bytes", largest_layer_weight_bytes},
                      {"measured_layer_bytes", measured_layer_weight_bytes},
+                     {"measured_layer_resident", measured_layer_resident},
                      {"embedding_bytes", embedding_weight_bytes},
                      {"activation_bytes", activation_bytes},
                      {"activations_on_device", activations_on_device},
@@ -147,10 +149,15 @@ std::string MemoryPlan::describe() const {
       answer_span_cache_bytes > 0
           ? fmt::format(" + answer-span caches {}", format_bytes(answer_span_cache_bytes))
           : "";
-  const std::string measured =
-      measured_layer_weight_bytes > 0
-          ? fmt::format(" + measured layer {}", format_bytes(measured_layer_weight_bytes))
-          : "";
+  std::string measured;
+  if (measured_layer_weight_bytes > 0) {
+    measured = measured_layer_resident
+                   ? fmt::format(" + measured layer {}", format_bytes(measured_layer_weight_bytes))
+                   : fmt::format(
+                         " (the measured layer's {} released during its sweeps: two "
+                         "layers do not fit)",
+                         format_bytes(measured_layer_weight_bytes));
+  }
   return fmt::format(
       "planned peak {} = largest layer {}{} + embeddings {} + activations {} and stream "
       "checkpoints {} ({}) + "
@@ -164,6 +171,17 @@ std::string MemoryPlan::describe() const {
       format_bytes(workspace_bytes), span, format_bytes(mapped_weight_bytes),
       available_bytes ? fmt::format("; {} available", format_bytes(*available_bytes)) : "");
 }
+
+namespace {
+
+// Keeping the measured layer resident saves one load of each global layer's weights: worth it
+// only while it fits. (When even one layer does not fit, the refusal names the smaller need.)
+void release_measured_layer_unless_it_fits(MemoryPlan& plan) {
+  plan.measured_layer_resident =
+      !plan.available_bytes || plan.device_peak_bytes() <= *plan.available_bytes;
+}
+
+}  // namespace
 
 MemoryPlan plan_calibration_memory(const arch::ModelSpec& spec, const io::Checkpoint& checkpoint,
                                    const CalibrationShape& shape, bool on_device,
@@ -222,6 +240,7 @@ MemoryPlan plan_calibration_memory(const arch::ModelSpec& spec, const io::Checkp
         plan.measured_layer_weight_bytes =
             std::max(plan.measured_layer_weight_bytes, it->second.converted);
     }
+    release_measured_layer_unless_it_fits(plan);
   }
   return plan;
 }

@@ -104,6 +104,7 @@ AnswerMeasures prepare_answer_measures(const RunInputs& in, SeqCalibResult& resu
       so.sink_tokens = in.options.sink_tokens;
       so.windows = in.options.ladder.levels;
       so.divergence = answer_divergence(in.options.measure);
+      so.keep_measured_layer = in.options.measured_layer_resident;
       measures.own_span = std::make_unique<AnswerSpan>(in.model, in.local_sequences,
                                                        in.local_answers, so, in.world);
       measures.span = measures.own_span.get();

@@ -100,9 +100,9 @@ LayerMeasure span_decision_measure(const RunInputs& in, AnswerSpan& span, int64_
 
 bool decides_in_its_pass(const RunInputs& in, const RunState& state, int64_t i,
                          const ActivationStream& stream) {
-  return in.span() && in.options.conditioned && stream.micro_batches() == 1 &&
-         in.spec.layer(i).states.empty() && !state.result.validation &&
-         i != in.spec.global_layer_ids().front();
+  return in.span() && in.options.conditioned && in.options.measured_layer_resident &&
+         stream.micro_batches() == 1 && in.spec.layer(i).states.empty() &&
+         !state.result.validation && i != in.spec.global_layer_ids().front();
 }
 
 void run_deciding_in_its_pass(const RunInputs& in, const AnswerMeasures& measures, RunState& state,

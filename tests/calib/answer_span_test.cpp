@@ -7,6 +7,7 @@
 
 #include <c10/core/InferenceMode.h>
 
+#include <map>
 #include <random>
 
 #include "../../src/calib/span_attention.hpp"
@@ -214,6 +215,49 @@ TEST_CASE(
       CHECK(again[0] == Approx(measured[1]).margin(1e-6));
     }
   }
+}
+
+TEST_CASE(
+    "answer span: a sweep that may not keep its measured layer releases it and measures the same",
+    "[calib]") {
+  // When two layers' weights do not fit (the memory plan), the measured layer goes with the
+  // others; the walk loads it again to run it under its decision.
+  c10::InferenceMode inference;
+  arch::ModelOptions options;
+  options.attention_chunk = 16;
+  auto model = arch::load_model(testing::fixture_dir("qwen3_next_tiny"), options);
+  const auto& spec = model->spec();
+  const auto seqs = random_sequences(2, 40, spec.vocab_size, 5);
+  const std::vector<std::vector<int64_t>> answers(seqs.size(), {33, 37, 39});
+  std::map<bool, std::vector<std::vector<double>>> measured;
+  for (const bool keep : {true, false}) {
+    calib::AnswerSpanOptions so;
+    so.windows = {4, 8, kFullWindow};
+    so.margin = 5;
+    so.keep_measured_layer = keep;
+    calib::AnswerSpan span(*model, seqs, answers, so);
+    for (int64_t layer : spec.global_layer_ids()) {
+      INFO("keep " << keep << ", layer " << layer);
+      const auto heads = static_cast<size_t>(spec.layer(layer).attention->num_kv_heads);
+      const calib::SpanSite& site = span.reference_site(layer);
+      std::vector<int64_t> mixed(heads, kFullWindow);
+      mixed[0] = 8;
+      model->release_all();
+      measured[keep].push_back(span.evaluate(
+          site, {site.compose(std::vector<int64_t>(heads, 4)), site.compose(mixed)}, "test"));
+      const int64_t resident = model->resident_weight_bytes();
+      // What the logits read (final norm, head) stays; no layer does unless kept.
+      model->release_all();
+      model->logits(at::zeros({1, 1, spec.hidden_size}));
+      const int64_t outer = model->resident_weight_bytes();
+      if (keep) {
+        CHECK(resident > outer);
+      } else {
+        CHECK(resident == outer);
+      }
+    }
+  }
+  CHECK(measured[true] == measured[false]);
 }
 
 TEST_CASE(

@@ -469,6 +469,30 @@ TEST_CASE(
 }
 
 TEST_CASE(
+    "answer-tv-span decides the same when the measured layer may not stay resident (separate "
+    "capture, sweep and run passes)",
+    "[calib]") {
+  auto [model, seqs, budget] = two_mixed_layers();
+  auto options = span_options("4,16,full", budget, seqs);
+  // One micro-batch: the upper layer is decided inside its own pass when it may stay resident.
+  options.micro_batch = static_cast<int64_t>(seqs.size());
+  const auto in_its_pass = calib::run_seqcalib(model, seqs, options);
+  auto released_options = options;
+  released_options.measured_layer_resident = false;
+  const auto released = calib::run_seqcalib(model, seqs, released_options);
+  CHECK(released.windows == in_its_pass.windows);
+  CHECK(released.global_bytes == in_its_pass.global_bytes);
+  REQUIRE(released.curves.size() == in_its_pass.curves.size());
+  for (size_t c = 0; c < released.curves.size(); ++c) {
+    const auto& a = released.curves[c].distortion;
+    const auto& b = in_its_pass.curves[c].distortion;
+    REQUIRE(a.size() == b.size());
+    for (size_t l = 0; l < a.size(); ++l) CHECK(a[l] == Approx(b[l]).epsilon(1e-9).margin(1e-12));
+  }
+  CHECK(released.answer_kl_walk == Approx(in_its_pass.answer_kl_walk).epsilon(1e-9));
+}
+
+TEST_CASE(
     "answer-tv-span is deterministic, independent of the micro-batch split, and refuses a bad "
     "margin",
     "[calib]") {

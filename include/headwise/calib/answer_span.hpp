@@ -62,6 +62,10 @@ struct AnswerSpanOptions {
   std::vector<int64_t> windows;  // the levels every site measures (the ladder)
   int64_t margin = 8;            // tokens of the span before the first answer position
   AnswerDivergence divergence = AnswerDivergence::kTv;
+  // A sweep keeps its measured (lowest) layer's weights resident, because the walk runs that layer
+  // under its decision next. false when two layers' weights do not fit the memory (the calibration
+  // memory plan says): the sweep releases it too, and the next use loads it again.
+  bool keep_measured_layer = true;
 };
 
 class AnswerSpan {

@@ -33,8 +33,12 @@ struct MemoryPlan {
   int64_t largest_layer_weight_bytes = 0;
   // Answer-span measures: the measured global layer stays converted while its candidates run
   // through the layers above (the walk decides a layer inside its own pass), so a second layer's
-  // weights are resident beside the one streaming: the largest global layer's.
+  // weights are resident beside the one streaming: the largest global layer's. When that second
+  // layer does not fit what is available and the rest does, the plan releases it instead
+  // (measured_layer_resident false): the walk then captures, sweeps and runs each global layer in
+  // separate passes and loads its weights once more, and the peak counts one layer.
   int64_t measured_layer_weight_bytes = 0;
+  bool measured_layer_resident = true;
   int64_t embedding_weight_bytes = 0;
   int64_t activation_bytes = 0;   // all calibration hidden states
   int64_t micro_batch_bytes = 0;  // one micro-batch's hidden states and layer intermediates

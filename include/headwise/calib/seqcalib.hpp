@@ -75,6 +75,11 @@ struct SeqCalibOptions {
   // The answer-span measures: the measure (its reference forward done) on this rank's shard, shared
   // with the keep-rules pass that follows; nullptr: run_seqcalib makes its own.
   AnswerSpan* span = nullptr;
+  // The answer-span measures: whether the measured global layer's weights may stay resident beside
+  // the layer streaming through its candidates' sweep (the memory plan's measured_layer_resident).
+  // false: each global layer is captured, swept and then run under its decision in separate
+  // passes, and its weights are loaded again for the last one.
+  bool measured_layer_resident = true;
   // Data parallel (dist/collective.hpp): this process measures its shard of the sequences (its
   // micro-batches, dist::shard_sequences) and combines every sum with the other ranks, so each
   // rank takes the decisions a single process would. nullptr: one process.
