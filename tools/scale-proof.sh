@@ -52,7 +52,9 @@ flags=(--model "$model" --context 32k --budget 80m --windows 256,1k,full --seq-l
 sample_peaks() {
   local pid=$1 anon=0 file=0 a f
   while [[ -r /proc/$pid/status ]]; do
-    read -r a f < <(awk '/^RssAnon:/ {a = $2} /^RssFile:/ {f = $2} END {print a, f}' "/proc/$pid/status" 2>/dev/null || true)
+    # The process may end between the test and the read: nothing to read then, and the loop is done
+    # (under set -e a failed read would end the script, as it once did after a good run).
+    read -r a f < <(awk '/^RssAnon:/ {a = $2} /^RssFile:/ {f = $2} END {print a, f}' "/proc/$pid/status" 2>/dev/null || true) || break
     [[ -n $a && $a -gt $anon ]] && anon=$a
     [[ -n $f && $f -gt $file ]] && file=$f
     sleep 0.05
