@@ -29,8 +29,11 @@ struct EvalArgs {
   std::vector<std::string> unconditioned_policies;
   std::string tasks;
   std::string baselines =
-      "full,uniform,pyramid,retrieval-score,duo,random,unconditioned,snapkv,h2o,adakv,snapkv-"
-      "chunked,adakv-chunked";
+      "full,uniform,streamingllm,pyramid-windows,retrieval-score,duo,random,unconditioned,h2o,"
+      "snapkv,adakv,pyramidkv,"
+      "snapkv-chunked,adakv-chunked,pyramidkv-chunked,h2o-headwise-slots,snapkv-headwise-slots,"
+      "adakv-headwise-slots,"
+      "snapkv-chunked-headwise-slots,adakv-chunked-headwise-slots";
   int64_t samples = 100;
   std::string seq_len = "context";  // the policy's context
   bool allow_short_seq_len = false;
@@ -226,7 +229,10 @@ void run_eval(const EvalArgs& args) {
   for (const auto& b : baselines) {
     const auto& known = eval::baseline_names();
     if (std::find(known.begin(), known.end(), b) == known.end()) {
-      throw_input_error("--baselines {}: unknown baseline (have: {})", b, fmt::join(known, ", "));
+      throw_input_error(
+          "--baselines {}: unknown baseline (have: {}){}", b, fmt::join(known, ", "),
+          b == "pyramid" ? "; `pyramid` is now `pyramid-windows` (PyramidKV itself is `pyramidkv`)"
+                         : "");
     }
   }
   // One sequence at a time: the figures are per sequence, at the policies' context and dtype.
@@ -371,7 +377,8 @@ const RegisterCommand kRegister{
              "Samples per task for retrieval scores, duo gate training and unconditioned curves")
           ->capture_default_str();
       cmd->add_option("--duo-steps", args.duo_steps,
-                      "Adam steps of the duo baseline's gate training (one sample each)")
+                      "Adam steps of the duo baseline's gate training (one sample each; "
+                      "DuoAttention's paper trains 2000)")
           ->capture_default_str();
       cmd->add_option("--seed", args.seed, "Seed of the samples and of the random baseline")
           ->capture_default_str();

@@ -49,8 +49,8 @@ Run run_cli(const std::string& args, const fs::path& scratch, const std::string&
   return r;
 }
 
-// An online eviction method's row (snapkv, h2o, adakv and the chunked variants): only those
-// report the measured bookkeeping of the eviction cache.
+// An online eviction method's row (h2o, snapkv, adakv, pyramidkv, the chunked variants and the
+// *-headwise-slots ablations): only those report the measured bookkeeping of the eviction cache.
 bool is_eviction_row(const nlohmann::json& m) {
   return m.contains("details") && m["details"].contains("auxiliary_bytes_measured");
 }
@@ -141,6 +141,89 @@ TEST_CASE("eval baselines have their shapes: uniform is one window, pyramid decr
   CHECK(pyramid.at(ids.front()).front() > pyramid.at(ids.back()).front());
 }
 
+TEST_CASE("eviction baselines at their own allocation pay their bookkeeping from the budget",
+          "[eval]") {
+  std::mt19937_64 rng(8);
+  const std::vector<int64_t> ladder{64, 256, 1024, kFullWindow};
+  for (const auto& file : {"qwen3_next_80b_a3b.json", "gemma3_27b.json", "jamba_tiny.json"}) {
+    const auto spec = headwise::testing::spec_from_config(file);
+    const auto ids = spec.global_layer_ids();
+    for (int trial = 0; trial < 4; ++trial) {
+      memory::MemoryOptions o;
+      o.context = std::vector<int64_t>{4096, 32768}[static_cast<size_t>(trial % 2)];
+      o.block_size = trial < 2 ? 16 : 1;
+      const int64_t budget =
+          eval::global_kv_bytes(spec, random_policy_windows(spec, ladder, rng), o);
+      INFO(file << " trial " << trial << " budget " << budget);
+      // One more block per head (K/V and its bookkeeping) would not fit.
+      int64_t block_cost = eval::one_block_per_head(spec, o);
+      for (int64_t id : ids) {
+        const auto& att = *spec.layer(id).attention;
+        block_cost += att.num_kv_heads * o.block_size * 12 *
+                      o.batch;  // position int64 + score float32 per slot
+      }
+      const auto uniform = eval::uniform_selecting_baseline(spec, o, budget);
+      const int64_t used = eval::selecting_bytes(spec, uniform, o);
+      CHECK(used <= budget);
+      CHECK(budget - used < block_cost);
+      CHECK(used > eval::global_kv_bytes(spec, uniform, o));  // the bookkeeping is counted
+      std::set<int64_t> one_window;
+      for (const auto& [layer, heads] : uniform) one_window.insert(heads.begin(), heads.end());
+      CHECK(one_window.size() == 1);
+
+      const auto pyramid = eval::pyramidkv_baseline(spec, o, budget, 32, 20);
+      CHECK(eval::selecting_bytes(spec, pyramid.windows, o) <= budget);
+      if (pyramid.pyramidal) {
+        // Non-increasing with depth, strictly from the first global layer to the last.
+        for (size_t j = 1; j < ids.size(); ++j) {
+          const int64_t above = pyramid.windows.at(ids[j - 1]).front(),
+                        here = pyramid.windows.at(ids[j]).front();
+          CHECK((above == kFullWindow || (here != kFullWindow && here <= above)));
+        }
+        if (ids.size() > 1)
+          CHECK(pyramid.windows.at(ids.front()).front() != pyramid.windows.at(ids.back()).front());
+      } else {
+        CHECK(pyramid.windows == uniform);
+      }
+    }
+  }
+}
+
+TEST_CASE(
+    "PyramidKV's schedule: min = P / beta at the top, max = 2P - min at the bottom, plus the "
+    "window",
+    "[eval]") {
+  const auto spec = headwise::testing::spec_from_config("gemma3_27b.json");
+  memory::MemoryOptions o;
+  o.context = 32768;
+  o.block_size = 1;
+  const auto ids = spec.global_layer_ids();
+  REQUIRE(ids.size() > 2);
+  const int64_t budget = eval::global_kv_bytes(spec, memory::uniform_windows(spec, 4096), o);
+  const auto a = eval::pyramidkv_baseline(spec, o, budget, 32, 20);
+  REQUIRE(a.pyramidal);
+  const double p = static_cast<double>(a.mean_prefix);
+  CHECK(a.windows.at(ids.front()).front() == 32 + std::llround(2 * p - p / 20));
+  CHECK(a.windows.at(ids.back()).front() == 32 + std::llround(p / 20));
+  // P is the largest that fits: one more token of mean prefix does not.
+  CHECK(eval::selecting_bytes(spec, a.windows, o) <= budget);
+  // A budget too small for min >= window falls back to uniform, as PyramidKV's code does.
+  const int64_t small = eval::global_kv_bytes(spec, memory::uniform_windows(spec, 200), o);
+  const auto b = eval::pyramidkv_baseline(spec, o, small, 32, 20);
+  CHECK_FALSE(b.pyramidal);
+  CHECK(b.windows == eval::uniform_selecting_baseline(spec, o, small));
+}
+
+TEST_CASE("DuoAttention's learning-rate schedule: warm-up and cool-down over steps/5, floor 0.1",
+          "[eval]") {
+  CHECK(eval::duo_lr_factor(0, 2000) == Approx(0.1));
+  CHECK(eval::duo_lr_factor(199, 2000) == Approx(0.5));
+  CHECK(eval::duo_lr_factor(1000, 2000) == Approx(1.0));
+  CHECK(eval::duo_lr_factor(1800, 2000) == Approx(0.5));
+  CHECK(eval::duo_lr_factor(1999, 2000) == Approx(0.1));
+  CHECK(eval::duo_lr_factor(2, 3) == Approx(1.0));
+}
+
 TEST_CASE("eval --json: every method, measured == estimated bytes, full has KL 0", "[eval]") {
   // Every hybrid family with a forward: gated DeltaNet (Qwen3-Next, Qwen3.5-MoE), gpt-oss (sliding
   // layers, sink logits), LFM2 (short convolutions), the Mamba-2 hybrids (Bamba, Nemotron-H,
@@ -164,10 +247,9 @@ TEST_CASE("eval --json: every method, measured == estimated bytes, full has KL 0
   const auto j = nlohmann::json::parse(r.out);
   std::vector<std::string> names;
   for (const auto& m : j["methods"]) names.push_back(m["name"]);
-  CHECK(names == std::vector<std::string>{
-                     "headwise", "full", "uniform", "pyramid", "retrieval-score", "duo", "random",
-                     "unconditioned", "snapkv", "h2o", "adakv", "snapkv-chunked", "adakv-chunked"});
+  CHECK(names == eval::method_names());
   const int64_t budget = j["policy_global_kv_bytes"], tolerance = j["one_block_per_head_bytes"];
+  const int64_t policy_bytes = j["methods"][0]["cache_bytes_estimated"];
   for (const auto& m : j["methods"]) {
     INFO(m.dump());
     CHECK(m["cache_bytes_measured"] == m["cache_bytes_estimated"]);
@@ -176,28 +258,41 @@ TEST_CASE("eval --json: every method, measured == estimated bytes, full has KL 0
       CHECK((acc.get<double>() >= 0 && acc.get<double>() <= 1));
     CHECK(m["kl_vs_full"].get<double>() >= 0);
     const int64_t bytes = m["global_kv_bytes"];
-    if (m["name"] == "full") {
+    const std::string name = m["name"];
+    const bool on_policy_slots = name.ends_with("-headwise-slots");
+    if (name == "full") {
       CHECK(m["kl_vs_full"].get<double>() == 0.0);
-    } else if (m["name"] == "headwise") {
+    } else if (name == "headwise") {
       CHECK(bytes == budget);
     } else if (is_eviction_row(m)) {
-      // The eviction methods: the policy's own slots per head, filled by the eviction rule: its
-      // bytes exactly.
-      CHECK(bytes == budget);
-      CHECK(m["cache_bytes_estimated"] == j["methods"][0]["cache_bytes_estimated"]);
       const auto& d = m.at("details");
-      CHECK(d.at("method") == m["name"]);
-      CHECK(d.at("auxiliary_bytes_measured").get<int64_t>() > 0);
-      // SnapKV/AdaKV stage the prompt's K/V before compressing (full KV at the prefill peak);
-      // chunked, they compress after every prefill chunk and stage nothing, as H2O.
-      const std::string name = m["name"];
-      CHECK((d.at("prefill_staged_peak_bytes_measured").get<int64_t>() > 0) ==
-            (name == "snapkv" || name == "adakv"));
-    } else if (m["name"] == "unconditioned") {
+      CHECK(d.at("method") == name);
+      const int64_t bookkeeping = d.at("auxiliary_bytes_measured");
+      CHECK(bookkeeping > 0);
+      // The bookkeeping is part of the method's bytes, as the policy's own is of its.
+      CHECK(m["cache_bytes_measured"].get<int64_t>() - bookkeeping ==
+            j["methods"][1]["cache_bytes_measured"].get<int64_t>() -
+                j["methods"][1]["global_kv_bytes"].get<int64_t>() + bytes);
+      if (on_policy_slots) {
+        // The ablation: the policy's own slots, so its K/V bytes exactly and its bookkeeping on
+        // top.
+        CHECK(bytes == budget);
+        CHECK(m["cache_bytes_estimated"].get<int64_t>() > policy_bytes);
+      } else {
+        // As published: its own allocation of the policy's bytes, bookkeeping included.
+        CHECK(m["cache_bytes_estimated"].get<int64_t>() <= policy_bytes);
+      }
+      // SnapKV/AdaKV/PyramidKV stage the prompt's K/V before compressing (full KV at the prefill
+      // peak); chunked, they compress after every prefill chunk and stage nothing, as H2O.
+      const bool staged = !name.starts_with("h2o") && name.find("chunked") == std::string::npos;
+      CHECK((d.at("prefill_staged_peak_bytes_measured").get<int64_t>() > 0) == staged);
+    } else if (name == "unconditioned") {
       CHECK(bytes <= budget);  // ladder levels only, like the policy itself
     } else {
-      CHECK(bytes <= budget);
-      CHECK(budget - bytes < tolerance);
+      // Static windows (a window needs no bookkeeping): the policy's bytes, within one block per
+      // head.
+      CHECK(m["cache_bytes_estimated"].get<int64_t>() <= policy_bytes);
+      CHECK(policy_bytes - m["cache_bytes_estimated"].get<int64_t>() < tolerance);
     }
   }
   CHECK(j["methods"][0]["cache_bytes_estimated"] == p.memory.total_bytes);
@@ -325,7 +420,12 @@ TEST_CASE("eval --jobs 2 gives the figures of --jobs 1 and runs a repeated metho
     const std::string name = m["name"];
     if (name == "full") continue;
     const bool evicts = is_eviction_row(m);
-    if (!seen.insert(m["windows"].dump() + (evicts ? name : "")).second) ++expected;
+    const bool own_sinks = m.contains("details") && m["details"].contains("sink_tokens");
+    if (!seen.insert(m["windows"].dump() + (evicts ? name : "") +
+                     (own_sinks ? m["details"]["sink_tokens"].dump() : ""))
+             .second) {
+      ++expected;
+    }
   }
   size_t reused = 0;
   for (size_t at = parallel.err.find("its run is reused"); at != std::string::npos;
