@@ -67,11 +67,14 @@ void top_up(const arch::ModelSpec& spec, const memory::MemoryOptions& o, int64_t
   }
 }
 
-void require_fits(int64_t needed, int64_t budget, const char* what) {
+// `counted`: what the bytes are (the global layers' K/V, plus selection bookkeeping where the
+// method selects tokens), so the message compares like with like.
+void require_fits(int64_t needed, int64_t budget, const char* what,
+                  const char* counted = "global-KV bytes") {
   if (needed > budget) {
-    throw InfeasibleError(fmt::format(
-        "{} baseline: its smallest assignment needs {} global-KV bytes, the policy has {}", what,
-        needed, budget));
+    throw InfeasibleError(
+        fmt::format("{} baseline: its smallest assignment needs {} {}, the policy has {}", what,
+                    needed, counted, budget));
   }
 }
 
@@ -207,7 +210,8 @@ memory::HeadWindows uniform_selecting_baseline(const arch::ModelSpec& spec,
   const auto cost = [&](int64_t w) {
     return selecting_bytes(spec, memory::uniform_windows(spec, w), o);
   };
-  require_fits(cost(1), budget, "uniform eviction");
+  require_fits(cost(1), budget, "uniform eviction",
+               "bytes of global K/V plus selection bookkeeping (one block per head)");
   const int64_t w = largest_fitting(1, o.context, [&](int64_t x) { return cost(x) <= budget; });
   return memory::uniform_windows(spec, normalise(w, o));
 }

@@ -1,5 +1,6 @@
 // The methods eval compares: the policy, full KV, and baselines at the policy's bytes.
 #include <c10/core/InferenceMode.h>
+#include <spdlog/spdlog.h>
 
 #include <algorithm>
 #include <limits>
@@ -312,18 +313,31 @@ MethodWindows eviction_method(const arch::ModelSpec& spec, const BaselineInputs&
   return m;
 }
 
-// DuoAttention's streaming heads as published (sinks 128, recent 256), shrunk by one factor only
-// when every head streaming does not fit the budget (tiny contexts): {recent, sinks}.
-std::pair<int64_t, int64_t> duo_streaming_shape(const arch::ModelSpec& spec,
-                                                const BaselineInputs& in, int64_t budget) {
+// DuoAttention's streaming heads: as published (128 sinks + 256 recent tokens), halved together
+// only where they would keep more than half the context (small test contexts), so that a
+// streaming head still streams. It depends on the context alone, never on the budget: the gates
+// are trained once per shape and serve every budget, as in the paper. {recent, sinks}.
+std::pair<int64_t, int64_t> duo_streaming_shape(const BaselineInputs& in) {
   int64_t recent = in.duo.streaming_window, sinks = in.duo.sink_tokens;
-  for (;;) {
-    memory::MemoryOptions o = in.options;
-    o.sink_tokens = sinks;
-    if (global_kv_bytes(spec, memory::uniform_windows(spec, recent), o) <= budget || recent <= 1)
-      return {recent, sinks};
+  while (recent > 1 && recent + sinks > in.options.context / 2) {
     recent = std::max<int64_t>(1, recent / 2);
     sinks /= 2;
+  }
+  return {recent, sinks};
+}
+
+// DuoAttention at its smallest (every head streaming) must fit the bytes: checked before its
+// gates are trained, the expensive step.
+void require_duo_fits(const arch::ModelSpec& spec, const BaselineInputs& in, int64_t recent,
+                      int64_t sinks, int64_t budget) {
+  memory::MemoryOptions o = in.options;
+  o.sink_tokens = sinks;
+  const int64_t smallest = global_kv_bytes(spec, memory::uniform_windows(spec, recent), o);
+  if (smallest > budget) {
+    throw InfeasibleError(fmt::format(
+        "duo baseline: every head streaming ({} sink + {} recent tokens) needs {} global-KV bytes, "
+        "the policy has {}",
+        sinks, recent, smallest, budget));
   }
 }
 
@@ -441,13 +455,12 @@ std::vector<MethodWindows> build_methods(arch::DecoderModel& model, const Baseli
   BaselineCache& memo = cache != nullptr ? *cache : local;
   const auto& spec = model.spec();
   const int64_t budget = budget_of(spec, in);
-  std::vector<MethodWindows> out{policy_method("headwise", in.policy)};
-  for (const auto& name : names) {
+  // One method; a baseline whose smallest configuration exceeds the bytes throws InfeasibleError.
+  const auto build_one = [&](const std::string& name) -> MethodWindows {
     memory::HeadWindows w;
     nlohmann::json details = nlohmann::json::object();
     if (const auto eviction = eviction_baseline(name)) {
-      out.push_back(eviction_method(spec, in, name, *eviction, budget));
-      continue;
+      return eviction_method(spec, in, name, *eviction, budget);
     }
     if (name == "full") {
       w = memory::full_kv_windows(spec);
@@ -463,14 +476,12 @@ std::vector<MethodWindows> build_methods(arch::DecoderModel& model, const Baseli
                       {{"sink_tokens", kStreamingSinks},
                        {"rule", "attention sinks plus a recent window, every head"}}};
       m.sink_tokens = kStreamingSinks;
-      out.push_back(std::move(m));
-      continue;
+      return m;
     } else if (name == "pyramid-windows") {
       w = pyramid_baseline(spec, in.options, budget);
       details = {{"rule",
                   "ablation: PyramidKV's shape of allocation (linearly decreasing with depth) as "
-                  "recency windows, "
-                  "without its token selection"}};
+                  "recency windows, without its token selection"}};
     } else if (name == "retrieval-score") {
       if (!memo.retrieval_scores) memo.retrieval_scores = retrieval_scores(model, calibration);
       const HeadScores& scores = *memo.retrieval_scores;
@@ -479,7 +490,8 @@ std::vector<MethodWindows> build_methods(arch::DecoderModel& model, const Baseli
       details["scores"] = scores_json(scores);
     } else if (name == "duo") {
       DuoTrainingOptions duo = in.duo;
-      std::tie(duo.streaming_window, duo.sink_tokens) = duo_streaming_shape(spec, in, budget);
+      std::tie(duo.streaming_window, duo.sink_tokens) = duo_streaming_shape(in);
+      require_duo_fits(spec, in, duo.streaming_window, duo.sink_tokens, budget);
       const auto key = std::make_pair(duo.streaming_window, duo.sink_tokens);
       auto found = memo.duo_gates.find(key);
       if (found == memo.duo_gates.end())
@@ -498,18 +510,19 @@ std::vector<MethodWindows> build_methods(arch::DecoderModel& model, const Baseli
            {"sink_tokens", duo.sink_tokens},
            {"published_shape",
             {{"sink_tokens", in.duo.sink_tokens}, {"recent_window", in.duo.streaming_window}}},
+           {"shape_rule",
+            "the published shape, sinks and recent window halved together only where they would "
+            "keep more than half the context; it depends on the context alone, so one gate "
+            "training serves every budget"},
            {"loss",
             "sum over the answer positions of the squared distance between the RMS-normalised "
-            "final "
-            "hidden states of gated and full attention, plus l1_weight x the sum of |gate| over "
-            "every "
-            "global KV head (the paper's); lr warm-up and cool-down over steps/5 each, as its "
-            "code"},
+            "final hidden states of gated and full attention, plus l1_weight x the sum of |gate| "
+            "over every global KV head (the paper's); lr warm-up and cool-down over steps/5 "
+            "each, as its code"},
            {"loss_first", trained.step_loss.front()},
            {"loss_last", trained.step_loss.back()}}};
       m.sink_tokens = duo.sink_tokens;
-      out.push_back(std::move(m));
-      continue;
+      return m;
     } else if (name == "random") {
       w = random_baseline(spec, in.options, budget, in.policy.window_levels, in.seed);
     } else if (name == "unconditioned" && in.unconditioned_policy != nullptr) {
@@ -519,8 +532,7 @@ std::vector<MethodWindows> build_methods(arch::DecoderModel& model, const Baseli
           "the policy's calibration rerun with --no-conditioning (same data and options)";
       ablation.details["dataset_sha256"] =
           in.unconditioned_policy->calibration.value("dataset_sha256", "");
-      out.push_back(std::move(ablation));
-      continue;
+      return ablation;
     } else if (name == "unconditioned") {
       w = unconditioned(model, in, calibration);
       details = {
@@ -537,7 +549,20 @@ std::vector<MethodWindows> build_methods(arch::DecoderModel& model, const Baseli
               ? "; `pyramid` is now `pyramid-windows` (PyramidKV itself is `pyramidkv`)"
               : "");
     }
-    out.push_back({name, std::move(w), std::move(details)});
+    return MethodWindows{name, std::move(w), std::move(details)};
+  };
+  std::vector<MethodWindows> out{policy_method("headwise", in.policy)};
+  for (const auto& name : names) {
+    try {
+      out.push_back(build_one(name));
+    } catch (const InfeasibleError& e) {
+      // Not run, and said so: the other methods still compare at these bytes.
+      MethodWindows m{name, {}};
+      m.does_not_fit = e.what();
+      m.details = {{"does_not_fit", e.what()}};
+      spdlog::warn("eval: {} is not run: {}", name, e.what());
+      out.push_back(std::move(m));
+    }
   }
   return out;
 }

@@ -72,6 +72,7 @@ class Scheduler {
     HEADWISE_CHECK(methods_[policy].emplace(index, method).second,
                    "method slot {} of policy {} emitted twice", index, policy);
     if (method.name == "full") return;  // answered by the reference run
+    if (method.does_not_fit) return;    // not run: its result stays empty but for the name
     const std::string key = run_key(method);
     if (const auto first = first_run_.find(key); first != first_run_.end()) {
       spdlog::info("eval: {} has the windows and rule of {} (policy {}): its run is reused",
@@ -128,6 +129,8 @@ class Scheduler {
         MethodResult r;
         if (m.name == "full") {
           r = out.full;
+        } else if (m.does_not_fit) {
+          r.name = m.name;
         } else if (const auto reused = reused_[p].find(i); reused != reused_[p].end()) {
           r = results_.at(reused->second);
           r.name = m.name;

@@ -234,21 +234,36 @@ TEST_CASE("eval --json: every method, measured == estimated bytes, full has KL 0
   INFO(fixture);
   headwise::testing::TempDir tmp;
   const auto dir = headwise::testing::fixture_dir(fixture);
-  std::mt19937_64 rng(3);
   const auto spec = arch::load_model_spec(dir);
-  const auto p = fixture_policy(dir, random_policy_windows(spec, {8, 32, policy::kFull}, rng));
+  // Windows full, 8, 32, full, 8, ... over the global KV heads: every window kind, and bytes at
+  // which every baseline fits on every family (duo's streaming heads keep 32 sink + 64 recent
+  // tokens at this context; the fixtures' smallest mean is 107 tokens per head).
+  memory::HeadWindows windows;
+  size_t head = 0;
+  for (int64_t id : spec.global_layer_ids()) {
+    for (int64_t h = 0; h < spec.layer(id).attention->num_kv_heads; ++h, ++head) {
+      windows[id].push_back(std::vector<int64_t>{policy::kFull, 8, 32}[head % 3]);
+    }
+  }
+  const auto p = fixture_policy(dir, windows);
   policy::write_policy(tmp.path() / "policy.yaml", p);
+  // Few duo steps: this case checks every method's rows and bytes, not the gates' quality.
+  // 240-token samples: at these bytes the methods at their own allocation keep about 110 tokens
+  // per head, so they truncate much of every sample, not only its first few tokens.
   const Run r = run_cli(
       "eval --model " + dir.string() + " --policy " + (tmp.path() / "policy.yaml").string() +
-          " --samples 2 --calib-samples 2 --seq-len 120 --prefill-chunk 50 --json --quiet",
+          " --samples 2 --calib-samples 2 --duo-steps 8 --seq-len 240 --prefill-chunk 50 --json"
+          " --quiet",
       tmp.path());
   INFO(r.err);
   REQUIRE(r.status == 0);
   const auto j = nlohmann::json::parse(r.out);
+  const int64_t budget = j["policy_global_kv_bytes"], tolerance = j["one_block_per_head_bytes"];
+  // Every method ran, in order: at these bytes each baseline has a configuration that fits.
+  CHECK(j.at("methods_not_fitting").empty());
   std::vector<std::string> names;
   for (const auto& m : j["methods"]) names.push_back(m["name"]);
   CHECK(names == eval::method_names());
-  const int64_t budget = j["policy_global_kv_bytes"], tolerance = j["one_block_per_head_bytes"];
   const int64_t policy_bytes = j["methods"][0]["cache_bytes_estimated"];
   for (const auto& m : j["methods"]) {
     INFO(m.dump());
@@ -312,13 +327,14 @@ TEST_CASE(
   headwise::testing::TempDir tmp;
   const auto dir = headwise::testing::fixture_dir("qwen3_next_tiny");
   const auto spec = arch::load_model_spec(dir);
-  std::mt19937_64 rng(12);
   const std::vector<std::string> paths{(tmp.path() / "a.yaml").string(),
                                        (tmp.path() / "b.yaml").string()};
-  auto tight = fixture_policy(dir, random_policy_windows(spec, {8, 32}, rng));
+  // Two budgets at which every method here fits (duo streams 32 sink + 64 recent tokens per head
+  // at this context; "eval reports the baselines ... not run" covers budgets where it does not).
+  auto tight = fixture_policy(dir, {{1, {32, kFullWindow}}, {3, {kFullWindow, 8}}});
   policy::write_policy(paths[0], tight);
-  policy::write_policy(paths[1],
-                       fixture_policy(dir, random_policy_windows(spec, {32, policy::kFull}, rng)));
+  policy::write_policy(
+      paths[1], fixture_policy(dir, {{1, {kFullWindow, kFullWindow}}, {3, {kFullWindow, 32}}}));
   const std::string common =
       "eval --model " + dir.string() +
       " --samples 2 --calib-samples 2 --duo-steps 3 --seq-len 120 --prefill-chunk 50 --json --quiet"
@@ -348,7 +364,8 @@ TEST_CASE(
         CHECK(t["details"]["gates"] == a["details"]["gates"]);
     }
   }
-  // Duo's gates and the retrieval scores do not depend on the budget: the same in both.
+  // Duo's gates (its streaming shape depends on the context alone) and the retrieval scores do
+  // not depend on the budget: the same in both.
   const auto detail = [&](size_t e, const char* method, const char* key) {
     for (const auto& m : evaluations[e]["methods"]) {
       if (m["name"] == method) return m.at("details").at(key);
@@ -356,7 +373,11 @@ TEST_CASE(
     FAIL("no " << method);
     return nlohmann::json();
   };
+  CHECK(detail(0, "duo", "recent_window") == 64);
+  CHECK(detail(0, "duo", "sink_tokens") == 32);
   CHECK(detail(0, "duo", "gates") == detail(1, "duo", "gates"));
+  CHECK(evaluations[0].at("methods_not_fitting").empty());
+  CHECK(evaluations[1].at("methods_not_fitting").empty());
   CHECK(detail(0, "retrieval-score", "scores") == detail(1, "retrieval-score", "scores"));
 
   // Only budgets may differ: another serving shape is refused, naming the policy and the field.
@@ -382,10 +403,10 @@ TEST_CASE(
 TEST_CASE("eval --jobs 2 gives the figures of --jobs 1 and runs a repeated method once", "[eval]") {
   headwise::testing::TempDir tmp;
   const auto dir = headwise::testing::fixture_dir("qwen3_next_tiny");
-  std::mt19937_64 rng(31);
   const std::string path = (tmp.path() / "a.yaml").string();
-  policy::write_policy(
-      path, fixture_policy(dir, random_policy_windows(arch::load_model_spec(dir), {8, 32}, rng)));
+  // Bytes at which every method here fits (duo's streaming heads and the eviction methods'
+  // bookkeeping need more than a policy of 8- and 32-token windows holds).
+  policy::write_policy(path, fixture_policy(dir, {{1, {32, kFullWindow}}, {3, {kFullWindow, 8}}}));
   // The same policy twice: the second's methods are the first's runs; one thread per job in
   // both schedules, so the figures must agree to the last bit.
   const std::string common =
@@ -412,6 +433,7 @@ TEST_CASE("eval --jobs 2 gives the figures of --jobs 1 and runs a repeated metho
   }
   CHECK(a == b);
   CHECK(a[0]["methods"] == a[1]["methods"]);
+  CHECK(a[0]["methods_not_fitting"].empty());  // every method ran
   // Every method of the second policy (full aside: the reference itself) reused a run, and so
   // did any method of the first whose windows and rule an earlier one had.
   size_t expected = a[1]["methods"].size() - 1;
@@ -827,7 +849,8 @@ TEST_CASE(
   policy::write_policy(tmp.path() / "policy.yaml", p);
   const Run r = run_cli(
       "eval --model " + dir.string() + " --policy " + (tmp.path() / "policy.yaml").string() +
-          " --baselines full,h2o --samples 2 --seq-len 120 --prefill-chunk 50 --json --quiet",
+          " --baselines full,h2o,h2o-headwise-slots --samples 2 --seq-len 120 --prefill-chunk 50"
+          " --json --quiet",
       tmp.path());
   INFO(r.err);
   REQUIRE(r.status == 0);
@@ -840,9 +863,80 @@ TEST_CASE(
   // The eviction cache's positions and scores: exactly the policy's selection_state_bytes.
   CHECK(row.at("details").at("auxiliary_bytes_measured") ==
         p.memory.components.selection_state_bytes);
-  // The h2o baseline runs H2O in every head on the same slots, its bookkeeping reported apart.
-  CHECK(method_row(j, "h2o").at("windows") == row.at("windows"));
-  CHECK(method_row(j, "h2o").at("cache_bytes_estimated").get<int64_t>() +
-            p.memory.components.selection_state_bytes ==
-        p.memory.total_bytes);
+  // The ablation runs H2O in every head on the policy's slots. Both global layers here have h2o
+  // heads, so the policy already pays every head's positions and scores: the ablation's bytes,
+  // bookkeeping counted, are the policy's to the byte.
+  const auto& slots = method_row(j, "h2o-headwise-slots");
+  INFO(slots.dump());
+  CHECK(slots.at("windows") == row.at("windows"));
+  CHECK(slots.at("cache_bytes_estimated") == p.memory.total_bytes);
+  CHECK(slots.at("cache_bytes_measured") == p.memory.total_bytes);
+  CHECK(slots.at("details").at("auxiliary_bytes_measured") ==
+        p.memory.components.selection_state_bytes);
+  // H2O as published: one capacity for every head, the largest whose K/V and bookkeeping fit
+  // the same bytes.
+  const auto& own = method_row(j, "h2o");
+  INFO(own.dump());
+  std::set<nlohmann::json> capacities;
+  for (const auto& [layer, heads] : own.at("windows").items()) {
+    for (const auto& w : heads) capacities.insert(w);
+  }
+  CHECK(capacities.size() == 1);
+  CHECK(own.at("cache_bytes_measured") == own.at("cache_bytes_estimated"));
+  CHECK(own.at("cache_bytes_estimated").get<int64_t>() <= p.memory.total_bytes);
+  CHECK(own.at("details").at("auxiliary_bytes_measured").get<int64_t>() > 0);
+}
+
+TEST_CASE(
+    "eval reports the baselines that cannot hold the policy's bytes as not run, runs the rest",
+    "[eval]") {
+  headwise::testing::TempDir tmp;
+  const auto dir = headwise::testing::fixture_dir("qwen3_next_tiny");
+  const auto spec = arch::load_model_spec(dir);
+  // 8-token windows (one block per head): below H2O's one block per head plus its bookkeeping,
+  // and below duo's streaming heads (32 sink + 64 recent tokens at this context).
+  const policy::Policy p = fixture_policy(dir, {{1, {8, 8}}, {3, {8, 8}}});
+  const std::string path = (tmp.path() / "policy.yaml").string();
+  policy::write_policy(path, p);
+  memory::MemoryOptions o = p.memory_options();
+  o.batch = 1;
+  const int64_t budget = eval::global_kv_bytes(spec, p.head_windows(), o);
+  const int64_t h2o_needs = eval::selecting_bytes(spec, memory::uniform_windows(spec, 1), o);
+  memory::MemoryOptions duo_options = o;
+  duo_options.sink_tokens = 32;
+  const int64_t duo_needs =
+      eval::global_kv_bytes(spec, memory::uniform_windows(spec, 64), duo_options);
+  REQUIRE(h2o_needs > budget);
+  REQUIRE(duo_needs > budget);
+  const std::string common = "eval --model " + dir.string() + " --policy " + path +
+                             " --samples 2 --calib-samples 2 --duo-steps 3 --seq-len 120"
+                             " --prefill-chunk 50 --quiet --baselines full,uniform,h2o,duo,random";
+  const Run r = run_cli(common + " --json", tmp.path());
+  INFO(r.err);
+  REQUIRE(r.status == 0);
+  const auto j = nlohmann::json::parse(r.out);
+  std::vector<std::string> ran, not_run;
+  for (const auto& m : j.at("methods")) ran.push_back(m.at("name"));
+  for (const auto& m : j.at("methods_not_fitting")) not_run.push_back(m.at("name"));
+  CHECK(ran == std::vector<std::string>{"headwise", "full", "uniform", "random"});
+  CHECK(not_run == std::vector<std::string>{"h2o", "duo"});
+  const auto reason = [&](size_t i) {
+    return j.at("methods_not_fitting")[i].at("reason").get<std::string>();
+  };
+  CHECK(reason(0) ==
+        fmt::format("uniform eviction baseline: its smallest assignment needs {} bytes "
+                    "of global K/V plus selection bookkeeping (one block per head), "
+                    "the policy has {}",
+                    h2o_needs, budget));
+  CHECK(reason(1) == fmt::format("duo baseline: every head streaming (32 sink + 64 recent tokens) "
+                                 "needs {} global-KV bytes, the policy has {}",
+                                 duo_needs, budget));
+  CHECK_FALSE(j.at("paired_vs_headwise").contains("h2o"));
+  CHECK_FALSE(j.at("paired_vs_headwise").contains("duo"));
+  CHECK(j.at("paired_vs_headwise").contains("random"));
+  // The table says it too, after the methods that ran.
+  const Run text = run_cli(common, tmp.path());
+  REQUIRE(text.status == 0);
+  CHECK(text.out.find("h2o: not run: uniform eviction baseline") != std::string::npos);
+  CHECK(text.out.find("duo: not run: duo baseline") != std::string::npos);
 }

@@ -43,6 +43,10 @@ struct MethodWindows {
   // Sink tokens of every windowed head when the method keeps its own (streamingllm: 4, duo's
   // streaming heads: 128); unset: the policy's.
   std::optional<int64_t> sink_tokens = std::nullopt;
+  // Set when the method has no configuration within the bytes (its smallest one is larger, e.g.
+  // an eviction method's one block per head plus its bookkeeping): why, with both byte counts.
+  // Such a method is not run; eval reports it apart (`methods_not_fitting`), the others still run.
+  std::optional<std::string> does_not_fit = std::nullopt;
 };
 
 // The memory options a method runs at: the policy's, with the method's own sink tokens.
@@ -86,7 +90,8 @@ struct BaselineCache {
       duo_gates;  // (recent window, sink tokens) → gates
 };
 
-// Windows for each requested method (headwise first, then the baselines in `names` order).
+// Windows for each requested method (headwise first, then the baselines in `names` order); a
+// baseline that cannot be built at the policy's bytes comes back with `does_not_fit` set.
 // `calibration` samples (drawn apart from the evaluated ones) give retrieval-score its scores, duo
 // its gate training and unconditioned its curves (prompt + answer, cut to the shortest so
 // SeqCalib gets equal lengths). With `cache`, budget-free work found there is reused and new work
