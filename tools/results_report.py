@@ -187,7 +187,17 @@ def within_budget_summary(r):
         lines.append("Over the budget at their peak: "
                      + "; ".join(f"{shown_name(n)} {a:.3f} [{lo:.2f}, {hi:.2f}] at {peak:,} bytes ({peak / budget:.2f}x: "
                                  f"{why(m)})" for a, n, lo, hi, peak, m in sorted(over, key=lambda e: e[1])) + ".")
+    lines.extend(not_run_lines(r))
     return "\n".join(lines)
+
+
+def not_run_lines(r):
+    """Requested methods with no configuration within the policy's bytes: eval did not run them."""
+    missing = r.get("methods_not_fitting", [])
+    if not missing:
+        return []
+    return ["Not run, no configuration of theirs fits the policy's bytes: "
+            + "; ".join(f'{shown_name(m["name"])} ({m["reason"]})' for m in missing) + "."]
 
 
 def svg(results):
@@ -210,7 +220,9 @@ def svg(results):
     for x in range(0, int(xmax) + 1, max(1, int(xmax) // 4)):
         out.append(f'<text x="{sx(x)}" y="{h - bottom + 16}" text-anchor="middle">{x / 2**20:.2f} MiB</text>')
     names = []
-    for name in [m["name"] for m in results[0][1]["methods"]]:
+    # Every method that ran at some budget (one that fits no configuration at a budget is absent there).
+    ordered = list(dict.fromkeys(m["name"] for _, r in results for m in r["methods"]))
+    for name in ordered:
         pts = sorted((p for p in points if p[0] == name), key=lambda p: p[1])
         colour = COLOURS.get(name, "#000")
         names.append((name, colour))
@@ -293,12 +305,15 @@ selection bookkeeping) and divides them by its own rule; a method that selects t
 pays its bookkeeping (a position and a score per slot, a region per head) from those bytes, as
 the policy pays its own. Static methods keep a window per head (no bookkeeping) and spend the
 bytes to within one block per head; `unconditioned`, like the policy, uses ladder levels only.
+A method with no configuration within those bytes (an eviction method whose one block per head
+plus bookkeeping, or DuoAttention whose streaming heads alone, exceed them) is not run, and is
+listed as such under its budget.
 
 Methods as published: `uniform` one window for every head; `streamingllm` (StreamingLLM) 4
 attention-sink tokens plus one recent window for every head; `retrieval-score` ranks heads by
 their attention mass on the needle (the HeadKV / RazorAttention family); `duo` (DuoAttention) a
 gate per KV head mixing full and streaming attention (128 sinks + 256 recent tokens, as in its
-paper), trained with Adam on the RMS-normalised final hidden states at the answer positions of
+paper; halved together only at a context where they would keep more than half of it), trained with Adam on the RMS-normalised final hidden states at the answer positions of
 the calibration samples with its L1 penalty (lr 0.02 with its warm-up and cool-down, penalty 0.05
 on the sum of the gates; its step count is in the eval JSON), heads ranked by gate; these two give
 full KV to their top heads while it fits and the streaming window to the rest, lengthened as far as
