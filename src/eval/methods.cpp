@@ -1,9 +1,11 @@
 // The methods eval compares: the policy, full KV, and baselines at the policy's bytes.
 #include <c10/core/InferenceMode.h>
+#include <spdlog/spdlog.h>
 
 #include <algorithm>
 #include <limits>
 #include <optional>
+#include <tuple>
 
 #include "headwise/arch/attention.hpp"
 #include "headwise/arch/visible_keys.hpp"
@@ -102,8 +104,11 @@ nlohmann::json scores_json(const HeadScores& scores) {
   return out;
 }
 
-// What the static baselines may spend on global KV: the policy's global KV plus its selection
-// bookkeeping (an h2o head's slots are paid for with it; a window needs none).
+constexpr int64_t kStreamingSinks = 4;  // StreamingLLM's attention sinks
+
+// What every baseline may spend on global layers: the policy's global KV plus its selection
+// bookkeeping (an h2o head's slots are paid for with it; a window needs none). A baseline that
+// selects tokens pays its own bookkeeping from the same bytes.
 int64_t budget_of(const arch::ModelSpec& spec, const BaselineInputs& in) {
   const auto windows = in.policy.head_windows();
   const int64_t bookkeeping =
@@ -148,33 +153,79 @@ memory::HeadWindows unconditioned(arch::DecoderModel& model, const BaselineInput
   return calib::run_seqcalib(model, sequences, o).windows;
 }
 
-// The online eviction baselines: the policy's slots per head, filled by the method's choice.
-std::optional<runtime::EvictionOptions> eviction_method(const std::string& name) {
+// How an eviction method divides the bytes among heads.
+enum class Allocation {
+  kUniform,      // one capacity per head (H2O, SnapKV, AdaKV as published)
+  kPyramid,      // PyramidKV's per-layer pyramid, SnapKV's selection in each layer
+  kPolicySlots,  // the policy's own slots per head (the *-headwise-slots ablations)
+};
+
+struct EvictionBaseline {
+  runtime::EvictionOptions options;
+  Allocation allocation = Allocation::kUniform;
+};
+
+constexpr const char* kPolicySlotsSuffix = "-headwise-slots";
+constexpr double kPyramidBeta = 20;  // PyramidKV's default steepness
+
+// The eviction baselines by name: h2o, snapkv, adakv, snapkv-chunked, adakv-chunked, pyramidkv,
+// pyramidkv-chunked at their own allocation, and each of the first five on the policy's slots
+// with "-headwise-slots" appended.
+std::optional<EvictionBaseline> eviction_baseline(const std::string& name) {
   using runtime::EvictionMethod;
   using runtime::EvictionPrefill;
-  for (EvictionMethod method :
-       {EvictionMethod::kSnapKV, EvictionMethod::kH2O, EvictionMethod::kAdaKV}) {
-    for (EvictionPrefill prefill : {EvictionPrefill::kWholePrompt, EvictionPrefill::kEachChunk}) {
-      runtime::EvictionOptions o;
+  for (EvictionPrefill prefill : {EvictionPrefill::kWholePrompt, EvictionPrefill::kEachChunk}) {
+    runtime::EvictionOptions o;
+    o.method = EvictionMethod::kSnapKV;
+    o.prefill = prefill;
+    if (name ==
+        "pyramidkv" + std::string(prefill == EvictionPrefill::kEachChunk ? "-chunked" : "")) {
+      return EvictionBaseline{o, Allocation::kPyramid};
+    }
+    for (EvictionMethod method :
+         {EvictionMethod::kSnapKV, EvictionMethod::kH2O, EvictionMethod::kAdaKV}) {
       o.method = method;
-      o.prefill = prefill;
-      if (runtime::eviction_name(o) == name) return o;
+      const std::string base = runtime::eviction_name(o);
+      if (name == base) return EvictionBaseline{o, Allocation::kUniform};
+      if (name == base + kPolicySlotsSuffix) return EvictionBaseline{o, Allocation::kPolicySlots};
     }
   }
   return std::nullopt;
 }
 
 // What the eviction baseline did, with its parameters, for the eval JSON.
-nlohmann::json eviction_details(const runtime::EvictionOptions& o) {
+nlohmann::json eviction_details(const std::string& name, const EvictionBaseline& e) {
+  const runtime::EvictionOptions& o = e.options;
   nlohmann::json d = {
-      {"method", runtime::eviction_name(o)},
-      {"capacity",
-       "per KV head, the policy's slots round_up(min(window + sink_tokens, context), block_size): "
-       "KV bytes equal the policy's to the byte; only global layers evict"},
+      {"method", name},
+      {"rule_of", runtime::eviction_name(o)},
       {"ties", "keep the more recent position"},
-      {"auxiliary_bytes",
-       "positions (int64) and keep scores (float32) per slot plus the region table: bookkeeping, "
-       "not KV, reported apart as auxiliary_bytes_measured"}};
+      {"bookkeeping",
+       "positions (int64) and keep scores (float32) per slot plus the region table of every global "
+       "layer: part of the method's cache bytes, estimated and measured "
+       "(auxiliary_bytes_measured)"}};
+  switch (e.allocation) {
+    case Allocation::kUniform:
+      d["allocation"] =
+          "as published: one capacity round_up(min(window + sink_tokens, context), block_size) for "
+          "every "
+          "global KV head, the largest whose K/V plus bookkeeping fit the policy's cache bytes";
+      break;
+    case Allocation::kPyramid:
+      d["allocation"] = fmt::format(
+          "PyramidKV: global layer j of G keeps window + round(max - j (max - min) / (G - 1)) "
+          "tokens per head, min = P / "
+          "{}, max = 2P - min, P the largest mean prefix budget whose K/V plus bookkeeping fit the "
+          "policy's cache bytes",
+          kPyramidBeta);
+      break;
+    case Allocation::kPolicySlots:
+      d["allocation"] =
+          "ablation: the policy's own slots per KV head (its K/V bytes to the byte), so its "
+          "bookkeeping "
+          "comes on top of the policy's bytes";
+      break;
+  }
   if (o.method == runtime::EvictionMethod::kH2O) {
     d["rule"] =
         "heavy hitters by attention accumulated over every query so far (summed over the KV head's "
@@ -216,7 +267,7 @@ nlohmann::json eviction_details(const runtime::EvictionOptions& o) {
   d["decode"] =
       "each generated token displaces the lowest-scored kept prefix key (the observation window "
       "and "
-      "generated tokens go last, oldest first): the cache stays at the policy's bytes";
+      "generated tokens go last, oldest first): the cache stays at its bytes";
   if (o.method == runtime::EvictionMethod::kSnapKV) {
     d["rule"] =
         "per KV head: the observation window plus the top (capacity - window) prefix keys by the "
@@ -234,7 +285,70 @@ nlohmann::json eviction_details(const runtime::EvictionOptions& o) {
   return d;
 }
 
+// The eviction baseline's windows (capacities) at `budget` (K/V plus bookkeeping).
+MethodWindows eviction_method(const arch::ModelSpec& spec, const BaselineInputs& in,
+                              const std::string& name, const EvictionBaseline& e, int64_t budget) {
+  MethodWindows m{name, {}, eviction_details(name, e), e.options};
+  switch (e.allocation) {
+    case Allocation::kUniform:
+      m.windows = uniform_selecting_baseline(spec, in.options, budget);
+      break;
+    case Allocation::kPyramid: {
+      const PyramidKVAllocation a =
+          pyramidkv_baseline(spec, in.options, budget, e.options.observation_window, kPyramidBeta);
+      m.windows = a.windows;
+      m.details["pyramidal"] = a.pyramidal;
+      m.details["mean_prefix_tokens"] = a.mean_prefix;
+      if (!a.pyramidal)
+        m.details["fallback"] =
+            "min < observation window at this budget: uniform, as PyramidKV's code does";
+      break;
+    }
+    case Allocation::kPolicySlots:
+      m.windows = in.policy.head_windows();
+      break;
+  }
+  const auto layers = runtime::evicted_layers(spec, e.options);
+  m.selecting_layers = {layers.begin(), layers.end()};
+  return m;
+}
+
+// DuoAttention's streaming heads: as published (128 sinks + 256 recent tokens), halved together
+// only where they would keep more than half the context (small test contexts), so that a
+// streaming head still streams. It depends on the context alone, never on the budget: the gates
+// are trained once per shape and serve every budget, as in the paper. {recent, sinks}.
+std::pair<int64_t, int64_t> duo_streaming_shape(const BaselineInputs& in) {
+  int64_t recent = in.duo.streaming_window, sinks = in.duo.sink_tokens;
+  while (recent > 1 && recent + sinks > in.options.context / 2) {
+    recent = std::max<int64_t>(1, recent / 2);
+    sinks /= 2;
+  }
+  return {recent, sinks};
+}
+
+// DuoAttention at its smallest (every head streaming) must fit the bytes: checked before its
+// gates are trained, the expensive step.
+void require_duo_fits(const arch::ModelSpec& spec, const BaselineInputs& in, int64_t recent,
+                      int64_t sinks, int64_t budget) {
+  memory::MemoryOptions o = in.options;
+  o.sink_tokens = sinks;
+  const int64_t smallest = global_kv_bytes(spec, memory::uniform_windows(spec, recent), o);
+  if (smallest > budget) {
+    throw InfeasibleError(fmt::format(
+        "duo baseline: every head streaming ({} sink + {} recent tokens) needs {} global-KV bytes, "
+        "the policy has {}",
+        sinks, recent, smallest, budget));
+  }
+}
+
 }  // namespace
+
+memory::MemoryOptions method_options(const MethodWindows& method,
+                                     const memory::MemoryOptions& policy_options) {
+  memory::MemoryOptions o = policy_options;
+  if (method.sink_tokens) o.sink_tokens = *method.sink_tokens;
+  return o;
+}
 
 MethodWindows policy_method(const std::string& name, const policy::Policy& policy) {
   MethodWindows m{name, policy.head_windows()};
@@ -290,8 +404,13 @@ void check_unconditioned_ablation(const policy::Policy& policy, const policy::Po
 
 const std::vector<std::string>& method_names() {
   static const std::vector<std::string> names{
-      "headwise",      "full",   "uniform", "pyramid", "retrieval-score", "duo",          "random",
-      "unconditioned", "snapkv", "h2o",     "adakv",   "snapkv-chunked",  "adakv-chunked"};
+      "headwise", "full", "uniform", "streamingllm", "pyramid-windows", "retrieval-score", "duo",
+      "random", "unconditioned",
+      // Online eviction as published, each at its own allocation of the same bytes.
+      "h2o", "snapkv", "adakv", "pyramidkv", "snapkv-chunked", "adakv-chunked", "pyramidkv-chunked",
+      // Ablations: the same rules on the policy's own slots.
+      "h2o-headwise-slots", "snapkv-headwise-slots", "adakv-headwise-slots",
+      "snapkv-chunked-headwise-slots", "adakv-chunked-headwise-slots"};
   return names;
 }
 
@@ -336,21 +455,33 @@ std::vector<MethodWindows> build_methods(arch::DecoderModel& model, const Baseli
   BaselineCache& memo = cache != nullptr ? *cache : local;
   const auto& spec = model.spec();
   const int64_t budget = budget_of(spec, in);
-  std::vector<MethodWindows> out{policy_method("headwise", in.policy)};
-  for (const auto& name : names) {
+  // One method; a baseline whose smallest configuration exceeds the bytes throws InfeasibleError.
+  const auto build_one = [&](const std::string& name) -> MethodWindows {
     memory::HeadWindows w;
     nlohmann::json details = nlohmann::json::object();
-    if (const auto eviction = eviction_method(name)) {
-      // The policy's own slots, spent by the eviction rule instead of a window.
-      out.push_back({name, in.policy.head_windows(), eviction_details(*eviction), eviction});
-      continue;
+    if (const auto eviction = eviction_baseline(name)) {
+      return eviction_method(spec, in, name, *eviction, budget);
     }
     if (name == "full") {
       w = memory::full_kv_windows(spec);
     } else if (name == "uniform") {
       w = uniform_baseline(spec, in.options, budget);
-    } else if (name == "pyramid") {
+    } else if (name == "streamingllm") {
+      // StreamingLLM (Xiao et al., 2023): the first 4 tokens (attention sinks) plus the most
+      // recent ones, one window for every head.
+      memory::MemoryOptions o = in.options;
+      o.sink_tokens = kStreamingSinks;
+      MethodWindows m{name,
+                      uniform_baseline(spec, o, budget),
+                      {{"sink_tokens", kStreamingSinks},
+                       {"rule", "attention sinks plus a recent window, every head"}}};
+      m.sink_tokens = kStreamingSinks;
+      return m;
+    } else if (name == "pyramid-windows") {
       w = pyramid_baseline(spec, in.options, budget);
+      details = {{"rule",
+                  "ablation: PyramidKV's shape of allocation (linearly decreasing with depth) as "
+                  "recency windows, without its token selection"}};
     } else if (name == "retrieval-score") {
       if (!memo.retrieval_scores) memo.retrieval_scores = retrieval_scores(model, calibration);
       const HeadScores& scores = *memo.retrieval_scores;
@@ -359,20 +490,39 @@ std::vector<MethodWindows> build_methods(arch::DecoderModel& model, const Baseli
       details["scores"] = scores_json(scores);
     } else if (name == "duo") {
       DuoTrainingOptions duo = in.duo;
-      duo.streaming_window = in.policy.window_levels.front();
-      duo.sink_tokens = in.options.sink_tokens;
+      std::tie(duo.streaming_window, duo.sink_tokens) = duo_streaming_shape(in);
+      require_duo_fits(spec, in, duo.streaming_window, duo.sink_tokens, budget);
       const auto key = std::make_pair(duo.streaming_window, duo.sink_tokens);
       auto found = memo.duo_gates.find(key);
       if (found == memo.duo_gates.end())
         found = memo.duo_gates.emplace(key, train_duo_gates(model, calibration, duo)).first;
       const DuoGates& trained = found->second;
-      w = ranked_full_baseline(spec, in.options, budget, trained.gates, duo.streaming_window,
-                               "duo");
-      details = {
-          {"gates", scores_json(trained.gates)},      {"steps", duo.steps},
-          {"learning_rate", duo.learning_rate},       {"l1_weight", duo.l1_weight},
-          {"streaming_window", duo.streaming_window}, {"sink_tokens", duo.sink_tokens},
-          {"loss_first", trained.step_loss.front()},  {"loss_last", trained.step_loss.back()}};
+      memory::MemoryOptions o = in.options;
+      o.sink_tokens = duo.sink_tokens;
+      MethodWindows m{
+          name,
+          ranked_full_baseline(spec, o, budget, trained.gates, duo.streaming_window, "duo"),
+          {{"gates", scores_json(trained.gates)},
+           {"steps", duo.steps},
+           {"learning_rate", duo.learning_rate},
+           {"l1_weight", duo.l1_weight},
+           {"recent_window", duo.streaming_window},
+           {"sink_tokens", duo.sink_tokens},
+           {"published_shape",
+            {{"sink_tokens", in.duo.sink_tokens}, {"recent_window", in.duo.streaming_window}}},
+           {"shape_rule",
+            "the published shape, sinks and recent window halved together only where they would "
+            "keep more than half the context; it depends on the context alone, so one gate "
+            "training serves every budget"},
+           {"loss",
+            "sum over the answer positions of the squared distance between the RMS-normalised "
+            "final hidden states of gated and full attention, plus l1_weight x the sum of |gate| "
+            "over every global KV head (the paper's); lr warm-up and cool-down over steps/5 "
+            "each, as its code"},
+           {"loss_first", trained.step_loss.front()},
+           {"loss_last", trained.step_loss.back()}}};
+      m.sink_tokens = duo.sink_tokens;
+      return m;
     } else if (name == "random") {
       w = random_baseline(spec, in.options, budget, in.policy.window_levels, in.seed);
     } else if (name == "unconditioned" && in.unconditioned_policy != nullptr) {
@@ -382,8 +532,7 @@ std::vector<MethodWindows> build_methods(arch::DecoderModel& model, const Baseli
           "the policy's calibration rerun with --no-conditioning (same data and options)";
       ablation.details["dataset_sha256"] =
           in.unconditioned_policy->calibration.value("dataset_sha256", "");
-      out.push_back(std::move(ablation));
-      continue;
+      return ablation;
     } else if (name == "unconditioned") {
       w = unconditioned(model, in, calibration);
       details = {
@@ -394,9 +543,26 @@ std::vector<MethodWindows> build_methods(arch::DecoderModel& model, const Baseli
     } else {
       std::string have;
       for (const auto& n : baseline_names()) have += (have.empty() ? "" : ", ") + n;
-      throw_field_error("baselines", " {}: unknown baseline (have: {})", name, have);
+      throw_field_error(
+          "baselines", " {}: unknown baseline (have: {}){}", name, have,
+          name == "pyramid"
+              ? "; `pyramid` is now `pyramid-windows` (PyramidKV itself is `pyramidkv`)"
+              : "");
     }
-    out.push_back({name, std::move(w), std::move(details)});
+    return MethodWindows{name, std::move(w), std::move(details)};
+  };
+  std::vector<MethodWindows> out{policy_method("headwise", in.policy)};
+  for (const auto& name : names) {
+    try {
+      out.push_back(build_one(name));
+    } catch (const InfeasibleError& e) {
+      // Not run, and said so: the other methods still compare at these bytes.
+      MethodWindows m{name, {}};
+      m.does_not_fit = e.what();
+      m.details = {{"does_not_fit", e.what()}};
+      spdlog::warn("eval: {} is not run: {}", name, e.what());
+      out.push_back(std::move(m));
+    }
   }
   return out;
 }

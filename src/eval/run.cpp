@@ -53,9 +53,10 @@ std::vector<int64_t> greedy_answer(runtime::Decoder& decoder, const at::Tensor& 
 }
 
 MethodResult run_method(arch::DecoderModel& model, const MethodWindows& method,
-                        const memory::MemoryOptions& options,
+                        const memory::MemoryOptions& policy_options,
                         const std::vector<EvalSample>& samples, const RunOptions& run,
                         const MethodResult* reference) {
+  const memory::MemoryOptions options = method_options(method, policy_options);
   c10::InferenceMode inference;
   HEADWISE_CHECK(options.batch == 1, "eval runs one sequence at a time, got batch {}",
                  options.batch);
@@ -125,8 +126,9 @@ MethodResult run_method(arch::DecoderModel& model, const MethodWindows& method,
     ++total;
     r.correct_per_sample.push_back(exact ? 1 : 0);
   }
+  // A method that selects tokens holds its bookkeeping as long as its K/V: part of its bytes.
   r.cache_bytes_measured =
-      decoder.cache_bytes() + (method.selecting_layers.empty() ? 0 : decoder.bookkeeping_bytes());
+      decoder.cache_bytes() + (method.eviction ? decoder.bookkeeping_bytes() : 0);
   if (const runtime::EvictionCache* ev = decoder.eviction_cache()) {
     r.runtime_details = {{"auxiliary_bytes_measured", ev->auxiliary_bytes()},
                          {"prefill_staged_peak_bytes_measured", ev->peak_staged_bytes()}};

@@ -17,12 +17,13 @@
 namespace headwise::eval {
 namespace {
 
-// What decides a run's numbers: the windows and, for the eviction baselines, the rule with its
-// parameters (their details). Names and a static baseline's provenance do not.
+// What decides a run's numbers: the windows, the sink tokens and, for the eviction baselines, the
+// rule with its parameters (their details). Names and a static baseline's provenance do not.
 std::string run_key(const MethodWindows& m) {
   nlohmann::json key = nlohmann::json::object();
   for (const auto& [layer, heads] : m.windows) key["windows"][std::to_string(layer)] = heads;
   key["eviction"] = m.eviction ? m.details : nlohmann::json(nullptr);
+  key["sink_tokens"] = m.sink_tokens ? nlohmann::json(*m.sink_tokens) : nlohmann::json(nullptr);
   return key.dump();
 }
 
@@ -71,6 +72,7 @@ class Scheduler {
     HEADWISE_CHECK(methods_[policy].emplace(index, method).second,
                    "method slot {} of policy {} emitted twice", index, policy);
     if (method.name == "full") return;  // answered by the reference run
+    if (method.does_not_fit) return;    // not run: its result stays empty but for the name
     const std::string key = run_key(method);
     if (const auto first = first_run_.find(key); first != first_run_.end()) {
       spdlog::info("eval: {} has the windows and rule of {} (policy {}): its run is reused",
@@ -127,6 +129,8 @@ class Scheduler {
         MethodResult r;
         if (m.name == "full") {
           r = out.full;
+        } else if (m.does_not_fit) {
+          r.name = m.name;
         } else if (const auto reused = reused_[p].find(i); reused != reused_[p].end()) {
           r = results_.at(reused->second);
           r.name = m.name;
@@ -154,9 +158,10 @@ class Scheduler {
   }
 
   void run(arch::DecoderModel& model, const Job& job) {
-    spdlog::info("eval: {}{} ({} global-KV bytes)", job.method.name,
-                 job.reference ? "" : fmt::format(" of policy {}", job.policy + 1),
-                 global_kv_bytes(model.spec(), job.method.windows, options_));
+    spdlog::info(
+        "eval: {}{} ({} global-KV bytes)", job.method.name,
+        job.reference ? "" : fmt::format(" of policy {}", job.policy + 1),
+        global_kv_bytes(model.spec(), job.method.windows, method_options(job.method, options_)));
     const MethodResult* reference = nullptr;
     if (!job.reference) {
       const std::lock_guard lock(mutex_);

@@ -26,7 +26,9 @@ TEST_CASE("duo gates: the far head keeps its gate, local heads drop to streaming
   test::ToyModel model({layer, layer});
   eval::DuoTrainingOptions o;
   o.steps = 120;
+  // The toy's samples are 48 tokens: the published 128 sinks would keep all of them (below).
   o.streaming_window = 4;
+  o.sink_tokens = 0;
   const auto trained = eval::train_duo_gates(model, toy_samples(3, 5), o);
   REQUIRE(trained.step_loss.size() == 120);
   CHECK(trained.step_loss.back() < trained.step_loss.front());
@@ -39,6 +41,15 @@ TEST_CASE("duo gates: the far head keeps its gate, local heads drop to streaming
   }
   // Deterministic: the same samples and options give the same gates.
   CHECK(eval::train_duo_gates(model, toy_samples(3, 5), o).gates == trained.gates);
+
+  // Streaming heads keep their sink tokens: with the published 128, which cover the whole sample,
+  // streaming equals full attention, nothing is left to distil and the penalty alone drives every
+  // gate, the far head's too, to 0.
+  o.sink_tokens = 128;
+  for (const auto& [layer_id, gates] : eval::train_duo_gates(model, toy_samples(3, 5), o).gates) {
+    INFO("layer " << layer_id << " gates " << gates[0] << ", " << gates[1] << ", " << gates[2]);
+    for (double g : gates) CHECK(g < 0.1);
+  }
 }
 
 TEST_CASE("duo gate training refuses what it cannot train on", "[eval]") {

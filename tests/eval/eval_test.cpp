@@ -49,8 +49,8 @@ Run run_cli(const std::string& args, const fs::path& scratch, const std::string&
   return r;
 }
 
-// An online eviction method's row (snapkv, h2o, adakv and the chunked variants): only those
-// report the measured bookkeeping of the eviction cache.
+// An online eviction method's row (h2o, snapkv, adakv, pyramidkv, the chunked variants and the
+// *-headwise-slots ablations): only those report the measured bookkeeping of the eviction cache.
 bool is_eviction_row(const nlohmann::json& m) {
   return m.contains("details") && m["details"].contains("auxiliary_bytes_measured");
 }
@@ -141,6 +141,89 @@ TEST_CASE("eval baselines have their shapes: uniform is one window, pyramid decr
   CHECK(pyramid.at(ids.front()).front() > pyramid.at(ids.back()).front());
 }
 
+TEST_CASE("eviction baselines at their own allocation pay their bookkeeping from the budget",
+          "[eval]") {
+  std::mt19937_64 rng(8);
+  const std::vector<int64_t> ladder{64, 256, 1024, kFullWindow};
+  for (const auto& file : {"qwen3_next_80b_a3b.json", "gemma3_27b.json", "jamba_tiny.json"}) {
+    const auto spec = headwise::testing::spec_from_config(file);
+    const auto ids = spec.global_layer_ids();
+    for (int trial = 0; trial < 4; ++trial) {
+      memory::MemoryOptions o;
+      o.context = std::vector<int64_t>{4096, 32768}[static_cast<size_t>(trial % 2)];
+      o.block_size = trial < 2 ? 16 : 1;
+      const int64_t budget =
+          eval::global_kv_bytes(spec, random_policy_windows(spec, ladder, rng), o);
+      INFO(file << " trial " << trial << " budget " << budget);
+      // One more block per head (K/V and its bookkeeping) would not fit.
+      int64_t block_cost = eval::one_block_per_head(spec, o);
+      for (int64_t id : ids) {
+        const auto& att = *spec.layer(id).attention;
+        block_cost += att.num_kv_heads * o.block_size * 12 *
+                      o.batch;  // position int64 + score float32 per slot
+      }
+      const auto uniform = eval::uniform_selecting_baseline(spec, o, budget);
+      const int64_t used = eval::selecting_bytes(spec, uniform, o);
+      CHECK(used <= budget);
+      CHECK(budget - used < block_cost);
+      CHECK(used > eval::global_kv_bytes(spec, uniform, o));  // the bookkeeping is counted
+      std::set<int64_t> one_window;
+      for (const auto& [layer, heads] : uniform) one_window.insert(heads.begin(), heads.end());
+      CHECK(one_window.size() == 1);
+
+      const auto pyramid = eval::pyramidkv_baseline(spec, o, budget, 32, 20);
+      CHECK(eval::selecting_bytes(spec, pyramid.windows, o) <= budget);
+      if (pyramid.pyramidal) {
+        // Non-increasing with depth, strictly from the first global layer to the last.
+        for (size_t j = 1; j < ids.size(); ++j) {
+          const int64_t above = pyramid.windows.at(ids[j - 1]).front(),
+                        here = pyramid.windows.at(ids[j]).front();
+          CHECK((above == kFullWindow || (here != kFullWindow && here <= above)));
+        }
+        if (ids.size() > 1)
+          CHECK(pyramid.windows.at(ids.front()).front() != pyramid.windows.at(ids.back()).front());
+      } else {
+        CHECK(pyramid.windows == uniform);
+      }
+    }
+  }
+}
+
+TEST_CASE(
+    "PyramidKV's schedule: min = P / beta at the top, max = 2P - min at the bottom, plus the "
+    "window",
+    "[eval]") {
+  const auto spec = headwise::testing::spec_from_config("gemma3_27b.json");
+  memory::MemoryOptions o;
+  o.context = 32768;
+  o.block_size = 1;
+  const auto ids = spec.global_layer_ids();
+  REQUIRE(ids.size() > 2);
+  const int64_t budget = eval::global_kv_bytes(spec, memory::uniform_windows(spec, 4096), o);
+  const auto a = eval::pyramidkv_baseline(spec, o, budget, 32, 20);
+  REQUIRE(a.pyramidal);
+  const double p = static_cast<double>(a.mean_prefix);
+  CHECK(a.windows.at(ids.front()).front() == 32 + std::llround(2 * p - p / 20));
+  CHECK(a.windows.at(ids.back()).front() == 32 + std::llround(p / 20));
+  // P is the largest that fits: one more token of mean prefix does not.
+  CHECK(eval::selecting_bytes(spec, a.windows, o) <= budget);
+  // A budget too small for min >= window falls back to uniform, as PyramidKV's code does.
+  const int64_t small = eval::global_kv_bytes(spec, memory::uniform_windows(spec, 200), o);
+  const auto b = eval::pyramidkv_baseline(spec, o, small, 32, 20);
+  CHECK_FALSE(b.pyramidal);
+  CHECK(b.windows == eval::uniform_selecting_baseline(spec, o, small));
+}
+
+TEST_CASE("DuoAttention's learning-rate schedule: warm-up and cool-down over steps/5, floor 0.1",
+          "[eval]") {
+  CHECK(eval::duo_lr_factor(0, 2000) == Approx(0.1));
+  CHECK(eval::duo_lr_factor(199, 2000) == Approx(0.5));
+  CHECK(eval::duo_lr_factor(1000, 2000) == Approx(1.0));
+  CHECK(eval::duo_lr_factor(1800, 2000) == Approx(0.5));
+  CHECK(eval::duo_lr_factor(1999, 2000) == Approx(0.1));
+  CHECK(eval::duo_lr_factor(2, 3) == Approx(1.0));
+}
+
 TEST_CASE("eval --json: every method, measured == estimated bytes, full has KL 0", "[eval]") {
   // Every hybrid family with a forward: gated DeltaNet (Qwen3-Next, Qwen3.5-MoE), gpt-oss (sliding
   // layers, sink logits), LFM2 (short convolutions), the Mamba-2 hybrids (Bamba, Nemotron-H,
@@ -151,23 +234,37 @@ TEST_CASE("eval --json: every method, measured == estimated bytes, full has KL 0
   INFO(fixture);
   headwise::testing::TempDir tmp;
   const auto dir = headwise::testing::fixture_dir(fixture);
-  std::mt19937_64 rng(3);
   const auto spec = arch::load_model_spec(dir);
-  const auto p = fixture_policy(dir, random_policy_windows(spec, {8, 32, policy::kFull}, rng));
+  // Windows full, 8, 32, full, 8, ... over the global KV heads: every window kind, and bytes at
+  // which every baseline fits on every family (duo's streaming heads keep 32 sink + 64 recent
+  // tokens at this context; the fixtures' smallest mean is 107 tokens per head).
+  memory::HeadWindows windows;
+  size_t head = 0;
+  for (int64_t id : spec.global_layer_ids()) {
+    for (int64_t h = 0; h < spec.layer(id).attention->num_kv_heads; ++h, ++head) {
+      windows[id].push_back(std::vector<int64_t>{policy::kFull, 8, 32}[head % 3]);
+    }
+  }
+  const auto p = fixture_policy(dir, windows);
   policy::write_policy(tmp.path() / "policy.yaml", p);
+  // Few duo steps: this case checks every method's rows and bytes, not the gates' quality.
+  // 240-token samples: at these bytes the methods at their own allocation keep about 110 tokens
+  // per head, so they truncate much of every sample, not only its first few tokens.
   const Run r = run_cli(
       "eval --model " + dir.string() + " --policy " + (tmp.path() / "policy.yaml").string() +
-          " --samples 2 --calib-samples 2 --seq-len 120 --prefill-chunk 50 --json --quiet",
+          " --samples 2 --calib-samples 2 --duo-steps 8 --seq-len 240 --prefill-chunk 50 --json"
+          " --quiet",
       tmp.path());
   INFO(r.err);
   REQUIRE(r.status == 0);
   const auto j = nlohmann::json::parse(r.out);
+  const int64_t budget = j["policy_global_kv_bytes"], tolerance = j["one_block_per_head_bytes"];
+  // Every method ran, in order: at these bytes each baseline has a configuration that fits.
+  CHECK(j.at("methods_not_fitting").empty());
   std::vector<std::string> names;
   for (const auto& m : j["methods"]) names.push_back(m["name"]);
-  CHECK(names == std::vector<std::string>{
-                     "headwise", "full", "uniform", "pyramid", "retrieval-score", "duo", "random",
-                     "unconditioned", "snapkv", "h2o", "adakv", "snapkv-chunked", "adakv-chunked"});
-  const int64_t budget = j["policy_global_kv_bytes"], tolerance = j["one_block_per_head_bytes"];
+  CHECK(names == eval::method_names());
+  const int64_t policy_bytes = j["methods"][0]["cache_bytes_estimated"];
   for (const auto& m : j["methods"]) {
     INFO(m.dump());
     CHECK(m["cache_bytes_measured"] == m["cache_bytes_estimated"]);
@@ -176,28 +273,41 @@ TEST_CASE("eval --json: every method, measured == estimated bytes, full has KL 0
       CHECK((acc.get<double>() >= 0 && acc.get<double>() <= 1));
     CHECK(m["kl_vs_full"].get<double>() >= 0);
     const int64_t bytes = m["global_kv_bytes"];
-    if (m["name"] == "full") {
+    const std::string name = m["name"];
+    const bool on_policy_slots = name.ends_with("-headwise-slots");
+    if (name == "full") {
       CHECK(m["kl_vs_full"].get<double>() == 0.0);
-    } else if (m["name"] == "headwise") {
+    } else if (name == "headwise") {
       CHECK(bytes == budget);
     } else if (is_eviction_row(m)) {
-      // The eviction methods: the policy's own slots per head, filled by the eviction rule: its
-      // bytes exactly.
-      CHECK(bytes == budget);
-      CHECK(m["cache_bytes_estimated"] == j["methods"][0]["cache_bytes_estimated"]);
       const auto& d = m.at("details");
-      CHECK(d.at("method") == m["name"]);
-      CHECK(d.at("auxiliary_bytes_measured").get<int64_t>() > 0);
-      // SnapKV/AdaKV stage the prompt's K/V before compressing (full KV at the prefill peak);
-      // chunked, they compress after every prefill chunk and stage nothing, as H2O.
-      const std::string name = m["name"];
-      CHECK((d.at("prefill_staged_peak_bytes_measured").get<int64_t>() > 0) ==
-            (name == "snapkv" || name == "adakv"));
-    } else if (m["name"] == "unconditioned") {
+      CHECK(d.at("method") == name);
+      const int64_t bookkeeping = d.at("auxiliary_bytes_measured");
+      CHECK(bookkeeping > 0);
+      // The bookkeeping is part of the method's bytes, as the policy's own is of its.
+      CHECK(m["cache_bytes_measured"].get<int64_t>() - bookkeeping ==
+            j["methods"][1]["cache_bytes_measured"].get<int64_t>() -
+                j["methods"][1]["global_kv_bytes"].get<int64_t>() + bytes);
+      if (on_policy_slots) {
+        // The ablation: the policy's own slots, so its K/V bytes exactly and its bookkeeping on
+        // top.
+        CHECK(bytes == budget);
+        CHECK(m["cache_bytes_estimated"].get<int64_t>() > policy_bytes);
+      } else {
+        // As published: its own allocation of the policy's bytes, bookkeeping included.
+        CHECK(m["cache_bytes_estimated"].get<int64_t>() <= policy_bytes);
+      }
+      // SnapKV/AdaKV/PyramidKV stage the prompt's K/V before compressing (full KV at the prefill
+      // peak); chunked, they compress after every prefill chunk and stage nothing, as H2O.
+      const bool staged = !name.starts_with("h2o") && name.find("chunked") == std::string::npos;
+      CHECK((d.at("prefill_staged_peak_bytes_measured").get<int64_t>() > 0) == staged);
+    } else if (name == "unconditioned") {
       CHECK(bytes <= budget);  // ladder levels only, like the policy itself
     } else {
-      CHECK(bytes <= budget);
-      CHECK(budget - bytes < tolerance);
+      // Static windows (a window needs no bookkeeping): the policy's bytes, within one block per
+      // head.
+      CHECK(m["cache_bytes_estimated"].get<int64_t>() <= policy_bytes);
+      CHECK(policy_bytes - m["cache_bytes_estimated"].get<int64_t>() < tolerance);
     }
   }
   CHECK(j["methods"][0]["cache_bytes_estimated"] == p.memory.total_bytes);
@@ -217,13 +327,14 @@ TEST_CASE(
   headwise::testing::TempDir tmp;
   const auto dir = headwise::testing::fixture_dir("qwen3_next_tiny");
   const auto spec = arch::load_model_spec(dir);
-  std::mt19937_64 rng(12);
   const std::vector<std::string> paths{(tmp.path() / "a.yaml").string(),
                                        (tmp.path() / "b.yaml").string()};
-  auto tight = fixture_policy(dir, random_policy_windows(spec, {8, 32}, rng));
+  // Two budgets at which every method here fits (duo streams 32 sink + 64 recent tokens per head
+  // at this context; "eval reports the baselines ... not run" covers budgets where it does not).
+  auto tight = fixture_policy(dir, {{1, {32, kFullWindow}}, {3, {kFullWindow, 8}}});
   policy::write_policy(paths[0], tight);
-  policy::write_policy(paths[1],
-                       fixture_policy(dir, random_policy_windows(spec, {32, policy::kFull}, rng)));
+  policy::write_policy(
+      paths[1], fixture_policy(dir, {{1, {kFullWindow, kFullWindow}}, {3, {kFullWindow, 32}}}));
   const std::string common =
       "eval --model " + dir.string() +
       " --samples 2 --calib-samples 2 --duo-steps 3 --seq-len 120 --prefill-chunk 50 --json --quiet"
@@ -253,7 +364,8 @@ TEST_CASE(
         CHECK(t["details"]["gates"] == a["details"]["gates"]);
     }
   }
-  // Duo's gates and the retrieval scores do not depend on the budget: the same in both.
+  // Duo's gates (its streaming shape depends on the context alone) and the retrieval scores do
+  // not depend on the budget: the same in both.
   const auto detail = [&](size_t e, const char* method, const char* key) {
     for (const auto& m : evaluations[e]["methods"]) {
       if (m["name"] == method) return m.at("details").at(key);
@@ -261,7 +373,11 @@ TEST_CASE(
     FAIL("no " << method);
     return nlohmann::json();
   };
+  CHECK(detail(0, "duo", "recent_window") == 64);
+  CHECK(detail(0, "duo", "sink_tokens") == 32);
   CHECK(detail(0, "duo", "gates") == detail(1, "duo", "gates"));
+  CHECK(evaluations[0].at("methods_not_fitting").empty());
+  CHECK(evaluations[1].at("methods_not_fitting").empty());
   CHECK(detail(0, "retrieval-score", "scores") == detail(1, "retrieval-score", "scores"));
 
   // Only budgets may differ: another serving shape is refused, naming the policy and the field.
@@ -287,10 +403,10 @@ TEST_CASE(
 TEST_CASE("eval --jobs 2 gives the figures of --jobs 1 and runs a repeated method once", "[eval]") {
   headwise::testing::TempDir tmp;
   const auto dir = headwise::testing::fixture_dir("qwen3_next_tiny");
-  std::mt19937_64 rng(31);
   const std::string path = (tmp.path() / "a.yaml").string();
-  policy::write_policy(
-      path, fixture_policy(dir, random_policy_windows(arch::load_model_spec(dir), {8, 32}, rng)));
+  // Bytes at which every method here fits (duo's streaming heads and the eviction methods'
+  // bookkeeping need more than a policy of 8- and 32-token windows holds).
+  policy::write_policy(path, fixture_policy(dir, {{1, {32, kFullWindow}}, {3, {kFullWindow, 8}}}));
   // The same policy twice: the second's methods are the first's runs; one thread per job in
   // both schedules, so the figures must agree to the last bit.
   const std::string common =
@@ -317,6 +433,7 @@ TEST_CASE("eval --jobs 2 gives the figures of --jobs 1 and runs a repeated metho
   }
   CHECK(a == b);
   CHECK(a[0]["methods"] == a[1]["methods"]);
+  CHECK(a[0]["methods_not_fitting"].empty());  // every method ran
   // Every method of the second policy (full aside: the reference itself) reused a run, and so
   // did any method of the first whose windows and rule an earlier one had.
   size_t expected = a[1]["methods"].size() - 1;
@@ -325,7 +442,12 @@ TEST_CASE("eval --jobs 2 gives the figures of --jobs 1 and runs a repeated metho
     const std::string name = m["name"];
     if (name == "full") continue;
     const bool evicts = is_eviction_row(m);
-    if (!seen.insert(m["windows"].dump() + (evicts ? name : "")).second) ++expected;
+    const bool own_sinks = m.contains("details") && m["details"].contains("sink_tokens");
+    if (!seen.insert(m["windows"].dump() + (evicts ? name : "") +
+                     (own_sinks ? m["details"]["sink_tokens"].dump() : ""))
+             .second) {
+      ++expected;
+    }
   }
   size_t reused = 0;
   for (size_t at = parallel.err.find("its run is reused"); at != std::string::npos;
@@ -727,7 +849,8 @@ TEST_CASE(
   policy::write_policy(tmp.path() / "policy.yaml", p);
   const Run r = run_cli(
       "eval --model " + dir.string() + " --policy " + (tmp.path() / "policy.yaml").string() +
-          " --baselines full,h2o --samples 2 --seq-len 120 --prefill-chunk 50 --json --quiet",
+          " --baselines full,h2o,h2o-headwise-slots --samples 2 --seq-len 120 --prefill-chunk 50"
+          " --json --quiet",
       tmp.path());
   INFO(r.err);
   REQUIRE(r.status == 0);
@@ -740,9 +863,80 @@ TEST_CASE(
   // The eviction cache's positions and scores: exactly the policy's selection_state_bytes.
   CHECK(row.at("details").at("auxiliary_bytes_measured") ==
         p.memory.components.selection_state_bytes);
-  // The h2o baseline runs H2O in every head on the same slots, its bookkeeping reported apart.
-  CHECK(method_row(j, "h2o").at("windows") == row.at("windows"));
-  CHECK(method_row(j, "h2o").at("cache_bytes_estimated").get<int64_t>() +
-            p.memory.components.selection_state_bytes ==
-        p.memory.total_bytes);
+  // The ablation runs H2O in every head on the policy's slots. Both global layers here have h2o
+  // heads, so the policy already pays every head's positions and scores: the ablation's bytes,
+  // bookkeeping counted, are the policy's to the byte.
+  const auto& slots = method_row(j, "h2o-headwise-slots");
+  INFO(slots.dump());
+  CHECK(slots.at("windows") == row.at("windows"));
+  CHECK(slots.at("cache_bytes_estimated") == p.memory.total_bytes);
+  CHECK(slots.at("cache_bytes_measured") == p.memory.total_bytes);
+  CHECK(slots.at("details").at("auxiliary_bytes_measured") ==
+        p.memory.components.selection_state_bytes);
+  // H2O as published: one capacity for every head, the largest whose K/V and bookkeeping fit
+  // the same bytes.
+  const auto& own = method_row(j, "h2o");
+  INFO(own.dump());
+  std::set<nlohmann::json> capacities;
+  for (const auto& [layer, heads] : own.at("windows").items()) {
+    for (const auto& w : heads) capacities.insert(w);
+  }
+  CHECK(capacities.size() == 1);
+  CHECK(own.at("cache_bytes_measured") == own.at("cache_bytes_estimated"));
+  CHECK(own.at("cache_bytes_estimated").get<int64_t>() <= p.memory.total_bytes);
+  CHECK(own.at("details").at("auxiliary_bytes_measured").get<int64_t>() > 0);
+}
+
+TEST_CASE(
+    "eval reports the baselines that cannot hold the policy's bytes as not run, runs the rest",
+    "[eval]") {
+  headwise::testing::TempDir tmp;
+  const auto dir = headwise::testing::fixture_dir("qwen3_next_tiny");
+  const auto spec = arch::load_model_spec(dir);
+  // 8-token windows (one block per head): below H2O's one block per head plus its bookkeeping,
+  // and below duo's streaming heads (32 sink + 64 recent tokens at this context).
+  const policy::Policy p = fixture_policy(dir, {{1, {8, 8}}, {3, {8, 8}}});
+  const std::string path = (tmp.path() / "policy.yaml").string();
+  policy::write_policy(path, p);
+  memory::MemoryOptions o = p.memory_options();
+  o.batch = 1;
+  const int64_t budget = eval::global_kv_bytes(spec, p.head_windows(), o);
+  const int64_t h2o_needs = eval::selecting_bytes(spec, memory::uniform_windows(spec, 1), o);
+  memory::MemoryOptions duo_options = o;
+  duo_options.sink_tokens = 32;
+  const int64_t duo_needs =
+      eval::global_kv_bytes(spec, memory::uniform_windows(spec, 64), duo_options);
+  REQUIRE(h2o_needs > budget);
+  REQUIRE(duo_needs > budget);
+  const std::string common = "eval --model " + dir.string() + " --policy " + path +
+                             " --samples 2 --calib-samples 2 --duo-steps 3 --seq-len 120"
+                             " --prefill-chunk 50 --quiet --baselines full,uniform,h2o,duo,random";
+  const Run r = run_cli(common + " --json", tmp.path());
+  INFO(r.err);
+  REQUIRE(r.status == 0);
+  const auto j = nlohmann::json::parse(r.out);
+  std::vector<std::string> ran, not_run;
+  for (const auto& m : j.at("methods")) ran.push_back(m.at("name"));
+  for (const auto& m : j.at("methods_not_fitting")) not_run.push_back(m.at("name"));
+  CHECK(ran == std::vector<std::string>{"headwise", "full", "uniform", "random"});
+  CHECK(not_run == std::vector<std::string>{"h2o", "duo"});
+  const auto reason = [&](size_t i) {
+    return j.at("methods_not_fitting")[i].at("reason").get<std::string>();
+  };
+  CHECK(reason(0) ==
+        fmt::format("uniform eviction baseline: its smallest assignment needs {} bytes "
+                    "of global K/V plus selection bookkeeping (one block per head), "
+                    "the policy has {}",
+                    h2o_needs, budget));
+  CHECK(reason(1) == fmt::format("duo baseline: every head streaming (32 sink + 64 recent tokens) "
+                                 "needs {} global-KV bytes, the policy has {}",
+                                 duo_needs, budget));
+  CHECK_FALSE(j.at("paired_vs_headwise").contains("h2o"));
+  CHECK_FALSE(j.at("paired_vs_headwise").contains("duo"));
+  CHECK(j.at("paired_vs_headwise").contains("random"));
+  // The table says it too, after the methods that ran.
+  const Run text = run_cli(common, tmp.path());
+  REQUIRE(text.status == 0);
+  CHECK(text.out.find("h2o: not run: uniform eviction baseline") != std::string::npos);
+  CHECK(text.out.find("duo: not run: duo baseline") != std::string::npos);
 }

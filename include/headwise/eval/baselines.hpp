@@ -22,8 +22,9 @@ int64_t one_block_per_head(const arch::ModelSpec& spec, const memory::MemoryOpti
 memory::HeadWindows uniform_baseline(const arch::ModelSpec& spec,
                                      const memory::MemoryOptions& options, int64_t budget);
 
-// PyramidKV-style: windows decrease linearly with depth (global layer j of G gets a share
-// (2(G - j) - 1) / G of the mean), the scale chosen as large as fits.
+// Pyramidal recency windows (the `pyramid-windows` ablation: PyramidKV's shape of allocation
+// without its token selection): windows decrease linearly with depth (global layer j of G gets a
+// share (2(G - j) - 1) / G of the mean), the scale chosen as large as fits.
 memory::HeadWindows pyramid_baseline(const arch::ModelSpec& spec,
                                      const memory::MemoryOptions& options, int64_t budget);
 
@@ -41,5 +42,39 @@ memory::HeadWindows ranked_full_baseline(const arch::ModelSpec& spec,
                                          const memory::MemoryOptions& options, int64_t budget,
                                          const HeadScores& scores, int64_t short_window,
                                          const char* name);
+
+// ---- Online eviction at its own allocation (the methods as published) ----
+//
+// A head that selects its tokens online (runtime::EvictionCache) needs, per slot, the position it
+// holds and its keep score, and per head its region: memory::selection_bytes. Those bytes are
+// part of what such a method holds, so they are paid from the same budget as the K/V: every
+// builder below spends at most `budget` on K/V plus bookkeeping, every global layer selecting.
+
+// K/V plus selection bookkeeping of `windows` when every global layer selects its tokens.
+int64_t selecting_bytes(const arch::ModelSpec& spec, const memory::HeadWindows& windows,
+                        const memory::MemoryOptions& options);
+
+// One capacity for every global KV head, the largest whose K/V and bookkeeping fit: H2O, SnapKV
+// and AdaKV as published (a uniform budget per head; AdaKV re-divides each layer's total among
+// its heads at the prompt's end).
+memory::HeadWindows uniform_selecting_baseline(const arch::ModelSpec& spec,
+                                               const memory::MemoryOptions& options,
+                                               int64_t budget);
+
+// PyramidKV's allocation (Cai et al., 2024, as in its KVCache-Factory code): over the G global
+// layers (the layers that keep a KV cache to compress), layer j keeps `observation_window` +
+// round(max - j (max - min) / (G - 1)) tokens per head, min = P / beta and max = 2P - min, P the
+// mean prefix budget per head (when max exceeds context - window, max is capped there and min =
+// 2P - max); P is the largest whose K/V and bookkeeping fit. Where that pyramid cannot be built
+// (min below the observation window, as PyramidKV's code checks), the allocation falls back to
+// uniform, as PyramidKV does; `pyramidal` says which happened.
+struct PyramidKVAllocation {
+  memory::HeadWindows windows;
+  bool pyramidal = true;
+  int64_t mean_prefix = 0;  // P
+};
+PyramidKVAllocation pyramidkv_baseline(const arch::ModelSpec& spec,
+                                       const memory::MemoryOptions& options, int64_t budget,
+                                       int64_t observation_window, double beta);
 
 }  // namespace headwise::eval

@@ -33,19 +33,31 @@ struct MethodWindows {
   memory::HeadWindows windows;
   nlohmann::json details =
       nlohmann::json::object();  // how a baseline chose (scores, gates, training)
-  // Set for the online eviction baselines (snapkv, h2o, adakv): every global KV head gets the
-  // slots `windows` (the policy's) give it, and the method chooses which tokens fill them.
+  // Set for the online eviction methods (h2o, snapkv, adakv, pyramidkv and their variants): every
+  // global KV head gets the slots `windows` give it (the method's own allocation, or the policy's
+  // for the *-headwise-slots ablations), and the method chooses which tokens fill them.
   std::optional<runtime::EvictionOptions> eviction = std::nullopt;
-  // A policy's layers whose heads select tokens: their bookkeeping is part of the policy's bytes
-  // (the eviction baselines report theirs apart).
+  // Global layers whose heads select tokens: their bookkeeping (positions, scores, regions) is
+  // part of the method's bytes, estimated and measured, for the policy and every baseline alike.
   std::set<int64_t> selecting_layers = {};
+  // Sink tokens of every windowed head when the method keeps its own (streamingllm: 4, duo's
+  // streaming heads: 128); unset: the policy's.
+  std::optional<int64_t> sink_tokens = std::nullopt;
+  // Set when the method has no configuration within the bytes (its smallest one is larger, e.g.
+  // an eviction method's one block per head plus its bookkeeping): why, with both byte counts.
+  // Such a method is not run; eval reports it apart (`methods_not_fitting`), the others still run.
+  std::optional<std::string> does_not_fit = std::nullopt;
 };
+
+// The memory options a method runs at: the policy's, with the method's own sink tokens.
+memory::MemoryOptions method_options(const MethodWindows& method,
+                                     const memory::MemoryOptions& policy_options);
 
 struct BaselineInputs {
   const policy::Policy& policy;
   memory::MemoryOptions options;  // the policy's, as eval runs them
   uint64_t seed = 0;              // the random baseline's
-  DuoTrainingOptions duo;  // the duo baseline's gate training (its window: the ladder's first)
+  DuoTrainingOptions duo;         // the duo baseline's gate training and streaming heads' shape
   // The policy's own calibration rerun with --no-conditioning (same data, measure, ladder and
   // budget; checked by check_unconditioned_ablation). When absent, `unconditioned` is calibrated
   // inside eval on the eval tasks' calibration samples, which also changes the data.
@@ -75,10 +87,11 @@ HeadScores retrieval_scores(arch::DecoderModel& model, const std::vector<EvalSam
 struct BaselineCache {
   std::optional<HeadScores> retrieval_scores;
   std::map<std::pair<int64_t, int64_t>, DuoGates>
-      duo_gates;  // (streaming window, sink tokens) → gates
+      duo_gates;  // (recent window, sink tokens) → gates
 };
 
-// Windows for each requested method (headwise first, then the baselines in `names` order).
+// Windows for each requested method (headwise first, then the baselines in `names` order); a
+// baseline that cannot be built at the policy's bytes comes back with `does_not_fit` set.
 // `calibration` samples (drawn apart from the evaluated ones) give retrieval-score its scores, duo
 // its gate training and unconditioned its curves (prompt + answer, cut to the shortest so
 // SeqCalib gets equal lengths). With `cache`, budget-free work found there is reused and new work

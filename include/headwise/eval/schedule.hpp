@@ -38,7 +38,7 @@ struct ScheduleOptions {
 struct ScheduledRuns {
   MethodResult full;                                // the reference, run once
   std::vector<std::vector<MethodWindows>> methods;  // per policy, by slot
-  std::vector<std::vector<MethodResult>> results;   // the same shape
+  std::vector<std::vector<MethodResult>> results;   // the same shape (name only: does_not_fit)
   int64_t runs_executed = 0;                        // runs the decoder did (full included)
   int64_t runs_reused = 0;                          // methods answered by an identical run
 };
