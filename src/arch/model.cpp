@@ -1,6 +1,10 @@
 #include "headwise/arch/model.hpp"
 
 #include <c10/core/InferenceMode.h>
+#include <sys/mman.h>
+
+#include <cerrno>
+#include <cstring>
 
 #include "headwise/arch/layer_prefetch.hpp"
 #include "headwise/arch/ops.hpp"
@@ -8,6 +12,30 @@
 #include "headwise/io/checkpoint.hpp"
 
 namespace headwise::arch {
+namespace {
+
+// Large host weights live in their own anonymous mappings, so releasing a streamed layer gives its
+// memory back to the system at once. From the C++ heap they did not always go back: glibc keeps
+// freed blocks in its heap once its dynamic mmap threshold has risen past their size (it does
+// after the first large free), and the next layer's tensors do not fit the holes exactly. At
+// Qwen3-Next-80B's layer dimensions the answer-span calibration, which loads and releases layers
+// many times, peaked at 1.09x its one-layer plan that way (tools/scale-proof.sh; 0.93x with glibc's
+// threshold fixed at 128 KiB for the whole process, which would also map every large activation).
+at::Tensor mapped_host_copy(const at::Tensor& source, at::ScalarType dtype) {
+  const int64_t bytes = source.numel() * static_cast<int64_t>(c10::elementSize(dtype));
+  void* data = mmap(nullptr, static_cast<size_t>(bytes), PROT_READ | PROT_WRITE,
+                    MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (data == MAP_FAILED) {
+    throw Error(fmt::format("cannot map {} bytes for a weight: {}", bytes, std::strerror(errno)));
+  }
+  at::Tensor copy = at::from_blob(
+      data, source.sizes(), [bytes](void* p) { munmap(p, static_cast<size_t>(bytes)); },
+      at::TensorOptions().dtype(dtype).device(at::kCPU));
+  copy.copy_(source);
+  return copy;
+}
+
+}  // namespace
 
 std::string shape_string(at::IntArrayRef shape) {
   return fmt::format("[{}]", fmt::join(shape, ", "));
@@ -225,7 +253,11 @@ const at::Tensor& DecoderModel::weight(int64_t layer, const std::string& name, b
   at::Tensor view = checkpoint_tensor(checkpoint_, name);
   // Always copy: the mapping is shared and private COW pages would otherwise be dirtied by any
   // in-place op; device/dtype conversion copies anyway.
-  at::Tensor loaded = view.to(device_, target, /*non_blocking=*/false, /*copy=*/true);
+  const bool own_mapping =
+      device_.is_cpu() && view.numel() * static_cast<int64_t>(c10::elementSize(target)) >=
+                              options_.own_mapping_min_bytes;
+  at::Tensor loaded = own_mapping ? mapped_host_copy(view, target)
+                                  : view.to(device_, target, /*non_blocking=*/false, /*copy=*/true);
   return slot.emplace(name, std::move(loaded)).first->second;
 }
 

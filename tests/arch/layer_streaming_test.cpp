@@ -5,6 +5,7 @@
 #include <c10/core/InferenceMode.h>
 
 #include <filesystem>
+#include <limits>
 
 #include "../support/test_paths.hpp"
 #include "headwise/arch/attention.hpp"
@@ -68,4 +69,26 @@ TEST_CASE("a prefetch that is never used is harmless", "[arch]") {
   model->release_all();
   const at::Tensor b = model->forward(ids);
   CHECK(at::equal(a, b));
+}
+
+TEST_CASE("weights in their own mappings compute what heap copies do, released or not", "[arch]") {
+  // The fixtures' weights are all under the default threshold: map every one.
+  c10::InferenceMode inference;
+  for (const char* name : {"qwen3_next_tiny", "gemma3_gqa4"}) {
+    INFO(name);
+    arch::ModelOptions heap;
+    heap.own_mapping_min_bytes = std::numeric_limits<int64_t>::max();
+    arch::ModelOptions mapped;
+    mapped.own_mapping_min_bytes = 0;
+    auto on_heap = arch::load_model(fixture(name), heap);
+    auto in_mappings = arch::load_model(fixture(name), mapped);
+    at::manual_seed(5);
+    const at::Tensor ids = at::randint(0, on_heap->spec().vocab_size, {2, 24}, at::kLong);
+    const at::Tensor expected = run_layers(*on_heap, ids, /*prefetch=*/false, /*release=*/false);
+    CHECK(at::equal(run_layers(*in_mappings, ids, /*prefetch=*/true, /*release=*/true), expected));
+    CHECK(
+        at::equal(run_layers(*in_mappings, ids, /*prefetch=*/false, /*release=*/false), expected));
+    in_mappings->release_all();
+    CHECK(in_mappings->resident_weight_bytes() == 0);
+  }
 }

@@ -27,6 +27,9 @@ struct ModelOptions {
   std::string device = "cpu";          // "cpu", "cuda", "cuda:1"
   std::optional<DType> compute_dtype;  // default: float32 on CPU, the checkpoint's dtype on CUDA
   int64_t attention_chunk = 512;       // queries per attention chunk: workspace O(chunk x T)
+  // Host weights of at least this many bytes (converted) get their own anonymous mapping, returned
+  // to the system when their layer is released (model.cpp says why).
+  int64_t own_mapping_min_bytes = int64_t{1} << 20;
 };
 
 using SpecBuilder = std::function<ModelSpec(const ConfigReader& text_config)>;
