@@ -21,12 +21,13 @@ namespace {
 // Qwen3-Next-80B's layer dimensions the answer-span calibration, which loads and releases layers
 // many times, peaked at 1.09x its one-layer plan that way (tools/scale-proof.sh; 0.93x with glibc's
 // threshold fixed at 128 KiB for the whole process, which would also map every large activation).
-at::Tensor mapped_host_copy(const at::Tensor& source, at::ScalarType dtype) {
-  const int64_t bytes = source.numel() * static_cast<int64_t>(c10::elementSize(dtype));
+at::Tensor mapped_host_copy(const std::string& name, const at::Tensor& source, at::ScalarType dtype,
+                            int64_t bytes) {
   void* data = mmap(nullptr, static_cast<size_t>(bytes), PROT_READ | PROT_WRITE,
                     MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
   if (data == MAP_FAILED) {
-    throw Error(fmt::format("cannot map {} bytes for a weight: {}", bytes, std::strerror(errno)));
+    throw Error(
+        fmt::format("cannot map {} bytes for weight {}: {}", bytes, name, std::strerror(errno)));
   }
   at::Tensor copy = at::from_blob(
       data, source.sizes(), [bytes](void* p) { munmap(p, static_cast<size_t>(bytes)); },
@@ -253,11 +254,10 @@ const at::Tensor& DecoderModel::weight(int64_t layer, const std::string& name, b
   at::Tensor view = checkpoint_tensor(checkpoint_, name);
   // Always copy: the mapping is shared and private COW pages would otherwise be dirtied by any
   // in-place op; device/dtype conversion copies anyway.
-  const bool own_mapping =
-      device_.is_cpu() && view.numel() * static_cast<int64_t>(c10::elementSize(target)) >=
-                              options_.own_mapping_min_bytes;
-  at::Tensor loaded = own_mapping ? mapped_host_copy(view, target)
-                                  : view.to(device_, target, /*non_blocking=*/false, /*copy=*/true);
+  const int64_t bytes = view.numel() * static_cast<int64_t>(c10::elementSize(target));
+  at::Tensor loaded = device_.is_cpu() && bytes >= options_.own_mapping_min_bytes
+                          ? mapped_host_copy(name, view, target, bytes)
+                          : view.to(device_, target, /*non_blocking=*/false, /*copy=*/true);
   return slot.emplace(name, std::move(loaded)).first->second;
 }
 
