@@ -339,16 +339,8 @@ TEST_CASE(
 
 TEST_CASE("answer-kl is deterministic and independent of the micro-batch split", "[calib]") {
   auto [model, seqs, budget] = two_mixed_layers();
-  auto options = answer_options("4,16,full", budget, seqs);
-  const auto a = calib::run_seqcalib(model, seqs, options);
-  const auto b = calib::run_seqcalib(model, seqs, options);
-  options.micro_batch = 3;
-  const auto split = calib::run_seqcalib(model, seqs, options);
-  CHECK(a.windows == b.windows);
-  CHECK(a.windows == split.windows);
-  REQUIRE(a.curves.size() == b.curves.size());
-  for (size_t i = 0; i < a.curves.size(); ++i)
-    CHECK(a.curves[i].distortion == b.curves[i].distortion);
+  check_deterministic_and_split_independent(model, seqs, answer_options("4,16,full", budget, seqs),
+                                            1e-5, 1e-9);
 }
 
 TEST_CASE("answer-kl refuses sequences without answer positions", "[calib]") {
