@@ -335,7 +335,10 @@ CalibrationJob::CalibrationJob(const CalibrationOptions& options, const fs::path
       {"joint_heads", !o.independent_heads},
       {"extrapolate", extrapolation_name(o.extrapolate)},
   };
-  if (span_measure(o.distortion)) inputs["span_margin"] = o.span_margin;
+  if (span_measure(o.distortion)) {
+    inputs["span_margin"] = o.span_margin;
+    inputs["re_solve"] = o.resolve_by_rewalk ? "rewalk" : "span";
+  }
   // Only when not native, so that policies made before --state-dtype keep the hash they were made
   // with.
   if (s.mem.state_dtype) inputs["state_dtype"] = std::string(dtype_name(*s.mem.state_dtype));
@@ -420,6 +423,7 @@ CalibrationOutcome CalibrationJob::run(const RunControl& control) {
   options.measure = r.distortion;
   options.answer_positions = s.data.answer_positions;
   options.joint_heads = !r.independent_heads;
+  options.resolve_by_rewalk = r.resolve_by_rewalk;
   options.validate_measure = r.validate_measure;
   options.unmeasured_levels = s.unmeasured;
   options.extrapolation = r.extrapolate;
@@ -490,7 +494,8 @@ CalibrationOutcome CalibrationJob::run(const RunControl& control) {
     policy.calibration["heads"] = r.independent_heads ? "independent" : "joint";
     if (span)
       policy.calibration["answer_span"] = {{"first_position", span->span_begin()},
-                                           {"margin", r.span_margin}};
+                                           {"margin", r.span_margin},
+                                           {"re_solve", r.resolve_by_rewalk ? "rewalk" : "span"}};
   }
   if (s.context_warning) {
     // Recorded so whoever deploys the policy sees it, not only whoever ran the calibration.

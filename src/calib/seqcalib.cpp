@@ -131,7 +131,11 @@ AnswerMeasures prepare_answer_measures(const RunInputs& in, SeqCalibResult& resu
 void refine_after_completion(const RunInputs& in, const AnswerMeasures& measures, RunState& state) {
   if (in.span()) {
     // Verified end to end by the walks' own final streams (no extra forward): one re-solve at most.
-    if (in.options.conditioned) resolve_across_layers_by_walks(in, measures, state);
+    if (in.options.conditioned && in.options.resolve_by_rewalk) {
+      resolve_across_layers_by_walks(in, measures, state);
+    } else if (in.options.conditioned) {
+      resolve_across_layers_on_the_span(in, measures, state);
+    }
   } else if (in.answer_aware()) {
     measure_completion_effect(in, measures, state);
     if (in.options.conditioned) {

@@ -81,6 +81,7 @@ void complete(const RunInputs& in, RunState& state) {
   result.global_bytes = solution.total_bytes;
   result.total_distortion = solution.total_distortion;
   result.windows.clear();
+  result.expected_distortion.clear();
   for (size_t g = 0; g < decisions.groups.size(); ++g) {
     const auto& group = decisions.groups[g];
     const auto& option = group.options[solution.choice[g]];
@@ -149,13 +150,13 @@ void rewalk_while_completion_moves_lower_layers(const RunInputs& in, const Answe
 // On the 8K default model at 50% of full KV, the walk kept 4096 tokens for one head of layer 1
 // and left layer 3 a head at 1024 that cost 0.11 in answer KL.
 std::optional<ResolvedMove> propose_resolve(const RunInputs& in, const RunState& state) {
-  Windows proposed = decided_windows(
-      state.decisions,
-      solve::solve_exact(state.decisions.groups, in.options.global_budget_bytes).choice);
+  std::vector<size_t> choice =
+      solve::solve_exact(state.decisions.groups, in.options.global_budget_bytes).choice;
+  Windows proposed = decided_windows(state.decisions, choice);
   const std::optional<int64_t> lowest =
       lowest_changed_layer_below_a_global_layer(in, state.result.windows, proposed);
   if (!lowest) return std::nullopt;
-  return ResolvedMove{*lowest, std::move(proposed)};
+  return ResolvedMove{*lowest, std::move(proposed), std::move(choice)};
 }
 
 constexpr int kResolves = 2;

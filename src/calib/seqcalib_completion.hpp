@@ -31,6 +31,7 @@ Windows decided_windows(const Decisions& decisions, const std::vector<size_t>& c
 struct ResolvedMove {
   int64_t lowest = 0;
   Windows windows;
+  std::vector<size_t> choice;  // the solve's option per decided group
 };
 std::optional<ResolvedMove> propose_resolve(const RunInputs& in, const RunState& state);
 

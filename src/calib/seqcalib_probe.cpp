@@ -77,10 +77,9 @@ void block_mse_probe(const RunInputs& in, ActivationStream& stream, RunState& st
 
 void probe(const RunInputs& in, const AnswerMeasures& measures, RunState& state) {
   const auto start = Clock::now();
-  const int64_t samples = in.span()
+  const int64_t samples = in.span() && state.result.validation
                               ? static_cast<int64_t>(in.sequences.size())
-                              : effective_probe_samples(in.options.probe_samples,
-                                                        static_cast<int64_t>(in.sequences.size()));
+                              : in.probe_samples();
   if (in.span()) {
     span_probe(in, measures, state);
   } else {

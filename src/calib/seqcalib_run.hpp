@@ -53,6 +53,10 @@ struct RunInputs {
   measure::DistortionAccumulator merged_over_ranks(
       int64_t layer_id, const measure::DistortionAccumulator& local) const;
 
+  // Sequences the probe measures (SeqCalibOptions::probe_samples, else the default share).
+  int64_t probe_samples() const {
+    return effective_probe_samples(options.probe_samples, static_cast<int64_t>(sequences.size()));
+  }
   bool answer_aware() const { return calib::answer_aware(options.measure); }
   bool gradient_measure() const { return options.measure == DistortionMeasure::kAnswerGrad; }
   bool span() const { return span_measure(options.measure); }

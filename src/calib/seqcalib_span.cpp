@@ -43,9 +43,25 @@ LayerMeasure span_layer_measure(const RunInputs& in, AnswerSpan& span, const Spa
 }  // namespace
 
 // Every sequence serves: the probe costs no forward here.
+namespace {
+
+// The layers above the lowest global one are probed on a share of the sequences (--probe-samples,
+// half by default, as the other measures probe): their curves only price the bytes the walk
+// keeps for them, and each is measured again on the conditioned stream when the walk reaches it.
+// The lowest layer is probed on every sequence: the walk decides it from these very values. A run
+// that validates its measure probes on every sequence, as the exact measure does.
+int64_t span_probe_local_sequences(const RunInputs& in, const RunState& state) {
+  const int64_t samples = in.probe_samples();
+  if (samples >= static_cast<int64_t>(in.sequences.size()) || state.result.validation) return -1;
+  return static_cast<int64_t>(in.local_prefix(samples).size());
+}
+
+}  // namespace
+
 void span_probe(const RunInputs& in, const AnswerMeasures& measures, RunState& state) {
   AnswerSpan& span = *measures.span;
   std::vector<int64_t> layers = in.spec.global_layer_ids();
+  const int64_t upper_sequences = span_probe_local_sequences(in, state);
   std::vector<AnswerSpan::SweepItem> items;
   std::vector<std::vector<std::vector<size_t>>> assignments;
   for (int64_t id : layers) {
@@ -60,6 +76,7 @@ void span_probe(const RunInputs& in, const AnswerMeasures& measures, RunState& s
     assignments.push_back(unique_assignments(std::move(wanted)));
     const SpanSite& site = span.reference_site(id);
     AnswerSpan::SweepItem item{&site, {}};
+    if (id != layers.front()) item.sequences = upper_sequences;
     for (const auto& levels : assignments.back())
       item.candidates.push_back(site.compose(in.windows_of(levels)));
     items.push_back(std::move(item));
@@ -147,6 +164,64 @@ void resolve_across_layers_by_walks(const RunInputs& in, const AnswerMeasures& m
   }
   spdlog::info("re-solved walk: {} {:.6g} (was {:.6g}): kept", in.measured_label(),
                result.answer_kl_walk, kept_result.answer_kl_walk);
+  result.resolves = 1;
+}
+
+namespace {
+
+// Puts into `stream` the hidden states entering global layer `layer`, the layers below it run
+// under `windows`: from the walk's highest checkpoint that ran them so, the layers between it and
+// `layer` run again.
+void enter_layer(const RunInputs& in, const RunState& state, int64_t layer, const Windows& windows,
+                 ActivationStream& stream) {
+  PolicyAttentionCore core(windows, in.options.sink_tokens, in.model.attention_chunk());
+  for (int64_t i = state.stream_checkpoints.restore(stream, layer, windows); i < layer; ++i) {
+    stream.apply([&](const at::Tensor& h) {
+      return checked_finite(in.model.run_layer(i, h, {&core, nullptr, 0}), i,
+                            in.spec.layer(i).kind);
+    });
+    in.model.release_layer(i);
+  }
+}
+
+int64_t bytes_at(const Decisions& decisions, const std::vector<size_t>& choice) {
+  int64_t bytes = 0;
+  for (size_t g = 0; g < decisions.groups.size(); ++g)
+    bytes += decisions.groups[g].options[choice[g]].bytes;
+  return bytes;
+}
+
+}  // namespace
+
+void resolve_across_layers_on_the_span(const RunInputs& in, const AnswerMeasures& measures,
+                                       RunState& state) {
+  SeqCalibResult& result = state.result;
+  result.answer_kl_by_resolve = {result.answer_kl_walk};
+  std::optional<ResolvedMove> move = propose_resolve(in, state);
+  if (!move) return;
+  spdlog::info(
+      "re-solve: the exact solve over the conditioned curves moves layer {} to [{}]; checking it "
+      "against the walk's policy on the answer span",
+      move->lowest, window_labels(move->windows.at(move->lowest)));
+  ActivationStream stream(in.model, in.local_sequences, in.options.micro_batch,
+                          in.options.activations);
+  enter_layer(in, state, move->lowest, result.windows, stream);
+  result.span_by_resolve = measures.span->evaluate_policies(
+      move->lowest, stream, {result.windows, move->windows}, "re-solve");
+  const double walked = result.span_by_resolve.at(0);
+  const double resolved = result.span_by_resolve.at(1);
+  if (!(resolved < walked)) {
+    spdlog::info("re-solved policy: span {} {:.6g}, not below the walk's {:.6g}: kept the walk's",
+                 in.measured_label(), resolved, walked);
+    return;
+  }
+  spdlog::info("re-solved policy: span {} {:.6g} (the walk's {:.6g}): kept", in.measured_label(),
+               resolved, walked);
+  const int64_t walked_bytes = result.global_bytes_before_completion;
+  state.decisions.spent = bytes_at(state.decisions, move->choice);
+  state.decisions.choice = std::move(move->choice);
+  complete(in, state);
+  result.global_bytes_before_completion = walked_bytes;
   result.resolves = 1;
 }
 

@@ -40,4 +40,12 @@ void run_deciding_in_its_pass(const RunInputs& in, const AnswerMeasures& measure
 void resolve_across_layers_by_walks(const RunInputs& in, const AnswerMeasures& measures,
                                     RunState& state);
 
+// The default re-solve of the span measures: the exact solve over the conditioned curves is
+// proposed, and checked against the walk's completed policy by the span measure of both whole
+// policies from the lowest layer it moves (AnswerSpan::evaluate_policies); kept when lower. The
+// stream entering that layer comes from the walk's checkpoints: nothing above it runs over every
+// token, and nothing is re-decided.
+void resolve_across_layers_on_the_span(const RunInputs& in, const AnswerMeasures& measures,
+                                       RunState& state);
+
 }  // namespace headwise::calib::seqcalib

@@ -159,6 +159,11 @@ const RegisterCommand kRegister{
                       "measure also runs exactly "
                       "(the question's own tokens and context before it)")
           ->capture_default_str();
+      root.add_flag("--re-solve-by-rewalk", args.request.resolve_by_rewalk,
+                    "answer-*-span: after the cross-layer re-solve, re-walk the layers above the "
+                    "lowest layer it moves (one more walk of them, each re-decided) instead of "
+                    "checking the re-solved policy on the answer span (the default; its cost does "
+                    "not grow with depth)");
       root.add_flag("--independent-heads", args.request.independent_heads,
                     "answer-kl/answer-grad: decide a layer's heads from curves measured with the "
                     "other heads at full "

@@ -24,6 +24,7 @@ calib::CalibrationOptions calibration_options(const calib::CalibrationRequest& r
   o.calib = r.calib;
   o.samples = r.samples;
   o.span_margin = r.span_margin;
+  o.resolve_by_rewalk = r.resolve_by_rewalk;
   o.independent_heads = r.independent_heads;
   o.validate_measure = r.validate_measure;
   o.prefill_chunk = r.prefill_chunk;

@@ -136,6 +136,7 @@ nlohmann::json calibration_report(const calib::SeqCalibResult& r, const ReportCo
               {"end_to_end_by_pass", r.answer_kl_by_pass},
               {"resolves", r.resolves},
               {"end_to_end_by_resolve", r.answer_kl_by_resolve},
+              {"span_by_resolve", r.span_by_resolve},
               {"evaluations", r.answer_kl_evaluations}};
   }
   nlohmann::json validation = nullptr;

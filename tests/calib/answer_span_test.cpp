@@ -312,6 +312,107 @@ TEST_CASE(
   }
 }
 
+// Each global layer in `windows` keeps its windows for queries at positions >= `from`, full KV
+// before; every other layer runs exactly.
+class PolicyOnSpanCore final : public arch::AttentionCore {
+ public:
+  PolicyOnSpanCore(std::map<int64_t, std::vector<int64_t>> windows, int64_t from, int64_t sinks)
+      : windows_(std::move(windows)), from_(from), sinks_(sinks) {}
+  at::Tensor attend(const arch::AttentionInputs& in) override {
+    arch::ExactAttentionCore exact(16);
+    at::Tensor full = exact.attend(in);
+    const auto it = windows_.find(in.layer_id);
+    if (it == windows_.end()) return full;
+    const at::Tensor windowed = arch::windowed_attention(in, it->second, sinks_, 16);
+    full.slice(1, from_, full.size(1)).copy_(windowed.slice(1, from_, windowed.size(1)));
+    return full;
+  }
+
+ private:
+  std::map<int64_t, std::vector<int64_t>> windows_;
+  int64_t from_;
+  int64_t sinks_;
+};
+
+TEST_CASE(
+    "answer span: a whole policy measures as the forward with every layer's windows on the span; "
+    "a share of the sequences as a span of those sequences",
+    "[calib]") {
+  // evaluate_policies checks a re-solve's proposal; SweepItem::sequences probes the layers above
+  // the lowest on a share of the sequences.
+  c10::InferenceMode inference;
+  for (const char* name : {"qwen3_next_tiny", "gemma3_gqa4", "jamba_tiny"}) {
+    INFO(name);
+    arch::ModelOptions options;
+    options.attention_chunk = 16;
+    auto model = arch::load_model(testing::fixture_dir(name), options);
+    const auto& spec = model->spec();
+    const auto seqs = random_sequences(3, 48, spec.vocab_size, 13);
+    const std::vector<std::vector<int64_t>> answers(seqs.size(), {36, 41, 46});
+    calib::AnswerSpanOptions so;
+    so.micro_batch = 2;  // micro-batches of 2 and 1 sequences
+    so.windows = {4, 8, kFullWindow};
+    so.sink_tokens = 1;
+    so.margin = 6;
+    calib::AnswerSpan span(*model, seqs, answers, so);
+    const std::vector<int64_t> globals = spec.global_layer_ids();
+    REQUIRE(!globals.empty());
+    // Two policies that agree below the lowest global layer: one cuts every global layer, the
+    // other only the lowest.
+    std::map<int64_t, std::vector<int64_t>> every, lowest_only;
+    for (int64_t layer : globals) {
+      const auto heads = static_cast<size_t>(spec.layer(layer).attention->num_kv_heads);
+      std::vector<int64_t> mixed(heads, 4);
+      mixed[0] = 8;
+      every[layer] = mixed;
+      lowest_only[layer] =
+          layer == globals.front() ? mixed : std::vector<int64_t>(heads, kFullWindow);
+    }
+    calib::ActivationStream stream(*model, seqs, 2, calib::ActivationPlacement::kAuto);
+    arch::ExactAttentionCore exact(16);
+    for (int64_t i = 0; i < globals.front(); ++i)
+      stream.apply([&](const at::Tensor& h) {
+        return model->run_layer(i, h, {&exact, nullptr, 0});
+      });
+    const auto values =
+        span.evaluate_policies(globals.front(), stream, {every, lowest_only}, "test");
+    REQUIRE(values.size() == 2);
+    PolicyOnSpanCore every_core(every, span.span_begin(), 1);
+    PolicyOnSpanCore lowest_core(lowest_only, span.span_begin(), 1);
+    CHECK(values[0] == Approx(forward_divergence(*model, seqs, answers, every_core)).margin(2e-5));
+    CHECK(values[1] == Approx(forward_divergence(*model, seqs, answers, lowest_core)).margin(2e-5));
+    // With one global layer the policies are one candidate of it.
+    const calib::SpanSite& site = span.reference_site(globals.front());
+    CHECK(values[1] ==
+          Approx(span.evaluate(site, {site.compose(lowest_only.at(globals.front()))}, "test")[0])
+              .margin(1e-9));
+    if (globals.size() > 1) CHECK(values[0] != Approx(values[1]).margin(1e-7));
+
+    // The first n sequences of a sweep measure what a span of those sequences alone measures.
+    for (const int64_t n : {1, 2}) {
+      INFO(n << " sequences");
+      const std::vector<std::vector<int64_t>> first(seqs.begin(), seqs.begin() + n);
+      const std::vector<std::vector<int64_t>> first_answers(answers.begin(), answers.begin() + n);
+      calib::AnswerSpan alone(*model, first, first_answers, so);
+      REQUIRE(alone.span_begin() == span.span_begin());
+      for (int64_t layer : globals) {
+        INFO("layer " << layer);
+        const auto& w = every.at(layer);
+        calib::AnswerSpan::SweepItem share{&span.reference_site(layer), {}};
+        share.candidates = {span.reference_site(layer).compose(w)};
+        share.sequences = n;
+        calib::AnswerSpan::SweepItem all{&span.reference_site(layer), share.candidates};
+        const auto swept = span.sweep({share, all}, "test");
+        const calib::SpanSite& own = alone.reference_site(layer);
+        CHECK(swept[0][0] == Approx(alone.evaluate(own, {own.compose(w)}, "test")[0]).margin(1e-6));
+        CHECK(swept[1][0] ==
+              Approx(span.evaluate(span.reference_site(layer), share.candidates, "test")[0])
+                  .margin(1e-9));
+      }
+    }
+  }
+}
+
 TEST_CASE("answer span: bad margins and answers outside the sequence are refused", "[calib]") {
   c10::InferenceMode inference;
   auto model = arch::load_model(testing::fixture_dir("qwen3_next_tiny"), {});

@@ -461,6 +461,47 @@ TEST_CASE(
 }
 
 TEST_CASE(
+    "answer-tv-span: the cross-layer re-solve checked on the answer span moves the bytes up as the "
+    "re-walk does",
+    "[calib]") {
+  // The planted toy of the re-solve (see above) under the span measure: the default checks the
+  // exact solve's proposal against the walk's policy on the span (no re-walk, nothing re-decided);
+  // --re-solve-by-rewalk re-walks the layer above. Both must move layer 0's bytes to one retriever.
+  test::ToyModel model({{{HeadRole::kUniform}}, {{HeadRole::kFar, 0.5}, {HeadRole::kFar, 0.5}}},
+                       test::ToyReadout{20.0, 0.5});
+  const auto seqs = test::toy_sequences(4, kContext, 41);
+  const int64_t budget = toy_head_bytes(kFullWindow) + 3 * toy_head_bytes(4);
+  for (const bool rewalk : {false, true}) {
+    INFO("re-walk " << rewalk);
+    auto options = span_options("4,full", budget, seqs);
+    options.resolve_by_rewalk = rewalk;
+    const auto r = calib::run_seqcalib(model, seqs, options);
+    INFO(fmt::format("windows {} / {}, resolves {}, span by resolve {}, by re-walk {}",
+                     fmt::join(r.windows.at(0), ","), fmt::join(r.windows.at(1), ","), r.resolves,
+                     fmt::join(r.span_by_resolve, ","), fmt::join(r.answer_kl_by_resolve, ",")));
+    CHECK(r.resolves == 1);
+    // The kept policy is complete: one expected value per head, as for a walk's.
+    for (const auto& [layer, windows] : r.windows)
+      CHECK(r.expected_distortion.at(layer).size() == windows.size());
+    CHECK(r.windows.at(0) == std::vector<int64_t>{4});
+    const auto& top = r.windows.at(1);
+    CHECK((top[0] == kFullWindow) + (top[1] == kFullWindow) == 1);
+    CHECK(r.global_bytes <= budget);
+    if (rewalk) {
+      CHECK(r.span_by_resolve.empty());
+      REQUIRE(r.answer_kl_by_resolve.size() == 2);
+      CHECK(r.answer_kl_by_resolve[1] < 0.5 * r.answer_kl_by_resolve[0]);
+    } else {
+      REQUIRE(r.span_by_resolve.size() == 2);
+      CHECK(r.span_by_resolve[1] < 0.5 * r.span_by_resolve[0]);
+      // The walk's own end-to-end value stays what it measured; the re-walk did not run.
+      REQUIRE(r.answer_kl_by_resolve.size() == 1);
+      CHECK(r.answer_kl_by_resolve[0] == r.answer_kl_walk);
+    }
+  }
+}
+
+TEST_CASE(
     "answer-tv-span decides the same when the measured layer may not stay resident (separate "
     "capture, sweep and run passes)",
     "[calib]") {

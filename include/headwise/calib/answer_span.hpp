@@ -99,11 +99,26 @@ class AnswerSpan {
   struct SweepItem {
     const SpanSite* site = nullptr;
     std::vector<SpanOutputs> candidates;
+    // The windows of global layers above the site that the span's queries run under (a whole
+    // policy's, evaluate_policies); nullptr: the layers above at full KV.
+    const std::map<int64_t, std::vector<int64_t>>* above = nullptr;
+    // Measures on this rank's first `sequences` sequences only (their answers' mean); -1: all.
+    int64_t sequences = -1;
   };
   // evaluate() for sites of several layers at once: one pass over each layer, the candidates of
   // a lower site passing through the higher sites' layers with theirs (the probe's curves).
   std::vector<std::vector<double>> sweep(const std::vector<SweepItem>& items,
                                          const std::string& what);
+
+  // The span measure of whole policies that agree below global layer `layer`: per policy, the
+  // mean divergence per answer position with `layer` and every global layer above it at the
+  // policy's windows on the span's queries (the layers' caches as evaluate() has them). `stream`
+  // enters `layer` as the layers below run under every policy. Costs one capture of `layer` and
+  // the span through the layers above per policy: what a re-solve's proposal is checked with.
+  std::vector<double> evaluate_policies(
+      int64_t layer, ActivationStream& stream,
+      const std::vector<std::map<int64_t, std::vector<int64_t>>>& policies,
+      const std::string& what);
 
   // Mean divergence per answer position of hidden states that have passed every layer (a walk's
   // final stream), against the reference: exact, no layer runs.
@@ -129,12 +144,16 @@ class AnswerSpan {
     size_t item = 0;
     size_t micro_batch = 0;
     size_t c0 = 0, c1 = 0;
-    at::Tensor hidden;  // [Bm * (c1 - c0), S, H], b-major
+    at::Tensor hidden;  // [rows * (c1 - c0), S, H], b-major
+    int64_t rows = 0;   // the micro-batch's first rows it measures (SweepItem::sequences)
   };
 
   void run_reference(const std::vector<std::vector<int64_t>>& sequences);
   void run_above_sites(int64_t layer, std::vector<SpanBatch>& batches,
                        const std::vector<SweepItem>& items);
+  // One batch through layer `j` above its site on its own: under a policy's `windows` (nullptr:
+  // the layer as it is), against the first batch.rows rows of the layer's cache.
+  void run_alone(int64_t j, SpanBatch& batch, const std::vector<int64_t>* windows);
   at::Tensor log_probs_at_answers(int64_t micro_batch, const at::Tensor& final_hidden,
                                   int64_t first_row);
 

@@ -39,6 +39,7 @@ struct CalibrationRequest {
   std::string seq_len = "auto";  // auto: long enough to measure every finite ladder level
   std::string distortion = "answer-tv-span";
   int64_t span_margin = 8;
+  bool resolve_by_rewalk = false;
   bool independent_heads = false;
   bool validate_measure = false;
   std::string extrapolate = "none";
@@ -73,6 +74,9 @@ struct CalibrationOptions {
   // the answer span, at a cost flat in depth (answer_span.hpp); answer-tv is the exact measure.
   DistortionMeasure distortion = DistortionMeasure::kAnswerTvSpan;
   int64_t span_margin = 8;  // answer-span measures: tokens of the span before the first answer
+  // answer-span measures: re-walk after the cross-layer re-solve
+  // (SeqCalibOptions::resolve_by_rewalk).
+  bool resolve_by_rewalk = false;
   bool independent_heads = false;
   // answer-grad / answer-*-span against the exact measure, in the report.
   bool validate_measure = false;

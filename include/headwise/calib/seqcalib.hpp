@@ -80,6 +80,12 @@ struct SeqCalibOptions {
   // false: each global layer is captured, swept and then run under its decision in separate
   // passes, and its weights are loaded again for the last one.
   bool measured_layer_resident = true;
+  // The span measures' cross-layer re-solve: true re-walks the layers above the lowest layer it
+  // moves (each re-decided on the new stream, one more walk of them) and keeps the result when its
+  // end-to-end divergence is lower; false (the default) checks the re-solved policy against the
+  // walk's on the answer span (evaluate_policies: no stream beyond the checkpoint below it, no
+  // re-decision), a cost that does not grow with the layers above.
+  bool resolve_by_rewalk = false;
   // Data parallel (dist/collective.hpp): this process measures its shard of the sequences (its
   // micro-batches, dist::shard_sequences) and combines every sum with the other ranks, so each
   // rank takes the decisions a single process would. nullptr: one process.
@@ -153,6 +159,10 @@ struct SeqCalibResult {
   // entry and of each pass tried.
   int64_t resolves = 0;
   std::vector<double> answer_kl_by_resolve;
+  // The span measures' re-solve checked on the answer span (SeqCalibOptions::resolve_by_rewalk
+  // false): the span measure of the walk's completed policy and of the re-solved one, from the
+  // lowest layer the re-solve moves (empty when it moved none).
+  std::vector<double> span_by_resolve;
   int64_t answer_kl_evaluations = 0;
   std::optional<MeasureValidation> validation;  // answer-grad with validate_measure
   int64_t peak_device_bytes = 0;                // CUDA allocator peak, 0 on CPU
