@@ -12,6 +12,10 @@
 #   RESULTS=docs/results-2k (writes RESULTS.md and RESULTS.svg; default docs/results)
 #   CALIB_SAMPLES=8 (the main command's default)  HEADWISE_CALC=path (default build/bin/headwise-calc)
 #   KEEP_RULES=window (passed as --keep-rules; default: the main command's, auto = window,h2o)
+#   STATE_DTYPE=native (passed as --state-dtype to mem-estimate and every calibration: native, the
+#   default, keeps the recurrent/conv states as the architecture does, as every policy of
+#   policies/manifest.yaml pins it, so the shares' bytes and the table stay comparable across
+#   regenerations; float32 is the main command's default)
 #   BASELINES=full,unconditioned (eval --baselines; default: eval's, every method and ablation)
 #   DUO_STEPS=500 (eval --duo-steps. DuoAttention's paper trains 2000 steps; one step at 4K costs ~2 s of one
 #   core here (measured), so 2000 would add ~67 min to the eval on this machine: 500 by default, the
@@ -34,11 +38,13 @@ results=${RESULTS:-docs/results}
 eval_seed=${EVAL_SEED:-23}
 calib_samples=${CALIB_SAMPLES:-8}
 keep_rules=${KEEP_RULES:-}
+state_dtype=${STATE_DTYPE:-native}
 bin=${HEADWISE_CALC:-build/bin/headwise-calc}
 [ -x "$bin" ] || tools/build.sh
 mkdir -p policies docs out
 
-"$bin" mem-estimate --model "$model" --full-kv --context "$context" --json > out/results-full-kv.json
+"$bin" mem-estimate --model "$model" --full-kv --context "$context" --state-dtype "$state_dtype" \
+  --json > out/results-full-kv.json
 # One budget's policy and its ablation (reads the arrays set just before the call).
 calibrate_budget() {
   echo "budget $share% ($budget bytes): calibrating $policy and its ablation $ablation"
@@ -59,7 +65,8 @@ print(j['full_kv_total_bytes'] - c['global_kv_bytes'] + c['global_kv_bytes'] * i
   policy=policies/$name-eval-$context-$share.yaml
   ablation=policies/$name-eval-$context-$share-unconditioned.yaml
   calibrate=("$bin" --model "$model" --context "$context" --budget "$budget" --windows "$windows"
-             --samples "$calib_samples" --seed 0 ${keep_rules:+--keep-rules "$keep_rules"} -o "$policy" --quiet)
+             --samples "$calib_samples" --seed 0 --state-dtype "$state_dtype"
+             ${keep_rules:+--keep-rules "$keep_rules"} -o "$policy" --quiet)
   ablate=("${calibrate[@]/#$policy/$ablation}" --no-conditioning)
   policies+=(--policy "$policy")
   ablations+=(--unconditioned-policy "$ablation")
