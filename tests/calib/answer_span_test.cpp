@@ -36,6 +36,13 @@ arch::AttentionInputs random_inputs(int64_t batch, int64_t heads, int64_t kv, in
   return in;
 }
 
+// A family's test fixture, attention in chunks of 16 queries (several chunks per sequence).
+std::unique_ptr<arch::DecoderModel> fixture_model(const char* name) {
+  arch::ModelOptions options;
+  options.attention_chunk = 16;
+  return arch::load_model(testing::fixture_dir(name), options);
+}
+
 // windowed_attention's rows [begin, T) of one sequence's inputs.
 at::Tensor reference_rows(const arch::AttentionInputs& in, int64_t window, int64_t sinks,
                           int64_t begin) {
@@ -172,9 +179,7 @@ TEST_CASE(
        {"qwen3_next_tiny", "gemma3_gqa4", "gpt_oss_tiny", "falcon_h1_tiny", "bamba_tiny",
         "jamba_tiny", "nemotron_h_tiny", "lfm2_tiny", "qwen3_sliding"}) {
     INFO(name);
-    arch::ModelOptions options;
-    options.attention_chunk = 16;
-    auto model = arch::load_model(testing::fixture_dir(name), options);
+    auto model = fixture_model(name);
     const auto& spec = model->spec();
     const int64_t steps = 48;
     const auto seqs = random_sequences(3, steps, spec.vocab_size, 7);
@@ -223,9 +228,7 @@ TEST_CASE(
   // When two layers' weights do not fit (the memory plan), the measured layer goes with the
   // others; the walk loads it again to run it under its decision.
   c10::InferenceMode inference;
-  arch::ModelOptions options;
-  options.attention_chunk = 16;
-  auto model = arch::load_model(testing::fixture_dir("qwen3_next_tiny"), options);
+  auto model = fixture_model("qwen3_next_tiny");
   const auto& spec = model->spec();
   const auto seqs = random_sequences(2, 40, spec.vocab_size, 5);
   const std::vector<std::vector<int64_t>> answers(seqs.size(), {33, 37, 39});
@@ -267,9 +270,7 @@ TEST_CASE(
   c10::InferenceMode inference;
   for (const char* name : {"qwen3_next_tiny", "gemma3_gqa4", "falcon_h1_tiny"}) {
     INFO(name);
-    arch::ModelOptions options;
-    options.attention_chunk = 16;
-    auto model = arch::load_model(testing::fixture_dir(name), options);
+    auto model = fixture_model(name);
     const auto& spec = model->spec();
     const auto seqs = random_sequences(2, 40, spec.vocab_size, 3);
     const std::vector<std::vector<int64_t>> answers(seqs.size(), {30, 35, 38});
@@ -343,9 +344,7 @@ TEST_CASE(
   c10::InferenceMode inference;
   for (const char* name : {"qwen3_next_tiny", "gemma3_gqa4", "jamba_tiny"}) {
     INFO(name);
-    arch::ModelOptions options;
-    options.attention_chunk = 16;
-    auto model = arch::load_model(testing::fixture_dir(name), options);
+    auto model = fixture_model(name);
     const auto& spec = model->spec();
     const auto seqs = random_sequences(3, 48, spec.vocab_size, 13);
     const std::vector<std::vector<int64_t>> answers(seqs.size(), {36, 41, 46});
