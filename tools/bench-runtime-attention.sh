@@ -9,7 +9,8 @@
 # Commands, on models/tiny-qwen3-next-8k with a 25% policy calibrated first (2 samples, not timed):
 #   forward-8k  `forward --policy` over 8192 tokens: logits compared (max |diff|, argmax agreement,
 #               largest per-position KL between the two);
-#   eval-8k     `eval` at 8K of full, the policy, uniform, SnapKV, H2O and AdaKV on `--samples`
+#   eval-8k     `eval` at 8K of full, the policy, uniform and the SnapKV, H2O and AdaKV rules on the
+#               policy's slots (`*-headwise-slots`) on `--samples`
 #               samples per needle task: every accuracy must be equal, KLs are printed side by side;
 #   duo-8k      `eval` at 8K with only the duo baseline, its gate training cut to 8 steps on 2
 #               samples (at its default 256 steps it is the longest part of an 8K eval); duo's
@@ -35,7 +36,9 @@ if [[ ! -f $policy8k ]]; then
   "$calc" --model "$model8k" --context 8k --budget 2134016 --windows 256,1k,4k,full --samples 2 --seed 0 --keep-rules window \
     -o "$policy8k" --quiet
 fi
-methods=full,uniform,snapkv,h2o,adakv
+# The eviction rules on the policy's own slots: what these figures were measured with when the
+# names snapkv, h2o and adakv meant it (issue 41 gave those names the published allocations).
+methods=full,uniform,snapkv-headwise-slots,h2o-headwise-slots,adakv-headwise-slots
 declare -A commands=(
   [forward-8k]="forward --model $model8k --tokens $out/tokens.json --policy $policy8k -o {out} -q"
   [eval-8k]="eval --model $model8k --policy $policy8k --samples $samples --tasks needle_single,needle_multikey --baselines $methods --seed 23 --json --quiet"
