@@ -230,6 +230,11 @@ const char* keep_rules_name(bool h2o) {
   return h2o ? "window,h2o" : "window";
 }
 
+// How the span measures check the cross-layer re-solve (SeqCalibOptions::resolve_by_rewalk).
+const char* re_solve_name(bool by_rewalk) {
+  return by_rewalk ? "rewalk" : "span";
+}
+
 void check_measure_options(const CalibrationOptions& o) {
   if (o.validate_measure && o.distortion != DistortionMeasure::kAnswerGrad &&
       !span_measure(o.distortion)) {
@@ -337,7 +342,7 @@ CalibrationJob::CalibrationJob(const CalibrationOptions& options, const fs::path
   };
   if (span_measure(o.distortion)) {
     inputs["span_margin"] = o.span_margin;
-    inputs["re_solve"] = o.resolve_by_rewalk ? "rewalk" : "span";
+    inputs["re_solve"] = re_solve_name(o.resolve_by_rewalk);
   }
   // Only when not native, so that policies made before --state-dtype keep the hash they were made
   // with.
@@ -495,7 +500,7 @@ CalibrationOutcome CalibrationJob::run(const RunControl& control) {
     if (span)
       policy.calibration["answer_span"] = {{"first_position", span->span_begin()},
                                            {"margin", r.span_margin},
-                                           {"re_solve", r.resolve_by_rewalk ? "rewalk" : "span"}};
+                                           {"re_solve", re_solve_name(r.resolve_by_rewalk)}};
   }
   if (s.context_warning) {
     // Recorded so whoever deploys the policy sees it, not only whoever ran the calibration.

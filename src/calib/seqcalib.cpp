@@ -130,10 +130,12 @@ AnswerMeasures prepare_answer_measures(const RunInputs& in, SeqCalibResult& resu
 // The passes after the walk's completion that the measure calls for.
 void refine_after_completion(const RunInputs& in, const AnswerMeasures& measures, RunState& state) {
   if (in.span()) {
-    // Verified end to end by the walks' own final streams (no extra forward): one re-solve at most.
-    if (in.options.conditioned && in.options.resolve_by_rewalk) {
+    // One re-solve at most, checked on the answer span (or judged by the re-walk's own final
+    // stream): no forward over every token beyond what the check needs.
+    if (!in.options.conditioned) return;
+    if (in.options.resolve_by_rewalk) {
       resolve_across_layers_by_walks(in, measures, state);
-    } else if (in.options.conditioned) {
+    } else {
       resolve_across_layers_on_the_span(in, measures, state);
     }
   } else if (in.answer_aware()) {

@@ -77,9 +77,7 @@ void block_mse_probe(const RunInputs& in, ActivationStream& stream, RunState& st
 
 void probe(const RunInputs& in, const AnswerMeasures& measures, RunState& state) {
   const auto start = Clock::now();
-  const int64_t samples = in.span() && state.result.validation
-                              ? static_cast<int64_t>(in.sequences.size())
-                              : in.probe_samples();
+  const int64_t samples = in.span() ? span_probe_samples(in, state) : in.probe_samples();
   if (in.span()) {
     span_probe(in, measures, state);
   } else {

@@ -5,11 +5,12 @@
 #include <algorithm>
 #include <map>
 
-#include "finite_checks.hpp"
+#include "joint_descent.hpp"
 #include "seqcalib_completion.hpp"
 #include "seqcalib_cores.hpp"
 #include "seqcalib_decide.hpp"
 #include "seqcalib_validation.hpp"
+#include "seqcalib_walk.hpp"
 
 namespace headwise::calib::seqcalib {
 namespace {
@@ -42,22 +43,27 @@ LayerMeasure span_layer_measure(const RunInputs& in, AnswerSpan& span, const Spa
 
 }  // namespace
 
-// Every sequence serves: the probe costs no forward here.
-namespace {
-
 // The layers above the lowest global one are probed on a share of the sequences (--probe-samples,
 // half by default, as the other measures probe): their curves only price the bytes the walk
 // keeps for them, and each is measured again on the conditioned stream when the walk reaches it.
 // The lowest layer is probed on every sequence: the walk decides it from these very values. A run
 // that validates its measure probes on every sequence, as the exact measure does.
+int64_t span_probe_samples(const RunInputs& in, const RunState& state) {
+  return state.result.validation ? static_cast<int64_t>(in.sequences.size()) : in.probe_samples();
+}
+
+namespace {
+
+// span_probe_samples as this rank's SweepItem::sequences (-1: every sequence).
 int64_t span_probe_local_sequences(const RunInputs& in, const RunState& state) {
-  const int64_t samples = in.probe_samples();
-  if (samples >= static_cast<int64_t>(in.sequences.size()) || state.result.validation) return -1;
+  const int64_t samples = span_probe_samples(in, state);
+  if (samples >= static_cast<int64_t>(in.sequences.size())) return -1;
   return static_cast<int64_t>(in.local_prefix(samples).size());
 }
 
 }  // namespace
 
+// No forward of its own: every site comes from the reference pass.
 void span_probe(const RunInputs& in, const AnswerMeasures& measures, RunState& state) {
   AnswerSpan& span = *measures.span;
   std::vector<int64_t> layers = in.spec.global_layer_ids();
@@ -135,7 +141,7 @@ void run_deciding_in_its_pass(const RunInputs& in, const AnswerMeasures& measure
                     });
   stream.apply([&](const at::Tensor& h) {
     input = {h.slice(1, span.span_begin(), h.size(1)).clone()};
-    return checked_finite(in.model.run_layer(i, h, {&core, nullptr, 0}), i, in.spec.layer(i).kind);
+    return run_checked(in, i, h, core);
   });
 }
 
@@ -176,19 +182,9 @@ void enter_layer(const RunInputs& in, const RunState& state, int64_t layer, cons
                  ActivationStream& stream) {
   PolicyAttentionCore core(windows, in.options.sink_tokens, in.model.attention_chunk());
   for (int64_t i = state.stream_checkpoints.restore(stream, layer, windows); i < layer; ++i) {
-    stream.apply([&](const at::Tensor& h) {
-      return checked_finite(in.model.run_layer(i, h, {&core, nullptr, 0}), i,
-                            in.spec.layer(i).kind);
-    });
+    stream.apply([&](const at::Tensor& h) { return run_checked(in, i, h, core); });
     in.model.release_layer(i);
   }
-}
-
-int64_t bytes_at(const Decisions& decisions, const std::vector<size_t>& choice) {
-  int64_t bytes = 0;
-  for (size_t g = 0; g < decisions.groups.size(); ++g)
-    bytes += decisions.groups[g].options[choice[g]].bytes;
-  return bytes;
 }
 
 }  // namespace
@@ -218,7 +214,7 @@ void resolve_across_layers_on_the_span(const RunInputs& in, const AnswerMeasures
   spdlog::info("re-solved policy: span {} {:.6g} (the walk's {:.6g}): kept", in.measured_label(),
                resolved, walked);
   const int64_t walked_bytes = result.global_bytes_before_completion;
-  state.decisions.spent = bytes_at(state.decisions, move->choice);
+  state.decisions.spent = layer_bytes(state.decisions.groups, move->choice);
   state.decisions.choice = std::move(move->choice);
   complete(in, state);
   result.global_bytes_before_completion = walked_bytes;

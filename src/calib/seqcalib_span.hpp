@@ -12,6 +12,10 @@
 
 namespace headwise::calib::seqcalib {
 
+// The sequences the span probe measures the layers above the lowest global one on (the lowest is
+// measured on every sequence): --probe-samples, every sequence when the run validates its measure.
+int64_t span_probe_samples(const RunInputs& in, const RunState& state);
+
 // Every global layer's curves on the full-KV stream (the reference pass's sites), every
 // (head, level) of every layer in one sweep over the layers.
 void span_probe(const RunInputs& in, const AnswerMeasures& measures, RunState& state);

@@ -13,6 +13,12 @@
 #include "seqcalib_span.hpp"
 
 namespace headwise::calib::seqcalib {
+
+at::Tensor run_checked(const RunInputs& in, int64_t i, const at::Tensor& h,
+                       arch::AttentionCore& core) {
+  return checked_finite(in.model.run_layer(i, h, {&core, nullptr, 0}), i, in.spec.layer(i).kind);
+}
+
 namespace {
 
 WalkState state_after(int64_t layer_id, const RunState& state) {
@@ -21,11 +27,6 @@ WalkState state_after(int64_t layer_id, const RunState& state) {
   return {layer_id,       state.probe_groups, result.probe_lambda, result.probe_seconds,
           result.windows, decisions.groups,   decisions.choice,    decisions.spent,
           result.layers};
-}
-
-at::Tensor run_checked(const RunInputs& in, int64_t i, const at::Tensor& h,
-                       arch::AttentionCore& core) {
-  return checked_finite(in.model.run_layer(i, h, {&core, nullptr, 0}), i, in.spec.layer(i).kind);
 }
 
 // block-mse: measure the layer's heads, decide, and run it under the decision.
