@@ -38,6 +38,7 @@ import train_default_model as tdm  # noqa: E402  (data, tokenizer, schedule)
 
 SLIDING_WINDOW = 128
 LAYER_TYPES = ["sliding_attention", "sliding_attention", "full_attention"] * 4
+PATTERNS = {"2:1": LAYER_TYPES, "1:1": ["sliding_attention", "full_attention"] * 4}
 CONFIG = {
     "vocab_size": tdm.VOCAB, "hidden_size": 128, "intermediate_size": 256, "num_hidden_layers": len(LAYER_TYPES),
     "layer_types": LAYER_TYPES, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 32,
@@ -56,13 +57,18 @@ CONFIG = {
 # phase change whose step varies; the curriculum starts once it has happened. The warm-up's end
 # is a deterministic function of the seed and the thread count, recorded in training.json.
 WARMUP_STAGE = (0, 128, 8, 0, 0.0, 1.0)
-WARMUP_DONE_ACC, WARMUP_MAX_STEPS = 0.9, 1500
+WARMUP_DONE_ACC, WARMUP_MAX_STEPS = 0.9, 6000
 # Then (steps after the warm-up, context, batch, most needles per retrieval sample, share of
 # the record/variable samples, share of copy samples): tdm's curriculum, shortened, then 4K and 8K.
 STAGES = [(0, 128, 16, 2, 0.1, 0.5), (150, 256, 8, 4, 0.1, 0.25), (300, 512, 4, 8, 0.1, 0.1),
           (450, 1024, 2, 8, 0.1, 0.05), (600, 2048, 1, 8, 0.1, 0.05), (750, 4096, 1, 8, 0.1, 0.05),
           (870, 8192, 1, 8, 0.1, 0.05)]
 STEPS = 900  # after the warm-up
+# Continuation (--continue-steps): more steps at 4K after the curriculum, a fine-tuning schedule
+# (CONT_WARMUP linear warm-up to --continue-lr, cosine to 10%), as tools/train_default_model.py's
+# --init-from continuation; steps are numbered on, so the data never repeats the curriculum's.
+CONT_STAGE = (0, 4096, 1, 8, 0.1, 0.05)
+CONT_LR, CONT_WARMUP = 5e-4, 20
 LR, WARMUP = 2e-3, 100  # peak lr (held through the copy warm-up), linear warm-up steps
 TRAIN_ATTENTION = "headwise_train"
 # query_pre_attn_scalar 4: q and k are RMS-normalised per head (Gemma 3's q/k norms), so a
@@ -71,9 +77,14 @@ TRAIN_ATTENTION = "headwise_train"
 # did not learn to copy in 1450 steps (measured), where 4 lets a 2-layer one do it in ~800.
 # Initialisation for a 128-wide model (see build_model): token embeddings at std 1/sqrt(hidden),
 # so the sqrt(hidden)-scaled input has unit RMS as in released Gemma 3 (hidden 2304+, std 0.02);
-# the post-attention/post-MLP norms' gains (1 + w) start at POST_NORM_GAIN.
+# the post-attention/post-MLP norms' gains (1 + w) start at POST_NORM_GAIN, 0.2 ~ 1/sqrt(2 x 12
+# sublayers) as GPT-2 scales its residual branches, so that at the start the 24 sublayers' outputs
+# do not bury the token embedding (at gain 1 it is 1/5 of the stream at the top). Measured: at 0.2
+# the copy circuit formed at step 3710 (copy accuracy 0.05 at step 1000, 0.2 at 1600, 0.3 at 2900,
+# 0.9 at 3710); runs at gain 1 were stopped unfinished (0.02 at step 650, the same as 0.2's then;
+# an earlier one still copying nothing at step 1310), so whether 0.2 is faster is not measured.
 EMBED_STD = CONFIG["hidden_size"] ** -0.5
-POST_NORM_GAIN = 1.0
+POST_NORM_GAIN = 0.2
 
 
 # ---------------------------------------------------------------------------------------------
@@ -125,19 +136,20 @@ def register_train_attention():
     AttentionMaskInterface.register(TRAIN_ATTENTION, lambda *args, **kwargs: None)
 
 
-def build_model(seed):
+def build_model(seed, post_norm_gain=POST_NORM_GAIN, pattern="2:1"):
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
     torch.manual_seed(seed)
-    config = AutoConfig.for_model("gemma3_text", **CONFIG)
+    types = PATTERNS[pattern]
+    config = AutoConfig.for_model("gemma3_text", **{**CONFIG, "layer_types": types, "num_hidden_layers": len(types)})
     model = AutoModelForCausalLM.from_config(config, attn_implementation="sdpa")
     with torch.no_grad():
         if EMBED_STD is not None:
             model.model.embed_tokens.weight.normal_(0.0, EMBED_STD)
         for layer in model.model.layers:
-            layer.post_attention_layernorm.weight.fill_(POST_NORM_GAIN - 1.0)
-            layer.post_feedforward_layernorm.weight.fill_(POST_NORM_GAIN - 1.0)
+            layer.post_attention_layernorm.weight.fill_(post_norm_gain - 1.0)
+            layer.post_feedforward_layernorm.weight.fill_(post_norm_gain - 1.0)
     return model
 
 
@@ -194,6 +206,15 @@ def main():
     ap.add_argument("--ckpt-every", type=int, default=25)
     ap.add_argument("--probe-every", type=int, default=200)
     ap.add_argument("--probe-samples", type=int, default=16)
+    ap.add_argument("--continue-steps", type=int, default=0,
+                    help="steps at 4K after the curriculum (CONT_STAGE), on the same run dir")
+    ap.add_argument("--continue-lr", type=float, default=CONT_LR)
+    ap.add_argument("--warmup-max-steps", type=int, default=WARMUP_MAX_STEPS,
+                    help="the copy warm-up ends here at the latest, copying or not")
+    ap.add_argument("--pattern", choices=sorted(PATTERNS), default="2:1",
+                    help="sliding:global layers (2:1: 12 layers; 1:1: 8 layers), 4 global layers either way")
+    ap.add_argument("--post-norm-gain", type=float, default=POST_NORM_GAIN,
+                    help="initial gain of the post-attention/post-MLP norms")
     ap.add_argument("--export-only", action="store_true")
     args = ap.parse_args()
 
@@ -205,7 +226,7 @@ def main():
 
     run = pathlib.Path(args.run)
     run.mkdir(parents=True, exist_ok=True)
-    model = build_model(args.seed).to(args.device)
+    model = build_model(args.seed, args.post_norm_gain, args.pattern).to(args.device)
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, betas=(0.9, 0.95), weight_decay=0.01)
     step, wall = 0, 0.0
     warmup_end = None  # the step the copy warm-up ended at
@@ -223,10 +244,13 @@ def main():
     meta = lambda: {"seed": args.seed, "steps": step, "lr": args.lr, "warmup": args.warmup,  # noqa: E731
                     "schedule": "linear warm-up to the peak, held through the copy warm-up, then cosine to 10% over "
                                 "the curriculum", "copy_warmup": {"stage": WARMUP_STAGE, "done_acc": WARMUP_DONE_ACC,
+                                                                 "max_steps": args.warmup_max_steps,
                                                                  "ended_at_step": warmup_end},
-                    "stages_after_warmup": STAGES, "wall_s": round(wall),
+                    "stages_after_warmup": STAGES,
+                    "continuation": {"steps": args.continue_steps, "lr": args.continue_lr, "warmup": CONT_WARMUP,
+                                     "stage": CONT_STAGE}, "wall_s": round(wall),
                     "device": args.device, "threads": args.threads, "params": n_params,
-                    "answer_weight": tdm.ANSWER_WEIGHT, "lang_seed": tdm.LANG_SEED, "probes": probes}
+                    "answer_weight": tdm.ANSWER_WEIGHT, "post_norm_gain": args.post_norm_gain, "pattern": args.pattern, "lang_seed": tdm.LANG_SEED, "probes": probes}
     if args.export_only:
         export(model.cpu(), pathlib.Path(args.out), meta())
         return
@@ -243,6 +267,9 @@ def main():
         if warmup_end is None:
             stages, at = [WARMUP_STAGE], step
             lr = args.lr * min(1.0, (step + 1) / args.warmup)
+        elif step >= warmup_end + args.steps:
+            stages, at = [CONT_STAGE], step - warmup_end - args.steps
+            lr = tdm.lr_at(at, args.continue_lr, args.continue_steps, CONT_WARMUP)
         else:
             stages, at = STAGES, step - warmup_end
             lr = tdm.lr_at(at + args.warmup, args.lr, args.steps + args.warmup, args.warmup)
@@ -251,7 +278,8 @@ def main():
                          [(s[0] + step - at, *s[1:]) for s in stages])
         return tdm.stage(at, stages)[1], x, w, lr
 
-    while warmup_end is None or step < warmup_end + args.steps:
+    end = lambda: warmup_end + args.steps + args.continue_steps  # noqa: E731
+    while warmup_end is None or step < end():
         T, x, w, lr = schedule(step)
         x, w = torch.from_numpy(x).to(args.device), torch.from_numpy(w).to(args.device)
         for g in opt.param_groups:
@@ -275,7 +303,7 @@ def main():
         t_last = now
         if step % 10 == 0:
             window_acc = acc_hit / max(1, acc_n)
-            if warmup_end is None and (window_acc >= WARMUP_DONE_ACC or step >= WARMUP_MAX_STEPS):
+            if warmup_end is None and (window_acc >= WARMUP_DONE_ACC or step >= args.warmup_max_steps):
                 warmup_end = step
                 print(json.dumps({"copy_warmup_ended_at_step": step, "answer_acc": round(window_acc, 3)}), flush=True)
             rec = {"step": step, "T": T, "lr": round(lr, 6), "loss": round(loss_sum / loss_n, 4),
@@ -285,7 +313,7 @@ def main():
             log.flush()
             acc_n = acc_hit = loss_n = 0
             loss_sum = 0.0
-        done = warmup_end is not None and step == warmup_end + args.steps
+        done = warmup_end is not None and step == end()
         if warmup_end is not None and ((step - warmup_end) % args.probe_every == 0 or done) and step > warmup_end:
             model.eval()
             ev = {"step": step, "full_kv": probe(model, min(max(T, 1024), 4096), args.probe_samples)}

@@ -12,6 +12,7 @@
 #include "headwise/arch/registry.hpp"
 #include "headwise/cli/command.hpp"
 #include "headwise/core/error.hpp"
+#include "headwise/core/files.hpp"
 #include "headwise/core/units.hpp"
 #include "headwise/eval/eval.hpp"
 #include "headwise/eval/schedule.hpp"
@@ -46,6 +47,7 @@ struct EvalArgs {
   std::string device = "cpu";
   int64_t jobs = 1;
   int64_t threads_per_job = 0;
+  std::string write_samples;
   CommonFlags flags;
 };
 
@@ -121,6 +123,22 @@ void print_table(const std::vector<eval::MethodWindows>& methods,
   for (const auto& m : methods) {
     if (m.does_not_fit) std::cout << m.name << ": not run: " << *m.does_not_fit << "\n";
   }
+}
+
+// The evaluated samples as JSON lines, so that another runtime (transformers with kvpress's
+// presses, tools/peers_eval.py) answers exactly the samples this eval would: the sample stream is
+// headwise's, a function of the model's vocabulary, --tasks, --samples, --seq-len and --seed only.
+void write_samples_jsonl(const fs::path& path, const std::vector<eval::EvalSample>& samples) {
+  std::string out;
+  for (const auto& s : samples) {
+    out += nlohmann::json{{"task", s.task},
+                          {"prompt", s.prompt},
+                          {"answer", s.answer},
+                          {"answer_source", s.answer_source}}
+               .dump();
+    out += "\n";
+  }
+  write_file_atomically(path, out);
 }
 
 std::string state_dtype_label(const policy::Policy& p) {
@@ -276,6 +294,12 @@ void run_eval(const EvalArgs& args) {
 
   eval::TaskRequest request{split_list(args.tasks), args.samples, seq_len, args.seed};
   const auto samples = eval::make_eval_samples(dir, spec.vocab_size, request);
+  if (!args.write_samples.empty()) {
+    write_samples_jsonl(args.write_samples, samples);
+    spdlog::info("eval: wrote {} samples to {}; nothing evaluated", samples.size(),
+                 args.write_samples);
+    return;
+  }
   // Calibration samples for retrieval-score/duo/unconditioned come from another seed: never the
   // evaluated ones.
   eval::TaskRequest calib_request = request;
@@ -411,6 +435,10 @@ const RegisterCommand kRegister{
                       "Intra-op threads of each job when --jobs > 1 (default: the process's "
                       "threads / jobs, at least 1)")
           ->capture_default_str();
+      cmd->add_option("--write-samples", args.write_samples,
+                      "Write the samples this eval would answer (JSON lines: task, prompt, answer, "
+                      "answer_source) to FILE and stop; another runtime can then answer the same "
+                      "samples (tools/peers_eval.py)");
       add_runtime_attention_option(cmd, args.runtime_attention);
       add_common_flags(cmd, args.flags, /*with_json=*/true);
       cmd->callback([] { run_eval(args); });

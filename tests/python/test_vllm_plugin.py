@@ -47,19 +47,10 @@ BATCHED_TOKENS = 256  # small chunks: prefill crosses every window many times
 PROMPTS = (1200, 4000)
 NEW_TOKENS = 8
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from venv_reexec import reexec_in_venv  # noqa: E402
 
-
-def _reexec_in_venv():
-    """ctest starts this with the system python; vLLM lives in its own venv."""
-    if "--venv" not in sys.argv:
-        return
-    venv = pathlib.Path(sys.argv[sys.argv.index("--venv") + 1]).resolve()
-    python = venv / "bin" / "python"
-    if pathlib.Path(sys.prefix).resolve() != venv and python.exists():
-        os.execv(str(python), [str(python), *sys.argv])
-
-
-_reexec_in_venv()
+reexec_in_venv()
 os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")
 os.environ["VLLM_CPU_KVCACHE_SPACE"] = str(KV_SPACE_GIB)
 try:

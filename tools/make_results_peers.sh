@@ -1,0 +1,138 @@
+#!/usr/bin/env bash
+# Regenerates docs/results-peers.md: headwise against the field's own implementations (kvpress's
+# presses, PyPI kvpress in .venv-kvpress/) on the Gemma-3-layout evidence model, at the same
+# retained K/V bytes, on the same samples (issue 41).
+#
+# For each budget (a share of full KV's global-KV bytes, plus the fixed bytes of the other layers,
+# as tools/make_results.sh): calibrates the policy and its --no-conditioning ablation with the main
+# command's defaults; writes headwise's eval samples (`eval --write-samples`); answers them with
+# headwise and its ablation through HeadwiseCache in transformers, with full KV, and with each
+# press in kvpress's environment keeping as many K/V tokens per KV head and global layer as the
+# policy's bytes (its bookkeeping included) pay for; then tools/peers_report.py writes the report.
+#   MODEL=models/tiny-gemma3-8k CONTEXT=4k SHARES=25,50 SAMPLES=50 EVAL_SEED=23 WINDOWS=128,512,2k,full
+#   PRESSES=snapkv,adakv-expected,pyramidkv,streamingllm,tova,knorm  PRESSES_PER_JOB=2  JOBS=2
+#   OUT=docs/results-peers.md
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+cd "$root"
+model=${MODEL:-models/tiny-gemma3-8k}
+name=$(basename "$model")
+context=${CONTEXT:-4k}
+shares=${SHARES:-25,50}
+samples=${SAMPLES:-50}
+eval_seed=${EVAL_SEED:-23}
+windows=${WINDOWS:-128,512,2k,full}
+presses=${PRESSES:-snapkv,adakv-expected,pyramidkv,streamingllm,tova,knorm}
+jobs_max=${JOBS:-2}
+report=${OUT:-docs/results-peers.md}
+bin=${HEADWISE_CALC:-build/bin/headwise-calc}
+[ -x "$bin" ] || tools/build.sh headwise-calc
+tools/setup.sh --kvpress >/dev/null
+[ -f "$model/config.json" ] || { echo "make_results_peers: $model/config.json: no such model (tools/train_gemma3_model.py makes it)" >&2; exit 2; }
+work=out/peers
+rm -rf "$work"  # answers of an earlier run must not mix with this one's
+mkdir -p "$work" policies docs
+export OMP_NUM_THREADS=1 HF_HUB_DISABLE_PROGRESS_BARS=1 TRANSFORMERS_VERBOSITY=error
+
+# Runs "$@" in the background, at most $jobs_max at once; a failed job fails the script.
+running=0
+spawn() {
+  if (( running >= jobs_max )); then wait -n; running=$((running - 1)); fi
+  "$@" &
+  running=$((running + 1))
+}
+wait_all() { while (( running > 0 )); do wait -n; running=$((running - 1)); done; }
+
+"$bin" mem-estimate --model "$model" --full-kv --context "$context" --state-dtype native --json > "$work/full-kv.json"
+commands=()
+for share in ${shares//,/ }; do
+  budget=$(python3 -c "import json,sys; j=json.load(open(sys.argv[1])); c=j['components']
+print(j['full_kv_total_bytes'] - c['global_kv_bytes'] + c['global_kv_bytes'] * int(sys.argv[2]) // 100)" "$work/full-kv.json" "$share")
+  policy=policies/$name-peers-$context-$share.yaml
+  calibrate=("$bin" --model "$model" --context "$context" --budget "$budget" --windows "$windows"
+             --seed 0 --state-dtype native -o "$policy" --quiet)
+  ablate=("${calibrate[@]/#$policy/${policy%.yaml}-unconditioned.yaml}" --no-conditioning)
+  commands+=("${calibrate[*]}" "${ablate[*]}")
+  spawn "${calibrate[@]}"
+  spawn "${ablate[@]}"
+done
+wait_all
+
+first=policies/$name-peers-$context-${shares%%,*}.yaml
+write=("$bin" eval --model "$model" --policy "$first" --samples "$samples" --seed "$eval_seed"
+       --write-samples "$work/samples.jsonl" --quiet)
+"${write[@]}"
+commands+=("${write[*]}")
+
+for share in ${shares//,/ }; do
+  policy=policies/$name-peers-$context-$share.yaml
+  "$bin" mem-estimate --config "$policy" --context "$context" --json > "$work/policy-$share.json"
+  keep=$(python3 - "$work/policy-$share.json" "$work/full-kv.json" "$model/config.json" <<'PY'
+import json, sys
+est, full, config = (json.load(open(p)) for p in sys.argv[1:])
+config = config.get("text_config", config)
+c = est["components"]
+paid = c["global_kv_bytes"] + c.get("selection_state_bytes", 0)
+globals_ = sum(t == "full_attention" for t in config["layer_types"])
+per_token = 2 * config["head_dim"] * 2 * config["num_key_value_heads"] * globals_  # bf16 K and V
+print(paid // per_token)
+PY
+)
+  echo "$keep" > "$work/keep-$share.txt"
+  main_methods=headwise,unconditioned
+  [[ $policy == "$first" ]] && main_methods=full,$main_methods
+  run_main=(python3 tools/peers_eval.py --model "$model" --samples "$work/samples.jsonl" --policy "$policy"
+            --unconditioned-policy "${policy%.yaml}-unconditioned.yaml" --methods "$main_methods"
+            --out "$work/answers-$share-headwise.jsonl")
+  commands+=("PYTHONPATH=python ${run_main[*]}")
+  spawn env PYTHONPATH=python "${run_main[@]}"
+  # The presses in groups of PRESSES_PER_JOB, one process each, so that the jobs stay balanced.
+  kv_methods=(${presses//,/ })
+  kv_methods=("${kv_methods[@]/#/kvpress:}")
+  [[ $policy == "$first" ]] && kv_methods=(full@kvpress "${kv_methods[@]}")
+  per_job=${PRESSES_PER_JOB:-2}
+  for (( i = 0; i < ${#kv_methods[@]}; i += per_job )); do
+    group=$(IFS=,; echo "${kv_methods[*]:i:per_job}")
+    run_press=(.venv-kvpress/bin/python tools/peers_eval.py --model "$model" --samples "$work/samples.jsonl"
+               --keep-tokens "$keep" --methods "$group" --out "$work/answers-$share-kvpress-$((i / per_job)).jsonl")
+    commands+=("${run_press[*]}")
+    spawn "${run_press[@]}"
+  done
+done
+wait_all
+
+python3 - "$work" "$model" "$context" "$shares" "$samples" "$eval_seed" "${commands[@]}" <<'PY'
+import glob, json, subprocess, sys
+work, model, context, shares, samples, seed, *commands = sys.argv[1:]
+full = json.load(open(f"{work}/full-kv.json"))
+config = json.load(open(f"{model}/config.json"))
+config = config.get("text_config", config)
+globals_ = sum(t == "full_attention" for t in config["layer_types"])
+tasks = []
+for line in open(f"{work}/samples.jsonl"):
+    t = json.loads(line)["task"]
+    tasks += [t] if t not in tasks else []
+kv_tf = subprocess.run([".venv-kvpress/bin/python", "-c", "import transformers; print(transformers.__version__)"],
+                       capture_output=True, text=True).stdout.strip()
+budgets = {}
+first = shares.split(",")[0]
+for share in shares.split(","):
+    est = json.load(open(f"{work}/policy-{share}.json"))["components"]
+    b = {"policy": f"policies/{model.rstrip('/').split('/')[-1]}-peers-{context}-{share}.yaml",
+         "policy_kv_bytes": est["global_kv_bytes"], "policy_selection_bytes": est.get("selection_state_bytes", 0),
+         "full_kv_bytes": full["components"]["global_kv_bytes"], "context": est.get("context", context),
+         "keep_tokens": int(open(f"{work}/keep-{share}.txt").read()), "token_bytes": 2 * config["head_dim"] * 2,
+         "global_kv_heads": config["num_key_value_heads"] * globals_, "global_layers": globals_,
+         "answers": sorted(glob.glob(f"{work}/answers-{share}-*.jsonl"))}
+    b["policy_bytes"] = b["policy_kv_bytes"] + b["policy_selection_bytes"]
+    # Full KV does not depend on the budget: answered once, with the first budget's methods.
+    b["full_answers"] = sorted(glob.glob(f"{work}/answers-{first}-*.jsonl"))
+    budgets[share] = b
+kvpress_version = subprocess.run([".venv-kvpress/bin/python", "-c", "import importlib.metadata as m; print(m.version('kvpress'))"],
+                                 capture_output=True, text=True).stdout.strip()
+json.dump({"samples": f"{work}/samples.jsonl", "model": model, "model_name": model.rstrip("/").split("/")[-1], "tasks": tasks, "budgets": budgets,
+           "commands": commands, "samples_per_task": int(samples), "seed": int(seed), "context": context,
+           "kvpress_version": kvpress_version, "kvpress_transformers": kv_tf}, open(f"{work}/meta.json", "w"), indent=1)
+PY
+python3 tools/peers_report.py --meta "$work/meta.json" --out "$report"
+echo "wrote $report"
