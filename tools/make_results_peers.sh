@@ -67,18 +67,21 @@ commands+=("${write[*]}")
 for share in ${shares//,/ }; do
   policy=policies/$name-peers-$context-$share.yaml
   "$bin" mem-estimate --config "$policy" --context "$context" --json > "$work/policy-$share.json"
-  keep=$(python3 - "$work/policy-$share.json" "$work/full-kv.json" "$model/config.json" <<'PY'
+  # The presses' budget: the K/V tokens per KV head and global layer the policy's bytes (its
+  # bookkeeping included) pay for, in bf16, with the geometry the report counts bytes by.
+  keep=$(python3 - "$work/policy-$share.json" "$model/config.json" "$work/keep-$share.json" <<'PY'
 import json, sys
-est, full, config = (json.load(open(p)) for p in sys.argv[1:])
+est, config = (json.load(open(p)) for p in sys.argv[1:3])
 config = config.get("text_config", config)
 c = est["components"]
-paid = c["global_kv_bytes"] + c.get("selection_state_bytes", 0)
-globals_ = sum(t == "full_attention" for t in config["layer_types"])
-per_token = 2 * config["head_dim"] * 2 * config["num_key_value_heads"] * globals_  # bf16 K and V
-print(paid // per_token)
+global_layers = sum(t == "full_attention" for t in config["layer_types"])
+b = {"token_bytes": 2 * config["head_dim"] * 2, "global_layers": global_layers,
+     "global_kv_heads": config["num_key_value_heads"] * global_layers}
+b["keep_tokens"] = (c["global_kv_bytes"] + c.get("selection_state_bytes", 0)) // (b["token_bytes"] * b["global_kv_heads"])
+json.dump(b, open(sys.argv[3], "w"))
+print(b["keep_tokens"])
 PY
 )
-  echo "$keep" > "$work/keep-$share.txt"
   main_methods=headwise,unconditioned
   [[ $policy == "$first" ]] && main_methods=full,$main_methods
   run_main=(python3 tools/peers_eval.py --model "$model" --samples "$work/samples.jsonl" --policy "$policy"
@@ -105,31 +108,26 @@ python3 - "$work" "$model" "$context" "$shares" "$samples" "$eval_seed" "${comma
 import glob, json, subprocess, sys
 work, model, context, shares, samples, seed, *commands = sys.argv[1:]
 full = json.load(open(f"{work}/full-kv.json"))
-config = json.load(open(f"{model}/config.json"))
-config = config.get("text_config", config)
-globals_ = sum(t == "full_attention" for t in config["layer_types"])
 tasks = []
 for line in open(f"{work}/samples.jsonl"):
     t = json.loads(line)["task"]
     tasks += [t] if t not in tasks else []
-kv_tf = subprocess.run([".venv-kvpress/bin/python", "-c", "import transformers; print(transformers.__version__)"],
-                       capture_output=True, text=True).stdout.strip()
+kvpress_version, kv_tf = subprocess.run(
+    [".venv-kvpress/bin/python", "-c", "import importlib.metadata as m; print(m.version('kvpress'), m.version('transformers'))"],
+    capture_output=True, text=True, check=True).stdout.split()
 budgets = {}
 first = shares.split(",")[0]
 for share in shares.split(","):
     est = json.load(open(f"{work}/policy-{share}.json"))["components"]
     b = {"policy": f"policies/{model.rstrip('/').split('/')[-1]}-peers-{context}-{share}.yaml",
          "policy_kv_bytes": est["global_kv_bytes"], "policy_selection_bytes": est.get("selection_state_bytes", 0),
-         "full_kv_bytes": full["components"]["global_kv_bytes"], "context": est.get("context", context),
-         "keep_tokens": int(open(f"{work}/keep-{share}.txt").read()), "token_bytes": 2 * config["head_dim"] * 2,
-         "global_kv_heads": config["num_key_value_heads"] * globals_, "global_layers": globals_,
+         "full_kv_bytes": full["components"]["global_kv_bytes"], "context": context,
+         **json.load(open(f"{work}/keep-{share}.json")),
          "answers": sorted(glob.glob(f"{work}/answers-{share}-*.jsonl"))}
     b["policy_bytes"] = b["policy_kv_bytes"] + b["policy_selection_bytes"]
     # Full KV does not depend on the budget: answered once, with the first budget's methods.
     b["full_answers"] = sorted(glob.glob(f"{work}/answers-{first}-*.jsonl"))
     budgets[share] = b
-kvpress_version = subprocess.run([".venv-kvpress/bin/python", "-c", "import importlib.metadata as m; print(m.version('kvpress'))"],
-                                 capture_output=True, text=True).stdout.strip()
 json.dump({"samples": f"{work}/samples.jsonl", "model": model, "model_name": model.rstrip("/").split("/")[-1], "tasks": tasks, "budgets": budgets,
            "commands": commands, "samples_per_task": int(samples), "seed": int(seed), "context": context,
            "kvpress_version": kvpress_version, "kvpress_transformers": kv_tf}, open(f"{work}/meta.json", "w"), indent=1)

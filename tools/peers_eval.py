@@ -11,7 +11,7 @@ token the model produced equals the answer's.
 Methods (the environment each needs):
   full                 transformers' DynamicCache, the whole prompt in one forward (either venv;
                        `full@kvpress` is the same, named for the run in kvpress's environment)
-  headwise[:NAME]      HeadwiseCache.from_policy(--policy), prefilled in --prefill-chunk chunks, as
+  headwise             HeadwiseCache.from_policy(--policy), prefilled in --prefill-chunk chunks, as
                        a serving engine prefills (main environment, transformers as pinned)
   unconditioned        the same with --unconditioned-policy (headwise's --no-conditioning ablation)
   kvpress:PRESS        a kvpress press (.venv-kvpress): snapkv, pyramidkv, streamingllm, tova, knorm,
@@ -51,6 +51,9 @@ sys.path.insert(0, str(ROOT / "python"))
 os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 import torch  # noqa: E402
+
+sys.path.insert(0, str(ROOT / "tools"))
+from peers_report import indexed_by_task  # noqa: E402  (the key the report pairs answers by)
 
 GENERATED, GIVEN = -1, -2  # EvalSample::answer_source (include/headwise/eval/tasks.hpp)
 PRESSES = ("snapkv", "pyramidkv", "streamingllm", "tova", "knorm", "expected", "adakv-expected", "adakv-snapkv")
@@ -259,12 +262,9 @@ def main():
     args = ap.parse_args()
 
     torch.set_num_threads(args.threads)
-    samples = read_samples(args.samples)
+    samples = list(indexed_by_task(read_samples(args.samples)))
     if args.limit > 0:
-        per_task = {}
-        for s in samples:
-            per_task.setdefault(s["task"], []).append(s)
-        samples = [s for s in samples if per_task[s["task"]].index(s) < args.limit]
+        samples = [(i, s) for i, s in samples if i < args.limit]
     methods = [m for m in args.methods.split(",") if m]
     if args.prefill_chunk <= 0:
         fail(f"--prefill-chunk must be positive, got {args.prefill_chunk}")
@@ -273,6 +273,9 @@ def main():
     model = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32, attn_implementation="sdpa").eval()
     layers = global_layers(model)
     config = model.config.get_text_config(decoder=True)
+    if any(t >= config.vocab_size for _, s in samples for t in s["prompt"] + s["answer"]):
+        fail(f"--samples {args.samples}: token ids past the vocabulary of {config.vocab_size} of --model {args.model}: "
+             "samples written for another model")
     try:
         dtype_size = torch.empty(0, dtype=getattr(torch, args.kv_dtype)).element_size()
     except (AttributeError, TypeError):
@@ -288,7 +291,7 @@ def main():
                 fail(f"--methods {m} needs --{'policy' if m == 'headwise' else 'unconditioned-policy'}")
             runners[m] = headwise_method(model, path, args.prefill_chunk)
         elif m.startswith("kvpress:"):
-            shortest = min(len(s["prompt"]) for s in samples)
+            shortest = min(len(s["prompt"]) for _, s in samples)
             if not 0 < args.keep_tokens < shortest:
                 fail(f"--methods {m} needs --keep-tokens (the press's budget) between 1 and the shortest prompt's "
                      f"{shortest - 1} tokens, got {args.keep_tokens}")
@@ -300,9 +303,7 @@ def main():
     with open(tmp, "w") as out, torch.no_grad():
         for name, run in runners.items():
             t0, right_n = time.time(), 0
-            index = {}
-            for s in samples:
-                i = index[s["task"]] = index.get(s["task"], -1) + 1
+            for i, s in samples:
                 right, produced, kept, held, peak = run(s)
                 right_n += right
                 out.write(json.dumps({"method": name, "task": s["task"], "index": i, "right": bool(right),

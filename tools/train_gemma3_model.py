@@ -21,6 +21,7 @@ Data is a pure function of (seed, step), so a killed run resumes exactly from it
 checkpoint (`--run DIR`, default out/train-gemma3/).
 
     nice -n 10 python3 tools/train_gemma3_model.py            # train (or resume) and export
+    nice -n 10 python3 tools/train_gemma3_model.py --continue-steps 800   # then 800 steps at 4K: the shipped model
     python3 tools/train_gemma3_model.py --export-only         # re-export the last checkpoint
     python3 tools/eval_default_model.py --model models/tiny-gemma3-8k --context 4096 8192 --attn sdpa --batch 1
 """
