@@ -36,36 +36,14 @@ import train_default_model as tdm  # noqa: E402
 EVAL_SEED = 10_000_019
 
 
-def sample_chain(rng, T, hops=4):
-    """Returns tokens and the positions of the tokens the model must produce (every hop's value)."""
-    content = lambda k: [int(t) for t in rng.integers(tdm.CONTENT0, tdm.VOCAB, size=k)]
-    keys, vals = [content(2)], []
-    for h in range(hops):
-        vals.append(content(3))
-        if h + 1 < hops:
-            keys.append(vals[-1][:2])
-    haystack_len = T - 1 - hops * 7
-    depths = [int((i + rng.random()) / hops * max(1, haystack_len - 7)) for i in range(hops)]
-    planted = rng.permutation(hops)
-    b = tdm.Builder()
-    tdm.plant_needles(b, tdm.haystack_text(rng, T, haystack_len), haystack_len, depths,
-                      [(keys[i], vals[i]) for i in planted])
-    positions = []
-    for h in range(hops):
-        b.add([tdm.MARKER, *keys[h], tdm.SEP])
-        positions += range(len(b.tokens), len(b.tokens) + 3)
-        b.add(vals[h])
-    assert len(b.tokens) == T, (len(b.tokens), T)
-    return b.tokens, positions
-
-
 def make_samples(ctx, samples, seed, task):
     """(tokens, positions of the answer tokens) per sample."""
     rng = np.random.default_rng([EVAL_SEED, seed, ctx, {"passkey": 0, "kv": 1, "chain": 2}[task]])
     out = []
     for _ in range(samples):
         if task == "chain":
-            out.append(sample_chain(rng, ctx))
+            toks, _, positions = tdm.sample_chain(rng, ctx)
+            out.append((toks, positions))
             continue
         n = 1 if task == "passkey" else 8
         toks, _, queries = tdm.sample_needles(rng, ctx, n)

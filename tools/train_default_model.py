@@ -250,6 +250,35 @@ def sample_needles(rng, T, n_needles):
     return b.tokens, b.weights, queries
 
 
+def sample_chain(rng, T, hops=4):
+    """Variable tracking in the format of headwise's chained needles (src/tasks/synthetic.cpp,
+    `needle_chain` in `headwise-calc eval`): needle n's key is the first two tokens of needle
+    n-1's value, the needles are planted in shuffled order (the text's order says nothing of the
+    chain's) and queried at the end in chain order. Returns tokens, loss weights and the positions
+    of the tokens the model must produce (every hop's value). Not in `batch`: the Gemma-3 model's
+    chain phase and the probes draw it, so the default model's data stream is unchanged."""
+    needle_len = 1 + 2 + 1 + 3
+    content = lambda k: [int(t) for t in rng.integers(CONTENT0, VOCAB, size=k)]
+    keys, vals = [content(2)], []
+    for h in range(hops):
+        vals.append(content(3))
+        if h + 1 < hops:
+            keys.append(vals[-1][:2])
+    haystack_len = T - 1 - hops * needle_len
+    depths = [int((i + rng.random()) / hops * max(1, haystack_len - needle_len)) for i in range(hops)]
+    planted = rng.permutation(hops)
+    b = Builder()
+    plant_needles(b, haystack_text(rng, T, haystack_len), haystack_len, depths,
+                  [(keys[i], vals[i]) for i in planted])
+    positions = []
+    for key, val in zip(keys, vals):
+        b.add([MARKER, *key, SEP])
+        positions += range(len(b.tokens), len(b.tokens) + len(val))
+        b.add(val, ANSWER_WEIGHT)
+    assert len(b.tokens) == T, (len(b.tokens), T)
+    return b.tokens, b.weights, positions
+
+
 def sample_repeats(rng, T):
     """A random span repeated until the sample is full: everything after the first copy is
     predictable only by looking back, so this grows the copying circuit fastest (a warm-up)."""
