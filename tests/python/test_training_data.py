@@ -29,11 +29,11 @@ KEY_LEN, VALUE_LEN = 2, 3
 QUERY_LEN = 2 + KEY_LEN + VALUE_LEN
 
 
-def eval_samples(cli, model, policy, hops_seed):
+def eval_samples(cli, model, policy, seed):
     with tempfile.TemporaryDirectory() as d:
         path = pathlib.Path(d) / "samples.jsonl"
         subprocess.run([cli, "eval", "--model", model, "--policy", policy, "--samples", "4", "--seed",
-                        str(hops_seed), "--write-samples", str(path), "--quiet"], check=True)
+                        str(seed), "--write-samples", str(path), "--quiet"], check=True)
         return [json.loads(line) for line in path.read_text().splitlines()]
 
 
