@@ -33,11 +33,11 @@ struct AttentionInputs {
   at::Tensor v;  // [B, num_kv_heads, T, head_dim]
   double scaling = 1.0;
   double logit_softcap = 0.0;   // 0 = none; else scores = c * tanh(scores / c)
-  at::Tensor sink_logits;       // [num_heads] learned sink logits (gpt-oss), or undefined
+  at::Tensor sink_logits{};     // [num_heads] learned sink logits (gpt-oss), or undefined
   int64_t sliding_window = 0;   // 0 for global layers
   int64_t position_offset = 0;  // position of q[..., 0, :] (and of k[..., 0, :])
-  at::Tensor output_gate;    // [B, T, num_heads, head_dim] multiplied into the output, or undefined
-  at::Tensor o_proj_weight;  // [hidden, num_heads * head_dim]
+  at::Tensor output_gate{};  // [B, T, num_heads, head_dim] multiplied into the output, or undefined
+  at::Tensor o_proj_weight{};  // [hidden, num_heads * head_dim]
 };
 
 class AttentionCore {
