@@ -47,13 +47,9 @@ sys.path.insert(0, str(ROOT / "python"))
 from headwise_hf import HeadwiseCache  # noqa: E402
 from headwise_hf.policy import config_sha256  # noqa: E402
 
-failures = []
+from checklist import Checklist  # noqa: E402  (this folder)
 
-
-def check(cond, what):
-    print(("ok   " if cond else "FAIL ") + what, flush=True)
-    if not cond:
-        failures.append(what)
+check = Checklist()
 
 
 def run(cli, *args, expect_ok=True):
@@ -284,11 +280,7 @@ def main():
             mixed, ids_path = check_fixture(args.cli, fixtures / name, tmp, seq_len, chunk, levels)
             if name == "qwen3_next_tiny":
                 check_errors(args.cli, fixtures, tmp, mixed, ids_path)
-    if failures:
-        print(f"{len(failures)} check(s) failed")
-        return 1
-    print("all checks passed")
-    return 0
+    return check.exit_status()
 
 
 if __name__ == "__main__":

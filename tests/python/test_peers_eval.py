@@ -22,6 +22,7 @@ import sys
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+from checklist import Checklist  # noqa: E402
 from venv_reexec import reexec_in_venv  # noqa: E402
 
 os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
@@ -49,12 +50,7 @@ def main():
     import peers_eval as pe
 
     torch.manual_seed(0)
-    failures = []
-
-    def check(ok, what):
-        print(("ok   " if ok else "FAIL ") + what)
-        if not ok:
-            failures.append(what)
+    check = Checklist()
 
     model = AutoModelForCausalLM.from_pretrained(pathlib.Path(args.fixtures) / "gemma3_vllm", dtype=torch.float32,
                                                  attn_implementation="sdpa").eval()
@@ -111,8 +107,7 @@ def main():
     chain["answer"][8] = 0
     right, _ = pe.answer(Stub(), None, chain, lambda cache, p: pe.next_token(Stub(), cache, p, 0))
     check(not right, "a wrong generated hop makes the chain wrong")
-    print(f"{len(failures)} failure(s)")
-    return 1 if failures else 0
+    return check.exit_status()
 
 
 if __name__ == "__main__":

@@ -12,6 +12,8 @@ import subprocess
 import sys
 import tempfile
 
+from checklist import Checklist  # this folder
+
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 NAME = r"[a-zA-Z_:][a-zA-Z0-9_:]*"
 LABEL = r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\\n]|\\\\|\\"|\\n)*)"'
@@ -64,12 +66,7 @@ def main():
     p = argparse.ArgumentParser()
     p.add_argument("--cli", required=True)
     args = p.parse_args()
-    failures = []
-
-    def check(cond, what):
-        print(("ok   " if cond else "FAIL ") + what)
-        if not cond:
-            failures.append(what)
+    check = Checklist()
 
     with tempfile.TemporaryDirectory(prefix="headwise-prom-") as d:
         # A model name that needs escaping, in a copy of a shipped policy.
@@ -106,8 +103,7 @@ def main():
         check(r.returncode == 1 and "--prometheus" in r.stderr, f"--prometheus with --json: {r.stderr.strip()}")
         r = run(args.cli, "mem-estimate", "--config", policy, "--prometheus", "--engine", "vllm", ok=False)
         check(r.returncode == 1 and "--prometheus" in r.stderr, f"--prometheus with --engine vllm: {r.stderr.strip()}")
-    print(f"{len(failures)} check(s) failed" if failures else "all checks passed")
-    return 1 if failures else 0
+    return check.exit_status()
 
 
 if __name__ == "__main__":

@@ -51,13 +51,9 @@ sys.path.insert(0, str(ROOT / "python"))
 from headwise_hf import HeadwiseCache  # noqa: E402
 from headwise_hf.policy import config_sha256  # noqa: E402
 
-failures = []
+from checklist import Checklist  # noqa: E402  (this folder)
 
-
-def check(cond, what):
-    print(("ok   " if cond else "FAIL ") + what, flush=True)
-    if not cond:
-        failures.append(what)
+check = Checklist()
 
 
 def run(cli, *args):
@@ -184,11 +180,7 @@ def main():
     with tempfile.TemporaryDirectory(prefix="headwise-states-") as d:
         for model_dir, tokens, chunks in cases:
             check_model(args.cli, model_dir, pathlib.Path(d), tokens, chunks)
-    if failures:
-        print(f"{len(failures)} check(s) failed")
-        return 1
-    print("all checks passed")
-    return 0
+    return check.exit_status()
 
 
 if __name__ == "__main__":

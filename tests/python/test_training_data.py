@@ -23,6 +23,7 @@ import numpy as np
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tools"))
 import train_default_model as tdm  # noqa: E402
+from checklist import Checklist  # noqa: E402  (this folder)
 
 GENERATED, GIVEN = -1, -2  # EvalSample::answer_source (include/headwise/eval/tasks.hpp)
 KEY_LEN, VALUE_LEN = 2, 3
@@ -79,12 +80,7 @@ def main():
     ap.add_argument("--models", default=str(ROOT / "models"))
     ap.add_argument("--policies", default=str(ROOT / "policies"))
     args = ap.parse_args()
-    failures = []
-
-    def check(ok, what):
-        print(("ok   " if ok else "FAIL ") + what)
-        if not ok:
-            failures.append(what)
+    check = Checklist()
 
     model = str(pathlib.Path(args.models) / "tiny-qwen3-next")
     policy = str(pathlib.Path(args.policies) / "tiny-qwen3-next-eval-2k-25.yaml")
@@ -128,8 +124,7 @@ def main():
     check(start == T - VALUE_LEN and planted_value == value and planted(tokens[:-QUERY_LEN], key, value) == 1,
           "tdm.sample_needles: one needle, queried at the end with eval's layout")
 
-    print(f"{len(failures)} failure(s)")
-    return 1 if failures else 0
+    return check.exit_status()
 
 
 if __name__ == "__main__":

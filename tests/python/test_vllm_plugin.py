@@ -48,6 +48,7 @@ PROMPTS = (1200, 4000)
 NEW_TOKENS = 8
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from checklist import Checklist  # noqa: E402
 from venv_reexec import reexec_in_venv  # noqa: E402
 
 reexec_in_venv()
@@ -69,13 +70,7 @@ except ImportError as e:
     print(f"SKIP: {e} (tools/setup.sh --vllm creates .venv-vllm)")
     sys.exit(4)
 
-failures = []
-
-
-def ok(cond, what):
-    print(("ok   " if cond else "FAIL ") + what, flush=True)
-    if not cond:
-        failures.append(what)
+ok = Checklist()
 
 
 def run(cmd, expect_ok=True, env=None):
@@ -295,11 +290,7 @@ def main():
                    f"{name}: the policy raises vLLM's max concurrency x{measured:.4f}; mem-estimate predicts "
                    f"x{ratio:.4f} in this pool (bytes ratio {bytes_ratio:.4f})")
     print(f"     total {time.time() - t_all:.0f} s")
-    if failures:
-        print(f"{len(failures)} check(s) failed")
-        return 1
-    print("all checks passed")
-    return 0
+    return ok.exit_status()
 
 
 if __name__ == "__main__":
