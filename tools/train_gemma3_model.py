@@ -283,26 +283,12 @@ def main():
     acc_n = acc_hit = 0
     loss_sum = loss_n = 0
     t_last = time.time()
-    def schedule(step):
-        """(context, tokens, weights, lr) of a step: the copy warm-up, then the curriculum."""
-        if warmup_end is None:
-            stages, at = [WARMUP_STAGE], step
-            lr = args.lr * min(1.0, (step + 1) / args.warmup)
-        elif step >= warmup_end + args.steps:
-            stages, at = [CONT_STAGE], step - warmup_end - args.steps
-            lr = tdm.lr_at(at, args.continue_lr, args.continue_steps, CONT_WARMUP)
-        else:
-            stages, at = STAGES, step - warmup_end
-            lr = tdm.lr_at(at + args.warmup, args.lr, args.steps + args.warmup, args.warmup)
-        # The data stream is tdm's, a pure function of (seed, step), whatever the phase.
-        x, w = tdm.batch(args.seed, step, [(0, *stages[0][1:])] if len(stages) == 1 else
-                         [(s[0] + step - at, *s[1:]) for s in stages])
-        return tdm.stage(at, stages)[1], x, w, lr
+    chain_start = lambda: warmup_end + args.steps + args.continue_steps  # noqa: E731
+    end = lambda: chain_start() + args.chain_steps  # noqa: E731
 
-    def chain_schedule(step):
+    def chain_step(step):
         """The chain phase's step: a chained sample (its own stream of (seed, step)) or tdm's."""
-        at = step - chain_start()
-        lr = tdm.lr_at(at, args.chain_lr, args.chain_steps, CONT_WARMUP)
+        lr = tdm.lr_at(step - chain_start(), args.chain_lr, args.chain_steps, CONT_WARMUP)
         T = CONT_STAGE[1]
         rng = np.random.default_rng([args.seed, step, CHAIN_STREAM])
         if rng.random() < CHAIN_SHARE:
@@ -311,10 +297,27 @@ def main():
         x, w = tdm.batch(args.seed, step, [(0, *CONT_STAGE[1:])])
         return T, x, w, lr
 
-    chain_start = lambda: warmup_end + args.steps + args.continue_steps  # noqa: E731
-    end = lambda: chain_start() + args.chain_steps  # noqa: E731
+    def schedule(step):
+        """(context, tokens, weights, lr) of a step: the copy warm-up, the curriculum, the
+        continuation, then the chain phase."""
+        if warmup_end is None:
+            stages, at = [WARMUP_STAGE], step
+            lr = args.lr * min(1.0, (step + 1) / args.warmup)
+        elif step >= chain_start():
+            return chain_step(step)
+        elif step >= warmup_end + args.steps:
+            stages, at = [CONT_STAGE], step - warmup_end - args.steps
+            lr = tdm.lr_at(at, args.continue_lr, args.continue_steps, CONT_WARMUP)
+        else:
+            stages, at = STAGES, step - warmup_end
+            lr = tdm.lr_at(at + args.warmup, args.lr, args.steps + args.warmup, args.warmup)
+        # Up to the chain phase the data stream is tdm's, a pure function of (seed, step).
+        x, w = tdm.batch(args.seed, step, [(0, *stages[0][1:])] if len(stages) == 1 else
+                         [(s[0] + step - at, *s[1:]) for s in stages])
+        return tdm.stage(at, stages)[1], x, w, lr
+
     while warmup_end is None or step < end():
-        T, x, w, lr = chain_schedule(step) if warmup_end is not None and step >= chain_start() else schedule(step)
+        T, x, w, lr = schedule(step)
         x, w = torch.from_numpy(x).to(args.device), torch.from_numpy(w).to(args.device)
         for g in opt.param_groups:
             g["lr"] = lr
