@@ -108,10 +108,6 @@ python3 - "$work" "$model" "$context" "$shares" "$samples" "$eval_seed" "${comma
 import glob, json, subprocess, sys
 work, model, context, shares, samples, seed, *commands = sys.argv[1:]
 full = json.load(open(f"{work}/full-kv.json"))
-tasks = []
-for line in open(f"{work}/samples.jsonl"):
-    t = json.loads(line)["task"]
-    tasks += [t] if t not in tasks else []
 kvpress_version, kv_tf = subprocess.run(
     [".venv-kvpress/bin/python", "-c", "import importlib.metadata as m; print(m.version('kvpress'), m.version('transformers'))"],
     capture_output=True, text=True, check=True).stdout.split()
@@ -128,7 +124,7 @@ for share in shares.split(","):
     # Full KV does not depend on the budget: answered once, with the first budget's methods.
     b["full_answers"] = sorted(glob.glob(f"{work}/answers-{first}-*.jsonl"))
     budgets[share] = b
-json.dump({"samples": f"{work}/samples.jsonl", "model": model, "model_name": model.rstrip("/").split("/")[-1], "tasks": tasks, "budgets": budgets,
+json.dump({"samples": f"{work}/samples.jsonl", "model": model, "model_name": model.rstrip("/").split("/")[-1], "budgets": budgets,
            "commands": commands, "samples_per_task": int(samples), "seed": int(seed), "context": context,
            "kvpress_version": kvpress_version, "kvpress_transformers": kv_tf}, open(f"{work}/meta.json", "w"), indent=1)
 PY
