@@ -97,38 +97,6 @@ at::Tensor compose_heads(std::span<const int64_t> windows,
   return out;
 }
 
-DistortionMeasure parse_distortion_measure(const std::string& text) {
-  if (text == "block-mse") return DistortionMeasure::kBlockMse;
-  if (text == "answer-kl") return DistortionMeasure::kAnswerKl;
-  if (text == "answer-tv") return DistortionMeasure::kAnswerTv;
-  if (text == "answer-grad") return DistortionMeasure::kAnswerGrad;
-  if (text == "answer-tv-span") return DistortionMeasure::kAnswerTvSpan;
-  if (text == "answer-kl-span") return DistortionMeasure::kAnswerKlSpan;
-  throw_field_error(
-      "distortion",
-      ": '{}' is not one of answer-tv-span, answer-kl-span, answer-tv, answer-kl, answer-grad, "
-      "block-mse",
-      text);
-}
-
-const char* distortion_measure_name(DistortionMeasure measure) {
-  switch (measure) {
-    case DistortionMeasure::kBlockMse:
-      return "block-mse";
-    case DistortionMeasure::kAnswerKl:
-      return "answer-kl";
-    case DistortionMeasure::kAnswerTv:
-      return "answer-tv";
-    case DistortionMeasure::kAnswerGrad:
-      return "answer-grad";
-    case DistortionMeasure::kAnswerTvSpan:
-      return "answer-tv-span";
-    case DistortionMeasure::kAnswerKlSpan:
-      return "answer-kl-span";
-  }
-  return "?";
-}
-
 const char* divergence_label(AnswerDivergence divergence) {
   return divergence == AnswerDivergence::kTv ? "answer TV" : "answer KL";
 }

@@ -13,6 +13,7 @@
 #include "headwise/calib/answer_span.hpp"
 #include "headwise/calib/calibration_data.hpp"
 #include "headwise/calib/keep_rules.hpp"
+#include "headwise/calib/measure_traits.hpp"
 #include "headwise/calib/memory_plan.hpp"
 #include "headwise/calib/seqcalib.hpp"
 #include "headwise/calib/walk_state.hpp"
@@ -236,8 +237,8 @@ const char* re_solve_name(bool by_rewalk) {
 }
 
 void check_measure_options(const CalibrationOptions& o) {
-  if (o.validate_measure && o.distortion != DistortionMeasure::kAnswerGrad &&
-      !span_measure(o.distortion)) {
+  const MeasureTraits& measure = measure_traits(o.distortion);
+  if (o.validate_measure && !measure.can_validate) {
     throw_field_error("validate_measure",
                       " checks {} answer-grad, answer-tv-span or answer-kl-span against the exact "
                       "measure; got {} {}",
@@ -246,7 +247,7 @@ void check_measure_options(const CalibrationOptions& o) {
   }
   if (o.span_margin < 0)
     throw_field_error("span_margin", " must not be negative, got {}", o.span_margin);
-  if (o.h2o_keep_rules && !answer_aware(o.distortion)) {
+  if (o.h2o_keep_rules && !measure.scores_answers) {
     throw_field_error("keep_rules",
                       " window,h2o: the rules are measured at the answers; use an answer measure "
                       "({} answer-tv or "
@@ -340,7 +341,7 @@ CalibrationJob::CalibrationJob(const CalibrationOptions& options, const fs::path
       {"joint_heads", !o.independent_heads},
       {"extrapolate", extrapolation_name(o.extrapolate)},
   };
-  if (span_measure(o.distortion)) {
+  if (measure_traits(o.distortion).runs_on_span) {
     inputs["span_margin"] = o.span_margin;
     inputs["re_solve"] = re_solve_name(o.resolve_by_rewalk);
   }
@@ -397,7 +398,7 @@ CalibrationOutcome CalibrationJob::run(const RunControl& control) {
                          r.attention_chunk,
                          static_cast<int64_t>(r.windows.size()),
                          static_cast<int64_t>(c10::elementSize(model->dtype()))};
-  shape.answer_span = span_measure(r.distortion);
+  shape.answer_span = measure_traits(r.distortion).runs_on_span;
   if (!r.no_conditioning) shape.stream_checkpoint_limit_bytes = kStreamCheckpointLimitBytes;
   const bool cpu = model->device().is_cpu();
   const MemoryPlan plan = plan_calibration_memory(
@@ -429,6 +430,7 @@ CalibrationOutcome CalibrationJob::run(const RunControl& control) {
   options.answer_positions = s.data.answer_positions;
   options.joint_heads = !r.independent_heads;
   options.resolve_by_rewalk = r.resolve_by_rewalk;
+  options.span_margin = r.span_margin;
   options.validate_measure = r.validate_measure;
   options.unmeasured_levels = s.unmeasured;
   options.extrapolation = r.extrapolate;
@@ -447,19 +449,13 @@ CalibrationOutcome CalibrationJob::run(const RunControl& control) {
   // pass both measure with it.
   std::unique_ptr<AnswerSpan> span;
   std::vector<std::vector<int64_t>> shard_sequences, shard_answers;
-  if (span_measure(r.distortion)) {
+  if (measure_traits(r.distortion).runs_on_span) {
     for (size_t i : dist::shard_sequences(s.data.sequences.size(), micro_batch, world.rank(),
                                           world.world_size())) {
       shard_sequences.push_back(s.data.sequences[i]);
       shard_answers.push_back(s.data.answer_positions.at(i));
     }
-    AnswerSpanOptions so;
-    so.micro_batch = micro_batch;
-    so.sink_tokens = r.sink_tokens;
-    so.windows = r.windows.levels;
-    so.margin = r.span_margin;
-    so.divergence = answer_divergence(r.distortion);
-    so.keep_measured_layer = plan.measured_layer_resident;
+    const AnswerSpanOptions so = answer_span_options(options);
     spdlog::info("{}: full-KV reference and the answer span's caches ({} sequences)",
                  distortion_measure_name(r.distortion), shard_sequences.size());
     span = std::make_unique<AnswerSpan>(*model, shard_sequences, shard_answers, so, world);
@@ -483,8 +479,7 @@ CalibrationOutcome CalibrationJob::run(const RunControl& control) {
   policy.calibration = {
       {"tool", fmt::format("headwise-calc {}", HEADWISE_VERSION)},
       {"method", options.conditioned ? "seqcalib" : "unconditioned"},
-      {"distortion_measure", answer_aware(r.distortion) ? distortion_measure_name(r.distortion)
-                                                        : "block_output_relative_mse"},
+      {"distortion_measure", measure_traits(r.distortion).provenance_name},
       {"dataset", s.data.description},
       {"dataset_sha256", s.data.sha256},
       {"samples", static_cast<int64_t>(s.data.sequences.size())},
@@ -494,7 +489,7 @@ CalibrationOutcome CalibrationJob::run(const RunControl& control) {
        effective_probe_samples(r.probe_samples, static_cast<int64_t>(s.data.sequences.size()))},
       {"inputs_sha256", s.inputs_hash},
   };
-  if (answer_aware(r.distortion)) {
+  if (measure_traits(r.distortion).scores_answers) {
     policy.calibration["answer_positions"] = s.data.answer_rule;
     policy.calibration["heads"] = r.independent_heads ? "independent" : "joint";
     if (span)
@@ -520,7 +515,7 @@ CalibrationOutcome CalibrationJob::run(const RunControl& control) {
     ko.micro_batch = micro_batch;
     ko.activations = options.activations;
     ko.conditioned = options.conditioned;
-    ko.divergence = answer_divergence(r.distortion);
+    ko.divergence = measure_traits(r.distortion).divergence;
     ko.span = span.get();
     rules = span ? choose_keep_rules(*model, shard_sequences, shard_answers, result.windows, ko)
                  : choose_keep_rules(*model, s.data.sequences, s.data.answer_positions,

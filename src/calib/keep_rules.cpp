@@ -9,6 +9,7 @@
 #include "finite_checks.hpp"
 #include "headwise/arch/attention.hpp"
 #include "headwise/calib/activations.hpp"
+#include "headwise/calib/measure_traits.hpp"
 #include "headwise/core/error.hpp"
 #include "headwise/runtime/eviction_cache.hpp"
 
@@ -179,9 +180,9 @@ bool parse_keep_rules(const std::string& text) {
 }
 
 std::string resolve_keep_rules(const std::string& text, DistortionMeasure measure) {
-  if (text == "auto") return answer_aware(measure) ? "window,h2o" : "window";
+  if (text == "auto") return measure_traits(measure).scores_answers ? "window,h2o" : "window";
   if (!parse_keep_rules(text)) return "window";
-  if (!answer_aware(measure)) {
+  if (!measure_traits(measure).scores_answers) {
     throw_field_error(
         "keep_rules",
         " {}: the rules are measured at the answers; use an answer measure ({} answer-tv or "

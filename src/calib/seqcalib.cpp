@@ -1,8 +1,8 @@
-// SeqCalib's entry point and the order of its passes: the probe (seqcalib_probe.cpp, or a resume
-// checkpoint), the walk (seqcalib_walk.cpp, each layer decided by seqcalib_decide.cpp), the
-// completion and its re-walks (seqcalib_completion.cpp), and the validation summary
-// (seqcalib_validation.cpp). The answer-span measures' own parts are in seqcalib_span.cpp; the
-// state the passes share is seqcalib_run.hpp.
+// SeqCalib's entry point and the order of its passes: the measure (measures/, one file each),
+// the probe (seqcalib_probe.cpp, or a resume checkpoint), the walk (seqcalib_walk.cpp, each global
+// layer decided by the measure through seqcalib_decide.cpp), the completion and the re-walks the
+// measure asks for (seqcalib_completion.cpp), and the validation summary (seqcalib_validation.cpp).
+// The state the passes share is seqcalib_run.hpp.
 #include "headwise/calib/seqcalib.hpp"
 
 #include <spdlog/spdlog.h>
@@ -16,11 +16,11 @@
 #include "headwise/core/error.hpp"
 #include "headwise/core/resources.hpp"
 #include "headwise/core/window.hpp"
+#include "headwise/calib/measure_traits.hpp"
+#include "measures/measure.hpp"
 #include "seqcalib_completion.hpp"
 #include "seqcalib_decide.hpp"
-#include "seqcalib_probe.hpp"
 #include "seqcalib_run.hpp"
-#include "seqcalib_span.hpp"
 #include "seqcalib_validation.hpp"
 #include "seqcalib_walk.hpp"
 
@@ -77,7 +77,7 @@ measure::DistortionAccumulator RunInputs::merged_over_ranks(
 }
 
 const char* RunInputs::measured_label() const {
-  return divergence_label(answer_divergence(options.measure));
+  return divergence_label(measure_traits(options.measure).divergence);
 }
 
 std::vector<int64_t> RunInputs::windows_of(const std::vector<size_t>& levels) const {
@@ -92,62 +92,8 @@ std::string RunInputs::labels_of(const std::vector<size_t>& levels) const {
 
 namespace {
 
-// The reference forward of the answer measure, and for validation the exact measure beside it;
-// opens result.validation when the run validates its measure.
-AnswerMeasures prepare_answer_measures(const RunInputs& in, SeqCalibResult& result) {
-  AnswerMeasures measures;
-  if (in.span()) {
-    measures.span = in.options.span;
-    if (measures.span == nullptr) {
-      AnswerSpanOptions so;
-      so.micro_batch = in.options.micro_batch;
-      so.sink_tokens = in.options.sink_tokens;
-      so.windows = in.options.ladder.levels;
-      so.divergence = answer_divergence(in.options.measure);
-      so.keep_measured_layer = in.options.measured_layer_resident;
-      measures.own_span = std::make_unique<AnswerSpan>(in.model, in.local_sequences,
-                                                       in.local_answers, so, in.world);
-      measures.span = measures.own_span.get();
-    }
-    if (!in.options.validate_measure) return measures;
-    result.validation.emplace();
-  }
-  spdlog::info(
-      "{}: full-KV reference at the answer positions ({} sequences)",
-      in.span() ? "validation (exact measure)" : distortion_measure_name(in.options.measure),
-      in.local_sequences.size());
-  measures.answer_kl = std::make_unique<AnswerKl>(in.model, in.local_sequences, in.local_answers,
-                                                  in.options.micro_batch, in.options.sink_tokens,
-                                                  in.world, answer_divergence(in.options.measure));
-  if (in.gradient_measure()) {
-    measures.sensitivity = std::make_unique<AnswerSensitivity>(
-        in.model, *measures.answer_kl, in.options.ladder.levels, in.options.sink_tokens);
-  }
-  if (in.gradient_measure() && in.options.validate_measure) result.validation.emplace();
-  return measures;
-}
-
-// The passes after the walk's completion that the measure calls for.
-void refine_after_completion(const RunInputs& in, const AnswerMeasures& measures, RunState& state) {
-  if (in.span()) {
-    // One re-solve at most, checked on the answer span (or judged by the re-walk's own final
-    // stream): no forward over every token beyond what the check needs.
-    if (!in.options.conditioned) return;
-    if (in.options.resolve_by_rewalk) {
-      resolve_across_layers_by_walks(in, measures, state);
-    } else {
-      resolve_across_layers_on_the_span(in, measures, state);
-    }
-  } else if (in.answer_aware()) {
-    measure_completion_effect(in, measures, state);
-    if (in.options.conditioned) {
-      rewalk_while_completion_moves_lower_layers(in, measures, state);
-      resolve_across_layers(in, measures, state);
-    }
-  }
-}
-
-// The whole run: probe pass, then the conditioned walk.
+// The whole run: the measure's preparation, the probe (or a resume checkpoint), the conditioned
+// walk, the exact completion and what the measure does after it.
 SeqCalibResult run(arch::DecoderModel& model, const std::vector<std::vector<int64_t>>& sequences,
                    const SeqCalibOptions& options) {
   const auto start = Clock::now();
@@ -156,17 +102,16 @@ SeqCalibResult run(arch::DecoderModel& model, const std::vector<std::vector<int6
   reset_peak_device_bytes(model.device());
   in.validate();
   in.take_shard();
-  AnswerMeasures measures;
-  if (in.answer_aware()) measures = prepare_answer_measures(in, state.result);
+  const std::unique_ptr<Measure> measure = make_measure(in, state.result);
   if (options.resume) {
     restore(*options.resume, state);
   } else {
-    probe(in, measures, state);
+    probe(in, *measure, state);
   }
   if (!options.conditioned) plan_unconditioned(in, state);
-  walk(in, measures, state);
+  walk(in, *measure, state, WalkPass::kFirst);
   complete(in, state);
-  refine_after_completion(in, measures, state);
+  measure->refine_after_completion(in, state);
   SeqCalibResult& result = state.result;
   if (result.validation) summarise_validation(in, *result.validation);
   result.total_seconds = seconds_since(start);
@@ -202,7 +147,7 @@ SeqCalibResult run_seqcalib(arch::DecoderModel& model,
                             const SeqCalibOptions& options) {
   // answer-grad back-propagates through the layers above: no inference tensors then. Everything
   // else runs without a graph (the measure opens one where it needs it).
-  const c10::InferenceMode inference(options.measure != DistortionMeasure::kAnswerGrad);
+  const c10::InferenceMode inference(!measure_traits(options.measure).needs_gradients);
   const at::NoGradGuard no_grad;
   return seqcalib::run(model, sequences, options);
 }

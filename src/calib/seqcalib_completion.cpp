@@ -4,18 +4,15 @@
 
 #include "headwise/core/error.hpp"
 #include "headwise/core/units.hpp"
+#include "measures/measure.hpp"
 #include "seqcalib_walk.hpp"
 
 namespace headwise::calib::seqcalib {
 namespace {
 
-Windows walk_windows(const Decisions& decisions) {
-  return decided_windows(decisions, decisions.choice);
-}
-
-// The layers up to `layer` become decided at their completed windows (replayed by the next
-// walk); everything above is forgotten.
-void fix_layers_up_to(int64_t layer, RunState& state) {
+// The layers up to `layer` become decided at `windows` (replayed by the next walk); everything
+// above is forgotten.
+void fix_layers_up_to(int64_t layer, const Windows& windows, RunState& state) {
   SeqCalibResult& result = state.result;
   Decisions& decisions = state.decisions;
   std::vector<solve::Group> groups;
@@ -23,7 +20,7 @@ void fix_layers_up_to(int64_t layer, RunState& state) {
   decisions.spent = 0;
   for (const auto& group : decisions.groups) {
     if (group.layer_id > layer) break;
-    const int64_t window = result.windows.at(group.layer_id).at(static_cast<size_t>(group.kv_head));
+    const int64_t window = windows.at(group.layer_id).at(static_cast<size_t>(group.kv_head));
     size_t level = 0;
     while (group.options[level].window != window) ++level;
     groups.push_back(group);
@@ -32,6 +29,7 @@ void fix_layers_up_to(int64_t layer, RunState& state) {
   }
   decisions.groups = std::move(groups);
   decisions.choice = std::move(choice);
+  result.windows = windows;
   std::erase_if(result.windows, [layer](const auto& entry) { return entry.first > layer; });
   std::erase_if(result.curves, [layer](const HeadCurve& c) { return c.layer_id > layer; });
   std::erase_if(result.layers, [layer](const LayerReport& r) { return r.layer_id > layer; });
@@ -50,22 +48,20 @@ struct RewalkOutcome {
 
 // Fixes the global layers up to `lowest` at `windows`, re-walks the layers above on that stream
 // and completes; keeps the new policy only if its measured end-to-end answer KL is lower.
-RewalkOutcome rewalk_above(const RunInputs& in, const AnswerMeasures& measures, RunState& state,
-                           int64_t lowest, const Windows& windows) {
-  const SeqCalibResult kept_result = state.result;
-  const Decisions kept = state.decisions;
-  rewalk_above_fixed(in, measures, state, lowest, windows);
-  measure_completion_effect(in, measures, state);
+RewalkOutcome rewalk_above(const RunInputs& in, Measure& measure, const PolicyValue& value,
+                           RunState& state, int64_t lowest, const Windows& windows) {
+  Snapshot kept = snapshot_of(state);
+  const double before = kept.result.answer_kl_policy;
+  rewalk_above_fixed(in, measure, state, lowest, windows);
+  measure_completion_effect(in, value, state);
   const double kl = state.result.answer_kl_policy;
-  if (!(kl < kept_result.answer_kl_policy)) {
+  if (!(kl < before)) {
     spdlog::info("{} {:.6g}, not below {:.6g}: kept the previous policy", in.measured_label(), kl,
-                 kept_result.answer_kl_policy);
-    state.result = kept_result;
-    state.decisions = kept;
+                 before);
+    roll_back(state, std::move(kept));
     return {kl, false};
   }
-  spdlog::info("{} {:.6g} (was {:.6g}): kept", in.measured_label(), kl,
-               kept_result.answer_kl_policy);
+  spdlog::info("{} {:.6g} (was {:.6g}): kept", in.measured_label(), kl, before);
   return {kl, true};
 }
 
@@ -94,8 +90,7 @@ void complete(const RunInputs& in, RunState& state) {
                format_bytes(result.global_bytes), format_bytes(in.options.global_budget_bytes));
 }
 
-void measure_completion_effect(const RunInputs& in, const AnswerMeasures& measures,
-                               RunState& state) {
+void measure_completion_effect(const RunInputs& in, const PolicyValue& value, RunState& state) {
   SeqCalibResult& result = state.result;
   result.windows_moved_by_completion = 0;
   for (const auto& [layer, windows] : walk_windows(state.decisions)) {
@@ -106,9 +101,7 @@ void measure_completion_effect(const RunInputs& in, const AnswerMeasures& measur
   if (result.windows_moved_by_completion == 0) {
     result.answer_kl_policy = result.answer_kl_walk;
   } else {
-    ActivationStream embedded(in.model, in.local_sequences, in.options.micro_batch,
-                              in.options.activations);
-    result.answer_kl_policy = measures.answer_kl->evaluate_policy(embedded, result.windows);
+    result.answer_kl_policy = value(result.windows);
   }
   spdlog::info("{} end to end: {:.6g} after the walk, {:.6g} after completion ({} windows moved)",
                in.measured_label(), result.answer_kl_walk, result.answer_kl_policy,
@@ -121,8 +114,8 @@ void measure_completion_effect(const RunInputs& in, const AnswerMeasures& measur
 // only if it lowers the end-to-end answer KL (measured), and stop when the completion moves
 // nothing below a global layer or after kRewalks passes.
 constexpr int kRewalks = 2;
-void rewalk_while_completion_moves_lower_layers(const RunInputs& in, const AnswerMeasures& measures,
-                                                RunState& state) {
+void rewalk_while_completion_moves_lower_layers(const RunInputs& in, Measure& measure,
+                                                const PolicyValue& value, RunState& state) {
   SeqCalibResult& result = state.result;
   result.answer_kl_by_pass = {result.answer_kl_policy};
   for (int pass = 0; pass < kRewalks; ++pass) {
@@ -132,7 +125,7 @@ void rewalk_while_completion_moves_lower_layers(const RunInputs& in, const Answe
     spdlog::info(
         "re-walk {}: the completion moved windows of layer {}; re-deciding the layers above it",
         pass + 1, *lowest);
-    const auto outcome = rewalk_above(in, measures, state, *lowest, result.windows);
+    const auto outcome = rewalk_above(in, measure, value, state, *lowest, result.windows);
     result.answer_kl_by_pass.push_back(outcome.tried_kl);
     if (!outcome.kept) return;
     result.rewalks = pass + 1;
@@ -160,7 +153,8 @@ std::optional<ResolvedMove> propose_resolve(const RunInputs& in, const RunState&
 }
 
 constexpr int kResolves = 2;
-void resolve_across_layers(const RunInputs& in, const AnswerMeasures& measures, RunState& state) {
+void resolve_across_layers(const RunInputs& in, Measure& measure, const PolicyValue& value,
+                           RunState& state) {
   SeqCalibResult& result = state.result;
   result.answer_kl_by_resolve = {result.answer_kl_policy};
   for (int pass = 0; pass < kResolves; ++pass) {
@@ -170,7 +164,7 @@ void resolve_across_layers(const RunInputs& in, const AnswerMeasures& measures, 
         "re-solve {}: the exact solve over the conditioned curves moves layer {} to [{}]; "
         "re-deciding the layers above it",
         pass + 1, move->lowest, fmt::join(move->windows.at(move->lowest), ","));
-    const auto outcome = rewalk_above(in, measures, state, move->lowest, move->windows);
+    const auto outcome = rewalk_above(in, measure, value, state, move->lowest, move->windows);
     result.answer_kl_by_resolve.push_back(outcome.tried_kl);
     if (!outcome.kept) return;
     result.resolves = pass + 1;
@@ -195,14 +189,24 @@ std::optional<int64_t> lowest_changed_layer_below_a_global_layer(const RunInputs
   return std::nullopt;
 }
 
-void rewalk_above_fixed(const RunInputs& in, const AnswerMeasures& measures, RunState& state,
-                        int64_t lowest, const Windows& windows) {
-  state.result.windows = windows;
-  fix_layers_up_to(lowest, state);
-  state.rewalking = true;
-  walk(in, measures, state);
-  state.rewalking = false;
+void rewalk_above_fixed(const RunInputs& in, Measure& measure, RunState& state, int64_t lowest,
+                        const Windows& windows) {
+  fix_layers_up_to(lowest, windows, state);
+  walk(in, measure, state, WalkPass::kRewalk);
   complete(in, state);
+}
+
+Snapshot snapshot_of(const RunState& state) {
+  return {state.result, state.decisions};
+}
+
+void roll_back(RunState& state, Snapshot kept) {
+  SeqCalibResult& result = state.result;
+  kept.result.answer_kl_by_pass = std::move(result.answer_kl_by_pass);
+  kept.result.answer_kl_by_resolve = std::move(result.answer_kl_by_resolve);
+  kept.result.span_by_resolve = std::move(result.span_by_resolve);
+  result = std::move(kept.result);
+  state.decisions = std::move(kept.decisions);
 }
 
 }  // namespace headwise::calib::seqcalib

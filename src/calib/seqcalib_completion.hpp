@@ -6,25 +6,33 @@
 #include <optional>
 #include <vector>
 
+#include <functional>
+
 #include "seqcalib_run.hpp"
 
 namespace headwise::calib::seqcalib {
+
+class Measure;
+
+// A whole policy's end-to-end answer divergence on the calibration sequences (the exact answer
+// measures': every layer run over every token under the policy's windows).
+using PolicyValue = std::function<double(const Windows& windows)>;
 
 // Exact completion: spend what the controller left on the best upgrades.
 void complete(const RunInputs& in, RunState& state);
 
 // Upper layers were measured on the stream of the walk's windows; the completion may lengthen
 // some of them afterwards. Measure what that does end to end instead of assuming it.
-void measure_completion_effect(const RunInputs& in, const AnswerMeasures& measures,
-                               RunState& state);
+void measure_completion_effect(const RunInputs& in, const PolicyValue& value, RunState& state);
 
-void rewalk_while_completion_moves_lower_layers(const RunInputs& in, const AnswerMeasures& measures,
-                                                RunState& state);
+// Fresh conditioning: re-walks (with `measure`) the layers above the lowest one the completion
+// moved while that lowers the policy's value.
+void rewalk_while_completion_moves_lower_layers(const RunInputs& in, Measure& measure,
+                                                const PolicyValue& value, RunState& state);
 
-void resolve_across_layers(const RunInputs& in, const AnswerMeasures& measures, RunState& state);
-
-// The windows of the decided groups at `choice` (one option index per group), by layer.
-Windows decided_windows(const Decisions& decisions, const std::vector<size_t>& choice);
+// Cross-layer re-solve by re-walks, kept while they lower the policy's value.
+void resolve_across_layers(const RunInputs& in, Measure& measure, const PolicyValue& value,
+                           RunState& state);
 
 // The exact solve of the whole budget over the conditioned curves, when it moves windows of a
 // layer below a global layer: the proposed windows and the lowest layer they change.
@@ -43,7 +51,7 @@ std::optional<int64_t> lowest_changed_layer_below_a_global_layer(const RunInputs
 
 // Fixes the global layers up to `lowest` at `windows`, re-walks the layers above on that stream
 // and completes.
-void rewalk_above_fixed(const RunInputs& in, const AnswerMeasures& measures, RunState& state,
-                        int64_t lowest, const Windows& windows);
+void rewalk_above_fixed(const RunInputs& in, Measure& measure, RunState& state, int64_t lowest,
+                        const Windows& windows);
 
 }  // namespace headwise::calib::seqcalib

@@ -127,20 +127,11 @@ JointMeasure joint_measure(const RunInputs& in, AnswerKl& measure, int64_t layer
   };
 }
 
-JointMeasure layer_measure(const RunInputs& in, AnswerKl& exact, AnswerSensitivity* sensitivity,
-                           int64_t layer_id, ActivationStream& stream, LevelMemo& memo) {
-  if (sensitivity == nullptr) return joint_measure(in, exact, layer_id, stream, memo);
-  sensitivity->prepare(layer_id, stream);
-  return [sensitivity](const std::vector<size_t>& levels) { return sensitivity->predict(levels); };
-}
-
-std::vector<solve::Group> answer_probe_groups(const RunInputs& in, AnswerKl& measure,
-                                              AnswerSensitivity* sensitivity, int64_t layer_id,
-                                              ActivationStream& stream) {
-  LevelMemo memo;
+std::vector<solve::Group> answer_probe_groups(const RunInputs& in, int64_t layer_id,
+                                              const JointMeasure& measure) {
   const auto heads = static_cast<size_t>(in.spec.layer(layer_id).attention->num_kv_heads);
   return marginal_groups(in, layer_id, std::vector<size_t>(heads, in.options.ladder.size() - 1),
-                         layer_measure(in, measure, sensitivity, layer_id, stream, memo));
+                         measure);
 }
 
 JointMeasure with_extrapolated_levels(const SeqCalibOptions& options, JointMeasure measured,

@@ -7,7 +7,6 @@
 #include <vector>
 
 #include "headwise/calib/activations.hpp"
-#include "headwise/calib/answer_grad.hpp"
 #include "headwise/calib/answer_kl.hpp"
 #include "joint_descent.hpp"
 #include "seqcalib_run.hpp"
@@ -53,15 +52,10 @@ std::vector<std::vector<size_t>> unique_assignments(std::vector<std::vector<size
 JointMeasure joint_measure(const RunInputs& in, AnswerKl& measure, int64_t layer_id,
                            ActivationStream& stream, LevelMemo& memo);
 
-// The layer's joint windows → added answer KL: predicted (answer-grad, prepared on `stream`
-// here) or measured (answer-kl, memoised in `memo`).
-JointMeasure layer_measure(const RunInputs& in, AnswerKl& exact, AnswerSensitivity* sensitivity,
-                           int64_t layer_id, ActivationStream& stream, LevelMemo& memo);
-
-// The probe's curves of one layer: every head against the others at the top level.
-std::vector<solve::Group> answer_probe_groups(const RunInputs& in, AnswerKl& measure,
-                                              AnswerSensitivity* sensitivity, int64_t layer_id,
-                                              ActivationStream& stream);
+// The probe's curves of one layer: every head against the others at the top level, on `measure`
+// of the layer's joint windows.
+std::vector<solve::Group> answer_probe_groups(const RunInputs& in, int64_t layer_id,
+                                              const JointMeasure& measure);
 
 // The joint measure plus, for each head at a level the sequences cannot measure, that level's
 // extrapolated cost on the head's curve (`curves`, with the other heads at the top level):

@@ -2,13 +2,9 @@
 
 #include <spdlog/spdlog.h>
 
-#include <optional>
-
 #include "headwise/core/error.hpp"
 #include "joint_descent.hpp"
 #include "seqcalib_curves.hpp"
-#include "seqcalib_span.hpp"
-#include "seqcalib_validation.hpp"
 
 namespace headwise::calib::seqcalib {
 namespace {
@@ -21,9 +17,8 @@ std::vector<solve::Group> future_probe_groups(const RunState& state, int64_t lay
   return future;
 }
 
-// The controller: the smallest lambda at which this layer's curves plus the probe plan of the
-// layers above fit what is left of the budget (report.lambda), the bytes that plan keeps for
-// the layers above (report.planned_ahead); returns what this layer may spend.
+}  // namespace
+
 int64_t price_layer(const RunInputs& in, const RunState& state, int64_t layer_id,
                     const std::vector<solve::Group>& groups, LayerReport& report) {
   const std::vector<solve::Group> future = future_probe_groups(state, layer_id);
@@ -35,7 +30,6 @@ int64_t price_layer(const RunInputs& in, const RunState& state, int64_t layer_id
   return remaining - report.planned_ahead;
 }
 
-// Records a layer's decision: its curves, choice and bytes.
 std::vector<int64_t> record_decision(const RunInputs& in, RunState& state,
                                      const std::vector<solve::Group>& groups,
                                      const std::vector<size_t>& choice, LayerReport& report) {
@@ -61,25 +55,6 @@ std::vector<int64_t> record_unconditioned(const RunInputs& in, RunState& state, 
                          state.unconditioned_plan.at(layer_id), report);
 }
 
-// answer-grad: the prediction is a linearisation at full KV, blind to heads whose redundancy
-// saturates (cutting one of two changes nothing to first order, cutting both is predicted free
-// as well). Re-linearise at the decision and take the moves the new prediction says help, until
-// none does or kRelinearisations passes.
-constexpr int kRelinearisations = 3;
-void relinearise_and_improve(const RunInputs& in, AnswerSensitivity& sensitivity, int64_t layer_id,
-                             ActivationStream& stream, const std::vector<solve::Group>& groups,
-                             int64_t allowance, std::vector<size_t>& assign,
-                             const JointMeasure& predicted) {
-  for (int pass = 0; pass < kRelinearisations; ++pass) {
-    sensitivity.prepare(layer_id, stream, in.windows_of(assign));
-    bool improved = false;
-    while (best_swap(groups, assign, allowance, predicted)) improved = true;
-    if (!improved) break;
-  }
-}
-
-}  // namespace
-
 void plan_unconditioned(const RunInputs& in, RunState& state) {
   std::vector<solve::Group> all;
   for (const auto& [id, groups] : state.probe_groups) append(all, groups);
@@ -87,16 +62,6 @@ void plan_unconditioned(const RunInputs& in, RunState& state) {
   for (size_t g = 0; g < all.size(); ++g) {
     state.unconditioned_plan[all[g].layer_id].push_back(solution.choice[g]);
   }
-}
-
-std::vector<int64_t> decide(const RunInputs& in, RunState& state, int64_t layer_id,
-                            const measure::DistortionAccumulator& local, LayerReport& report) {
-  const measure::DistortionAccumulator acc = in.merged_over_ranks(layer_id, local);
-  acc.check_finite(layer_id);
-  if (!in.options.conditioned) return record_unconditioned(in, state, layer_id, report);
-  const std::vector<solve::Group> groups = layer_groups(in.spec.layer(layer_id), acc, in.options);
-  price_layer(in, state, layer_id, groups, report);
-  return record_decision(in, state, groups, solve::relax_at(groups, report.lambda).choice, report);
 }
 
 // answer-kl: the heads of a layer are decided together, because they back each other up: a
@@ -111,27 +76,13 @@ std::vector<int64_t> decide(const RunInputs& in, RunState& state, int64_t layer_
 // conditioned on the steps before, as SeqCalib conditions each layer on the layers below.
 // Without the price, the relaxed allowance was spent in full on the first global layer and
 // left the last one short (in-sample answer KL 3.95 against 2.38 with it, default model, 25%).
-std::vector<int64_t> decide_jointly(const RunInputs& in, const AnswerMeasures& measures,
-                                    RunState& state, int64_t layer_id, ActivationStream& stream,
-                                    LayerReport& report, const SpanSite* given) {
+std::vector<int64_t> decide_jointly(const RunInputs& in, RunState& state, int64_t layer_id,
+                                    const JointLayerSource& source, LayerReport& report) {
   if (!in.options.conditioned) return record_unconditioned(in, state, layer_id, report);
   LevelMemo memo;
-  std::optional<SpanSite>
-      captured;  // the layer's site when captured here: the measure refers to it
-  LayerMeasure layer_cost;
-  size_t known = 0;  // assignments measured before this layer's walk (the probe's)
-  if (in.span()) {
-    // The lowest global layer sees the full-KV stream the probe measured (nothing below it is cut).
-    const bool lowest =
-        layer_id == in.spec.global_layer_ids().front() && state.probe_memo.contains(layer_id);
-    if (lowest) memo = state.probe_memo.at(layer_id);
-    known = memo.size();
-    layer_cost =
-        span_decision_measure(in, *measures.span, layer_id, stream, lowest, given, memo, captured);
-  } else {
-    layer_cost.measure =
-        layer_measure(in, *measures.answer_kl, measures.sensitivity.get(), layer_id, stream, memo);
-  }
+  if (source.seed) source.seed(memo);
+  const size_t known = memo.size();  // assignments measured before this layer's walk
+  const LayerMeasure layer_cost = source.measure(memo);
   const auto& measured = layer_cost.measure;
   const auto& prefetch = layer_cost.prefetch;
   const auto& layer = in.spec.layer(layer_id);
@@ -142,10 +93,7 @@ std::vector<int64_t> decide_jointly(const RunInputs& in, const AnswerMeasures& m
   const int64_t allowance = price_layer(in, state, layer_id, groups, report);
   if (in.options.joint_heads) {
     assign = greedy_joint_descent(groups, allowance, joint, report.lambda, prefetch);
-    if (measures.sensitivity) {
-      relinearise_and_improve(in, *measures.sensitivity, layer_id, stream, groups, allowance,
-                              assign, joint);
-    }
+    if (source.improve) source.improve(groups, allowance, assign, joint);
     groups = marginal_groups(in, layer_id, assign, joint, prefetch);
   } else {
     assign = solve::solve_exact(groups, allowance).choice;
@@ -153,10 +101,7 @@ std::vector<int64_t> decide_jointly(const RunInputs& in, const AnswerMeasures& m
   state.result.answer_kl_evaluations += static_cast<int64_t>(memo.size() - known);
   spdlog::debug("layer {}: windows [{}], joint {} {:.6g} ({} evaluations)", layer_id,
                 in.labels_of(assign), in.measured_label(), joint(assign), memo.size() - known);
-  if (state.result.validation) {
-    validate_joint_decision(in, *measures.answer_kl, layer_id, stream, assign, joint, groups,
-                            allowance, report.lambda, state.result);
-  }
+  if (source.validate) source.validate(assign, joint, groups, allowance, report.lambda);
   return record_decision(in, state, groups, assign, report);
 }
 

@@ -1,9 +1,8 @@
 #pragma once
-// The state one SeqCalib run shares between its units (seqcalib_*.cpp): what the run was given
-// and this rank's shard of it (RunInputs, fixed once the run starts), the answer measures it
-// prepared (AnswerMeasures), and what it has measured and decided so far (RunState). Each unit
-// takes the parts it reads and the parts it writes as arguments, so what touches what is visible
-// at the call.
+// The state one SeqCalib run shares between its units (seqcalib_*.cpp and the measures in
+// measures/): what the run was given and this rank's shard of it (RunInputs, fixed once the run
+// starts), and what it has measured and decided so far (RunState). The measure the run uses is an
+// object of its own (measures/measure.hpp); no unit outside measures/ asks which one it is.
 #include <chrono>
 #include <cstdint>
 #include <map>
@@ -13,9 +12,7 @@
 
 #include "headwise/arch/model.hpp"
 #include "headwise/calib/activations.hpp"
-#include "headwise/calib/answer_grad.hpp"
 #include "headwise/calib/answer_kl.hpp"
-#include "headwise/calib/answer_span.hpp"
 #include "headwise/calib/seqcalib.hpp"
 #include "headwise/core/clock.hpp"
 #include "headwise/dist/collective.hpp"
@@ -57,9 +54,6 @@ struct RunInputs {
   int64_t probe_samples() const {
     return effective_probe_samples(options.probe_samples, static_cast<int64_t>(sequences.size()));
   }
-  bool answer_aware() const { return calib::answer_aware(options.measure); }
-  bool gradient_measure() const { return options.measure == DistortionMeasure::kAnswerGrad; }
-  bool span() const { return span_measure(options.measure); }
   // What the answer measures average, as the logs name it.
   const char* measured_label() const;
 
@@ -76,15 +70,6 @@ struct RunInputs {
   std::vector<size_t> local_index;  // this rank's sequences, in order
   std::vector<std::vector<int64_t>> local_sequences;
   std::vector<std::vector<int64_t>> local_answers;
-};
-
-// The answer measures the run prepared (none for block-mse).
-struct AnswerMeasures {
-  std::unique_ptr<AnswerKl>
-      answer_kl;               // the exact answer measures (and the span measure's validation)
-  AnswerSpan* span = nullptr;  // the answer-span measures: options.span or own_span
-  std::unique_ptr<AnswerSpan> own_span;
-  std::unique_ptr<AnswerSensitivity> sensitivity;  // answer-grad only
 };
 
 // The walk's decisions so far, in decision order. A re-walk that is not kept puts them back whole.
@@ -123,8 +108,25 @@ struct RunState {
   std::map<int64_t, LevelMemo> probe_memo;  // span probe: layer → assignment → measure
   std::map<int64_t, std::vector<size_t>> unconditioned_plan;
   Decisions decisions;
-  bool rewalking = false;
   StreamCheckpoints stream_checkpoints;
 };
+
+// What a pass that may be discarded (a re-walk, a re-solve) changes: the result and the decisions.
+struct Snapshot {
+  SeqCalibResult result;
+  Decisions decisions;
+};
+Snapshot snapshot_of(const RunState& state);
+// Puts `state` back as `kept` was, keeping the record of what was tried since (the end-to-end
+// values of the passes and re-solves tried, and the span's check of the re-solve), which is why
+// the result says it kept what it kept.
+void roll_back(RunState& state, Snapshot kept);
+
+// The windows of the decided groups at `choice` (one option index per group), by layer.
+Windows decided_windows(const Decisions& decisions, const std::vector<size_t>& choice);
+// The windows the walk runs: the decided groups at their decided options.
+inline Windows walk_windows(const Decisions& decisions) {
+  return decided_windows(decisions, decisions.choice);
+}
 
 }  // namespace headwise::calib::seqcalib

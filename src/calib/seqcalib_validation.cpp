@@ -12,8 +12,9 @@ void validate_probe_pairs(const RunInputs& in, AnswerKl& exact, int64_t layer_id
                           ActivationStream& stream, const std::vector<solve::Group>& predicted,
                           MeasureValidation& validation) {
   const auto start = Clock::now();
+  LevelMemo memo;
   const std::vector<solve::Group> measured =
-      answer_probe_groups(in, exact, nullptr, layer_id, stream);
+      answer_probe_groups(in, layer_id, joint_measure(in, exact, layer_id, stream, memo));
   const size_t top = in.options.ladder.size() - 1;
   for (size_t h = 0; h < predicted.size(); ++h) {
     for (size_t l = 0; l < top; ++l) {
@@ -36,7 +37,9 @@ void validate_span_probe(const RunInputs& in, AnswerKl& exact,
   const size_t top = in.options.ladder.size() - 1;
   for (int64_t i = 0; i < in.spec.num_layers(); ++i) {
     if (in.spec.layer(i).is_global()) {
-      const std::vector<solve::Group> measured = answer_probe_groups(in, exact, nullptr, i, stream);
+      LevelMemo memo;
+      const std::vector<solve::Group> measured =
+          answer_probe_groups(in, i, joint_measure(in, exact, i, stream, memo));
       const std::vector<solve::Group>& predicted = probe_groups.at(i);
       for (size_t h = 0; h < predicted.size(); ++h) {
         for (size_t l = 0; l < top; ++l) {
@@ -57,7 +60,8 @@ void validate_span_probe(const RunInputs& in, AnswerKl& exact,
 void validate_joint_decision(const RunInputs& in, AnswerKl& exact, int64_t layer_id,
                              ActivationStream& stream, const std::vector<size_t>& assign,
                              const JointMeasure& predicted, const std::vector<solve::Group>& groups,
-                             int64_t allowance, double price, SeqCalibResult& result) {
+                             int64_t allowance, double price, bool with_own_decision,
+                             SeqCalibResult& result) {
   const auto start = Clock::now();
   LevelMemo memo;
   const auto measured = joint_measure(in, exact, layer_id, stream, memo);
@@ -65,7 +69,7 @@ void validate_joint_decision(const RunInputs& in, AnswerKl& exact, int64_t layer
   MeasureCheck check =
       measure_check(layer_id, -1, in.windows_of(assign), predicted(assign) - predicted(all_top),
                     measured(assign) - measured(all_top));
-  if (in.span() && in.options.joint_heads) {
+  if (with_own_decision && in.options.joint_heads) {
     const std::vector<size_t> own = greedy_joint_descent(
         groups, allowance, with_extrapolated_levels(in.options, measured, groups), price);
     check.exact_windows = in.windows_of(own);

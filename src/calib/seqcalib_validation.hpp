@@ -23,13 +23,15 @@ void validate_span_probe(const RunInputs& in, AnswerKl& exact,
                          const std::map<int64_t, std::vector<solve::Group>>& probe_groups,
                          MeasureValidation& validation);
 
-// The chosen joint windows' predicted added KL against the measured one; for the span measure also
-// the exact measure's own decision on the same stream (the same descent, allowance and price), and
-// what it costs by the exact measure. Counts the exact evaluations in `result`.
+// The chosen joint windows' predicted added KL against the measured one; `with_own_decision` (the
+// span measure's) also the exact measure's own decision on the same stream (the same descent,
+// allowance and price), and what it costs by the exact measure. Counts the exact evaluations in
+// `result`.
 void validate_joint_decision(const RunInputs& in, AnswerKl& exact, int64_t layer_id,
                              ActivationStream& stream, const std::vector<size_t>& assign,
                              const JointMeasure& predicted, const std::vector<solve::Group>& groups,
-                             int64_t allowance, double price, SeqCalibResult& result);
+                             int64_t allowance, double price, bool with_own_decision,
+                             SeqCalibResult& result);
 
 // The Spearman correlation over the pairs, and every joint decision, in the log.
 void summarise_validation(const RunInputs& in, MeasureValidation& validation);

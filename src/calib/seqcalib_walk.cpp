@@ -7,10 +7,8 @@
 #include "finite_checks.hpp"
 #include "headwise/core/progress.hpp"
 #include "headwise/core/units.hpp"
-#include "seqcalib_cores.hpp"
+#include "measures/measure.hpp"
 #include "seqcalib_curves.hpp"
-#include "seqcalib_decide.hpp"
-#include "seqcalib_span.hpp"
 
 namespace headwise::calib::seqcalib {
 
@@ -24,44 +22,9 @@ namespace {
 WalkState state_after(int64_t layer_id, const RunState& state) {
   const SeqCalibResult& result = state.result;
   const Decisions& decisions = state.decisions;
-  return {layer_id,       state.probe_groups, result.probe_lambda, result.probe_seconds,
-          result.windows, decisions.groups,   decisions.choice,    decisions.spent,
+  return {layer_id,           state.probe_groups, result.probe_lambda, result.probe_seconds,
+          walk_windows(decisions), decisions.groups, decisions.choice,  decisions.spent,
           result.layers};
-}
-
-// block-mse: measure the layer's heads, decide, and run it under the decision.
-void run_block_mse_layer(const RunInputs& in, RunState& state, int64_t i, ActivationStream& stream,
-                         PolicyAttentionCore& policy_core, LayerReport& report) {
-  Accumulators accumulators;
-  if (stream.micro_batches() == 1) {
-    MeasuringCore core(in.options, in.model.attention_chunk(), accumulators, [&](int64_t layer_id) {
-      state.result.windows[layer_id] =
-          decide(in, state, layer_id, accumulators.at(layer_id), report);
-      return state.result.windows[layer_id];
-    });
-    stream.apply([&](const at::Tensor& h) { return run_checked(in, i, h, core); });
-    return;
-  }
-  // Several micro-batches: measure them all, decide, then propagate under the decision.
-  MeasuringCore core(in.options, in.model.attention_chunk(), accumulators, nullptr);
-  stream.visit([&](const at::Tensor& h) { in.model.run_layer(i, h, {&core, nullptr, 0}); });
-  state.result.windows[i] = decide(in, state, i, accumulators.at(i), report);
-  stream.apply([&](const at::Tensor& h) { return run_checked(in, i, h, policy_core); });
-}
-
-void run_global_layer(const RunInputs& in, const AnswerMeasures& measures, RunState& state,
-                      int64_t i, ActivationStream& stream, PolicyAttentionCore& policy_core,
-                      LayerReport& report) {
-  if (decides_in_its_pass(in, state, i, stream)) {
-    run_deciding_in_its_pass(in, measures, state, i, stream, report);
-    return;
-  }
-  if (in.answer_aware()) {
-    state.result.windows[i] = decide_jointly(in, measures, state, i, stream, report);
-    stream.apply([&](const at::Tensor& h) { return run_checked(in, i, h, policy_core); });
-    return;
-  }
-  run_block_mse_layer(in, state, i, stream, policy_core, report);
 }
 
 }  // namespace
@@ -101,7 +64,6 @@ void restore(const WalkState& saved, RunState& state) {
     append(result.probe_curves, to_curves(groups));
   result.probe_lambda = saved.probe_lambda;
   result.probe_seconds = saved.probe_seconds;
-  result.windows = saved.windows;
   result.layers = saved.layers;
   result.curves = to_curves(saved.decided_groups);
   state.decisions.groups = saved.decided_groups;
@@ -112,25 +74,24 @@ void restore(const WalkState& saved, RunState& state) {
                saved.windows.size(), format_bytes(state.decisions.spent));
 }
 
-void walk(const RunInputs& in, const AnswerMeasures& measures, RunState& state) {
+void walk(const RunInputs& in, Measure& measure, RunState& state, WalkPass pass) {
   SeqCalibResult& result = state.result;
   const arch::ModelSpec& spec = in.spec;
   ActivationStream stream(in.model, in.local_sequences, in.options.micro_batch,
                           in.options.activations);
   result.activations = stream.placement_name();
-  PolicyAttentionCore policy_core(result.windows, in.options.sink_tokens,
-                                  in.model.attention_chunk());
   Progress progress(in.options.conditioned ? "SeqCalib" : "calibrate (unconditioned)",
                     spec.num_layers());
   const int64_t replay_until = state.decisions.replay_until;
-  const int64_t resume_at = state.stream_checkpoints.restore(stream, replay_until, result.windows);
+  const int64_t resume_at =
+      state.stream_checkpoints.restore(stream, replay_until, walk_windows(state.decisions));
   for (int64_t i = resume_at; i < spec.num_layers(); ++i) {
     if (spec.layer(i).is_global() && i > replay_until)
-      state.stream_checkpoints.keep(i, stream, result.windows);
-    if (i <= replay_until) {  // decided before the interruption: recompute the stream only
-      stream.apply([&](const at::Tensor& h) {
-        return in.model.run_layer(i, h, {&policy_core, nullptr, 0});
-      });
+      state.stream_checkpoints.keep(i, stream, walk_windows(state.decisions));
+    if (i <= replay_until) {  // decided before: recompute the stream only
+      PolicyAttentionCore replay(walk_windows(state.decisions), in.options.sink_tokens,
+                                 in.model.attention_chunk());
+      stream.apply([&](const at::Tensor& h) { return in.model.run_layer(i, h, {&replay, nullptr, 0}); });
       in.model.release_layer(i);
       progress.update(i + 1, fmt::format("layer {} replayed", i));
       continue;
@@ -140,9 +101,10 @@ void walk(const RunInputs& in, const AnswerMeasures& measures, RunState& state) 
     in.model.prefetch_layer(i + 1);  // loads while layer i computes
     LayerReport report{i, std::string(layer_kind_name(spec.layer(i).kind))};
     if (spec.layer(i).is_global()) {
-      run_global_layer(in, measures, state, i, stream, policy_core, report);
+      measure.decide_and_run(in, state, i, stream, report);
     } else {
-      stream.apply([&](const at::Tensor& h) { return run_checked(in, i, h, policy_core); });
+      PolicyAttentionCore native({}, in.options.sink_tokens, in.model.attention_chunk());
+      stream.apply([&](const at::Tensor& h) { return run_checked(in, i, h, native); });
     }
     in.model.release_layer(i);
     report.seconds = seconds_since(start);
@@ -152,19 +114,14 @@ void walk(const RunInputs& in, const AnswerMeasures& measures, RunState& state) 
                                ? fmt::format("layer {} global: {} spent, lambda {:.3g}", i,
                                              format_bytes(state.decisions.spent), report.lambda)
                                : fmt::format("layer {} {}", i, report.kind));
-    // A re-walk is not checkpointed: a resumed run redoes it from the first walk's state.
-    if (spec.layer(i).is_global() && in.options.checkpoint && !state.rewalking) {
+    if (spec.layer(i).is_global() && in.options.checkpoint && pass == WalkPass::kFirst) {
       in.options.checkpoint(state_after(i, state));
     }
   }
   progress.finish();
-  // The stream has passed every layer under the walk's windows: its end-to-end answer KL costs
-  // no further run.
-  if (in.span()) {
-    result.answer_kl_walk = measures.span->evaluate_final(stream);
-  } else if (in.answer_aware()) {
-    result.answer_kl_walk = measures.answer_kl->evaluate_final(stream);
-  }
+  // The stream has passed every layer under the walk's windows: its end-to-end value costs no
+  // further run.
+  result.answer_kl_walk = measure.value_of_walk(stream);
 }
 
 }  // namespace headwise::calib::seqcalib

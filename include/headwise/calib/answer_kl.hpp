@@ -39,18 +39,10 @@ enum class DistortionMeasure {
 };
 
 // "block-mse", "answer-kl", "answer-tv", "answer-grad", "answer-tv-span" or "answer-kl-span";
-// InputError naming --distortion otherwise.
+// InputError naming --distortion otherwise. What each one needs: measure_traits.hpp.
 DistortionMeasure parse_distortion_measure(const std::string& text);
 // The name parse_distortion_measure() reads.
 const char* distortion_measure_name(DistortionMeasure measure);
-// Whether the measure scores answer positions (and needs them).
-inline bool answer_aware(DistortionMeasure m) {
-  return m != DistortionMeasure::kBlockMse;
-}
-// Whether the measure runs candidates on the answer span (answer_span.hpp).
-inline bool span_measure(DistortionMeasure m) {
-  return m == DistortionMeasure::kAnswerTvSpan || m == DistortionMeasure::kAnswerKlSpan;
-}
 
 // How the answer measures compare a run's next-token distribution q with the full model's p at
 // an answer position. KL(p || q) is unbounded: one needle the windows lose outright costs as
@@ -60,11 +52,8 @@ inline bool span_measure(DistortionMeasure m) {
 // change of the probability of any answer (|p(A) − q(A)| ≤ TV for every set A of tokens): a
 // lost needle costs at most 1, and keeping most needles exact is what pays.
 enum class AnswerDivergence { kKl, kTv };
-inline AnswerDivergence answer_divergence(DistortionMeasure m) {
-  return m == DistortionMeasure::kAnswerTv || m == DistortionMeasure::kAnswerTvSpan
-             ? AnswerDivergence::kTv
-             : AnswerDivergence::kKl;
-}
+// The divergence the measure scores: measure_traits().divergence.
+AnswerDivergence answer_divergence(DistortionMeasure m);
 // "answer KL" or "answer TV", as logs name the measured quantity.
 const char* divergence_label(AnswerDivergence divergence);
 // Per position: the divergence of `log_q` from the reference `log_p` (log-probs [positions,

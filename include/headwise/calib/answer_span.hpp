@@ -68,6 +68,11 @@ struct AnswerSpanOptions {
   bool keep_measured_layer = true;
 };
 
+struct SeqCalibOptions;
+// The span's options as a SeqCalib run with `options` measures on it: one place, so that the
+// calibration job's span and a run's own span are the same measure.
+AnswerSpanOptions answer_span_options(const SeqCalibOptions& options);
+
 class AnswerSpan {
  public:
   // `sequences`: this rank's shard; `answers[s]` the answer positions of sequence s. Runs the

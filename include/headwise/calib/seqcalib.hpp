@@ -13,6 +13,7 @@
 #include <map>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "headwise/arch/model.hpp"
@@ -75,6 +76,9 @@ struct SeqCalibOptions {
   // The answer-span measures: the measure (its reference forward done) on this rank's shard, shared
   // with the keep-rules pass that follows; nullptr: run_seqcalib makes its own.
   AnswerSpan* span = nullptr;
+  // The answer-span measures: tokens of the span before the first answer position (the span's own
+  // reference, when `span` is not given, is made with answer_span_options()).
+  int64_t span_margin = 8;
   // The answer-span measures: whether the measured global layer's weights may stay resident beside
   // the layer streaming through its candidates' sweep (the memory plan's measured_layer_resident).
   // false: each global layer is captured, swept and then run under its decision in separate
@@ -180,16 +184,17 @@ SeqCalibResult run_seqcalib(arch::DecoderModel& model,
                             const SeqCalibOptions& options);
 
 // The attention core used for deployment-like runs: global layers get their policy windows
-// (physically as masks over the calibration stream), other layers run natively.
+// (physically as masks over the calibration stream), other layers run natively. It holds the
+// windows it serves (a copy): what it computes cannot change behind it.
 class PolicyAttentionCore final : public arch::AttentionCore {
  public:
-  PolicyAttentionCore(const std::map<int64_t, std::vector<int64_t>>& windows, int64_t sink_tokens,
+  PolicyAttentionCore(std::map<int64_t, std::vector<int64_t>> windows, int64_t sink_tokens,
                       int64_t chunk)
-      : windows_(windows), sink_tokens_(sink_tokens), chunk_(chunk) {}
+      : windows_(std::move(windows)), sink_tokens_(sink_tokens), chunk_(chunk) {}
   at::Tensor attend(const arch::AttentionInputs& inputs) override;
 
  private:
-  const std::map<int64_t, std::vector<int64_t>>& windows_;
+  std::map<int64_t, std::vector<int64_t>> windows_;
   int64_t sink_tokens_;
   int64_t chunk_;
 };
