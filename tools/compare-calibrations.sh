@@ -35,6 +35,8 @@ answer-tv-span-extrapolate|$fx/qwen3_next_tiny|--context 512 --windows 8,32,128,
 gemma3-span|$fx/gemma3_gqa4|--context 512 --windows 8,32,full --seq-len 96 --samples 4 --budget 60k
 gemma3-block-mse|$fx/gemma3_gqa4|--context 512 --windows 8,32,full --seq-len 96 --samples 4 --budget 60k --distortion block-mse
 default-model-2k|$root/models/tiny-qwen3-next|--context 2k --windows 64,256,1k,full --samples 4 --budget 1100k --state-dtype native
+default-model-2k-rewalk|$root/models/tiny-qwen3-next|--context 2k --windows 64,256,1k,full --samples 4 --budget 1100k --state-dtype native --re-solve-by-rewalk
+default-model-2k-kl|$root/models/tiny-qwen3-next|--context 2k --windows 64,256,1k,full --samples 4 --budget 900k --state-dtype native --distortion answer-kl --keep-rules window --seq-len 1536
 default-model-2k-tv|$root/models/tiny-qwen3-next|--context 2k --windows 64,256,1k,full --samples 4 --budget 700k --state-dtype native --distortion answer-tv --keep-rules window
 EOF
 }
@@ -58,7 +60,8 @@ normalised_report() {
   python3 - "$1" <<'PY'
 import json, sys
 SKIP = {"seconds", "probe_seconds", "total_seconds", "peak_rss_bytes", "peak_device_bytes",
-        "calibration_seconds", "wall_seconds", "solve_ms", "elapsed_seconds"}
+        "calibration_seconds", "wall_seconds", "solve_ms", "elapsed_seconds", "timing",
+        "available_bytes", "rss_before_model_bytes"}
 def strip(x):
     if isinstance(x, dict):
         return {k: strip(v) for k, v in x.items() if k not in SKIP and not k.endswith("_seconds")}
@@ -83,10 +86,10 @@ compare() {
       continue
     fi
     if ! cmp -s "$a/$name.yaml" "$b/$name.yaml"; then
-      echo "DIFF $name: policy"; diff "$a/$name.yaml" "$b/$name.yaml" | head -20; failed=1
+      echo "DIFF $name: policy"; diff "$a/$name.yaml" "$b/$name.yaml" | head -20 || true; failed=1
     elif ! cmp -s <(normalised_report "$a/$name.json") <(normalised_report "$b/$name.json"); then
       echo "DIFF $name: report"
-      diff <(normalised_report "$a/$name.json") <(normalised_report "$b/$name.json") | head -20
+      diff <(normalised_report "$a/$name.json") <(normalised_report "$b/$name.json") | head -20 || true
       failed=1
     else
       echo "same $name"
