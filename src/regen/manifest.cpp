@@ -9,7 +9,7 @@
 #include <regex>
 #include <set>
 
-#include "headwise/calib/answer_kl.hpp"
+#include "headwise/calib/answer_reference.hpp"
 #include "headwise/calib/keep_rules.hpp"
 #include "headwise/core/error.hpp"
 #include "headwise/core/files.hpp"

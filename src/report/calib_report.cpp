@@ -124,20 +124,20 @@ nlohmann::json calibration_report(const calib::SeqCalibResult& r, const ReportCo
     extrapolated_levels = extrapolated.get<std::vector<int64_t>>();
   }
   nlohmann::json answer = nullptr;
-  if (r.answer_kl_walk >= 0) {
+  if (r.divergence_walk >= 0) {
     // "answer_kl" names the block (tools read it); with --distortion answer-tv its values are TV.
     const auto divergence = calib::answer_divergence(
         calib::parse_distortion_measure(c.provenance.at("distortion_measure")));
     answer = {{"divergence", divergence == calib::AnswerDivergence::kTv ? "tv" : "kl"},
-              {"end_to_end_after_walk", r.answer_kl_walk},
-              {"end_to_end_after_completion", r.answer_kl_policy},
+              {"end_to_end_after_walk", r.divergence_walk},
+              {"end_to_end_after_completion", r.divergence_policy},
               {"windows_moved_by_completion", r.windows_moved_by_completion},
               {"rewalks", r.rewalks},
-              {"end_to_end_by_pass", r.answer_kl_by_pass},
+              {"end_to_end_by_pass", r.divergence_by_pass},
               {"resolves", r.resolves},
-              {"end_to_end_by_resolve", r.answer_kl_by_resolve},
+              {"end_to_end_by_resolve", r.divergence_by_resolve},
               {"span_by_resolve", r.span_by_resolve},
-              {"evaluations", r.answer_kl_evaluations}};
+              {"evaluations", r.answer_evaluations}};
   }
   nlohmann::json validation = nullptr;
   if (r.validation) validation = measure_validation_json(*r.validation);

@@ -10,12 +10,12 @@
 #include <map>
 #include <random>
 
-#include "../../src/calib/span_attention.hpp"
 #include "../arch/fixture_reference.hpp"
+#include "calib/measures/span_attention.hpp"
 #include "headwise/arch/attention.hpp"
 #include "headwise/arch/visible_keys.hpp"
 #include "headwise/calib/activations.hpp"
-#include "headwise/calib/answer_kl.hpp"
+#include "headwise/calib/answer_reference.hpp"
 #include "headwise/calib/answer_span.hpp"
 #include "headwise/calib/seqcalib.hpp"
 #include "headwise/io/checkpoint.hpp"
@@ -280,8 +280,8 @@ TEST_CASE(
     so.margin = 100;  // span = every position
     calib::AnswerSpan span(*model, seqs, answers, so);
     REQUIRE(span.span_begin() == 0);
-    calib::AnswerKl exact(*model, seqs, answers, 2, 0, dist::single_process(),
-                          calib::AnswerDivergence::kTv);
+    calib::AnswerReference exact(*model, seqs, answers, 2, 0, dist::single_process(),
+                                 calib::AnswerDivergence::kTv);
     std::vector<calib::AnswerSpan::SweepItem> items;
     std::vector<std::vector<std::vector<int64_t>>> assignments;
     for (int64_t layer : spec.global_layer_ids()) {

@@ -212,8 +212,8 @@ TEST_CASE("answer-kl keeps the retrieval head whose block output is small; block
   CHECK(answer.windows.at(0).front() == kFullWindow);
   CHECK(answer.global_bytes <= budget);
   // The policy's end-to-end answer KL is measured and reported.
-  CHECK(answer.answer_kl_policy >= 0.0);
-  CHECK(answer.answer_kl_evaluations > 0);
+  CHECK(answer.divergence_policy >= 0.0);
+  CHECK(answer.answer_evaluations > 0);
   // answer-tv (the default) sees the same.
   auto tv_options = answer_options("4,16,full", budget, seqs);
   tv_options.measure = calib::DistortionMeasure::kAnswerTv;
@@ -292,11 +292,11 @@ TEST_CASE("answer-tv reports the policy's total variation at the answer position
   INFO(fmt::format("windows {} / {}", fmt::join(r.windows.at(0), ","),
                    fmt::join(r.windows.at(1), ",")));
   CHECK(r.global_bytes <= budget);
-  CHECK(r.answer_kl_policy == Approx(by_hand.mean().item<double>()).epsilon(1e-5).margin(1e-9));
-  CHECK(r.answer_kl_policy >= 0.0);
-  CHECK(r.answer_kl_policy <= 1.0);
+  CHECK(r.divergence_policy == Approx(by_hand.mean().item<double>()).epsilon(1e-5).margin(1e-9));
+  CHECK(r.divergence_policy >= 0.0);
+  CHECK(r.divergence_policy <= 1.0);
   // The budget cuts a retrieval, and it shows.
-  CHECK(r.answer_kl_policy > 1e-3);
+  CHECK(r.divergence_policy > 1e-3);
 }
 
 TEST_CASE("answer-grad predicts a joint cut that flips the answer from heads that each look cheap",
@@ -332,9 +332,9 @@ TEST_CASE(
   CHECK(retrievers_kept(independent.windows.at(0)) == 0);
   // Jointly, exactly one retriever keeps its window and the other byte goes to content.
   CHECK(retrievers_kept(joint.windows.at(0)) == 1);
-  INFO("answer KL: independent " << independent.answer_kl_policy << " joint "
-                                 << joint.answer_kl_policy);
-  CHECK(joint.answer_kl_policy < 0.5 * independent.answer_kl_policy);
+  INFO("answer KL: independent " << independent.divergence_policy << " joint "
+                                 << joint.divergence_policy);
+  CHECK(joint.divergence_policy < 0.5 * independent.divergence_policy);
 }
 
 TEST_CASE("answer-kl is deterministic and independent of the micro-batch split", "[calib]") {
@@ -367,16 +367,16 @@ TEST_CASE(
   const auto seqs = test::toy_sequences(4, kContext, 9);
   const int64_t budget = toy_head_bytes(kFullWindow) + 3 * toy_head_bytes(4);
   const auto r = calib::run_seqcalib(model, seqs, answer_options("4,16,full", budget, seqs));
-  INFO(fmt::format("rewalks {} by pass {}", r.rewalks, fmt::join(r.answer_kl_by_pass, ",")));
-  REQUIRE(r.answer_kl_by_pass.size() >= 2);  // the first policy and at least one re-walk tried
-  CHECK(r.answer_kl_by_pass.size() <= 3);    // bounded: two re-walks at most
+  INFO(fmt::format("rewalks {} by pass {}", r.rewalks, fmt::join(r.divergence_by_pass, ",")));
+  REQUIRE(r.divergence_by_pass.size() >= 2);  // the first policy and at least one re-walk tried
+  CHECK(r.divergence_by_pass.size() <= 3);    // bounded: two re-walks at most
   // Every kept pass lowered the KL; the reported policy is the last kept one.
   for (int64_t p = 1; p <= r.rewalks; ++p)
-    CHECK(r.answer_kl_by_pass[p] < r.answer_kl_by_pass[p - 1]);
+    CHECK(r.divergence_by_pass[p] < r.divergence_by_pass[p - 1]);
   // The cross-layer re-solve starts from the last kept re-walk.
-  REQUIRE(!r.answer_kl_by_resolve.empty());
-  CHECK(r.answer_kl_by_resolve.front() == r.answer_kl_by_pass[static_cast<size_t>(r.rewalks)]);
-  CHECK(r.answer_kl_policy == r.answer_kl_by_resolve[static_cast<size_t>(r.resolves)]);
+  REQUIRE(!r.divergence_by_resolve.empty());
+  CHECK(r.divergence_by_resolve.front() == r.divergence_by_pass[static_cast<size_t>(r.rewalks)]);
+  CHECK(r.divergence_policy == r.divergence_by_resolve[static_cast<size_t>(r.resolves)]);
   CHECK(r.global_bytes <= budget);
 }
 
@@ -395,12 +395,12 @@ TEST_CASE("cross-layer re-solve: bytes a lower layer kept go to the layer above 
   const auto r = calib::run_seqcalib(model, seqs, answer_options("4,full", budget, seqs));
   INFO(fmt::format("windows {} / {}, resolves {}, KL by resolve {}",
                    fmt::join(r.windows.at(0), ","), fmt::join(r.windows.at(1), ","), r.resolves,
-                   fmt::join(r.answer_kl_by_resolve, ",")));
+                   fmt::join(r.divergence_by_resolve, ",")));
   CHECK(r.resolves >= 1);
   CHECK(r.windows.at(0) == std::vector<int64_t>{4});
   const auto& top = r.windows.at(1);
   CHECK((top[0] == kFullWindow) + (top[1] == kFullWindow) == 1);
-  CHECK(r.answer_kl_policy < 0.5 * r.answer_kl_by_resolve.front());
+  CHECK(r.divergence_policy < 0.5 * r.divergence_by_resolve.front());
   CHECK(r.global_bytes <= budget);
   // The ablation keeps the walk's allocation: the re-solve is what moved the bytes.
   auto without_conditioning = answer_options("4,full", budget, seqs);
@@ -455,8 +455,8 @@ TEST_CASE(
     CHECK((w[0] == kFullWindow) + (w[1] == kFullWindow) == 1);
     CHECK(span.global_bytes <= budget);
     // The walk's end-to-end divergence is read off its own final stream: measured, and small.
-    CHECK(span.answer_kl_walk >= 0.0);
-    CHECK(span.answer_kl_walk < 0.1);
+    CHECK(span.divergence_walk >= 0.0);
+    CHECK(span.divergence_walk < 0.1);
   }
 }
 
@@ -478,7 +478,7 @@ TEST_CASE(
     const auto r = calib::run_seqcalib(model, seqs, options);
     INFO(fmt::format("windows {} / {}, resolves {}, span by resolve {}, by re-walk {}",
                      fmt::join(r.windows.at(0), ","), fmt::join(r.windows.at(1), ","), r.resolves,
-                     fmt::join(r.span_by_resolve, ","), fmt::join(r.answer_kl_by_resolve, ",")));
+                     fmt::join(r.span_by_resolve, ","), fmt::join(r.divergence_by_resolve, ",")));
     CHECK(r.resolves == 1);
     // The kept policy is complete: one expected value per head, as for a walk's.
     for (const auto& [layer, windows] : r.windows)
@@ -489,14 +489,14 @@ TEST_CASE(
     CHECK(r.global_bytes <= budget);
     if (rewalk) {
       CHECK(r.span_by_resolve.empty());
-      REQUIRE(r.answer_kl_by_resolve.size() == 2);
-      CHECK(r.answer_kl_by_resolve[1] < 0.5 * r.answer_kl_by_resolve[0]);
+      REQUIRE(r.divergence_by_resolve.size() == 2);
+      CHECK(r.divergence_by_resolve[1] < 0.5 * r.divergence_by_resolve[0]);
     } else {
       REQUIRE(r.span_by_resolve.size() == 2);
       CHECK(r.span_by_resolve[1] < 0.5 * r.span_by_resolve[0]);
       // The walk's own end-to-end value stays what it measured; the re-walk did not run.
-      REQUIRE(r.answer_kl_by_resolve.size() == 1);
-      CHECK(r.answer_kl_by_resolve[0] == r.answer_kl_walk);
+      REQUIRE(r.divergence_by_resolve.size() == 1);
+      CHECK(r.divergence_by_resolve[0] == r.divergence_walk);
     }
   }
 }
@@ -522,7 +522,7 @@ TEST_CASE(
     REQUIRE(a.size() == b.size());
     for (size_t l = 0; l < a.size(); ++l) CHECK(a[l] == Approx(b[l]).epsilon(1e-9).margin(1e-12));
   }
-  CHECK(released.answer_kl_walk == Approx(in_its_pass.answer_kl_walk).epsilon(1e-9));
+  CHECK(released.divergence_walk == Approx(in_its_pass.divergence_walk).epsilon(1e-9));
 }
 
 TEST_CASE(

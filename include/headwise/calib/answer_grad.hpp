@@ -43,7 +43,7 @@
 #include <vector>
 
 #include "headwise/arch/model.hpp"
-#include "headwise/calib/answer_kl.hpp"
+#include "headwise/calib/answer_reference.hpp"
 
 namespace headwise::calib {
 
@@ -53,8 +53,8 @@ class AnswerSensitivity {
  public:
   // `reference`: the full-KV answer distributions of the same sequences, micro-batched the same
   // way as the streams passed to prepare(). `ladder`: the window of each level index.
-  AnswerSensitivity(arch::DecoderModel& model, AnswerKl& reference, std::vector<int64_t> ladder,
-                    int64_t sink_tokens);
+  AnswerSensitivity(arch::DecoderModel& model, AnswerReference& reference,
+                    std::vector<int64_t> ladder, int64_t sink_tokens);
 
   // Measures `layer` on `stream` (the hidden states entering it), linearised at the layer's KV
   // heads running at `at_windows` (empty: full KV): after this, predict() answers for this layer.
@@ -88,7 +88,7 @@ class AnswerSensitivity {
   Slots answer_slots(int64_t micro_batch, const at::Tensor& final_hidden, bool separable);
 
   arch::DecoderModel& model_;
-  AnswerKl& reference_;
+  AnswerReference& reference_;
   std::vector<int64_t> ladder_;
   int64_t sink_tokens_;
   int64_t layer_ = -1;

@@ -31,7 +31,7 @@
 #include <vector>
 
 #include "headwise/arch/model.hpp"
-#include "headwise/calib/answer_kl.hpp"
+#include "headwise/calib/answer_reference.hpp"
 #include "headwise/dist/collective.hpp"
 
 namespace headwise::calib {

@@ -15,7 +15,7 @@
 #include <vector>
 
 #include "headwise/arch/model_spec.hpp"
-#include "headwise/calib/answer_kl.hpp"
+#include "headwise/calib/answer_reference.hpp"
 #include "headwise/calib/extrapolation.hpp"
 #include "headwise/calib/keep_rules.hpp"
 #include "headwise/calib/seqcalib.hpp"

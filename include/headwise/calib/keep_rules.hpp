@@ -24,7 +24,7 @@
 #include <vector>
 
 #include "headwise/arch/model.hpp"
-#include "headwise/calib/answer_kl.hpp"
+#include "headwise/calib/answer_reference.hpp"
 #include "headwise/calib/answer_span.hpp"
 #include "headwise/calib/seqcalib.hpp"
 #include "headwise/memory/memory_model.hpp"

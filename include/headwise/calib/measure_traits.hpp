@@ -8,7 +8,7 @@
 #include <string_view>
 #include <vector>
 
-#include "headwise/calib/answer_kl.hpp"
+#include "headwise/calib/answer_reference.hpp"
 
 namespace headwise::calib {
 

@@ -17,7 +17,7 @@
 #include <vector>
 
 #include "headwise/arch/model.hpp"
-#include "headwise/calib/answer_kl.hpp"
+#include "headwise/calib/answer_reference.hpp"
 #include "headwise/calib/extrapolation.hpp"
 #include "headwise/dist/collective.hpp"
 #include "headwise/measure/distortion.hpp"
@@ -30,8 +30,8 @@ using HeadBytesFn = std::function<int64_t(const arch::LayerSpec& layer, int64_t 
 
 enum class ActivationPlacement { kAuto, kDevice, kHost };
 
-struct WalkState;  // walk_state.hpp: the resume checkpoint's contents
-class AnswerSpan;  // answer_span.hpp
+struct ResumeCheckpoint;  // walk_state.hpp: the resume checkpoint's contents
+class AnswerSpan;         // answer_span.hpp
 
 // The probe pass only steers the walk's Lagrangian controller (its curves price the layers not
 // yet walked); the decisions come from the conditioned curves and the exact completion. Half the
@@ -71,8 +71,8 @@ struct SeqCalibOptions {
   // Resume: given, the probe is skipped and the layers up to resume->last_layer are replayed
   // under their recorded windows instead of measured. `checkpoint` receives the state after
   // each global layer, for writing the resume checkpoint.
-  const WalkState* resume = nullptr;
-  std::function<void(const WalkState& state)> checkpoint;
+  const ResumeCheckpoint* resume = nullptr;
+  std::function<void(const ResumeCheckpoint& state)> checkpoint;
   // The answer-span measures: the measure (its reference forward done) on this rank's shard, shared
   // with the keep-rules pass that follows; nullptr: run_seqcalib makes its own.
   AnswerSpan* span = nullptr;
@@ -150,24 +150,24 @@ struct SeqCalibResult {
   bool completion_proven_optimal = true;
   // answer-kl: end-to-end answer KL of the walk's decisions and of the completed policy, and how
   // many windows the completion moved (the conditioning of layers above saw the walk's).
-  double answer_kl_walk = -1.0;
-  double answer_kl_policy = -1.0;
+  double divergence_walk = -1.0;
+  double divergence_policy = -1.0;
   int64_t windows_moved_by_completion = 0;
   // Fresh conditioning: re-walks kept (the layers above the lowest one the completion moved,
   // re-decided on the completed stream), and the end-to-end answer KL of the first walk's policy
   // and of each re-walk tried (a last one not below its predecessor was discarded).
   int64_t rewalks = 0;
-  std::vector<double> answer_kl_by_pass;
+  std::vector<double> divergence_by_pass;
   // Cross-layer re-solve: passes kept (the exact solve over every layer's conditioned curves moved
   // a layer below a global layer; the layers above it re-walked), and the end-to-end answer KL on
   // entry and of each pass tried.
   int64_t resolves = 0;
-  std::vector<double> answer_kl_by_resolve;
+  std::vector<double> divergence_by_resolve;
   // The span measures' re-solve checked on the answer span (SeqCalibOptions::resolve_by_rewalk
   // false): the span measure of the walk's completed policy and of the re-solved one, from the
   // lowest layer the re-solve moves (empty when it moved none).
   std::vector<double> span_by_resolve;
-  int64_t answer_kl_evaluations = 0;
+  int64_t answer_evaluations = 0;
   std::optional<MeasureValidation> validation;  // answer-grad with validate_measure
   int64_t peak_device_bytes = 0;                // CUDA allocator peak, 0 on CPU
   int64_t peak_rss_bytes = 0;

@@ -1,15 +1,15 @@
 #pragma once
 // The whole-model answer measures: answer-kl / answer-tv (exact: every layer above run over every
 // token per candidate, exact_answer_measure.cpp) and answer-grad (the same predicted from
-// gradients, gradient_measure.cpp). They share the reference forward (calib::AnswerKl), the probe
-// loop, the joint decision of a layer's heads and what follows the completion: measure what it
-// did end to end, re-walk above a lower layer it moved, and re-solve across layers.
+// gradients, gradient_measure.cpp). They share the reference forward (calib::AnswerReference), the
+// probe loop, the joint decision of a layer's heads and what follows the completion: measure what
+// it did end to end, re-walk above a lower layer it moved, and re-solve across layers.
 #include <functional>
 #include <memory>
 
-#include "../seqcalib_decide.hpp"
-#include "headwise/calib/answer_kl.hpp"
-#include "measure.hpp"
+#include "calib/measures/measure.hpp"
+#include "calib/walk/seqcalib_decide.hpp"
+#include "headwise/calib/answer_reference.hpp"
 
 namespace headwise::calib::seqcalib {
 
@@ -27,17 +27,17 @@ class AnswerMeasure : public Measure {
  protected:
   // One probed layer's curves on the stream entering it (full KV below), measured on `prefix`
   // (the reference on the probe's sequences).
-  using LayerProbe = std::function<std::vector<solve::Group>(int64_t layer,
-                                                             ActivationStream& stream)>;
-  virtual LayerProbe layer_probe(const RunInputs& in, AnswerKl& prefix, RunState& state);
+  using LayerProbe =
+      std::function<std::vector<solve::Group>(int64_t layer, ActivationStream& stream)>;
+  virtual LayerProbe layer_probe(const RunInputs& in, AnswerReference& prefix, RunState& state);
   // The source of one layer's joint decision on the conditioned stream.
   virtual JointLayerSource joint_source(const RunInputs& in, RunState& state, int64_t layer,
                                         ActivationStream& stream);
 
-  AnswerKl& exact() { return *exact_; }
+  AnswerReference& exact() { return *exact_; }
 
  private:
-  std::unique_ptr<AnswerKl> exact_;
+  std::unique_ptr<AnswerReference> exact_;
 };
 
 }  // namespace headwise::calib::seqcalib

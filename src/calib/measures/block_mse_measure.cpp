@@ -2,12 +2,12 @@
 // position (mean_t ||Wo_h (a_w - a_full)||^2 / mean_t ||y_full||^2), all levels in one pass of
 // the multi-window attention. Heads are priced apart; the layer is chosen by the controller's
 // lambda. It scores no answers: no reference forward, nothing to refine after the completion.
-#include "../seqcalib_cores.hpp"
-#include "../seqcalib_curves.hpp"
-#include "../seqcalib_decide.hpp"
+#include "calib/measures/measure.hpp"
+#include "calib/walk/seqcalib_cores.hpp"
+#include "calib/walk/seqcalib_curves.hpp"
+#include "calib/walk/seqcalib_decide.hpp"
 #include "headwise/calib/measure_traits.hpp"
 #include "headwise/core/progress.hpp"
-#include "measure.hpp"
 
 namespace headwise::calib::seqcalib {
 namespace {
@@ -79,8 +79,7 @@ class BlockMseMeasure final : public Measure {
     const measure::DistortionAccumulator acc = in.merged_over_ranks(layer_id, local);
     acc.check_finite(layer_id);
     if (!in.options.conditioned) return record_unconditioned(in, state, layer_id, report);
-    const std::vector<solve::Group> groups =
-        layer_groups(in.spec.layer(layer_id), acc, in.options);
+    const std::vector<solve::Group> groups = layer_groups(in.spec.layer(layer_id), acc, in.options);
     price_layer(in, state, layer_id, groups, report);
     return record_decision(in, state, groups, solve::relax_at(groups, report.lambda).choice,
                            report);

@@ -2,10 +2,10 @@
 // whole-model answer measure shares.
 #include <spdlog/spdlog.h>
 
-#include "../finite_checks.hpp"
-#include "../seqcalib_completion.hpp"
-#include "../seqcalib_curves.hpp"
-#include "answer_measure.hpp"
+#include "calib/measures/answer_measure.hpp"
+#include "calib/walk/finite_checks.hpp"
+#include "calib/walk/seqcalib_completion.hpp"
+#include "calib/walk/seqcalib_curves.hpp"
 #include "headwise/calib/measure_traits.hpp"
 #include "headwise/core/progress.hpp"
 
@@ -14,20 +14,19 @@ namespace headwise::calib::seqcalib {
 AnswerMeasure::AnswerMeasure(const RunInputs& in) {
   spdlog::info("{}: full-KV reference at the answer positions ({} sequences)",
                measure_traits(in.options.measure).name, in.local_sequences.size());
-  exact_ = std::make_unique<AnswerKl>(in.model, in.local_sequences, in.local_answers,
-                                      in.options.micro_batch, in.options.sink_tokens, in.world,
-                                      measure_traits(in.options.measure).divergence);
+  exact_ = std::make_unique<AnswerReference>(
+      in.model, in.local_sequences, in.local_answers, in.options.micro_batch,
+      in.options.sink_tokens, in.world, measure_traits(in.options.measure).divergence);
 }
 
 void AnswerMeasure::probe(const RunInputs& in, RunState& state) {
   const std::vector<std::vector<int64_t>> sequences = in.local_prefix(in.probe_samples());
   ActivationStream stream(in.model, sequences, in.options.micro_batch, in.options.activations);
-  AnswerKl prefix = exact_->prefix(static_cast<int64_t>(sequences.size()));
+  AnswerReference prefix = exact_->prefix(static_cast<int64_t>(sequences.size()));
   const LayerProbe probe_layer = layer_probe(in, prefix, state);
   arch::ExactAttentionCore exact_core(in.model.attention_chunk());
-  Progress progress(
-      fmt::format("probe (full KV, {})", measure_traits(in.options.measure).name),
-      in.spec.num_layers());
+  Progress progress(fmt::format("probe (full KV, {})", measure_traits(in.options.measure).name),
+                    in.spec.num_layers());
   for (int64_t i = 0; i < in.spec.num_layers(); ++i) {
     if (in.spec.layer(i).is_global()) {
       state.probe_groups[i] = probe_layer(i, stream);
@@ -41,10 +40,10 @@ void AnswerMeasure::probe(const RunInputs& in, RunState& state) {
     progress.update(i + 1, fmt::format("layer {} {}", i, layer_kind_name(in.spec.layer(i).kind)));
   }
   progress.finish();
-  state.result.answer_kl_evaluations += prefix.evaluations();
+  state.result.answer_evaluations += prefix.evaluations();
 }
 
-AnswerMeasure::LayerProbe AnswerMeasure::layer_probe(const RunInputs& in, AnswerKl& prefix,
+AnswerMeasure::LayerProbe AnswerMeasure::layer_probe(const RunInputs& in, AnswerReference& prefix,
                                                      RunState&) {
   return [&in, &prefix](int64_t layer, ActivationStream& stream) {
     LevelMemo memo;

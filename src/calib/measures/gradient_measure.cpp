@@ -4,9 +4,9 @@
 // exactly and reported beside the prediction.
 #include <optional>
 
-#include "../seqcalib_curves.hpp"
-#include "../seqcalib_validation.hpp"
-#include "answer_measure.hpp"
+#include "calib/measures/answer_measure.hpp"
+#include "calib/walk/seqcalib_curves.hpp"
+#include "calib/walk/seqcalib_validation.hpp"
 #include "headwise/calib/answer_grad.hpp"
 
 namespace headwise::calib::seqcalib {
@@ -32,14 +32,14 @@ class GradientMeasure final : public AnswerMeasure {
   }
 
  protected:
-  LayerProbe layer_probe(const RunInputs& in, AnswerKl& prefix, RunState& state) override {
-    probe_sensitivity_.emplace(in.model, prefix, in.options.ladder.levels,
-                               in.options.sink_tokens);
+  LayerProbe layer_probe(const RunInputs& in, AnswerReference& prefix, RunState& state) override {
+    probe_sensitivity_.emplace(in.model, prefix, in.options.ladder.levels, in.options.sink_tokens);
     return [this, &in, &prefix, &state](int64_t layer, ActivationStream& stream) {
       AnswerSensitivity& sensitivity = *probe_sensitivity_;
       sensitivity.prepare(layer, stream);
       std::vector<solve::Group> groups = answer_probe_groups(
-          in, layer, [&sensitivity](const std::vector<size_t>& l) { return sensitivity.predict(l); });
+          in, layer,
+          [&sensitivity](const std::vector<size_t>& l) { return sensitivity.predict(l); });
       if (state.result.validation)
         validate_probe_pairs(in, prefix, layer, stream, groups, *state.result.validation);
       return groups;
@@ -65,12 +65,12 @@ class GradientMeasure final : public AnswerMeasure {
       }
     };
     if (state.result.validation) {
-      source.validate = [this, &in, &state, layer, &stream](
-                            const std::vector<size_t>& assign, const JointMeasure& joint,
-                            const std::vector<solve::Group>& groups, int64_t allowance,
-                            double price) {
-        validate_joint_decision(in, exact(), layer, stream, assign, joint, groups, allowance,
-                                price, /*with_own_decision=*/false, state.result);
+      source.validate = [this, &in, &state, layer, &stream](const std::vector<size_t>& assign,
+                                                            const JointMeasure& joint,
+                                                            const std::vector<solve::Group>& groups,
+                                                            int64_t allowance, double price) {
+        validate_joint_decision(in, exact(), layer, stream, assign, joint, groups, allowance, price,
+                                /*with_own_decision=*/false, state.result);
       };
     }
     return source;

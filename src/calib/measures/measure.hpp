@@ -15,7 +15,7 @@
 #include <memory>
 #include <vector>
 
-#include "../seqcalib_run.hpp"
+#include "calib/walk/seqcalib_run.hpp"
 
 namespace headwise::calib::seqcalib {
 

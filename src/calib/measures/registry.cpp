@@ -1,10 +1,10 @@
 // The measures' makers by DistortionMeasure (measure.hpp), and what every measure shares.
 #include <map>
 
-#include "../finite_checks.hpp"
+#include "calib/measures/measure.hpp"
+#include "calib/walk/finite_checks.hpp"
 #include "headwise/calib/measure_traits.hpp"
 #include "headwise/core/error.hpp"
-#include "measure.hpp"
 
 namespace headwise::calib::seqcalib {
 namespace {

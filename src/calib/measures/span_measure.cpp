@@ -1,24 +1,25 @@
 // answer-tv-span / answer-kl-span (the default measure): a layer's candidates run on the answer
-// span only, against caches of everything before it kept from one full-KV forward (answer_span.hpp),
-// so a decision costs a few forwards at any depth. Its probe is one sweep over the reference pass's
-// sites; a layer is decided inside its own pass when it can be; the cross-layer re-solve is checked
-// on the answer span (or by a re-walk, --re-solve-by-rewalk). With --validate-measure the exact
-// measure runs beside it and every probe pair and joint decision is reported against it.
+// span only, against caches of everything before it kept from one full-KV forward
+// (answer_span.hpp), so a decision costs a few forwards at any depth. Its probe is one sweep over
+// the reference pass's sites; a layer is decided inside its own pass when it can be; the
+// cross-layer re-solve is checked on the answer span (or by a re-walk, --re-solve-by-rewalk). With
+// --validate-measure the exact measure runs beside it and every probe pair and joint decision is
+// reported against it.
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
 #include <map>
 #include <optional>
 
-#include "../joint_descent.hpp"
-#include "../seqcalib_completion.hpp"
-#include "../seqcalib_cores.hpp"
-#include "../seqcalib_decide.hpp"
-#include "../seqcalib_validation.hpp"
-#include "../seqcalib_walk.hpp"
+#include "calib/measures/measure.hpp"
+#include "calib/walk/joint_descent.hpp"
+#include "calib/walk/seqcalib_completion.hpp"
+#include "calib/walk/seqcalib_cores.hpp"
+#include "calib/walk/seqcalib_decide.hpp"
+#include "calib/walk/seqcalib_validation.hpp"
+#include "calib/walk/seqcalib_walk.hpp"
 #include "headwise/calib/answer_span.hpp"
 #include "headwise/calib/measure_traits.hpp"
-#include "measure.hpp"
 
 namespace headwise::calib::seqcalib {
 namespace {
@@ -66,7 +67,7 @@ int64_t span_probe_local_sequences(const RunInputs& in, const RunState& state) {
 }
 
 // No forward of its own: every site comes from the reference pass.
-void span_probe(const RunInputs& in, AnswerSpan& span, AnswerKl* exact, RunState& state) {
+void span_probe(const RunInputs& in, AnswerSpan& span, AnswerReference* exact, RunState& state) {
   std::vector<int64_t> layers = in.spec.global_layer_ids();
   const int64_t upper_sequences = span_probe_local_sequences(in, state);
   std::vector<AnswerSpan::SweepItem> items;
@@ -101,7 +102,7 @@ void span_probe(const RunInputs& in, AnswerSpan& span, AnswerKl* exact, RunState
         in, layers[i], top, [&memo](const std::vector<size_t>& l) { return memo.at(l); });
     append(state.result.probe_curves, to_curves(state.probe_groups[layers[i]]));
   }
-  state.result.answer_kl_evaluations += span.evaluations();
+  state.result.answer_evaluations += span.evaluations();
   if (state.result.validation) {
     validate_span_probe(in, *exact, state.probe_groups, *state.result.validation);
   }
@@ -124,7 +125,7 @@ LayerMeasure span_decision_measure(const RunInputs& in, AnswerSpan& span, int64_
 
 void resolve_across_layers_by_walks(const RunInputs& in, Measure& measure, RunState& state) {
   SeqCalibResult& result = state.result;
-  result.answer_kl_by_resolve = {result.answer_kl_walk};
+  result.divergence_by_resolve = {result.divergence_walk};
   const std::optional<ResolvedMove> move = propose_resolve(in, state);
   if (!move) return;
   spdlog::info(
@@ -132,17 +133,17 @@ void resolve_across_layers_by_walks(const RunInputs& in, Measure& measure, RunSt
       "the layers above it",
       move->lowest, fmt::join(move->windows.at(move->lowest), ","));
   Snapshot kept = snapshot_of(state);
-  const double walked = kept.result.answer_kl_walk;
+  const double walked = kept.result.divergence_walk;
   rewalk_above_fixed(in, measure, state, move->lowest, move->windows);
-  result.answer_kl_by_resolve.push_back(result.answer_kl_walk);
-  if (!(result.answer_kl_walk < walked)) {
+  result.divergence_by_resolve.push_back(result.divergence_walk);
+  if (!(result.divergence_walk < walked)) {
     spdlog::info("re-solved walk: {} {:.6g}, not below {:.6g}: kept the first walk's policy",
-                 in.measured_label(), result.answer_kl_walk, walked);
+                 in.measured_label(), result.divergence_walk, walked);
     roll_back(state, std::move(kept));
     return;
   }
   spdlog::info("re-solved walk: {} {:.6g} (was {:.6g}): kept", in.measured_label(),
-               result.answer_kl_walk, walked);
+               result.divergence_walk, walked);
   result.resolves = 1;
 }
 
@@ -160,7 +161,7 @@ void enter_layer(const RunInputs& in, const RunState& state, int64_t layer, cons
 
 void resolve_across_layers_on_the_span(const RunInputs& in, AnswerSpan& span, RunState& state) {
   SeqCalibResult& result = state.result;
-  result.answer_kl_by_resolve = {result.answer_kl_walk};
+  result.divergence_by_resolve = {result.divergence_walk};
   std::optional<ResolvedMove> move = propose_resolve(in, state);
   if (!move) return;
   spdlog::info(
@@ -170,8 +171,8 @@ void resolve_across_layers_on_the_span(const RunInputs& in, AnswerSpan& span, Ru
   ActivationStream stream(in.model, in.local_sequences, in.options.micro_batch,
                           in.options.activations);
   enter_layer(in, state, move->lowest, result.windows, stream);
-  result.span_by_resolve = span.evaluate_policies(
-      move->lowest, stream, {result.windows, move->windows}, "re-solve");
+  result.span_by_resolve =
+      span.evaluate_policies(move->lowest, stream, {result.windows, move->windows}, "re-solve");
   const double walked = result.span_by_resolve.at(0);
   const double resolved = result.span_by_resolve.at(1);
   if (!(resolved < walked)) {
@@ -200,12 +201,13 @@ class SpanMeasure final : public Measure {
     }
     if (!in.options.validate_measure) return;
     result.validation.emplace();
-    spdlog::info("validation (exact measure): full-KV reference at the answer positions ({} "
-                 "sequences)",
-                 in.local_sequences.size());
-    exact_ = std::make_unique<AnswerKl>(in.model, in.local_sequences, in.local_answers,
-                                        in.options.micro_batch, in.options.sink_tokens, in.world,
-                                        measure_traits(in.options.measure).divergence);
+    spdlog::info(
+        "validation (exact measure): full-KV reference at the answer positions ({} "
+        "sequences)",
+        in.local_sequences.size());
+    exact_ = std::make_unique<AnswerReference>(
+        in.model, in.local_sequences, in.local_answers, in.options.micro_batch,
+        in.options.sink_tokens, in.world, measure_traits(in.options.measure).divergence);
   }
 
   int64_t probe_samples(const RunInputs& in, const RunState& state) const override {
@@ -258,12 +260,12 @@ class SpanMeasure final : public Measure {
       return span_decision_measure(in, *span_, layer, stream, lowest, given, memo, captured_);
     };
     if (state.result.validation) {
-      source.validate = [this, &in, &state, layer, &stream](
-                            const std::vector<size_t>& assign, const JointMeasure& joint,
-                            const std::vector<solve::Group>& groups, int64_t allowance,
-                            double price) {
-        validate_joint_decision(in, *exact_, layer, stream, assign, joint, groups, allowance,
-                                price, /*with_own_decision=*/true, state.result);
+      source.validate = [this, &in, &state, layer, &stream](const std::vector<size_t>& assign,
+                                                            const JointMeasure& joint,
+                                                            const std::vector<solve::Group>& groups,
+                                                            int64_t allowance, double price) {
+        validate_joint_decision(in, *exact_, layer, stream, assign, joint, groups, allowance, price,
+                                /*with_own_decision=*/true, state.result);
       };
     }
     return source;
@@ -301,7 +303,7 @@ class SpanMeasure final : public Measure {
 
   AnswerSpan* span_ = nullptr;
   std::unique_ptr<AnswerSpan> own_span_;
-  std::unique_ptr<AnswerKl> exact_;  // validation only
+  std::unique_ptr<AnswerReference> exact_;  // validation only
   std::optional<SpanSite> captured_;
 };
 

@@ -1,0 +1,559 @@
+// The main command's calibration as a library job, so the CLI and `regen` run exactly the same
+// code.
+#include "headwise/calib/calibration_job.hpp"
+
+#include <spdlog/spdlog.h>
+
+#include <cstdlib>
+#include <optional>
+
+#include "headwise/arch/context_guard.hpp"
+#include "headwise/arch/model.hpp"
+#include "headwise/calib/activations.hpp"
+#include "headwise/calib/answer_span.hpp"
+#include "headwise/calib/calibration_data.hpp"
+#include "headwise/calib/keep_rules.hpp"
+#include "headwise/calib/measure_traits.hpp"
+#include "headwise/calib/memory_plan.hpp"
+#include "headwise/calib/resume_checkpoint.hpp"
+#include "headwise/calib/seqcalib.hpp"
+#include "headwise/core/error.hpp"
+#include "headwise/core/files.hpp"
+#include "headwise/core/resources.hpp"
+#include "headwise/core/units.hpp"
+#include "headwise/core/window.hpp"
+#include "headwise/io/checkpoint.hpp"
+#include "headwise/memory/memory_model.hpp"
+
+namespace headwise::calib {
+namespace {
+namespace fs = std::filesystem;
+
+constexpr std::string_view kCheckpointSchema = "headwise/calib-checkpoint/v1";
+// Bumped whenever the same inputs can give another policy (the measure, the descent, the
+// completion changed): it is part of inputs_sha256, so a plain `regen` recalibrates policies an
+// older calibration wrote instead of skipping them as unchanged.
+//   2: lambda-priced joint descent, re-walks after the completion (2026-12-01).
+constexpr int64_t kCalibrationRevision = 2;
+
+std::string model_name_of(const fs::path& dir, const arch::ModelSpec& spec) {
+  const fs::path clean = dir.filename().empty() ? dir.parent_path() : dir;
+  return clean.filename().string().empty() ? spec.model_type : clean.filename().string();
+}
+
+// model_path is read relative to the policy's own folder (mem-estimate, regen), so policies
+// committed next to a model keep working from any checkout.
+std::string model_path_for(const fs::path& model_dir, const fs::path& policy_path) {
+  const fs::path policy_dir = fs::absolute(policy_path).parent_path();
+  return fs::absolute(model_dir)
+      .lexically_normal()
+      .lexically_relative(policy_dir.lexically_normal())
+      .string();
+}
+
+void refuse_if_it_cannot_fit(const MemoryPlan& plan) {
+  spdlog::info("calibration memory: {}", plan.describe());
+  if (plan.available_bytes && plan.device_peak_bytes() > *plan.available_bytes) {
+    throw InfeasibleFieldError(
+        "samples",
+        fmt::format("calibration needs about {} but only {} is available; lower {}, {} "
+                    "or {}, or use {} host",
+                    format_bytes(plan.device_peak_bytes()), format_bytes(*plan.available_bytes),
+                    field_ref("samples"), field_ref("seq_len"), field_ref("micro_batch"),
+                    field_ref("activations")));
+  }
+}
+
+// Says which levels the sequences cannot tell from full KV, and what the chosen rule does.
+void refuse_unmeasured_levels(const std::vector<int64_t>& blind, int64_t seq_len,
+                              Extrapolation rule) {
+  if (blind.empty()) return;
+  std::vector<std::string> names;
+  for (int64_t w : blind) names.push_back(format_tokens(w));
+  const std::string seq_len_name = option_spelling("seq_len"),
+                    extrapolate_name = option_spelling("extrapolate");
+  switch (rule) {
+    case Extrapolation::kNone:
+      throw_field_error(
+          "windows",
+          " levels {} are >= {} {}: calibration sequences that short cannot measure them; use {} "
+          "auto (or "
+          "longer than {}), drop them from {}, or choose a rule with {} power-law or as-full",
+          fmt::join(names, ","), field_ref("seq_len"), seq_len, field_ref("seq_len"),
+          format_tokens(blind.back()), field_ref("windows"), field_ref("extrapolate"));
+    case Extrapolation::kAsFull:
+      spdlog::warn(
+          "window levels {} are >= {} {}: not measured; {} as-full gives them full KV's distortion "
+          "(0): the "
+          "solver prefers them to full KV",
+          fmt::join(names, ","), seq_len_name, seq_len, extrapolate_name);
+      return;
+    case Extrapolation::kPowerLaw:
+      spdlog::warn(
+          "window levels {} are >= {} {}: not measured; {} {} reads each head's cost there off a "
+          "power law "
+          "fitted to its measured levels",
+          fmt::join(names, ","), seq_len_name, seq_len, extrapolate_name, extrapolation_name(rule));
+      return;
+  }
+}
+
+std::optional<ResumeCheckpoint> read_checkpoint(const fs::path& path,
+                                                const std::string& inputs_hash) {
+  std::error_code ec;
+  if (!fs::exists(path, ec)) {
+    spdlog::info("{}: no checkpoint at {}; starting from the beginning", option_spelling("resume"),
+                 path.string());
+    return std::nullopt;
+  }
+  const nlohmann::json j = read_json_file(path);
+  if (!j.is_object() || j.value("schema", "") != kCheckpointSchema ||
+      !j.contains("inputs_sha256") || !j.contains("state")) {
+    throw_input_error(
+        "{}: not a headwise calibration checkpoint (schema {}); delete it and rerun without {}",
+        path.string(), kCheckpointSchema, option_spelling("resume"));
+  }
+  const std::string recorded =
+      j["inputs_sha256"].is_string() ? j["inputs_sha256"].get<std::string>() : "";
+  if (recorded != inputs_hash) {
+    throw_input_error(
+        "{}: checkpoint was written for different inputs (inputs_sha256 {} here, {} now: model, "
+        "calibration data, options or tool version changed); rerun without {} to start over",
+        path.string(), recorded.substr(0, 12), inputs_hash.substr(0, 12),
+        option_spelling("resume"));
+  }
+  return resume_checkpoint_from_json(j["state"], path.string());
+}
+
+// Distributed: rank 0 reads (and checks) the checkpoint and sends it to the others, so the
+// ranks need not share a file system.
+std::optional<ResumeCheckpoint> shared_checkpoint(dist::Collective& world, const fs::path& path,
+                                                  const std::string& inputs_hash) {
+  if (world.world_size() == 1) return read_checkpoint(path, inputs_hash);
+  std::optional<ResumeCheckpoint> state;
+  if (world.rank() == 0) state = read_checkpoint(path, inputs_hash);
+  const std::string text = world.all_gather(
+      state ? resume_checkpoint_to_json(*state).dump() : std::string(), "the resume checkpoint")[0];
+  if (world.rank() == 0 || text.empty()) return state;
+  return resume_checkpoint_from_json(nlohmann::json::parse(text),
+                                     "rank 0's checkpoint " + path.string());
+}
+
+// Ranks that were given other flags or files would measure different things and deadlock or,
+// worse, agree on a policy nobody asked for.
+void refuse_ranks_with_other_inputs(dist::Collective& world, const std::string& inputs_hash) {
+  if (world.world_size() == 1) return;
+  const auto hashes = world.all_gather(inputs_hash, "the job's inputs");
+  for (size_t r = 1; r < hashes.size(); ++r) {
+    if (hashes[r] != hashes[0]) {
+      throw_input_error(
+          "rank {} was started with other inputs than rank 0 (inputs_sha256 {} against {}): every "
+          "rank "
+          "needs the same flags, model and calibration data",
+          r, hashes[r].substr(0, 12), hashes[0].substr(0, 12));
+    }
+  }
+}
+
+// `--device cuda` on rank r of a node is cuda:<LOCAL_RANK>, as torchrun's processes expect.
+std::string rank_device(const std::string& device, const dist::Collective& world, int local_rank) {
+  if (world.world_size() > 1 && device == "cuda") return fmt::format("cuda:{}", local_rank);
+  return device;
+}
+
+// The default micro-batch is every sequence at once; distributed, each rank's share.
+int64_t effective_micro_batch(int64_t requested, int64_t sequences, const dist::Collective& world) {
+  if (requested > 0) return requested;
+  return std::max<int64_t>(1, sequences / world.world_size());
+}
+
+// The label a library parser (dtype, context guard) puts in its messages for `field`.
+template <typename Parse>
+auto parse_field(std::string_view field, Parse&& parse) {
+  try {
+    return parse(field_ref(field));
+  } catch (const FieldError&) {
+    throw;
+  } catch (const InputError& e) {
+    throw FieldError(std::string(field), e.what());
+  }
+}
+
+}  // namespace
+
+ActivationPlacement parse_activation_placement(const std::string& text) {
+  if (text == "auto") return ActivationPlacement::kAuto;
+  if (text == "device") return ActivationPlacement::kDevice;
+  if (text == "host") return ActivationPlacement::kHost;
+  throw_field_error("activations", ": '{}' is not one of auto, device, host", text);
+}
+
+int64_t auto_calibration_length(const std::vector<int64_t>& levels, int64_t context) {
+  int64_t largest = 0;
+  for (int64_t w : levels) {
+    if (w != kFullWindow && w < context) largest = std::max(largest, w);
+  }
+  const int64_t wanted = (largest + largest / 4 + 1023) / 1024 * 1024;
+  return std::min(context, std::max<int64_t>(2048, wanted));
+}
+
+std::vector<int64_t> unmeasured_levels(const std::vector<int64_t>& levels, int64_t seq_len,
+                                       int64_t context) {
+  std::vector<int64_t> blind;
+  for (int64_t w : levels) {
+    if (w != kFullWindow && w >= seq_len && w < context) blind.push_back(w);
+  }
+  return blind;
+}
+
+fs::path checkpoint_path_for(const fs::path& output) {
+  return fs::path(output.string() + ".ckpt.json");
+}
+
+struct CalibrationJob::State {
+  CalibrationOptions options;
+  fs::path output;
+  fs::path dir;
+  arch::ModelSpec spec;
+  memory::MemoryOptions mem;
+  int64_t fixed = 0;
+  int64_t seq_len = 0;
+  std::vector<int64_t> unmeasured;
+  CalibrationData data;
+  policy::ModelFingerprint fingerprint;
+  std::string model_path;
+  std::string inputs_hash;
+  std::optional<std::string>
+      context_warning;  // the context exceeds the config's max_position_embeddings
+};
+
+namespace {
+
+const char* keep_rules_name(bool h2o) {
+  return h2o ? "window,h2o" : "window";
+}
+
+// How the span measures check the cross-layer re-solve (SeqCalibOptions::resolve_by_rewalk).
+const char* re_solve_name(bool by_rewalk) {
+  return by_rewalk ? "rewalk" : "span";
+}
+
+void check_measure_options(const CalibrationOptions& o) {
+  const MeasureTraits& measure = measure_traits(o.distortion);
+  if (o.validate_measure && !measure.can_validate) {
+    throw_field_error("validate_measure",
+                      " checks {} answer-grad, answer-tv-span or answer-kl-span against the exact "
+                      "measure; got {} {}",
+                      field_ref("distortion"), field_ref("distortion"),
+                      distortion_measure_name(o.distortion));
+  }
+  if (o.span_margin < 0)
+    throw_field_error("span_margin", " must not be negative, got {}", o.span_margin);
+  if (o.h2o_keep_rules && !measure.scores_answers) {
+    throw_field_error("keep_rules",
+                      " window,h2o: the rules are measured at the answers; use an answer measure "
+                      "({} answer-tv or "
+                      "answer-kl), not {}",
+                      field_ref("distortion"), distortion_measure_name(o.distortion));
+  }
+  if (o.prefill_chunk <= 0)
+    throw_field_error("prefill_chunk", " must be positive, got {}", o.prefill_chunk);
+}
+
+// Feasibility before any heavy work: fixed bytes plus the smallest level everywhere.
+void refuse_budget_below_minimum(const arch::ModelSpec& spec, const memory::MemoryOptions& mem,
+                                 int64_t fixed, const CalibrationOptions& o) {
+  int64_t minimum = fixed;
+  for (int64_t id : spec.global_layer_ids()) {
+    const auto& att = *spec.layer(id).attention;
+    minimum += att.num_kv_heads * memory::head_bytes(att, o.windows.levels.front(), mem);
+  }
+  if (o.budget >= minimum) return;
+  throw InfeasibleFieldError(
+      "budget", fmt::format("{} {} is below the minimum {} ({} bytes: {} fixed for non-global "
+                            "layers + every global KV "
+                            "head at {} tokens) at context {}",
+                            field_ref("budget"), format_bytes(o.budget), format_bytes(minimum),
+                            minimum, format_bytes(fixed), o.windows.levels.front(), mem.context));
+}
+
+}  // namespace
+
+CalibrationJob::CalibrationJob(const CalibrationOptions& options, const fs::path& output)
+    : state_(new State) {
+  State& s = *state_;
+  const CalibrationOptions& o = options;
+  s.options = options;
+  s.output = output;
+  s.dir = io::resolve_model_dir(o.model);
+  s.spec = arch::load_model_spec(s.dir);
+
+  s.mem.context = o.context;
+  if (o.context > 0) {  // else validate_options names it
+    s.context_warning = arch::check_context(s.spec, s.mem.context, option_spelling("context"),
+                                            (s.dir / "config.json").string());
+  }
+  if (s.context_warning) spdlog::warn("{}", *s.context_warning);
+  s.mem.batch = o.batch;
+  s.mem.block_size = o.block_size;
+  s.mem.sink_tokens = o.sink_tokens;
+  s.mem.kv_dtype = o.kv_dtype.value_or(s.spec.dtype);
+  s.mem.state_dtype = o.state_dtype;
+  memory::validate_options(s.mem);
+  HEADWISE_CHECK(!o.windows.levels.empty(), "an empty window ladder");
+  s.seq_len = o.seq_len ? *o.seq_len : auto_calibration_length(o.windows.levels, s.mem.context);
+  if (s.seq_len <= 0) throw_field_error("seq_len", ": '{}' must be positive", s.seq_len);
+  check_measure_options(o);
+  s.unmeasured = unmeasured_levels(o.windows.levels, s.seq_len, s.mem.context);
+  refuse_unmeasured_levels(s.unmeasured, s.seq_len, o.extrapolate);
+  if (o.samples <= 0) throw_field_error("samples", " must be positive, got {}", o.samples);
+  s.fixed = memory::fixed_bytes(s.spec, s.mem);
+  refuse_budget_below_minimum(s.spec, s.mem, s.fixed, o);
+  s.data = load_calibration_data(o.calib, s.dir, s.spec.vocab_size, o.samples, s.seq_len, o.seed);
+  s.fingerprint = policy::fingerprint_model(s.dir);
+  s.model_path = model_path_for(s.dir, output);
+
+  // Everything that can change a byte of the policy. Activation placement is left out: it
+  // only moves the same tensors between device and host memory.
+  nlohmann::json inputs = {
+      {"tool", fmt::format("headwise-calc {}", HEADWISE_VERSION)},
+      {"calibration_revision", kCalibrationRevision},
+      {"model_config_sha256", s.fingerprint.config_sha256},
+      {"model_weights_headers_sha256", s.fingerprint.weights_headers_sha256.value_or("")},
+      {"model_path", s.model_path},
+      {"dataset", s.data.description},
+      {"dataset_sha256", s.data.sha256},
+      {"context", s.mem.context},
+      {"budget_bytes", o.budget},
+      {"windows", o.windows.levels},
+      {"samples", static_cast<int64_t>(s.data.sequences.size())},
+      {"seq_len", s.seq_len},
+      {"block_size", s.mem.block_size},
+      {"batch", s.mem.batch},
+      {"sink_tokens", s.mem.sink_tokens},
+      {"kv_dtype", std::string(dtype_name(s.mem.kv_dtype))},
+      {"seed", o.seed},
+      {"device", o.device},
+      {"dtype", o.dtype},
+      {"micro_batch", o.micro_batch},
+      {"probe_samples", o.probe_samples},
+      {"attention_chunk", o.attention_chunk},
+      {"conditioned", !o.no_conditioning},
+      {"distortion", distortion_measure_name(o.distortion)},
+      {"joint_heads", !o.independent_heads},
+      {"extrapolate", extrapolation_name(o.extrapolate)},
+  };
+  if (measure_traits(o.distortion).runs_on_span) {
+    inputs["span_margin"] = o.span_margin;
+    inputs["re_solve"] = re_solve_name(o.resolve_by_rewalk);
+  }
+  // Only when not native, so that policies made before --state-dtype keep the hash they were made
+  // with.
+  if (s.mem.state_dtype) inputs["state_dtype"] = std::string(dtype_name(*s.mem.state_dtype));
+  // Only when chosen, so that window-only policies keep the hash they were made with.
+  if (o.h2o_keep_rules) {
+    inputs["keep_rules"] = keep_rules_name(o.h2o_keep_rules);
+    inputs["prefill_chunk"] = o.prefill_chunk;
+  }
+  s.inputs_hash = sha256_hex(inputs.dump());
+}
+
+CalibrationJob::~CalibrationJob() = default;
+
+const std::string& CalibrationJob::inputs_hash() const {
+  return state_->inputs_hash;
+}
+
+CalibrationOutcome CalibrationJob::run(const RunControl& control) {
+  const State& s = *state_;
+  const CalibrationOptions& r = s.options;
+  dist::Collective& world =
+      control.collective != nullptr ? *control.collective : dist::single_process();
+  refuse_ranks_with_other_inputs(world, s.inputs_hash);
+  const bool writer = world.rank() == 0;
+  const auto sequences = static_cast<int64_t>(s.data.sequences.size());
+  const int64_t micro_batch = effective_micro_batch(r.micro_batch, sequences, world);
+  const auto local_sequences = static_cast<int64_t>(
+      dist::shard_sequences(s.data.sequences.size(), micro_batch, world.rank(), world.world_size())
+          .size());
+  std::optional<ResumeCheckpoint> resume;
+  if (control.resume && !control.checkpoint.empty())
+    resume = shared_checkpoint(world, control.checkpoint, s.inputs_hash);
+  if (writer && !control.resume && !control.checkpoint.empty() && fs::exists(control.checkpoint)) {
+    spdlog::warn("{} exists and will be replaced: pass {} to continue that run instead",
+                 control.checkpoint.string(), option_spelling("resume"));
+  }
+
+  arch::ModelOptions model_options;
+  model_options.device = rank_device(r.device, world, control.local_rank);
+  model_options.attention_chunk = r.attention_chunk;
+  if (!r.dtype.empty()) {
+    model_options.compute_dtype =
+        parse_field("dtype", [&](const std::string& label) { return parse_dtype(r.dtype, label); });
+  }
+  const int64_t rss_before_model = current_rss_bytes();
+  auto model = arch::load_model(s.dir, model_options);
+
+  CalibrationShape shape{local_sequences,
+                         s.seq_len,
+                         micro_batch,
+                         r.attention_chunk,
+                         static_cast<int64_t>(r.windows.size()),
+                         static_cast<int64_t>(c10::elementSize(model->dtype()))};
+  shape.answer_span = measure_traits(r.distortion).runs_on_span;
+  if (!r.no_conditioning) shape.stream_checkpoint_limit_bytes = kStreamCheckpointLimitBytes;
+  const bool cpu = model->device().is_cpu();
+  const MemoryPlan plan = plan_calibration_memory(
+      s.spec, model->checkpoint(), shape, cpu || r.activations != ActivationPlacement::kHost,
+      cpu ? available_host_bytes() : free_device_bytes(model->device()));
+  refuse_if_it_cannot_fit(plan);
+  nlohmann::json memory_plan = plan.to_json();
+  memory_plan["rss_before_model_bytes"] = rss_before_model;
+  spdlog::info(
+      "calibrating {} ({} layers, {} global) on {} sequences x {} tokens, ladder {}, budget {} ({} "
+      "fixed)",
+      s.dir.string(), s.spec.num_layers(), s.spec.global_layer_ids().size(),
+      s.data.sequences.size(), s.seq_len, r.windows.to_string(), format_bytes(r.budget),
+      format_bytes(s.fixed));
+
+  SeqCalibOptions options;
+  options.ladder = r.windows;
+  options.global_budget_bytes = r.budget - s.fixed;
+  options.sink_tokens = r.sink_tokens;
+  const memory::MemoryOptions mem = s.mem;
+  options.head_bytes = [mem](const arch::LayerSpec& layer, int64_t window) {
+    return memory::head_bytes(*layer.attention, window, mem);
+  };
+  options.micro_batch = micro_batch;
+  options.probe_samples = r.probe_samples;
+  options.measured_layer_resident = plan.measured_layer_resident;
+  options.conditioned = !r.no_conditioning;
+  options.measure = r.distortion;
+  options.answer_positions = s.data.answer_positions;
+  options.joint_heads = !r.independent_heads;
+  options.resolve_by_rewalk = r.resolve_by_rewalk;
+  options.span_margin = r.span_margin;
+  options.validate_measure = r.validate_measure;
+  options.unmeasured_levels = s.unmeasured;
+  options.extrapolation = r.extrapolate;
+  options.activations = r.activations;
+  options.resume = resume ? &*resume : nullptr;
+  options.collective = &world;
+  if (writer && !control.checkpoint.empty()) {
+    options.checkpoint = [&](const ResumeCheckpoint& state) {
+      const nlohmann::json j = {{"schema", kCheckpointSchema},
+                                {"inputs_sha256", s.inputs_hash},
+                                {"state", resume_checkpoint_to_json(state)}};
+      write_file_atomically(control.checkpoint, j.dump() + "\n");
+    };
+  }
+  // The answer-span measure's reference forward, on this rank's shard: SeqCalib and the keep-rules
+  // pass both measure with it.
+  std::unique_ptr<AnswerSpan> span;
+  std::vector<std::vector<int64_t>> shard_sequences, shard_answers;
+  if (measure_traits(r.distortion).runs_on_span) {
+    for (size_t i : dist::shard_sequences(s.data.sequences.size(), micro_batch, world.rank(),
+                                          world.world_size())) {
+      shard_sequences.push_back(s.data.sequences[i]);
+      shard_answers.push_back(s.data.answer_positions.at(i));
+    }
+    const AnswerSpanOptions so = answer_span_options(options);
+    spdlog::info("{}: full-KV reference and the answer span's caches ({} sequences)",
+                 distortion_measure_name(r.distortion), shard_sequences.size());
+    span = std::make_unique<AnswerSpan>(*model, shard_sequences, shard_answers, so, world);
+    options.span = span.get();
+  }
+  const SeqCalibResult result = run_seqcalib(*model, s.data.sequences, options);
+
+  CalibrationOutcome out;
+  policy::Policy& policy = out.policy;
+  policy.model_name = model_name_of(s.dir, s.spec);
+  policy.model_path = s.model_path;
+  policy.fingerprint = s.fingerprint;
+  policy.budget_gb = static_cast<double>(r.budget) / static_cast<double>(int64_t{1} << 30);
+  policy.context = s.mem.context;
+  policy.batch = s.mem.batch;
+  policy.dtype = s.mem.kv_dtype;
+  policy.state_dtype = s.mem.state_dtype;
+  policy.block_size = s.mem.block_size;
+  policy.sink_tokens = s.mem.sink_tokens;
+  policy.window_levels = r.windows.levels;
+  policy.calibration = {
+      {"tool", fmt::format("headwise-calc {}", HEADWISE_VERSION)},
+      {"method", options.conditioned ? "seqcalib" : "unconditioned"},
+      {"distortion_measure", measure_traits(r.distortion).provenance_name},
+      {"dataset", s.data.description},
+      {"dataset_sha256", s.data.sha256},
+      {"samples", static_cast<int64_t>(s.data.sequences.size())},
+      {"seq_len", s.seq_len},
+      {"seed", r.seed},
+      {"probe_samples",
+       effective_probe_samples(r.probe_samples, static_cast<int64_t>(s.data.sequences.size()))},
+      {"inputs_sha256", s.inputs_hash},
+  };
+  if (measure_traits(r.distortion).scores_answers) {
+    policy.calibration["answer_positions"] = s.data.answer_rule;
+    policy.calibration["heads"] = r.independent_heads ? "independent" : "joint";
+    if (span)
+      policy.calibration["answer_span"] = {{"first_position", span->span_begin()},
+                                           {"margin", r.span_margin},
+                                           {"re_solve", re_solve_name(r.resolve_by_rewalk)}};
+  }
+  if (s.context_warning) {
+    // Recorded so whoever deploys the policy sees it, not only whoever ran the calibration.
+    policy.calibration["context_beyond_max_position_embeddings"] =
+        arch::context_limit(s.spec).max_position_embeddings;
+  }
+  if (!s.unmeasured.empty()) {
+    policy.calibration["extrapolated_levels"] = s.unmeasured;
+    policy.calibration["extrapolation"] = extrapolation_name(r.extrapolate);
+  }
+  std::optional<KeepRuleResult> rules;
+  if (r.h2o_keep_rules) {
+    KeepRuleOptions ko;
+    ko.memory = s.mem;
+    ko.budget_bytes = r.budget;
+    ko.prefill_chunk = r.prefill_chunk;
+    ko.micro_batch = micro_batch;
+    ko.activations = options.activations;
+    ko.conditioned = options.conditioned;
+    ko.divergence = measure_traits(r.distortion).divergence;
+    ko.span = span.get();
+    rules = span ? choose_keep_rules(*model, shard_sequences, shard_answers, result.windows, ko)
+                 : choose_keep_rules(*model, s.data.sequences, s.data.answer_positions,
+                                     result.windows, ko);
+    policy.calibration["keep_rules"] = keep_rules_name(r.h2o_keep_rules);
+    policy.calibration["prefill_chunk"] = r.prefill_chunk;
+  }
+  for (const auto& [layer_id, windows] : result.windows) {
+    if (rules) {
+      policy.per_layer_policies.push_back({layer_id, rules->windows.at(layer_id),
+                                           result.expected_distortion.at(layer_id),
+                                           rules->rules.at(layer_id)});
+    } else {
+      policy.per_layer_policies.push_back(
+          {layer_id, windows, result.expected_distortion.at(layer_id), {}});
+    }
+  }
+  policy::fill_memory(policy, s.spec);
+  HEADWISE_CHECK(policy.memory.total_bytes <= r.budget, "policy total {} exceeds budget {}",
+                 policy.memory.total_bytes, r.budget);
+  out.policy_yaml = policy::to_yaml(policy);
+  out.seconds = result.total_seconds;
+
+  CalibrationRecord& record = out.record;
+  record.spec = s.spec;
+  record.ladder = r.windows;
+  record.context = s.mem.context;
+  record.budget_bytes = r.budget;
+  record.fixed_bytes = s.fixed;
+  record.result = result;
+  record.keep_rules = std::move(rules);
+  record.memory_plan = std::move(memory_plan);
+  record.world_size = world.world_size();
+  record.backend = world.backend();
+  record.micro_batch = micro_batch;
+  return out;
+}
+
+}  // namespace headwise::calib
