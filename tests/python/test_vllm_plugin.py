@@ -57,7 +57,8 @@ NEW_TOKENS = 8
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from checklist import Checklist  # noqa: E402
 from venv_reexec import reexec_in_venv  # noqa: E402
-from vllm_common import CPU_BLOCK_SIZE, is_hybrid, model_view, reference_logprobs, run, write_policy  # noqa: E402
+from vllm_common import (CPU_BLOCK_SIZE, is_hybrid, model_view, reference_logprobs, run,  # noqa: E402
+                         skip_without_vllm, write_policy)
 
 reexec_in_venv()
 os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")
@@ -72,11 +73,7 @@ try:
     from headwise_vllm import check, plan_layer, plan_model
     from headwise_vllm.plugin import PolicyRefused, register
 except ImportError as e:
-    if os.environ.get("HEADWISE_REQUIRE_VLLM") == "1":
-        print(f"FAIL vLLM environment required (HEADWISE_REQUIRE_VLLM=1) but not importable: {e}")
-        sys.exit(1)
-    print(f"SKIP: {e} (tools/setup.sh --vllm creates .venv-vllm)")
-    sys.exit(4)
+    skip_without_vllm(e)
 
 ok = Checklist()
 

@@ -47,18 +47,14 @@ REFUSE_TIMEOUT = 180  # seconds for a refused start to exit
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from checklist import Checklist  # noqa: E402
 from venv_reexec import reexec_in_venv  # noqa: E402
-from vllm_common import model_view, reference_logprobs, write_policy  # noqa: E402
+from vllm_common import model_view, reference_logprobs, skip_without_vllm, write_policy  # noqa: E402
 
 reexec_in_venv()
 try:
     import openai
     import vllm  # noqa: F401
 except ImportError as e:
-    if os.environ.get("HEADWISE_REQUIRE_VLLM") == "1":
-        print(f"FAIL vLLM environment required (HEADWISE_REQUIRE_VLLM=1) but not importable: {e}")
-        sys.exit(1)
-    print(f"SKIP: {e} (tools/setup.sh --vllm creates .venv-vllm)")
-    sys.exit(4)
+    skip_without_vllm(e)
 
 ok = Checklist()
 

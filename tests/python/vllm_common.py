@@ -5,6 +5,7 @@ import json
 import os
 import pathlib
 import subprocess
+import sys
 
 # The CPU backend's block size when none is asked (vLLM logs "Setting kv cache block size to 128");
 # the hybrids' attention block is aligned up from it to hold a state page.
@@ -61,3 +62,12 @@ def is_hybrid(fixture_dir) -> bool:
     """A gated-DeltaNet hybrid (linear_attention layers with recurrent states)."""
     config = json.loads((pathlib.Path(fixture_dir) / "config.json").read_text())
     return "linear_attention" in (config.get("layer_types") or [])
+
+
+def skip_without_vllm(error: ImportError):
+    """Without the vLLM environment: ctest's skip (exit 4), or a failure where CI requires it."""
+    if os.environ.get("HEADWISE_REQUIRE_VLLM") == "1":
+        print(f"FAIL vLLM environment required (HEADWISE_REQUIRE_VLLM=1) but not importable: {error}")
+        sys.exit(1)
+    print(f"SKIP: {error} (tools/setup.sh --vllm creates .venv-vllm)")
+    sys.exit(4)
