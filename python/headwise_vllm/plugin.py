@@ -56,7 +56,7 @@ def _served_architectures():
     return set(ARCHITECTURES) | set(WRAPPER_ARCHITECTURES)
 
 
-# (policy path, model path) pairs already checked in this process: vLLM resolves the
+# (policy path, its mtime, model path) already checked in this process: vLLM resolves the
 # architecture several times per engine.
 _checked: set = set()
 
@@ -65,7 +65,7 @@ def check_model(path: str, arch: str, model_config) -> None:
     """The policy against the model vLLM is about to build: its architecture, fingerprint, global
     layers and KV head counts. Raises PolicyError naming the file and field."""
     if arch not in _served_architectures():
-        why = (" (a multimodal wrapper: serve its text model, e.g. Qwen3_5ForCausalLM, with the policy)"
+        why = (" (a multimodal wrapper whose language model headwise_vllm does not build)"
                if arch.endswith("ForConditionalGeneration") else "")
         raise PolicyError(f"{ENV_POLICY}={path}: architecture {arch} is not one headwise_vllm serves "
                           f"({', '.join(sorted(_served_architectures()))}){why}; unset {ENV_POLICY} to "
