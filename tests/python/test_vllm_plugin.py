@@ -12,8 +12,9 @@ Run with .venv-vllm/bin/python (tools/setup.sh --vllm). Every engine runs in thi
      decoder's argmax; the policy changes the logits (> 1e-2 from full KV), so the comparison
      shows the windows. vLLM exposes log-probabilities, not raw logits; headwise's logits are
      compared after the same log-softmax.
-     The gated-DeltaNet hybrids (qwen3_next, qwen3_5 fixtures) run in bf16, the only dtype vLLM's
-     CPU gated-DeltaNet takes, against headwise's float32 decoder: on each prompt the stock engine
+     The gated-DeltaNet hybrids (qwen3_next, qwen3_5, qwen3_5_moe fixtures) run in bf16, the only
+     dtype vLLM's CPU gated-DeltaNet takes, against headwise's float32 decoder: on each prompt the
+     stock engine
      measures what bf16 alone costs (its max |diff| to the plain forward, the floor), vLLM under the
      policy must stay within max(1e-3, 2 x floor) of forward --policy with equal greedy tokens, and
      the policy must move the logits by more than twice that bound (so a wrong window fails).
@@ -89,7 +90,11 @@ POLICIES = {
     # has a three-head group, whose page vLLM pads to the common page
     "qwen3_next_vllm": {1: [64, 256, None, 64], 3: [256, None, None, 1024]},
     "qwen3_5_vllm": {1: [None, 64, 64, 256], 3: [64, 64, 1024, 64]},
+    "qwen3_5_moe_vllm": {1: [256, 64, None, 1024], 3: [None, 256, 64, None]},
 }
+# Prompt lengths per fixture where not PROMPTS: the MoE variant of Qwen3.5 shares every attention
+# and state path with qwen3_5_vllm (its class is what it adds), so one long prompt.
+FIXTURE_PROMPTS = {"qwen3_5_moe_vllm": (4000,)}
 
 
 def check_plan_unit():
@@ -264,7 +269,8 @@ def main():
             vocab = json.loads((fixture / "config.json").read_text())["vocab_size"]
             t0 = time.time()
             reports = []
-            for n in PROMPTS:
+            prompts = FIXTURE_PROMPTS.get(name, PROMPTS)
+            for n in prompts:
                 prompt = [rng.randrange(vocab) for _ in range(n)]
                 ids = tmp / f"{name}_{n}.json"
                 ids.write_text(json.dumps(prompt))
@@ -274,7 +280,7 @@ def main():
                     lp = tmp / f"{name}_{n}.none.logprobs.safetensors"
                     stock = check.run(engine_args(view, "none", ids, dtype, lp))
                     floor = max(logprob_diffs(args.cli, fixture, prompt, stock, lp, tmp)[:2])
-                    if n == PROMPTS[0]:
+                    if n == prompts[0]:
                         check_bytes(args.cli, f"{name} without a policy", stock,
                                     mem_estimate(args.cli, stock, "--full-kv", "--model", fixture))
                 lp = tmp / f"{name}_{n}.logprobs.safetensors"
