@@ -447,16 +447,26 @@ HeadScores retrieval_scores(arch::DecoderModel& model, const std::vector<EvalSam
   return sum;
 }
 
-std::vector<MethodWindows> build_methods(arch::DecoderModel& model, const BaselineInputs& in,
-                                         const std::vector<std::string>& names,
-                                         const std::vector<EvalSample>& calibration,
-                                         BaselineCache* cache) {
+void require_known_baseline(const std::string& name) {
+  const auto& known = baseline_names();
+  if (std::find(known.begin(), known.end(), name) != known.end()) return;
+  throw_field_error("baselines", " {}: unknown baseline (have: {}){}", name, fmt::join(known, ", "),
+                    name == "pyramid"
+                        ? "; `pyramid` is now `pyramid-windows` (PyramidKV itself is `pyramidkv`)"
+                        : "");
+}
+
+MethodWindows build_method(arch::DecoderModel& model, const BaselineInputs& in,
+                           const std::string& name, const std::vector<EvalSample>& calibration,
+                           BaselineCache* cache) {
+  if (name == "headwise") return policy_method(name, in.policy);
+  require_known_baseline(name);
   BaselineCache local;
   BaselineCache& memo = cache != nullptr ? *cache : local;
   const auto& spec = model.spec();
   const int64_t budget = budget_of(spec, in);
   // One method; a baseline whose smallest configuration exceeds the bytes throws InfeasibleError.
-  const auto build_one = [&](const std::string& name) -> MethodWindows {
+  const auto build_one = [&]() -> MethodWindows {
     memory::HeadWindows w;
     nlohmann::json details = nlohmann::json::object();
     if (const auto eviction = eviction_baseline(name)) {
@@ -541,30 +551,20 @@ std::vector<MethodWindows> build_methods(arch::DecoderModel& model, const Baseli
            "data "
            "differs from the policy's; pass --unconditioned-policy for the exact ablation)"}};
     } else {
-      std::string have;
-      for (const auto& n : baseline_names()) have += (have.empty() ? "" : ", ") + n;
-      throw_field_error(
-          "baselines", " {}: unknown baseline (have: {}){}", name, have,
-          name == "pyramid"
-              ? "; `pyramid` is now `pyramid-windows` (PyramidKV itself is `pyramidkv`)"
-              : "");
+      HEADWISE_CHECK(false, "eval: baseline {} is in baseline_names() but has no builder", name);
     }
     return MethodWindows{name, std::move(w), std::move(details)};
   };
-  std::vector<MethodWindows> out{policy_method("headwise", in.policy)};
-  for (const auto& name : names) {
-    try {
-      out.push_back(build_one(name));
-    } catch (const InfeasibleError& e) {
-      // Not run, and said so: the other methods still compare at these bytes.
-      MethodWindows m{name, {}};
-      m.does_not_fit = e.what();
-      m.details = {{"does_not_fit", e.what()}};
-      spdlog::warn("eval: {} is not run: {}", name, e.what());
-      out.push_back(std::move(m));
-    }
+  try {
+    return build_one();
+  } catch (const InfeasibleError& e) {
+    // Not run, and said so: the other methods still compare at these bytes.
+    MethodWindows m{name, {}};
+    m.does_not_fit = e.what();
+    m.details = {{"does_not_fit", e.what()}};
+    spdlog::warn("eval: {} is not run: {}", name, e.what());
+    return m;
   }
-  return out;
 }
 
 }  // namespace headwise::eval
