@@ -9,10 +9,10 @@
 
 #include "headwise/arch/attention.hpp"
 #include "headwise/arch/visible_keys.hpp"
-#include "headwise/calib/seqcalib.hpp"
 #include "headwise/core/error.hpp"
 #include "headwise/eval/duo_attention.hpp"
 #include "headwise/eval/eval.hpp"
+#include "unconditioned.hpp"
 
 namespace headwise::eval {
 namespace {
@@ -115,42 +115,6 @@ int64_t budget_of(const arch::ModelSpec& spec, const BaselineInputs& in) {
       memory::estimate(spec, windows, in.options, in.policy.selecting_layers())
           .components.selection_state_bytes;
   return global_kv_bytes(spec, windows, in.options) + bookkeeping;
-}
-
-memory::HeadWindows unconditioned(arch::DecoderModel& model, const BaselineInputs& in,
-                                  const std::vector<EvalSample>& calibration) {
-  size_t len = std::numeric_limits<size_t>::max();
-  for (const auto& s : calibration) len = std::min(len, s.prompt.size() + s.answer.size());
-  std::vector<std::vector<int64_t>> sequences;
-  for (const auto& s : calibration) {
-    std::vector<int64_t> seq = s.prompt;
-    seq.insert(seq.end(), s.answer.begin(), s.answer.end());
-    // Keep the end (the query and its answer): cut from the front.
-    sequences.emplace_back(seq.end() - static_cast<std::ptrdiff_t>(len), seq.end());
-  }
-  calib::SeqCalibOptions o;
-  // The ablation of the policy: the same measure, only the conditioning removed. The answer of
-  // each sample (cut to the common length from the front) is what answer-kl scores.
-  if (const std::string measure = in.policy.calibration.value("distortion_measure", "");
-      measure == "answer-kl" || measure == "answer-tv" || measure == "answer-grad") {
-    o.measure = calib::parse_distortion_measure(measure);
-    for (const auto& s : calibration) {
-      std::vector<int64_t> positions;
-      for (int64_t i : generated_answer_indices(s)) {
-        positions.push_back(static_cast<int64_t>(len - s.answer.size()) + i - 1);
-      }
-      o.answer_positions.push_back(std::move(positions));
-    }
-  }
-  o.ladder.levels = in.policy.window_levels;
-  o.global_budget_bytes = budget_of(model.spec(), in);
-  o.sink_tokens = in.options.sink_tokens;
-  const memory::MemoryOptions mem = in.options;
-  o.head_bytes = [mem](const arch::LayerSpec& layer, int64_t window) {
-    return memory::head_bytes(*layer.attention, window, mem);
-  };
-  o.conditioned = false;
-  return calib::run_seqcalib(model, sequences, o).windows;
 }
 
 // How an eviction method divides the bytes among heads.
@@ -370,38 +334,6 @@ MethodWindows policy_method(const std::string& name, const policy::Policy& polic
   return m;
 }
 
-void check_unconditioned_ablation(const policy::Policy& policy, const policy::Policy& ablation,
-                                  const std::string& where) {
-  const std::string method = ablation.calibration.value("method", "");
-  if (method != "unconditioned") {
-    throw_field_error("unconditioned_policy",
-                      " {}: calibration.method is '{}', not 'unconditioned' (calibrate it with {})",
-                      where, method, field_ref("no_conditioning"));
-  }
-  const auto differs = [&](const char* field) {
-    throw_field_error(
-        "unconditioned_policy",
-        " {}: {} differs from {}'s; it must be the same calibration with only {} added", where,
-        field, field_ref("policy"), field_ref("no_conditioning"));
-  };
-  if (ablation.window_levels != policy.window_levels) differs("window_levels");
-  if (ablation.context != policy.context) differs("context");
-  if (ablation.batch != policy.batch) differs("batch");
-  if (ablation.dtype != policy.dtype) differs("dtype");
-  if (ablation.state_dtype != policy.state_dtype) differs("state_dtype");
-  if (ablation.block_size != policy.block_size) differs("block_size");
-  if (ablation.sink_tokens != policy.sink_tokens) differs("sink_tokens");
-  if (ablation.budget_gb != policy.budget_gb) differs("budget_gb");
-  for (const char* key : {"dataset_sha256", "samples", "seq_len", "seed", "distortion_measure",
-                          "heads", "probe_samples"}) {
-    const auto a = ablation.calibration.find(key);
-    const auto p = policy.calibration.find(key);
-    const bool in_a = a != ablation.calibration.end();
-    const bool in_p = p != policy.calibration.end();
-    if (in_a != in_p || (in_a && *a != *p)) differs((std::string("calibration.") + key).c_str());
-  }
-}
-
 const std::vector<std::string>& method_names() {
   static const std::vector<std::string> names{
       "headwise", "full", "uniform", "streamingllm", "pyramid-windows", "retrieval-score", "duo",
@@ -544,12 +476,13 @@ MethodWindows build_method(arch::DecoderModel& model, const BaselineInputs& in,
           in.unconditioned_policy->calibration.value("dataset_sha256", "");
       return ablation;
     } else if (name == "unconditioned") {
-      w = unconditioned(model, in, calibration);
+      w = calibrate_unconditioned(model, in, calibration, budget);
       details = {
           {"source",
            "calibrated in eval without conditioning on the eval tasks' calibration samples (its "
            "data "
-           "differs from the policy's; pass --unconditioned-policy for the exact ablation)"}};
+           "differs from the policy's; pass --unconditioned-policy for the exact ablation)"},
+          {"distortion_measure", calib::distortion_measure_name(calibrated_measure(in.policy))}};
     } else {
       HEADWISE_CHECK(false, "eval: baseline {} is in baseline_names() but has no builder", name);
     }
