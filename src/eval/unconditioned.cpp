@@ -60,9 +60,10 @@ memory::HeadWindows calibrate_unconditioned(arch::DecoderModel& model, const Bas
   CalibrationSequences data = calibration_sequences(calibration);
   calib::SeqCalibOptions o;
   // The ablation of the policy: its own measure (the default answer-tv-span as much as
-  // answer-kl), only the conditioning removed; an answer measure scores each sample's answer.
+  // answer-kl), only the conditioning removed. The answer measures score each sample's answer
+  // there; block-mse does not read the positions (as in `calibrate`, which always passes them).
   o.measure = calibrated_measure(in.policy);
-  if (calib::answer_aware(o.measure)) o.answer_positions = std::move(data.answer_positions);
+  o.answer_positions = std::move(data.answer_positions);
   o.ladder.levels = in.policy.window_levels;
   o.global_budget_bytes = budget;
   o.sink_tokens = in.options.sink_tokens;
