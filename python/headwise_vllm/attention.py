@@ -68,20 +68,28 @@ class HeadwiseSplitAttention(nn.Module):
         return torch.cat(outputs, dim=-1)
 
 
+def query_rows_per_head(parent: nn.Module, head_size: int) -> int:
+    """Rows of qkv_proj's query part per query head. Qwen3-Next/Qwen3.5's gated attention
+    (attn_output_gate) stores each head's query and output gate together, [q_h; gate_h], so a
+    head's rows move as one block of 2 x head_size and the gate follows its head."""
+    return 2 * head_size if getattr(parent, "attn_output_gate", False) else head_size
+
+
 def permute_layer_weights(parent: nn.Module, split: HeadwiseSplitAttention) -> None:
     """Reorders the checkpoint's heads so each window group is contiguous: q/k/v rows of the fused
-    qkv_proj (weight and bias), o_proj's input columns, and the sink logits. The model computes the
-    same function; only the head order changes."""
+    qkv_proj (weight and bias; a gated query's gate rows with it), o_proj's input columns, and the
+    sink logits. The model computes the same function; only the head order changes."""
     plan = split.plan
     H, KV = split.num_heads, split.num_kv_heads
     D, Dv = split.head_size, split.head_size_v
+    Dq = query_rows_per_head(parent, D)
     kv_perm = torch.tensor(plan.permutation, dtype=torch.long)
     q_perm = torch.tensor(plan.query_permutation(H), dtype=torch.long)
 
     def rows(heads: torch.Tensor, width: int, offset: int) -> torch.Tensor:
         return offset + (heads[:, None] * width + torch.arange(width)).reshape(-1)
 
-    qkv_rows = torch.cat([rows(q_perm, D, 0), rows(kv_perm, D, H * D), rows(kv_perm, Dv, H * D + KV * D)])
+    qkv_rows = torch.cat([rows(q_perm, Dq, 0), rows(kv_perm, D, H * Dq), rows(kv_perm, Dv, H * Dq + KV * D)])
     qkv, o_proj = parent.qkv_proj, parent.o_proj
     with torch.no_grad():
         for name in ("weight", "bias"):

@@ -132,6 +132,9 @@ def kv_cache_report(llm) -> dict:
         "block_size": vllm_config.cache_config.block_size,
         "max_num_batched_tokens": vllm_config.scheduler_config.max_num_batched_tokens,
         "kv_cache_dtype": str(vllm_config.cache_config.cache_dtype),
+        # The state dtypes vLLM resolved (the CPU backend resets the SSM state to float32).
+        "mamba_cache_dtype": str(vllm_config.cache_config.mamba_cache_dtype),
+        "mamba_ssm_cache_dtype": str(vllm_config.cache_config.mamba_ssm_cache_dtype),
         "model_dtype": str(vllm_config.model_config.dtype).replace("torch.", ""),
     }
 
@@ -190,9 +193,10 @@ def preflight(policy, model_dir: str) -> None:
     plan_model(policy, config.get_text_config(decoder=True), model_dir)
 
 
-def start_engine(args, log_stats: bool = False):
+def start_engine(args, log_stats: bool = False, **engine_kwargs):
     """vLLM's LLM for args.model under args.policy (`none`: without), in this process;
-    log_stats: vLLM's per-request timestamps in each output's metrics."""
+    log_stats: vLLM's per-request timestamps in each output's metrics and its scheduler stats;
+    engine_kwargs: more of vLLM's engine arguments (e.g. kv_cache_memory_bytes)."""
     if args.policy == "none":
         os.environ.pop(ENV_POLICY, None)
     else:
@@ -215,7 +219,7 @@ def start_engine(args, log_stats: bool = False):
         kwargs["max_num_batched_tokens"] = args.max_num_batched_tokens
     if args.logprobs_out:
         kwargs["max_logprobs"] = -1
-    return LLM(**kwargs)
+    return LLM(**kwargs, **engine_kwargs)
 
 
 def close_engine(llm) -> None:

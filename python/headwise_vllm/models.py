@@ -157,28 +157,32 @@ class HeadwiseServing:
         return loaded
 
 
-def _served(base_module: str, base_name: str):
+def _served(base_module: str, base_name: str, attention_module: str):
     base = getattr(importlib.import_module(base_module), base_name)
-    cls = type(f"Headwise{base_name}", (HeadwiseServing, base), {"_vllm_module": base_module,
+    cls = type(f"Headwise{base_name}", (HeadwiseServing, base), {"_vllm_module": attention_module,
                                                                    "__module__": __name__})
     return cls
 
 
-# Architecture name (config.json "architectures") -> the served class, imported lazily by vLLM
-# (ModelRegistry string form "headwise_vllm.models:<name>").
+_MODELS = "vllm.model_executor.models."
+# Architecture name (config.json "architectures") -> (module of the stock class, its name, the
+# module whose `Attention` the model's attention layers call: Qwen3.5 builds Qwen3-Next's).
 ARCHITECTURES = {
-    "Gemma3ForCausalLM": ("vllm.model_executor.models.gemma3", "Gemma3ForCausalLM"),
-    "Qwen3ForCausalLM": ("vllm.model_executor.models.qwen3", "Qwen3ForCausalLM"),
-    "LlamaForCausalLM": ("vllm.model_executor.models.llama", "LlamaForCausalLM"),
-    "GptOssForCausalLM": ("vllm.model_executor.models.gpt_oss", "GptOssForCausalLM"),
+    "Gemma3ForCausalLM": (_MODELS + "gemma3", "Gemma3ForCausalLM", _MODELS + "gemma3"),
+    "Qwen3ForCausalLM": (_MODELS + "qwen3", "Qwen3ForCausalLM", _MODELS + "qwen3"),
+    "LlamaForCausalLM": (_MODELS + "llama", "LlamaForCausalLM", _MODELS + "llama"),
+    "GptOssForCausalLM": (_MODELS + "gpt_oss", "GptOssForCausalLM", _MODELS + "gpt_oss"),
+    "Qwen3NextForCausalLM": (_MODELS + "qwen3_next", "Qwen3NextForCausalLM", _MODELS + "qwen3_next"),
+    "Qwen3_5ForCausalLM": (_MODELS + "qwen3_5", "Qwen3_5ForCausalLM", _MODELS + "qwen3_next"),
+    "Qwen3_5MoeForCausalLM": (_MODELS + "qwen3_5", "Qwen3_5MoeForCausalLM", _MODELS + "qwen3_next"),
 }
 
 
 def __getattr__(name: str):
     # headwise_vllm.models:HeadwiseGemma3ForCausalLM etc., built on first use.
-    for arch, (module, base_name) in ARCHITECTURES.items():
+    for arch, (module, base_name, attention_module) in ARCHITECTURES.items():
         if name == f"Headwise{base_name}":
-            cls = _served(module, base_name)
+            cls = _served(module, base_name, attention_module)
             globals()[name] = cls
             return cls
     raise AttributeError(name)

@@ -14,11 +14,10 @@ from typing import Optional
 
 from headwise_hf.policy import FULL, Policy, PolicyError, config_sha256
 
-# Families the plugin serves: HF model_type -> the text config's layer kinds come from layer_types
-# (absent: every layer global).
-SERVED_MODEL_TYPES = ("gemma3_text", "qwen3", "llama", "gpt_oss")
-# Hybrids with gated DeltaNet: headwise calibrates them, this plugin does not serve them (docs/deploy.md).
-UNSERVED_HYBRIDS = ("qwen3_next", "qwen3_5_text", "qwen3_5_moe_text")
+# Families the plugin serves (HF model_type of the text config). The layer kinds come from
+# layer_types (absent: every layer global); in the gated-DeltaNet hybrids (qwen3_next, qwen3_5*)
+# only the full_attention layers have a KV cache, the linear_attention layers keep their states.
+SERVED_MODEL_TYPES = ("gemma3_text", "qwen3", "llama", "gpt_oss", "qwen3_next", "qwen3_5_text", "qwen3_5_moe_text")
 
 ENV_POLICY = "HEADWISE_POLICY"
 
@@ -96,10 +95,6 @@ def plan_model(policy: Policy, text_config, model_dir: Optional[str]) -> dict[in
     """Checks the policy against the model vLLM is loading and plans every global layer."""
     check_servable(policy)
     model_type = getattr(text_config, "model_type", "")
-    if model_type in UNSERVED_HYBRIDS:
-        raise PolicyError(f"{policy.path}: {model_type}: headwise_vllm does not serve gated-DeltaNet hybrids "
-                          "(docs/deploy.md: vLLM's CPU path loads no shipped headwise model of this family); serve "
-                          "this policy with headwise's runtime decoder or python/headwise_hf")
     if model_type not in SERVED_MODEL_TYPES:
         raise PolicyError(f"{policy.path}: model_type {model_type!r} is not a family headwise_vllm serves "
                           f"({', '.join(SERVED_MODEL_TYPES)})")

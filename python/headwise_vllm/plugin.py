@@ -3,23 +3,49 @@
 vLLM calls register() in every process it starts. Without HEADWISE_POLICY it does nothing: vLLM
 runs unchanged. With HEADWISE_POLICY=path/to/policy.yaml it reads the policy, refuses what vLLM
 cannot serve (h2o keep rules, sink tokens) before anything loads, and installs: the served
-classes of models.py registered under the stock architecture names, so `vllm serve` / `LLM(...)`
-build them, and a check that refuses any other architecture while a policy is set (serving it
-without the policy would be silent). The served classes read HEADWISE_POLICY when a model is
-built; with it unset they are the stock classes, so one process may start engines with and
-without a policy (headwise_vllm.check does).
+classes of models.py registered under the stock architecture names, so the server and `LLM(...)`
+build them, and a check, run where vLLM resolves the model's architecture (in the server's own
+process, before the engine starts), that refuses any other architecture while a policy is set
+(serving it without the policy would be silent) and a policy whose model, layers or head counts
+are not this model's. A refusal stops the process with one line naming the policy file and its
+field (PolicyRefused), not a trace through vLLM's start-up. The served classes read
+HEADWISE_POLICY when a model is built; with it unset they are the stock classes, so one process
+may start engines with and without a policy (headwise_vllm.check does).
 """
 from __future__ import annotations
 
 import functools
 import os
 
-from headwise_hf.policy import read_policy
+from headwise_hf.policy import PolicyError, read_policy
 
-from .plan import ENV_POLICY, check_servable
+from .plan import ENV_POLICY, check_servable, plan_model
 
 # Multimodal wrappers whose language model vLLM resolves through the registry to a served class.
 WRAPPER_ARCHITECTURES = ("Gemma3ForConditionalGeneration",)
+
+
+class PolicyRefused(SystemExit):
+    """HEADWISE_POLICY names a policy vLLM cannot serve here. A SystemExit: uncaught, Python prints
+    the one-line message and exits with status 1, before any weights load; vLLM's start-up code
+    catches Exception in places and would otherwise print a trace several screens long."""
+
+    def __init__(self, error: PolicyError):
+        super().__init__(f"headwise_vllm: {error}")
+        self.error = error
+
+
+def refuse_on_error(fn):
+    """Runs fn; a PolicyError becomes PolicyRefused."""
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except PolicyError as e:
+            raise PolicyRefused(e) from None
+
+    return wrapper
+
 
 _registered = False
 
@@ -30,19 +56,37 @@ def _served_architectures():
     return set(ARCHITECTURES) | set(WRAPPER_ARCHITECTURES)
 
 
+# (policy path, its mtime, model path) already checked in this process: vLLM resolves the
+# architecture several times per engine.
+_checked: set = set()
+
+
+def check_model(path: str, arch: str, model_config) -> None:
+    """The policy against the model vLLM is about to build: its architecture, fingerprint, global
+    layers and KV head counts. Raises PolicyError naming the file and field."""
+    if arch not in _served_architectures():
+        why = (" (a multimodal wrapper whose language model headwise_vllm does not build)"
+               if arch.endswith("ForConditionalGeneration") else "")
+        raise PolicyError(f"{ENV_POLICY}={path}: architecture {arch} is not one headwise_vllm serves "
+                          f"({', '.join(sorted(_served_architectures()))}){why}; unset {ENV_POLICY} to "
+                          "serve the model without the policy")
+    model = getattr(model_config, "model", None)
+    key = (path, os.stat(path).st_mtime_ns if os.path.exists(path) else None, model)
+    if arch in WRAPPER_ARCHITECTURES or key in _checked:
+        return
+    model_dir = model if model and os.path.isdir(model) else None
+    plan_model(read_policy(path), model_config.hf_config.get_text_config(), model_dir)
+    _checked.add(key)
+
+
 def _refuse_unserved(method):
     @functools.wraps(method)
     def wrapper(self, architectures, *args, **kwargs):
         result = method(self, architectures, *args, **kwargs)
-        arch = result[1]
-        if os.environ.get(ENV_POLICY) and arch not in _served_architectures():
-            from headwise_hf.policy import PolicyError
-
-            why = (" (a gated-DeltaNet hybrid: docs/deploy.md says where its policies run)"
-                   if arch.startswith(("Qwen3Next", "Qwen3_5")) else "")
-            raise PolicyError(f"{ENV_POLICY}={os.environ.get(ENV_POLICY)}: architecture {arch} is not one headwise_vllm "
-                              f"serves ({', '.join(sorted(_served_architectures()))}){why}; unset {ENV_POLICY} to "
-                              "serve the model without the policy")
+        path = os.environ.get(ENV_POLICY)
+        model_config = args[0] if args else kwargs.get("model_config")
+        if path:
+            refuse_on_error(check_model)(path, result[1], model_config)
         return result
 
     wrapper._headwise_wrapped = True
@@ -53,7 +97,7 @@ def register() -> None:
     """The entry point: installs when HEADWISE_POLICY is set."""
     path = os.environ.get(ENV_POLICY, "")
     if path:
-        check_servable(read_policy(path))  # PolicyError names the file and the field
+        refuse_on_error(lambda: check_servable(read_policy(path)))()  # one line naming the file and field
         install()
 
 
@@ -69,8 +113,8 @@ def install() -> None:
 
     # Classes, not "module:Class" strings: a lazily registered class is inspected in a fresh
     # subprocess that imports vLLM again (a minute on a busy 2-core machine, per architecture,
-    # until its cache entry exists); these import only the four stock model modules.
-    for arch, (_, base_name) in models.ARCHITECTURES.items():
+    # until its cache entry exists); these import only the served families' stock modules.
+    for arch, (_, base_name, _) in models.ARCHITECTURES.items():
         ModelRegistry.register_model(arch, getattr(models, f"Headwise{base_name}"))
     # vLLM caches each model folder's resolved class; an engine built here before the policy was
     # set (headwise_vllm.check starts several) must not hand the next one the stock class.

@@ -9,10 +9,10 @@
 
 #include "headwise/arch/attention.hpp"
 #include "headwise/arch/visible_keys.hpp"
-#include "headwise/calib/seqcalib.hpp"
 #include "headwise/core/error.hpp"
 #include "headwise/eval/duo_attention.hpp"
 #include "headwise/eval/eval.hpp"
+#include "unconditioned.hpp"
 
 namespace headwise::eval {
 namespace {
@@ -115,42 +115,6 @@ int64_t budget_of(const arch::ModelSpec& spec, const BaselineInputs& in) {
       memory::estimate(spec, windows, in.options, in.policy.selecting_layers())
           .components.selection_state_bytes;
   return global_kv_bytes(spec, windows, in.options) + bookkeeping;
-}
-
-memory::HeadWindows unconditioned(arch::DecoderModel& model, const BaselineInputs& in,
-                                  const std::vector<EvalSample>& calibration) {
-  size_t len = std::numeric_limits<size_t>::max();
-  for (const auto& s : calibration) len = std::min(len, s.prompt.size() + s.answer.size());
-  std::vector<std::vector<int64_t>> sequences;
-  for (const auto& s : calibration) {
-    std::vector<int64_t> seq = s.prompt;
-    seq.insert(seq.end(), s.answer.begin(), s.answer.end());
-    // Keep the end (the query and its answer): cut from the front.
-    sequences.emplace_back(seq.end() - static_cast<std::ptrdiff_t>(len), seq.end());
-  }
-  calib::SeqCalibOptions o;
-  // The ablation of the policy: the same measure, only the conditioning removed. The answer of
-  // each sample (cut to the common length from the front) is what answer-kl scores.
-  if (const std::string measure = in.policy.calibration.value("distortion_measure", "");
-      measure == "answer-kl" || measure == "answer-tv" || measure == "answer-grad") {
-    o.measure = calib::parse_distortion_measure(measure);
-    for (const auto& s : calibration) {
-      std::vector<int64_t> positions;
-      for (int64_t i : generated_answer_indices(s)) {
-        positions.push_back(static_cast<int64_t>(len - s.answer.size()) + i - 1);
-      }
-      o.answer_positions.push_back(std::move(positions));
-    }
-  }
-  o.ladder.levels = in.policy.window_levels;
-  o.global_budget_bytes = budget_of(model.spec(), in);
-  o.sink_tokens = in.options.sink_tokens;
-  const memory::MemoryOptions mem = in.options;
-  o.head_bytes = [mem](const arch::LayerSpec& layer, int64_t window) {
-    return memory::head_bytes(*layer.attention, window, mem);
-  };
-  o.conditioned = false;
-  return calib::run_seqcalib(model, sequences, o).windows;
 }
 
 // How an eviction method divides the bytes among heads.
@@ -370,38 +334,6 @@ MethodWindows policy_method(const std::string& name, const policy::Policy& polic
   return m;
 }
 
-void check_unconditioned_ablation(const policy::Policy& policy, const policy::Policy& ablation,
-                                  const std::string& where) {
-  const std::string method = ablation.calibration.value("method", "");
-  if (method != "unconditioned") {
-    throw_field_error("unconditioned_policy",
-                      " {}: calibration.method is '{}', not 'unconditioned' (calibrate it with {})",
-                      where, method, field_ref("no_conditioning"));
-  }
-  const auto differs = [&](const char* field) {
-    throw_field_error(
-        "unconditioned_policy",
-        " {}: {} differs from {}'s; it must be the same calibration with only {} added", where,
-        field, field_ref("policy"), field_ref("no_conditioning"));
-  };
-  if (ablation.window_levels != policy.window_levels) differs("window_levels");
-  if (ablation.context != policy.context) differs("context");
-  if (ablation.batch != policy.batch) differs("batch");
-  if (ablation.dtype != policy.dtype) differs("dtype");
-  if (ablation.state_dtype != policy.state_dtype) differs("state_dtype");
-  if (ablation.block_size != policy.block_size) differs("block_size");
-  if (ablation.sink_tokens != policy.sink_tokens) differs("sink_tokens");
-  if (ablation.budget_gb != policy.budget_gb) differs("budget_gb");
-  for (const char* key : {"dataset_sha256", "samples", "seq_len", "seed", "distortion_measure",
-                          "heads", "probe_samples"}) {
-    const auto a = ablation.calibration.find(key);
-    const auto p = policy.calibration.find(key);
-    const bool in_a = a != ablation.calibration.end();
-    const bool in_p = p != policy.calibration.end();
-    if (in_a != in_p || (in_a && *a != *p)) differs((std::string("calibration.") + key).c_str());
-  }
-}
-
 const std::vector<std::string>& method_names() {
   static const std::vector<std::string> names{
       "headwise", "full", "uniform", "streamingllm", "pyramid-windows", "retrieval-score", "duo",
@@ -447,16 +379,26 @@ HeadScores retrieval_scores(arch::DecoderModel& model, const std::vector<EvalSam
   return sum;
 }
 
-std::vector<MethodWindows> build_methods(arch::DecoderModel& model, const BaselineInputs& in,
-                                         const std::vector<std::string>& names,
-                                         const std::vector<EvalSample>& calibration,
-                                         BaselineCache* cache) {
+void require_known_baseline(const std::string& name) {
+  const auto& known = baseline_names();
+  if (std::find(known.begin(), known.end(), name) != known.end()) return;
+  throw_field_error("baselines", " {}: unknown baseline (have: {}){}", name, fmt::join(known, ", "),
+                    name == "pyramid"
+                        ? "; `pyramid` is now `pyramid-windows` (PyramidKV itself is `pyramidkv`)"
+                        : "");
+}
+
+MethodWindows build_method(arch::DecoderModel& model, const BaselineInputs& in,
+                           const std::string& name, const std::vector<EvalSample>& calibration,
+                           BaselineCache* cache) {
+  if (name == "headwise") return policy_method(name, in.policy);
+  require_known_baseline(name);
   BaselineCache local;
   BaselineCache& memo = cache != nullptr ? *cache : local;
   const auto& spec = model.spec();
   const int64_t budget = budget_of(spec, in);
   // One method; a baseline whose smallest configuration exceeds the bytes throws InfeasibleError.
-  const auto build_one = [&](const std::string& name) -> MethodWindows {
+  const auto build_one = [&]() -> MethodWindows {
     memory::HeadWindows w;
     nlohmann::json details = nlohmann::json::object();
     if (const auto eviction = eviction_baseline(name)) {
@@ -534,37 +476,28 @@ std::vector<MethodWindows> build_methods(arch::DecoderModel& model, const Baseli
           in.unconditioned_policy->calibration.value("dataset_sha256", "");
       return ablation;
     } else if (name == "unconditioned") {
-      w = unconditioned(model, in, calibration);
+      w = calibrate_unconditioned(model, in, calibration, budget);
       details = {
           {"source",
            "calibrated in eval without conditioning on the eval tasks' calibration samples (its "
            "data "
-           "differs from the policy's; pass --unconditioned-policy for the exact ablation)"}};
+           "differs from the policy's; pass --unconditioned-policy for the exact ablation)"},
+          {"distortion_measure", calib::distortion_measure_name(calibrated_measure(in.policy))}};
     } else {
-      std::string have;
-      for (const auto& n : baseline_names()) have += (have.empty() ? "" : ", ") + n;
-      throw_field_error(
-          "baselines", " {}: unknown baseline (have: {}){}", name, have,
-          name == "pyramid"
-              ? "; `pyramid` is now `pyramid-windows` (PyramidKV itself is `pyramidkv`)"
-              : "");
+      HEADWISE_CHECK(false, "eval: baseline {} is in baseline_names() but has no builder", name);
     }
     return MethodWindows{name, std::move(w), std::move(details)};
   };
-  std::vector<MethodWindows> out{policy_method("headwise", in.policy)};
-  for (const auto& name : names) {
-    try {
-      out.push_back(build_one(name));
-    } catch (const InfeasibleError& e) {
-      // Not run, and said so: the other methods still compare at these bytes.
-      MethodWindows m{name, {}};
-      m.does_not_fit = e.what();
-      m.details = {{"does_not_fit", e.what()}};
-      spdlog::warn("eval: {} is not run: {}", name, e.what());
-      out.push_back(std::move(m));
-    }
+  try {
+    return build_one();
+  } catch (const InfeasibleError& e) {
+    // Not run, and said so: the other methods still compare at these bytes.
+    MethodWindows m{name, {}};
+    m.does_not_fit = e.what();
+    m.details = {{"does_not_fit", e.what()}};
+    spdlog::warn("eval: {} is not run: {}", name, e.what());
+    return m;
   }
-  return out;
 }
 
 }  // namespace headwise::eval

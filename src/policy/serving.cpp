@@ -25,7 +25,8 @@ std::string h2o_heads(const Policy& policy) {
 }  // namespace
 
 const std::vector<std::string>& vllm_served_model_types() {
-  static const std::vector<std::string> kTypes = {"gemma3_text", "qwen3", "llama", "gpt_oss"};
+  static const std::vector<std::string> kTypes = {
+      "gemma3_text", "qwen3", "llama", "gpt_oss", "qwen3_next", "qwen3_5_text", "qwen3_5_moe_text"};
   return kTypes;
 }
 

