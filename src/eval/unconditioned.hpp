@@ -5,7 +5,7 @@
 #include <vector>
 
 #include "headwise/arch/model.hpp"
-#include "headwise/calib/answer_kl.hpp"
+#include "headwise/calib/answer_reference.hpp"
 #include "headwise/eval/eval.hpp"
 
 namespace headwise::eval {

@@ -13,7 +13,7 @@
 #include <set>
 #include <vector>
 
-#include "../../src/calib/joint_descent.hpp"
+#include "calib/walk/joint_descent.hpp"
 #include "headwise/core/error.hpp"
 
 using namespace headwise;

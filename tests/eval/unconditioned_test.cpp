@@ -11,6 +11,7 @@
 #include "../arch/fixture_reference.hpp"
 #include "eval_helpers.hpp"
 #include "headwise/arch/registry.hpp"
+#include "headwise/calib/measure_traits.hpp"
 #include "headwise/calib/seqcalib.hpp"
 #include "headwise/eval/baselines.hpp"
 #include "headwise/eval/eval.hpp"
@@ -44,7 +45,7 @@ calib::SeqCalibResult unconditioned_here(arch::DecoderModel& model, const policy
     o.answer_positions.push_back(positions);
   }
   o.measure = measure;
-  if (!calib::answer_aware(measure)) o.answer_positions.clear();
+  if (!calib::measure_traits(measure).scores_answers) o.answer_positions.clear();
   o.ladder.levels = policy.window_levels;
   o.global_budget_bytes = eval::global_kv_bytes(model.spec(), policy.head_windows(), options);
   o.sink_tokens = options.sink_tokens;

@@ -1,7 +1,7 @@
 #pragma once
 // The answer-span measure (`--distortion answer-tv-span`, the default, and `answer-kl-span`):
 // what a global layer's windows cost the model's answers at its output, as the exact measure
-// (answer_kl.hpp) defines it, at a cost that does not grow with the depth of the model.
+// (answer_reference.hpp) defines it, at a cost that does not grow with the depth of the model.
 //
 // The exact measure runs every layer above the measured one over every token once per candidate
 // assignment of the layer's windows: Σ_g E_g · (L − 1 − g) layer passes over the calibration

@@ -30,7 +30,7 @@ using HeadBytesFn = std::function<int64_t(const arch::LayerSpec& layer, int64_t 
 
 enum class ActivationPlacement { kAuto, kDevice, kHost };
 
-struct ResumeCheckpoint;  // walk_state.hpp: the resume checkpoint's contents
+struct ResumeCheckpoint;  // resume_checkpoint.hpp: the resume checkpoint's contents
 class AnswerSpan;         // answer_span.hpp
 
 // The probe pass only steers the walk's Lagrangian controller (its curves price the layers not
