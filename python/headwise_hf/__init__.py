@@ -5,4 +5,5 @@ from .policy import Policy, PolicyError, head_slots, read_policy
 
 __all__ = ["HeadwiseCache", "HeadwiseLayer", "Policy", "PolicyError", "read_policy", "head_slots",
            "headwise_attention_forward", "install", "register", "held_positions"]
+# The one version number of headwise (python/pyproject.toml reads it; equal to CMakeLists.txt's).
 __version__ = "0.1.0"

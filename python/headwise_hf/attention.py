@@ -1,7 +1,7 @@
 """The `headwise` attention implementation: HeadwiseCache layers attend over their rings; every
 other call is transformers' sdpa attention with sdpa's masks, unchanged, except where the model
-passes learned sink logits (gpt-oss's `s_aux`), which sdpa cannot take: those layers attend in
-eager form with the sink logit joining each softmax, as transformers' own gpt-oss attention does."""
+passes learned sink logits (gpt-oss's `s_aux`), which sdpa cannot take: those layers run
+transformers' own gpt-oss eager attention, with sdpa's mask turned into the additive one it takes."""
 from __future__ import annotations
 
 import torch
@@ -16,7 +16,7 @@ def headwise_attention_forward(module, query, key, value, attention_mask, scalin
     plan = getattr(key, "_headwise_plan", None)
     if plan is None:
         if kwargs.get("s_aux") is not None:
-            return _attention_with_sink_logits(query, key, value, attention_mask, scaling, kwargs["s_aux"])
+            return _attention_with_sink_logits(module, query, key, value, attention_mask, scaling, dropout, **kwargs)
         return sdpa_attention_forward(module, query, key, value, attention_mask, scaling=scaling, dropout=dropout,
                                       **kwargs)
     if scaling is None:
@@ -27,28 +27,26 @@ def headwise_attention_forward(module, query, key, value, attention_mask, scalin
     return out, None
 
 
-def _attention_with_sink_logits(query, key, value, attention_mask, scaling, s_aux):
-    """query [B, H, T, D], key/value [B, KV, N, D], attention_mask from sdpa_mask (bool, True =
-    visible; None = plainly causal) -> ([B, T, H, D], probabilities)."""
+def _attention_with_sink_logits(module, query, key, value, attention_mask, scaling, dropout, **kwargs):
+    """transformers' own gpt-oss attention (modeling_gpt_oss.eager_attention_forward: the module's
+    sink logits join each softmax), given the additive mask it expects: this implementation's masks
+    are sdpa's (bool, True = visible; None = plainly causal). query [B, H, T, D], key/value
+    [B, KV, N, D] -> ([B, T, H, D], probabilities)."""
+    from transformers.models.gpt_oss.modeling_gpt_oss import eager_attention_forward
+
     if scaling is None:
         scaling = query.shape[-1] ** -0.5
-    repeat = query.shape[1] // key.shape[1]
-    k = key.repeat_interleave(repeat, dim=1)
-    v = value.repeat_interleave(repeat, dim=1)
-    logits = torch.matmul(query, k.transpose(2, 3)) * scaling
     steps, keys = query.shape[2], key.shape[2]
     if attention_mask is None:
         attention_mask = torch.ones(steps, keys, dtype=torch.bool, device=query.device).tril(keys - steps)
     if attention_mask.dtype == torch.bool:
-        logits = logits.masked_fill(~attention_mask[..., :keys], float("-inf"))
+        visible = attention_mask[..., :keys]
+        attention_mask = torch.zeros(visible.shape, dtype=query.dtype, device=query.device).masked_fill(
+            ~visible, float("-inf"))
     else:
-        logits = logits + attention_mask[..., :keys]
-    sinks = s_aux.reshape(1, -1, 1, 1).expand(query.shape[0], -1, steps, 1).to(logits.dtype)
-    combined = torch.cat([logits, sinks], dim=-1)
-    combined = combined - combined.max(dim=-1, keepdim=True).values
-    probs = torch.softmax(combined, dim=-1)[..., :-1]
-    out = torch.matmul(probs.to(v.dtype), v)
-    return out.transpose(1, 2).contiguous(), probs
+        attention_mask = attention_mask[..., :keys]
+    return eager_attention_forward(module, query, key, value, attention_mask, scaling=scaling, dropout=dropout,
+                                   **kwargs)
 
 
 _registered = False

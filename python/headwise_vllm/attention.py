@@ -14,6 +14,7 @@ from typing import Optional
 import torch
 from torch import nn
 
+from . import vllm_internals
 from .plan import LayerPlan
 
 
@@ -48,10 +49,8 @@ class HeadwiseSplitAttention(nn.Module):
     def rebind_sinks(self, sinks: torch.Tensor) -> None:
         """After the permutation: each group's backend reads its slice of the permuted sink logits."""
         for g, attn in self.groups():
-            part = sinks[g.first * self.queries_per_kv:(g.first + g.count) * self.queries_per_kv]
-            impl = getattr(attn, "impl", None)
-            if impl is not None and getattr(impl, "sinks", None) is not None:
-                impl.sinks = part
+            vllm_internals.rebind_backend_sinks(
+                attn, sinks[g.first * self.queries_per_kv:(g.first + g.count) * self.queries_per_kv])
 
     def forward(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, **kwargs) -> torch.Tensor:
         # query [T, H*D], key [T, KV*D], value [T, KV*Dv] -> [T, H*Dv]

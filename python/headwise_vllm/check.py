@@ -33,6 +33,7 @@ import time
 
 from headwise_hf.policy import PolicyError, read_policy
 
+from . import vllm_internals
 from .plan import ENV_POLICY, check_servable, plan_model
 
 
@@ -97,9 +98,8 @@ def kv_cache_report(llm) -> dict:
     from vllm.model_executor.models.utils import extract_layer_index
     from vllm.v1.core import kv_cache_utils as kcu
 
-    engine = llm.llm_engine
-    vllm_config = engine.vllm_config
-    config = engine.engine_core.engine_core.scheduler.kv_cache_config
+    vllm_config = llm.llm_engine.vllm_config
+    config = vllm_internals.engine_scheduler(llm).kv_cache_config
     groups = []
     for g in config.kv_cache_groups:
         spec = g.kv_cache_spec
@@ -125,7 +125,8 @@ def kv_cache_report(llm) -> dict:
         "group_slots": slots,
         "page_bytes": page,
         "bytes_per_request": bytes_per_request,
-        "vllm_max_memory_usage_bytes": kcu._max_memory_usage_bytes_from_groups(vllm_config, config.kv_cache_groups),
+        "vllm_max_memory_usage_bytes": vllm_internals.max_memory_usage_bytes_from_groups(vllm_config,
+                                                                                      config.kv_cache_groups),
         "num_blocks": config.num_blocks,
         "pool_bytes": config.num_blocks * slots * page,
         "max_concurrency": kcu.get_max_concurrency_for_kv_cache_config(vllm_config, config),
@@ -236,6 +237,7 @@ def close_engine(llm) -> None:
 
 def run(args, close: bool = True) -> dict:
     ids = read_tokens(args.tokens, args.max_model_len, args.new_tokens)
+    vllm_internals.require_tested()  # the report reads vLLM internals, with or without a policy
     t0 = time.perf_counter()
     llm = start_engine(args)
     startup = time.perf_counter() - t0

@@ -20,6 +20,7 @@ from typing import Optional
 
 from headwise_hf.policy import FULL, PolicyError, read_policy
 
+from . import vllm_internals
 from .attention import HeadwiseSplitAttention, permute_layer_weights
 from .plan import ENV_POLICY, LayerPlan, layer_kinds, plan_model
 
@@ -84,16 +85,10 @@ class _AttentionFactory:
                                       **arguments)
 
 
-@contextlib.contextmanager
 def _patched_attention(module_name: str, factory_args):
-    module = importlib.import_module(module_name)
-    original = module.Attention
-    factory = _AttentionFactory(original, *factory_args)
-    module.Attention = factory
-    try:
-        yield factory
-    finally:
-        module.Attention = original
+    """The family's module-level `Attention` replaced by an _AttentionFactory while the block runs."""
+    return vllm_internals.module_attention_replaced(module_name,
+                                                    lambda original: _AttentionFactory(original, *factory_args))
 
 
 @contextlib.contextmanager

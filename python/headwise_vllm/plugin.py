@@ -8,9 +8,11 @@ build them, and a check, run where vLLM resolves the model's architecture (in th
 process, before the engine starts), that refuses any other architecture while a policy is set
 (serving it without the policy would be silent) and a policy whose model, layers or head counts
 are not this model's. A refusal stops the process with one line naming the policy file and its
-field (PolicyRefused), not a trace through vLLM's start-up. The served classes read
-HEADWISE_POLICY when a model is built; with it unset they are the stock classes, so one process
-may start engines with and without a policy (headwise_vllm.check does).
+field (PolicyRefused), not a trace through vLLM's start-up; so does a vLLM other than the
+tested one (vllm_internals.UntestedVllm: every private part of vLLM used here is read through
+vllm_internals). The served classes read HEADWISE_POLICY when a model is built; with it unset
+they are the stock classes, so one process may start engines with and without a policy
+(headwise_vllm.check does).
 """
 from __future__ import annotations
 
@@ -104,10 +106,12 @@ def register() -> None:
 def install() -> None:
     """Registers the served classes and the architecture check (once per process)."""
     global _registered
+    from . import vllm_internals
+
+    vllm_internals.require_tested()  # an untested vLLM: one line, before anything is patched
     if _registered:
         return
     from vllm import ModelRegistry
-    from vllm.model_executor.models.registry import _ModelRegistry
 
     from . import models
 
@@ -118,11 +122,10 @@ def install() -> None:
         ModelRegistry.register_model(arch, getattr(models, f"Headwise{base_name}"))
     # vLLM caches each model folder's resolved class; an engine built here before the policy was
     # set (headwise_vllm.check starts several) must not hand the next one the stock class.
-    from vllm.model_executor.model_loader import utils as loader_utils
-
-    loader_utils._MODEL_ARCH_BY_HASH.clear()
+    vllm_internals.forget_resolved_architectures()
+    registry = vllm_internals.model_registry_class()
     for name in ("resolve_model_cls", "inspect_model_cls"):
-        method = getattr(_ModelRegistry, name)
+        method = getattr(registry, name)
         if not getattr(method, "_headwise_wrapped", False):
-            setattr(_ModelRegistry, name, _refuse_unserved(method))
+            setattr(registry, name, _refuse_unserved(method))
     _registered = True

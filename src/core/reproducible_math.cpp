@@ -13,11 +13,40 @@ bool strict_cpu_math_requested() {
   return flag == nullptr || std::string_view(flag) != "0";
 }
 
+namespace {
+
+// AVX2 with FMA: every x86-64 CPU of interest (Intel since Haswell, 2013; AMD since 2015), and
+// what ATen's avx2 kernels need (ATen takes ATEN_CPU_CAPABILITY without checking the CPU).
+bool cpu_has_avx2_fma() {
+#if defined(__x86_64__)
+  __builtin_cpu_init();
+  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+#else
+  return false;
+#endif
+}
+
+}  // namespace
+
+const char* pinned_mkl_branch() {
+  const char* branch = std::getenv("HEADWISE_MKL_BRANCH");
+  if (branch != nullptr && std::string_view(branch) == "COMPATIBLE") return "COMPATIBLE,STRICT";
+  return "AVX2,STRICT";
+}
+
 bool pin_cpu_math_threads() {
-  // MKL reads MKL_CBWR when it first sets itself up, so this must come before any MKL call
-  // (MKL_Set_Dynamic below included). torch's wheel does not export mkl_cbwr_set, only the
-  // environment is public. A user's own MKL_CBWR (another branch, or no STRICT) is kept.
-  if (strict_cpu_math_requested()) ::setenv("MKL_CBWR", "AUTO,STRICT", /*overwrite=*/0);
+  // Each library reads its variable once, when it first sets itself up, so this must come before
+  // any MKL call (MKL_Set_Dynamic below included), any ATen CPU kernel and any oneDNN primitive.
+  // torch's wheel does not export mkl_cbwr_set, only the environment is public. Overwritten: a
+  // policy must not depend on the CPU or on what a shell exported (HEADWISE_MKL_STRICT=0 leaves
+  // all three to the user).
+  if (strict_cpu_math_requested()) {
+    ::setenv("MKL_CBWR", pinned_mkl_branch(), /*overwrite=*/1);
+    if (cpu_has_avx2_fma()) {
+      ::setenv("ATEN_CPU_CAPABILITY", "avx2", /*overwrite=*/1);
+      ::setenv("ONEDNN_MAX_CPU_ISA", "AVX2", /*overwrite=*/1);
+    }
+  }
   // Looked up at run time: torch builds without MKL (aarch64, some source builds) lack the symbol.
   // MKL_Set_Dynamic is the by-value C entry point (mkl.h maps mkl_set_dynamic onto it); the
   // lower-case export is the Fortran one and takes a pointer.

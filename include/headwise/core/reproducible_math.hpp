@@ -11,14 +11,35 @@ namespace headwise {
 // default) MKL picks it per call from the machine's load (a resumed run on a busy CI machine
 // measured a distortion 6e-6 apart from the uninterrupted one), and a forward under load
 // changed half its positions by up to 2.9e-4 in 1 run of 30-80. This sets MKL's strict
-// reproducibility mode (MKL_CBWR=AUTO,STRICT: ?gemm bits independent of the thread count),
-// unless the user set MKL_CBWR or HEADWISE_MKL_STRICT=0, and turns MKL_DYNAMIC off.
-// Called once when libheadwise loads (MKL reads MKL_CBWR on its first call, so it must come
-// first); safe to call again. Returns false when the torch build has no MKL (nothing to pin).
+// reproducibility mode (?gemm bits independent of the thread count) and turns MKL_DYNAMIC off.
+//
+// It also pins the code paths that each library otherwise picks per CPU, so that two x86-64 CPUs
+// give the same policy bytes (issue 53; docs/hardening.md "Any x86-64 CPU, same bytes"): MKL's
+// branch (MKL_CBWR=AVX2,STRICT, not AUTO: AUTO is AVX512_E1 on an AVX-512 Xeon), ATen's vectorized
+// kernels (ATEN_CPU_CAPABILITY=avx2, not avx512: softmax, reductions) and oneDNN's (the depthwise
+// convolution; ONEDNN_MAX_CPU_ISA=AVX2). Measured on an AVX-512 Xeon: forcing MKL's AVX2 branch
+// against its AUTO one, or ATen's avx2 kernels against its avx512 ones, changed every policy
+// `regen --check` recalibrates; with the pin, the policies are the same bytes whatever the
+// environment asks for. ATen's and oneDNN's pins are set only on CPUs with AVX2 and FMA (ATen runs
+// the kernels it is told to, without checking the CPU): a CPU without them (before Haswell, 2013)
+// runs its own paths and may give other bytes. On a non-Intel CPU MKL documents that a named branch
+// falls back to AUTO; HEADWISE_MKL_BRANCH=COMPATIBLE (MKL's SSE2 branch, the same on every x86-64
+// CPU, slower: docs/performance.md) pins MKL there too, and must then be set on every machine.
+// MKL's strict mode covers only its AVX2 and AVX-512 branches, so with COMPATIBLE a GEMM's bits
+// depend on the thread count again: the machines must also run at the same one (regen --check: 1).
+// The user's MKL_CBWR, ATEN_CPU_CAPABILITY and ONEDNN_MAX_CPU_ISA are overwritten;
+// HEADWISE_MKL_STRICT=0 leaves all of this (and the thread pinning below) to the user.
+// Called once when libheadwise loads (each library reads its variable when it first sets itself
+// up, so it must come first); safe to call again. Returns false when the torch build has no MKL
+// (nothing to pin).
 bool pin_cpu_math_threads();
 
 // False when HEADWISE_MKL_STRICT=0 (tools/bench-strict-math.sh measures what strict mode costs).
 bool strict_cpu_math_requested();
+
+// The MKL_CBWR value pin_cpu_math_threads sets: "AVX2,STRICT", or "COMPATIBLE,STRICT" with
+// HEADWISE_MKL_BRANCH=COMPATIBLE (any other value: AVX2).
+const char* pinned_mkl_branch();
 
 // MKL's threaded ?gemm gives a small output (fewer tiles than threads) bits that depend on the
 // thread count, strict CNR mode or not: with torch 2.11's MKL, F.linear of [M, K] x [K, N]
