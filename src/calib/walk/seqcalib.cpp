@@ -12,6 +12,7 @@
 
 #include <algorithm>
 
+#include "calib/measures/measure.hpp"
 #include "calib/walk/seqcalib_completion.hpp"
 #include "calib/walk/seqcalib_decide.hpp"
 #include "calib/walk/seqcalib_run.hpp"
@@ -22,7 +23,6 @@
 #include "headwise/core/error.hpp"
 #include "headwise/core/resources.hpp"
 #include "headwise/core/window.hpp"
-#include "measures/measure.hpp"
 
 namespace headwise::calib {
 namespace seqcalib {

@@ -2,10 +2,10 @@
 
 #include <spdlog/spdlog.h>
 
+#include "calib/measures/measure.hpp"
 #include "calib/walk/seqcalib_walk.hpp"
 #include "headwise/core/error.hpp"
 #include "headwise/core/units.hpp"
-#include "measures/measure.hpp"
 
 namespace headwise::calib::seqcalib {
 namespace {

@@ -2,7 +2,7 @@
 // They price the layers the walk has not reached yet (and, unconditioned, decide them).
 #include <spdlog/spdlog.h>
 
-#include "measures/measure.hpp"
+#include "calib/measures/measure.hpp"
 
 namespace headwise::calib::seqcalib {
 

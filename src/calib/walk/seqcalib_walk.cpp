@@ -4,11 +4,11 @@
 
 #include <algorithm>
 
+#include "calib/measures/measure.hpp"
 #include "calib/walk/finite_checks.hpp"
 #include "calib/walk/seqcalib_curves.hpp"
 #include "headwise/core/progress.hpp"
 #include "headwise/core/units.hpp"
-#include "measures/measure.hpp"
 
 namespace headwise::calib::seqcalib {
 
