@@ -16,7 +16,11 @@ A layer's `update` does not return all keys: it returns the new keys tagged with
 the `headwise` attention function (attention.py) attends each group's queries over what the
 group holds plus the new keys under the visible-keys rule (include/headwise/arch/visible_keys.hpp),
 then writes the new keys into the rings. Attending before writing keeps chunks longer than a ring
-exact (runtime/cached_attention.cpp does the same). Other layers are transformers' own, except that
+exact (runtime/cached_attention.cpp does the same). The kernel is the runtime's default one: torch's
+fused attention (scaled_dot_product_attention with a bool mask, `fused_masked_attention`, which is
+also what transformers' sdpa attention runs) wherever it applies, the explicit matmul, fp32 softmax,
+matmul where the probabilities are needed (h2o heads) or sdpa cannot run them (sink logits,
+soft-capping). Other layers are transformers' own, except that
 linear-attention/conv layers keep their states in the policy's `state_dtype` (the runtime decoder's
 rule: a state is stored, so rounded, at the end of every forward call and read back from there).
 
@@ -71,6 +75,22 @@ def held_positions(filled: int, sinks: int, ring: Optional[int], device) -> torc
     j = torch.arange(n_ring, device=device)
     latest = sinks + j + ring * torch.div(filled - 1 - sinks - j, ring, rounding_mode="floor")
     return torch.cat([s, latest])
+
+
+def fused_masked_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, allowed: torch.Tensor,
+                           scaling: float) -> torch.Tensor:
+    """softmax(q k^T * scaling, masked to `allowed`) v through torch's fused attention, as headwise's
+    runtime decoder attends by default (arch::fused_masked_attention, `--runtime-attention fused`):
+    a KV head's query group is one run of group x T rows over its keys, one [T, N] mask for all.
+    q [B, h, g, T, D], k/v [B, h, N, D] -> [B, h, g, T, Dv]. This is also the kernel transformers'
+    sdpa attention runs; the explicit matmul/softmax/matmul agrees with it only up to the last
+    bits, which a state rounded to bf16 after each chunk can turn into a whole bf16 step."""
+    bsz, heads, group, steps, dim = q.shape
+    rows = q.reshape(bsz, heads, group * steps, dim)
+    mask = allowed if group == 1 else allowed.repeat(group, 1)
+    out = torch.nn.functional.scaled_dot_product_attention(rows, k, v, attn_mask=mask, dropout_p=0.0,
+                                                           is_causal=False, scale=scaling)
+    return out.reshape(bsz, heads, group, steps, v.shape[-1])
 
 
 class _Plan:
@@ -257,14 +277,18 @@ class HeadwiseLayer(_PolicyLayer):
             og = qg.new_empty(qg.shape[:-1] + (v.shape[-1],))
             for t0 in range(0, steps, query_chunk):
                 t1 = min(steps, t0 + query_chunk)
-                scores = torch.matmul(qg[:, :, :, t0:t1], k.transpose(-1, -2)) * scaling  # [B, h, g, tc, N]
-                if softcap:
-                    scores = torch.tanh(scores / softcap) * softcap
                 qp = q_pos_all[t0:t1, None]
                 kp = k_pos[None, :]
                 allowed = kp <= qp
                 if g.window is not FULL:
                     allowed = allowed & ((qp - kp < g.window) | (kp < sinks))
+                if sink_logit is None and not softcap:
+                    og[:, :, :, t0:t1] = fused_masked_attention(qg[:, :, :, t0:t1], k.squeeze(2), v.squeeze(2),
+                                                                allowed, scaling)
+                    continue
+                scores = torch.matmul(qg[:, :, :, t0:t1], k.transpose(-1, -2)) * scaling  # [B, h, g, tc, N]
+                if softcap:
+                    scores = torch.tanh(scores / softcap) * softcap
                 logits = scores.float().masked_fill(~allowed, float("-inf"))
                 if sink_logit is None:
                     probs = torch.softmax(logits, dim=-1)
@@ -488,13 +512,17 @@ class HeadwiseH2OLayer(_PolicyLayer):
                 received = torch.zeros(pos.shape[0], dtype=torch.float32, device=q.device) if head.h2o else None
                 for t0 in range(0, steps, query_chunk):
                     t1 = min(steps, t0 + query_chunk)
-                    logits = torch.matmul(q[b, h, :, t0:t1], k.transpose(0, 1)) * scaling  # [g, tc, n]
-                    if softcap:
-                        logits = torch.tanh(logits / softcap) * softcap
                     qp = new_pos[t0:t1, None]
                     allowed = pos[None, :] <= qp
                     if not head.h2o and head.window is not FULL:
                         allowed = allowed & ((pos[None, :] > qp - head.window) | (pos[None, :] < self.sinks))
+                    if received is None and sink_logits is None and not softcap:  # the runtime's fused kernel
+                        out[b, h, :, t0:t1] = fused_masked_attention(q[b, h, None, None, :, t0:t1], k[None, None],
+                                                                     v[None, None], allowed, scaling)[0, 0]
+                        continue
+                    logits = torch.matmul(q[b, h, :, t0:t1], k.transpose(0, 1)) * scaling  # [g, tc, n]
+                    if softcap:
+                        logits = torch.tanh(logits / softcap) * softcap
                     logits = logits.float().masked_fill(~allowed, float("-inf"))
                     if sink_logits is None:
                         probs = torch.softmax(logits, dim=-1)

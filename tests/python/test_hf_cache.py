@@ -33,6 +33,12 @@ TOL = 1e-4
 
 SKIP_EXIT_CODE = 77  # tests/CMakeLists.txt's HEADWISE_TEST_SKIP_CODE; failures exit 1
 
+# The kernels headwise-calc runs (libheadwise pins MKL/ATen/oneDNN to AVX2 when it loads): the
+# transformers side must run the same ones, so this comes before torch is imported.
+import cpu_paths  # noqa: E402  (this folder)
+
+cpu_paths.pin()
+
 try:
     import torch
     import transformers  # noqa: F401
