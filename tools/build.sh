@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Configures and builds headwise into build/: every target (build/bin/headwise-calc, the test
 # binary), or only the targets named (`tools/build.sh headwise-calc`: the CLI and its library).
-# With ccache installed, compiles go through it with the clone as its base dir, so a fresh clone
-# reuses an earlier clone's objects (set CMAKE_CXX_COMPILER_LAUNCHER= to build without it).
+# With ccache installed, compiles go through it with the clone as its base dir (set
+# CMAKE_CXX_COMPILER_LAUNCHER= to build without it); see below for what it can and cannot reuse.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
@@ -15,8 +15,9 @@ fi
 # Paths under the clone hash as relative ones: the same sources hit in any checkout.
 export CCACHE_BASEDIR=${CCACHE_BASEDIR:-$root}
 # Every library and test source is compiled with CMake's precompiled header: without this
-# sloppiness ccache refuses each such compile ("could not use precompiled header"), and a fresh
-# clone rebuilt all ~200 objects (measured on a new machine: 136 of 147 compiles uncacheable).
+# sloppiness ccache refuses each such compile ("could not use precompiled header": 136 of 147 on
+# a new machine), so not even a rebuild in the same folder hit. A clone in another folder still
+# misses: the .gch that ccache hashes differs per folder (docs/development.md).
 export CCACHE_SLOPPINESS=${CCACHE_SLOPPINESS:-pch_defines,time_macros,include_file_mtime,include_file_ctime}
 cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release >/dev/null
 ninja -C build -j "$jobs" "$@"
