@@ -6,6 +6,7 @@
 #include "calib/walk/seqcalib_cores.hpp"
 #include "calib/walk/seqcalib_curves.hpp"
 #include "calib/walk/seqcalib_decide.hpp"
+#include "calib/walk/seqcalib_walk.hpp"
 #include "headwise/calib/measure_traits.hpp"
 #include "headwise/core/progress.hpp"
 
@@ -57,10 +58,7 @@ class BlockMseMeasure final : public Measure {
                            windows = decide(in, state, layer_id, accumulators.at(layer_id), report);
                            return windows;
                          });
-      stream.apply([&](const at::Tensor& h) {
-        return checked_finite(in.model.run_layer(layer, h, {&core, nullptr, 0}), layer,
-                              in.spec.layer(layer).kind);
-      });
+      stream.apply([&](const at::Tensor& h) { return run_checked(in, layer, h, core); });
       return windows;
     }
     MeasuringCore core(in.options, in.model.attention_chunk(), accumulators, nullptr);

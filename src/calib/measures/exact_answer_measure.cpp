@@ -3,9 +3,9 @@
 #include <spdlog/spdlog.h>
 
 #include "calib/measures/answer_measure.hpp"
-#include "calib/walk/finite_checks.hpp"
 #include "calib/walk/seqcalib_completion.hpp"
 #include "calib/walk/seqcalib_curves.hpp"
+#include "calib/walk/seqcalib_walk.hpp"
 #include "headwise/calib/measure_traits.hpp"
 #include "headwise/core/progress.hpp"
 
@@ -32,10 +32,7 @@ void AnswerMeasure::probe(const RunInputs& in, RunState& state) {
       state.probe_groups[i] = probe_layer(i, stream);
       append(state.result.probe_curves, to_curves(state.probe_groups[i]));
     }
-    stream.apply([&](const at::Tensor& h) {
-      return checked_finite(in.model.run_layer(i, h, {&exact_core, nullptr, 0}), i,
-                            in.spec.layer(i).kind);
-    });
+    stream.apply([&](const at::Tensor& h) { return run_checked(in, i, h, exact_core); });
     in.model.release_layer(i);
     progress.update(i + 1, fmt::format("layer {} {}", i, layer_kind_name(in.spec.layer(i).kind)));
   }

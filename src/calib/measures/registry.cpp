@@ -2,7 +2,7 @@
 #include <map>
 
 #include "calib/measures/measure.hpp"
-#include "calib/walk/finite_checks.hpp"
+#include "calib/walk/seqcalib_walk.hpp"
 #include "headwise/calib/measure_traits.hpp"
 #include "headwise/core/error.hpp"
 
@@ -32,10 +32,7 @@ std::unique_ptr<Measure> make_measure(const RunInputs& in, SeqCalibResult& resul
 void run_layer_at(const RunInputs& in, int64_t layer, const std::vector<int64_t>& windows,
                   ActivationStream& stream) {
   PolicyAttentionCore core({{layer, windows}}, in.options.sink_tokens, in.model.attention_chunk());
-  stream.apply([&](const at::Tensor& h) {
-    return checked_finite(in.model.run_layer(layer, h, {&core, nullptr, 0}), layer,
-                          in.spec.layer(layer).kind);
-  });
+  stream.apply([&](const at::Tensor& h) { return run_checked(in, layer, h, core); });
 }
 
 }  // namespace headwise::calib::seqcalib

@@ -29,8 +29,6 @@ void fix_layers_up_to(int64_t layer, const Windows& windows, RunState& state) {
   }
   decisions.groups = std::move(groups);
   decisions.choice = std::move(choice);
-  result.windows = windows;
-  std::erase_if(result.windows, [layer](const auto& entry) { return entry.first > layer; });
   std::erase_if(result.curves, [layer](const HeadCurve& c) { return c.layer_id > layer; });
   std::erase_if(result.layers, [layer](const LayerReport& r) { return r.layer_id > layer; });
   if (result.validation) {

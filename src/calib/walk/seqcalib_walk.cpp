@@ -91,12 +91,14 @@ void walk(const RunInputs& in, Measure& measure, RunState& state, WalkPass pass)
   const int64_t replay_until = state.decisions.replay_until;
   const int64_t resume_at =
       state.stream_checkpoints.restore(stream, replay_until, walk_windows(state.decisions));
+  // Replayed layers run under their recorded windows; other non-global layers natively.
+  PolicyAttentionCore replay(walk_windows(state.decisions), in.options.sink_tokens,
+                             in.model.attention_chunk());
+  PolicyAttentionCore native({}, in.options.sink_tokens, in.model.attention_chunk());
   for (int64_t i = resume_at; i < spec.num_layers(); ++i) {
     if (spec.layer(i).is_global() && i > replay_until)
       state.stream_checkpoints.keep(i, stream, walk_windows(state.decisions));
     if (i <= replay_until) {  // decided before: recompute the stream only
-      PolicyAttentionCore replay(walk_windows(state.decisions), in.options.sink_tokens,
-                                 in.model.attention_chunk());
       stream.apply([&](const at::Tensor& h) {
         return in.model.run_layer(i, h, {&replay, nullptr, 0});
       });
@@ -111,7 +113,6 @@ void walk(const RunInputs& in, Measure& measure, RunState& state, WalkPass pass)
     if (spec.layer(i).is_global()) {
       measure.decide_and_run(in, state, i, stream, report);
     } else {
-      PolicyAttentionCore native({}, in.options.sink_tokens, in.model.attention_chunk());
       stream.apply([&](const at::Tensor& h) { return run_checked(in, i, h, native); });
     }
     in.model.release_layer(i);
