@@ -13,10 +13,8 @@ bool strict_cpu_math_requested() {
   return flag == nullptr || std::string_view(flag) != "0";
 }
 
-namespace {
-
-// AVX2 with FMA: every x86-64 CPU of interest (Intel since Haswell, 2013; AMD since 2015), and
-// what ATen's avx2 kernels need (ATen takes ATEN_CPU_CAPABILITY without checking the CPU).
+// Every x86-64 CPU of interest (Intel since Haswell, 2013; AMD since 2015), and what ATen's avx2
+// kernels need (ATen takes ATEN_CPU_CAPABILITY without checking the CPU).
 bool cpu_has_avx2_fma() {
 #if defined(__x86_64__)
   __builtin_cpu_init();
@@ -25,8 +23,6 @@ bool cpu_has_avx2_fma() {
   return false;
 #endif
 }
-
-}  // namespace
 
 const char* pinned_mkl_branch() {
   const char* branch = std::getenv("HEADWISE_MKL_BRANCH");

@@ -22,15 +22,6 @@ using namespace headwise::testing;
 
 namespace {
 
-bool cpu_has_avx2_fma() {
-#if defined(__x86_64__)
-  __builtin_cpu_init();
-  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-#else
-  return false;
-#endif
-}
-
 // This process pinned its own variables when libheadwise loaded; a child inherits them unless
 // the run's environment names each one.
 constexpr const char* kUnpinned = "-u MKL_CBWR -u ATEN_CPU_CAPABILITY -u ONEDNN_MAX_CPU_ISA";

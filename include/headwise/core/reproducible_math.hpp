@@ -41,6 +41,9 @@ bool strict_cpu_math_requested();
 // HEADWISE_MKL_BRANCH=COMPATIBLE (any other value: AVX2).
 const char* pinned_mkl_branch();
 
+// AVX2 with FMA: the CPUs on which pin_cpu_math_threads also pins ATen's and oneDNN's kernels.
+bool cpu_has_avx2_fma();
+
 // MKL's threaded ?gemm gives a small output (fewer tiles than threads) bits that depend on the
 // thread count, strict CNR mode or not: with torch 2.11's MKL, F.linear of [M, K] x [K, N]
 // differs between 1 and 2-16 threads for M <= 80, N <= 128 (M*N <= 10240 at 16 threads, up to
