@@ -61,7 +61,7 @@ normalised_report() {
 import json, sys
 SKIP = {"seconds", "probe_seconds", "total_seconds", "peak_rss_bytes", "peak_device_bytes",
         "calibration_seconds", "wall_seconds", "solve_ms", "elapsed_seconds", "timing",
-        "available_bytes", "rss_before_model_bytes"}
+        "available_bytes", "rss_before_model_bytes", "model_path", "inputs_sha256"}
 def strip(x):
     if isinstance(x, dict):
         return {k: strip(v) for k, v in x.items() if k not in SKIP and not k.endswith("_seconds")}
@@ -85,12 +85,17 @@ compare() {
       fi
       continue
     fi
-    if ! cmp -s "$a/$name.yaml" "$b/$name.yaml"; then
+    # A policy records the model's path relative to itself, and the inputs hash covers it: runs
+    # from two checkouts differ in those two lines only.
+    if ! cmp -s <(grep -v '^model_path:\|^  inputs_sha256:' "$a/$name.yaml") \
+      <(grep -v '^model_path:\|^  inputs_sha256:' "$b/$name.yaml"); then
       echo "DIFF $name: policy"; diff "$a/$name.yaml" "$b/$name.yaml" | head -20 || true; failed=1
     elif ! cmp -s <(normalised_report "$a/$name.json") <(normalised_report "$b/$name.json"); then
       echo "DIFF $name: report"
       diff <(normalised_report "$a/$name.json") <(normalised_report "$b/$name.json") | head -20 || true
       failed=1
+    elif ! cmp -s "$a/$name.yaml" "$b/$name.yaml"; then
+      echo "same $name (but for model_path and the inputs hash: another checkout)"
     else
       echo "same $name"
     fi
