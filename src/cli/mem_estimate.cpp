@@ -10,11 +10,13 @@
 
 #include "headwise/arch/context_guard.hpp"
 #include "headwise/arch/registry.hpp"
+#include "headwise/calib/engine.hpp"
 #include "headwise/cli/command.hpp"
 #include "headwise/core/error.hpp"
 #include "headwise/core/units.hpp"
 #include "headwise/io/checkpoint.hpp"
 #include "headwise/memory/report.hpp"
+#include "headwise/memory/tensor_parallel.hpp"
 #include "headwise/policy/policy.hpp"
 #include "policy_check.hpp"
 
@@ -31,7 +33,8 @@ struct MemEstimateArgs {
   std::string context, batch, block_size, kv_dtype, sink_tokens, state_dtype;
   std::string gpu_memory, reserve, weights_bytes;
   std::string engine, max_num_batched_tokens, max_model_len,
-      mamba_cache_mode;  // --engine vllm / both
+      mamba_cache_mode;              // --engine vllm / both
+  std::string tensor_parallel_size;  // --engine vllm: per rank and over all ranks
   bool per_layer = false;
   bool prometheus = false;
 };
@@ -164,8 +167,13 @@ memory::GpuFit gpu_fit(const MemEstimateArgs& a, const arch::ModelSpec& spec,
   return g;
 }
 
-memory::VllmOptions vllm_options(const MemEstimateArgs& a) {
+// vLLM's parameters: the flags, else those the policy was calibrated with (--engine vllm).
+memory::VllmOptions vllm_options(const MemEstimateArgs& a, const policy::Policy* p) {
   memory::VllmOptions v;
+  if (p != nullptr && p->engine) {
+    v.max_num_batched_tokens = p->engine->max_num_batched_tokens;
+    v.mamba_cache_mode = memory::parse_mamba_cache_mode(p->engine->mamba_cache_mode);
+  }
   if (!a.max_num_batched_tokens.empty()) {
     v.max_num_batched_tokens =
         parse_token_count(a.max_num_batched_tokens, "--max-num-batched-tokens");
@@ -179,8 +187,12 @@ memory::VllmOptions vllm_options(const MemEstimateArgs& a) {
 // What vLLM's allocator reserves for the same windows; its capacity under the same budget.
 memory::VllmReport vllm_report(const MemEstimateArgs& a, const arch::ModelSpec& spec,
                                const memory::HeadWindows& windows, const memory::MemoryOptions& o,
-                               const std::optional<memory::GpuFit>& gpu) {
-  const memory::VllmOptions v = vllm_options(a);
+                               const std::optional<memory::GpuFit>& gpu, const policy::Policy* p) {
+  const memory::VllmOptions v = vllm_options(a, p);
+  if (p != nullptr) {
+    if (const auto notice = calib::engine_parameters_notice(*p, o, v))
+      spdlog::warn("{}: {}", a.config, *notice);
+  }
   memory::VllmReport out;
   out.estimate = memory::vllm_estimate(spec, windows, o, v);
   out.full_kv_total_bytes =
@@ -213,7 +225,10 @@ void run(const MemEstimateArgs& a) {
   const arch::ModelSpec spec = arch::load_model_spec(dir);
 
   memory::Report report;
-  report.engine = a.engine.empty() ? memory::Engine::kHeadwise : memory::parse_engine(a.engine);
+  // A policy calibrated for vLLM (its `engine` record) is reported in vLLM's bytes by default.
+  report.engine = !a.engine.empty()                     ? memory::parse_engine(a.engine)
+                  : pol && pol->engine && !a.prometheus ? memory::Engine::kVllm
+                                                        : memory::Engine::kHeadwise;
   if (report.engine == memory::Engine::kHeadwise &&
       !(a.max_num_batched_tokens.empty() && a.mamba_cache_mode.empty())) {
     throw_input_error(
@@ -268,7 +283,7 @@ void run(const MemEstimateArgs& a) {
   else if (!a.reserve.empty() || !a.weights_bytes.empty())
     throw_input_error("--reserve/--weights-bytes: only with --gpu-memory");
   if (report.engine != memory::Engine::kHeadwise)
-    report.vllm = vllm_report(a, spec, windows, o, report.gpu);
+    report.vllm = vllm_report(a, spec, windows, o, report.gpu, pol ? &*pol : nullptr);
   // Everything is computed: only now print, so an error never leaves half a report.
   if (a.prometheus)
     std::cout << prometheus_text(report);
@@ -320,6 +335,10 @@ void setup(CLI::App& root) {
                   "vLLM's name for --context (give either; equal if both)");
   app->add_option("--max-num-batched-tokens", args->max_num_batched_tokens,
                   "vLLM's max_num_batched_tokens (default 8192: vllm serve on a >= 70 GiB GPU)");
+  app->add_option("--tensor-parallel-size", args->tensor_parallel_size,
+                  "vLLM's tensor_parallel_size (--engine vllm): what each rank reserves (its shard "
+                  "of every layer's heads and states) and all ranks together; the policy's "
+                  "windows must shard evenly");
   app->add_option("--mamba-cache-mode", args->mamba_cache_mode,
                   "vLLM's mamba_cache_mode: none (default), align or all (prefix caching of "
                   "Mamba/linear states)");

@@ -382,6 +382,53 @@ VllmEstimate vllm_estimate(const arch::ModelSpec& spec, const HeadWindows& windo
   return out;
 }
 
+namespace {
+
+// One head of a global layer as vLLM sees it in a group of its window, at the attention block.
+VllmSpec head_spec(const arch::ModelSpec& spec, const arch::LayerSpec& layer, int64_t window,
+                   const MemoryOptions& o, const VllmOptions& v) {
+  if (!layer.is_global() || !layer.attention)
+    throw_input_error("layer {}: not a global attention layer", layer.id);
+  VllmSpec s;
+  s.kind = window == kFullWindow ? VllmSpecKind::kFullAttention : VllmSpecKind::kSlidingWindow;
+  s.layer_id = layer.id;
+  s.global_layer = true;
+  s.num_kv_heads = 1;
+  s.head_dim = layer.attention->head_dim;
+  s.window = window == kFullWindow ? 0 : window;
+  s.block_size = vllm_block_size(spec, o, v);
+  s.unpadded_page_bytes = natural_page_bytes(s, s.block_size, o);
+  s.page_bytes = s.unpadded_page_bytes;
+  s.pages_per_request = vllm_pages_per_request(s, o, v);
+  return s;
+}
+
+int64_t head_spec_bytes(const VllmSpec& s, const MemoryOptions& o) {
+  return checked_mul(o.batch, checked_mul(s.pages_per_request, s.page_bytes));
+}
+
+}  // namespace
+
+int64_t vllm_head_bytes(const arch::ModelSpec& spec, const arch::LayerSpec& layer, int64_t window,
+                        const MemoryOptions& o, const VllmOptions& v) {
+  const int64_t full = head_spec_bytes(head_spec(spec, layer, kFullWindow, o, v), o);
+  if (window == kFullWindow) return full;
+  return std::min(full, head_spec_bytes(head_spec(spec, layer, window, o, v), o));
+}
+
+bool vllm_serves_as_full(const arch::ModelSpec& spec, const arch::LayerSpec& layer, int64_t window,
+                         const MemoryOptions& o, const VllmOptions& v) {
+  if (window == kFullWindow) return true;
+  return head_spec_bytes(head_spec(spec, layer, window, o, v), o) >=
+         head_spec_bytes(head_spec(spec, layer, kFullWindow, o, v), o);
+}
+
+int64_t vllm_fixed_bytes(const arch::ModelSpec& spec, const MemoryOptions& o,
+                         const VllmOptions& v) {
+  const VllmEstimate e = vllm_estimate(spec, full_kv_windows(spec), o, v);
+  return e.components.total() - e.components.global_kv_bytes;
+}
+
 Capacity vllm_capacity(const arch::ModelSpec& spec, const HeadWindows& windows,
                        const MemoryOptions& options, const VllmOptions& vllm,
                        int64_t cache_budget_bytes, int64_t context_limit) {

@@ -252,6 +252,25 @@ std::string hex_digest(const Reader& r, const YAML::Node& node, const std::strin
   return digest;
 }
 
+EngineRecord read_engine(const Reader& r, const YAML::Node& node) {
+  const std::set<std::string> keys{
+      "name",        "rules_version",      "max_num_batched_tokens", "mamba_cache_mode",
+      "total_bytes", "full_kv_total_bytes"};
+  r.check_keys(node, "engine", keys, keys);
+  EngineRecord e;
+  e.name = r.scalar(node["name"], "engine.name");
+  if (e.name != "vllm") r.fail(node["name"], "engine.name", "must be vllm");
+  e.rules_version = r.scalar(node["rules_version"], "engine.rules_version");
+  e.max_num_batched_tokens =
+      r.positive(node["max_num_batched_tokens"], "engine.max_num_batched_tokens");
+  e.mamba_cache_mode = r.scalar(node["mamba_cache_mode"], "engine.mamba_cache_mode");
+  if (e.mamba_cache_mode != "none" && e.mamba_cache_mode != "align" && e.mamba_cache_mode != "all")
+    r.fail(node["mamba_cache_mode"], "engine.mamba_cache_mode", "must be none, align or all");
+  e.total_bytes = r.non_negative(node["total_bytes"], "engine.total_bytes");
+  e.full_kv_total_bytes = r.non_negative(node["full_kv_total_bytes"], "engine.full_kv_total_bytes");
+  return e;
+}
+
 ModelFingerprint read_fingerprint(const Reader& r, const YAML::Node& node) {
   r.check_keys(node, "model_fingerprint", {"config_sha256", "weights_headers_sha256"},
                {"config_sha256"});
@@ -267,7 +286,7 @@ Policy read_document(const Reader& r, const YAML::Node& root) {
   r.check_keys(root, "",
                {"schema", "model_name", "model_path", "model_fingerprint", "budget_gb", "context",
                 "batch", "dtype", "state_dtype", "block_size", "sink_tokens", "window_levels",
-                "calibration", "memory", "non_global_layers", "per_layer_policies"},
+                "calibration", "memory", "engine", "non_global_layers", "per_layer_policies"},
                {"schema", "model_name", "budget_gb", "context", "batch", "dtype", "block_size",
                 "sink_tokens", "window_levels", "per_layer_policies"});
   if (r.scalar(root["schema"], "schema") != kSchema) {
@@ -298,6 +317,7 @@ Policy read_document(const Reader& r, const YAML::Node& root) {
                                                  : r.to_json(root["calibration"], "calibration");
   }
   if (root["memory"]) p.memory = read_memory(r, root["memory"]);
+  if (root["engine"]) p.engine = read_engine(r, root["engine"]);
   if (root["non_global_layers"])
     p.non_global_layers = read_non_global(r, root["non_global_layers"]);
   p.per_layer_policies = read_layer_policies(r, root["per_layer_policies"], p.window_levels);

@@ -125,6 +125,17 @@ std::string to_yaml(const Policy& p) {
   emit_json(out, p.calibration.is_null() ? nlohmann::json::object() : p.calibration);
   out << YAML::Key << "memory" << YAML::Value;
   emit_memory(out, p.memory);
+  if (p.engine) {  // only when calibrated for another engine: other policies stay byte-identical
+    out << YAML::Key << "engine" << YAML::Value << YAML::BeginMap;
+    out << YAML::Key << "name" << YAML::Value << p.engine->name;
+    out << YAML::Key << "rules_version" << YAML::Value << YAML::DoubleQuoted
+        << p.engine->rules_version;
+    out << YAML::Key << "max_num_batched_tokens" << YAML::Value << p.engine->max_num_batched_tokens;
+    out << YAML::Key << "mamba_cache_mode" << YAML::Value << p.engine->mamba_cache_mode;
+    out << YAML::Key << "total_bytes" << YAML::Value << p.engine->total_bytes;
+    out << YAML::Key << "full_kv_total_bytes" << YAML::Value << p.engine->full_kv_total_bytes;
+    out << YAML::EndMap;
+  }
   emit_layers(out, p);
   out << YAML::EndMap;
   HEADWISE_CHECK(out.good(), "YAML emitter: {}", out.GetLastError());

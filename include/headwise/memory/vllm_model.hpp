@@ -115,6 +115,28 @@ std::vector<VllmSpec> vllm_specs(const arch::ModelSpec& spec, const HeadWindows&
 // Bytes vLLM reserves for options.batch requests at options.context.
 VllmEstimate vllm_estimate(const arch::ModelSpec& spec, const HeadWindows& windows,
                            const MemoryOptions& options, const VllmOptions& vllm);
+// Calibrating in vLLM's bytes (calibrate --engine vllm). vLLM's reservation is not a sum over
+// heads (page unification and grouping couple them), so calibration prices each head on its own
+// and then fits the whole policy to the budget with vllm_estimate:
+// What one KV head of global `layer` costs at `window` (kFullWindow: full), times options.batch:
+// its share of a per-window group's pages at the attention block vllm_block_size() gives,
+//   full:      cdiv(L, b) pages of b tokens;
+//   window W:  cdiv(min(W - 1 + T, L), b) + 1 pages (the window + max_num_batched_tokens rule),
+// each page b x head_dim x 2 x kv element size bytes, and never more than full: a window that
+// reserves at least what full does is priced as full (and served as full: vllm_serves_as_full).
+// A group of fewer heads than the model's gets a coarser block (or a padded page) from the page
+// unification; vllm_estimate counts that, this per-head price does not.
+int64_t vllm_head_bytes(const arch::ModelSpec& spec, const arch::LayerSpec& layer, int64_t window,
+                        const MemoryOptions& options, const VllmOptions& vllm);
+// Whether a window reserves, per head at the attention block, at least what full does (at short
+// contexts or large max_num_batched_tokens: min(W - 1 + T, L) reaches L).
+bool vllm_serves_as_full(const arch::ModelSpec& spec, const arch::LayerSpec& layer, int64_t window,
+                         const MemoryOptions& options, const VllmOptions& vllm);
+// What vLLM reserves outside the global layers' heads (sliding layers' and state groups' pages,
+// without padding slots), times options.batch: the fixed part of a vLLM budget.
+int64_t vllm_fixed_bytes(const arch::ModelSpec& spec, const MemoryOptions& options,
+                         const VllmOptions& vllm);
+
 // Largest max_model_len at options.batch and largest batch at options.context within a budget.
 Capacity vllm_capacity(const arch::ModelSpec& spec, const HeadWindows& windows,
                        const MemoryOptions& options, const VllmOptions& vllm,

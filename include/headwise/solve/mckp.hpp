@@ -18,6 +18,7 @@
 //    `proven_optimal` then says whether that is also the distortion minimum.
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <limits>
 #include <optional>
 #include <string>
@@ -89,6 +90,22 @@ SolveResult relax_at(const std::vector<Group>& groups, double lambda);
 // Smallest lambda >= 0 whose relaxed solution fits `budget` (an exact breakpoint of the
 // groups' convex hulls, or 0). InfeasibleError when even the fewest bytes do not fit.
 double min_fitting_lambda(const std::vector<Group>& groups, int64_t budget);
+
+// Fitting a choice to a budget when the bytes are not a sum over groups: `total_bytes(choice)`
+// is the exact total (vLLM's reservation, where page unification and grouping couple heads);
+// Option::bytes is ignored. From `start`, single-group moves (one group to another option) and
+// layer moves (every group of one layer_id to one window), each priced by `total_bytes`:
+//  1. promotions: a move to a larger window that adds no bytes and no distortion, taken while
+//     any exists (a window that costs what a larger one costs gets the larger one);
+//  2. while the total is above `budget`: the move that saves bytes at the least distortion added
+//     per byte saved (ties: the larger saving, then the lower group and option);
+//  3. while some move to a larger window lowers the distortion and fits: the one that removes the
+//     most distortion per byte added (free ones first); then promotions again.
+// The result fits `budget`; InfeasibleError (with the smallest total reached) when no sequence of
+// such moves gets there. Deterministic: the same input gives the same choice.
+using TotalBytesFn = std::function<int64_t(const std::vector<size_t>& choice)>;
+SolveResult fit_coupled(const std::vector<Group>& groups, const std::vector<size_t>& start,
+                        const TotalBytesFn& total_bytes, int64_t budget);
 
 // Benchmark: a realistic random instance (context 160k, block 16, head_dim 128/256, bf16,
 // `sink_tokens` sinks) of layers x heads groups with `levels` windows; returns the slowest
