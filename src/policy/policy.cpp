@@ -31,8 +31,8 @@ memory::HeadWindows Policy::head_windows() const {
 }
 
 bool LayerPolicy::selects_tokens() const {
-  return std::find(kv_head_rules.begin(), kv_head_rules.end(), KeepRule::kH2O) !=
-         kv_head_rules.end();
+  return std::any_of(kv_head_rules.begin(), kv_head_rules.end(),
+                     [](const KeepRule& rule) { return rule.selects_tokens(); });
 }
 
 KeepRule LayerPolicy::rule(size_t head) const {
@@ -58,14 +58,38 @@ std::set<std::pair<int64_t, int64_t>> Policy::window_heads_of_selecting_layers()
   return out;
 }
 
-std::string keep_rule_name(KeepRule rule) {
-  return rule == KeepRule::kH2O ? "h2o" : "window";
+namespace {
+std::vector<std::string>& registered_rule_names() {
+  static std::vector<std::string> names = {KeepRule::kWindow.name(), KeepRule::kH2O.name()};
+  return names;
+}
+}  // namespace
+
+const std::vector<std::string>& keep_rule_names() {
+  return registered_rule_names();
+}
+
+void register_keep_rule_name(std::string_view name) {
+  auto& names = registered_rule_names();
+  HEADWISE_CHECK(!name.empty() && std::find(names.begin(), names.end(), name) == names.end(),
+                 "keep rule '{}' registered twice (or unnamed)", name);
+  names.emplace_back(name);
+}
+
+KeepRule KeepRule::from_name(std::string_view name, std::string_view key) {
+  const auto& names = keep_rule_names();
+  if (std::find(names.begin(), names.end(), name) == names.end()) {
+    throw_input_error("{}: '{}' is not a keep rule ({})", key, name, fmt::join(names, ", "));
+  }
+  return KeepRule(std::string(name));
+}
+
+std::string keep_rule_name(const KeepRule& rule) {
+  return rule.name();
 }
 
 KeepRule keep_rule_from_name(std::string_view name, std::string_view key) {
-  if (name == "window") return KeepRule::kWindow;
-  if (name == "h2o") return KeepRule::kH2O;
-  throw_input_error("{}: '{}' is not a keep rule (window, h2o)", key, name);
+  return KeepRule::from_name(name, key);
 }
 
 DType parse_state_dtype(std::string_view text, std::string_view what) {

@@ -175,11 +175,15 @@ std::vector<LayerPolicy> read_layer_policies(const Reader& r, const YAML::Node& 
       for (size_t h = 0; h < rules.size(); ++h) {
         const std::string key = fmt::format("{}.kv_head_rules[{}]", lctx, h);
         const std::string name = rules[h].IsScalar() ? rules[h].Scalar() : "";
-        if (name != "window" && name != "h2o") r.fail(rules[h], key, "must be window or h2o");
+        const auto& known = keep_rule_names();
+        if (std::find(known.begin(), known.end(), name) == known.end()) {
+          r.fail(rules[h], key, fmt::format("must be one of {}", fmt::join(known, ", ")));
+        }
         lp.kv_head_rules.push_back(keep_rule_from_name(name, key));
       }
     }
-    // A window is a ladder level; an h2o head's window only sizes its slots, so any length will do.
+    // A window is a ladder level; a selecting head's window only sizes its slots, so any length
+    // will do.
     for (size_t h = 0; h < windows.size(); ++h) {
       const int64_t w = lp.kv_head_windows[h];
       if (lp.rule(h) == KeepRule::kWindow &&

@@ -13,7 +13,7 @@ std::string h2o_heads(const Policy& policy) {
   for (const auto& layer : policy.per_layer_policies) {
     std::vector<std::string> heads;
     for (size_t h = 0; h < layer.kv_head_windows.size(); ++h) {
-      if (layer.rule(h) == KeepRule::kH2O) heads.push_back(std::to_string(h));
+      if (layer.rule(h).selects_tokens()) heads.push_back(std::to_string(h));
     }
     if (heads.empty()) continue;
     layers.push_back(fmt::format("layer {} head{} {}", layer.layer_id, heads.size() > 1 ? "s" : "",

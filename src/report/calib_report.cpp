@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <iterator>
+#include <set>
 
 #include "headwise/core/units.hpp"
 #include "headwise/core/window.hpp"
@@ -185,6 +186,17 @@ std::string ladder_colour(size_t level, size_t levels) {
   return kBlues[(std::min(level, levels - 1) * kLast + (levels - 1) / 2) / (levels - 1)];
 }
 
+// A selecting head's cell is marked with its rule's initial.
+char rule_mark(const policy::KeepRule& rule) {
+  return rule.name().front();
+}
+
+// What a selecting head's slots hold, as the heat map says it.
+std::string selected_tokens(const policy::KeepRule& rule) {
+  if (rule == policy::KeepRule::kH2O) return "heavy hitters (h2o)";
+  return fmt::format("tokens {} selects", rule.name());
+}
+
 }  // namespace
 
 std::string window_heatmap_svg(const arch::ModelSpec& spec,
@@ -197,14 +209,20 @@ std::string window_heatmap_svg(const arch::ModelSpec& spec,
   for (const auto& [id, w] : windows)
     max_heads = std::max<int64_t>(max_heads, static_cast<int64_t>(w.size()));
   const auto rows = static_cast<int>(windows.size());
-  const bool any_h2o = std::any_of(rules.begin(), rules.end(), [](const auto& layer) {
-    return std::find(layer.second.begin(), layer.second.end(), policy::KeepRule::kH2O) !=
-           layer.second.end();
-  });
+  std::set<policy::KeepRule> selecting;
+  for (const auto& layer : rules) {
+    for (const auto& rule : layer.second) {
+      if (rule.selects_tokens()) selecting.insert(rule);
+    }
+  }
+  std::string legend;
+  for (const auto& rule : selecting) {
+    legend += fmt::format("; {}: the head's slots hold {}, not a window", rule_mark(rule),
+                          selected_tokens(rule));
+  }
   const std::string footnote =
       fmt::format("{} global of {} layers; other layers keep their native cache{}", windows.size(),
-                  spec.num_layers(),
-                  any_h2o ? "; h: the head's slots hold heavy hitters (h2o), not a window" : "");
+                  spec.num_layers(), legend);
   // ~8 px per character at 14 px (the title), ~6 at 11 (the footnote): wide enough for both.
   const int width = std::max({left + static_cast<int>(max_heads) * cell + legend_w,
                               16 + 8 * static_cast<int>(title.size()),
@@ -221,15 +239,15 @@ std::string window_heatmap_svg(const arch::ModelSpec& spec,
     svg += fmt::format("<text x=\"{}\" y=\"{}\" text-anchor=\"middle\">{}</text>\n",
                        left + static_cast<int>(h) * cell + cell / 2, top - 6, h);
   }
-  // An h2o head's slots may have been cut below its level to pay for bookkeeping: the smallest
-  // level that holds them (levels are ascending, full largest).
+  // A selecting head's slots may have been cut below its level to pay for bookkeeping: the
+  // smallest level that holds them (levels are ascending, full largest).
   const auto level_of = [&](int64_t w) {
     const auto it = std::lower_bound(ladder.levels.begin(), ladder.levels.end(), w);
     return static_cast<size_t>(it - ladder.levels.begin());
   };
-  const auto is_h2o = [&](int64_t layer_id, size_t h) {
+  const auto rule_of = [&](int64_t layer_id, size_t h) {
     const auto it = rules.find(layer_id);
-    return it != rules.end() && h < it->second.size() && it->second[h] == policy::KeepRule::kH2O;
+    return it != rules.end() && h < it->second.size() ? it->second[h] : policy::KeepRule::kWindow;
   };
   int row = 0;
   for (const auto& [layer_id, heads] : windows) {
@@ -237,19 +255,20 @@ std::string window_heatmap_svg(const arch::ModelSpec& spec,
     svg += fmt::format("<text x=\"8\" y=\"{}\">layer {}</text>\n", y + 15, layer_id);
     for (size_t h = 0; h < heads.size(); ++h) {
       const size_t level = level_of(heads[h]);
-      const bool h2o = is_h2o(layer_id, h);
+      const policy::KeepRule rule = rule_of(layer_id, h);
       const int x = left + static_cast<int>(h) * cell;
       svg += fmt::format(
           "<rect x=\"{}\" y=\"{}\" width=\"{}\" height=\"{}\" fill=\"{}\" "
           "stroke=\"white\"><title>layer {} "
           "head {}: {}</title></rect>\n",
           x, y, cell, cell, ladder_colour(level, ladder.size()), layer_id, h,
-          h2o ? fmt::format("{} slots of heavy hitters (h2o)", heads[h]) : window_label(heads[h]));
-      if (h2o) {
+          rule.selects_tokens() ? fmt::format("{} slots of {}", heads[h], selected_tokens(rule))
+                                : window_label(heads[h]));
+      if (rule.selects_tokens()) {
         // Dark cells (the lower half of the ladder) take white text, pale ones dark.
         const bool dark = 2 * level < ladder.size();
-        svg += fmt::format("<text x=\"{}\" y=\"{}\" text-anchor=\"middle\" fill=\"{}\">h</text>\n",
-                           x + cell / 2, y + 15, dark ? "white" : "#08306b");
+        svg += fmt::format("<text x=\"{}\" y=\"{}\" text-anchor=\"middle\" fill=\"{}\">{}</text>\n",
+                           x + cell / 2, y + 15, dark ? "white" : "#08306b", rule_mark(rule));
       }
     }
     ++row;

@@ -9,6 +9,17 @@ namespace headwise::runtime {
 
 std::optional<EvictionOptions> policy_selection(const policy::Policy& policy) {
   if (!policy.selects_tokens()) return std::nullopt;
+  // The eviction cache runs one selecting rule, H2O, beside window heads.
+  for (const auto& layer : policy.per_layer_policies) {
+    for (size_t h = 0; h < layer.kv_head_windows.size(); ++h) {
+      const policy::KeepRule rule = layer.rule(h);
+      if (rule.selects_tokens() && rule != policy::KeepRule::kH2O) {
+        throw_input_error(
+            "layer {} head {}: the runtime serves the keep rules window and h2o, not {}",
+            layer.layer_id, h, rule.name());
+      }
+    }
+  }
   EvictionOptions o;
   o.method = EvictionMethod::kH2O;
   o.layers = policy.selecting_layers();

@@ -1,6 +1,7 @@
 #pragma once
 // Keep rules (`--keep-rules window,h2o`): after SeqCalib has decided every head's window, decide
-// which heads fill their slots with H2O's heavy hitters instead of their most recent tokens.
+// which heads fill their slots with tokens a rule selects (H2O's heavy hitters, or any rule that
+// registers a method: keep_rule_method.hpp) instead of their most recent tokens.
 //
 // A window keeps what is near; heavy hitters keep what the head's queries have attended to most,
 // wherever it is. Measured on the 8K default model at 4K and 50% of full KV (docs/seqcalib.md):
@@ -11,12 +12,15 @@
 // The walk. Global layers in execution order, on the stream the layers below produce under
 // their windows and the rules already chosen (with conditioning; full KV below without). For
 // each head whose slots are fewer than the calibration sequence's tokens (others never evict,
-// and their rule cannot be told apart), in head order: switch it to h2o, pay for the layer's
-// selection bookkeeping (memory::selection_bytes, counted in the policy's bytes) by taking slots
-// from the layer's h2o heads when the budget has no room for it, run the layer through exactly
-// the runtime's eviction code (runtime::simulate_eviction, chunked as the runtime prefills), and
+// and their rule cannot be told apart), in head order, each allowed rule in turn (h2o below):
+// switch it to h2o, pay for the layer's selection bookkeeping (memory::selection_bytes, counted
+// in the policy's bytes) by taking slots from the layer's h2o heads when the budget has no room
+// for it, run the layer through exactly the runtime's eviction code (runtime::simulate_eviction,
+// chunked as the runtime prefills; the rule's method), and
 // keep the switch when the answer divergence at the output (the policy's measure) goes down.
-// One pass: each head is tried once, given the rules chosen before it.
+// One pass: each head tries each rule once, given the rules chosen before it. Under the span
+// measure a layer with few candidates measures every assignment of rules to them in one batch
+// and keeps the best.
 #include <nlohmann/json.hpp>
 
 #include <cstdint>
@@ -42,6 +46,9 @@ bool parse_keep_rules(const std::string& text);
 std::string resolve_keep_rules(const std::string& text, DistortionMeasure measure);
 
 struct KeepRuleOptions {
+  // The rules a head may take instead of its window, each with a registered method
+  // (keep_rule_method.hpp), in the order the pass tries them.
+  std::vector<policy::KeepRule> rules = {policy::KeepRule::kH2O};
   memory::MemoryOptions memory;  // the policy's serving shape: slots and bookkeeping bytes
   int64_t budget_bytes = 0;      // the whole policy (fixed bytes included) must stay within it
   int64_t prefill_chunk = 256;   // the runtime's prefill chunk: H2O evicts after every chunk

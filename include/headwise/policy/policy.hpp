@@ -37,6 +37,7 @@
 #include "headwise/arch/model_spec.hpp"
 #include "headwise/core/dtype.hpp"
 #include "headwise/memory/memory_model.hpp"
+#include "headwise/policy/keep_rule.hpp"
 
 namespace headwise::policy {
 
@@ -44,18 +45,13 @@ inline constexpr std::string_view kSchema = "headwise/policy/v1";
 // A window of kFull means untruncated; files spell it `full`.
 inline constexpr int64_t kFull = memory::kFullWindow;
 
-// What fills a head's slots: its window (the most recent tokens, as the grouped cache keeps
-// them), or heavy hitters chosen online by H2O's rule (runtime/eviction_cache.hpp) in the same
-// slots. Files spell them `window` and `h2o`.
-enum class KeepRule { kWindow, kH2O };
-
 struct LayerPolicy {
   int64_t layer_id = 0;
   std::vector<int64_t> kv_head_windows;     // one per KV head, each a ladder level (kFull = full)
   std::vector<double> expected_distortion;  // empty, or one per KV head
   std::vector<KeepRule> kv_head_rules;  // empty (every head keeps its window), or one per KV head
 
-  bool selects_tokens() const;       // some head has the h2o rule
+  bool selects_tokens() const;       // some head's rule selects tokens (every rule but window)
   KeepRule rule(size_t head) const;  // the head's rule (kWindow when none is listed)
 };
 
@@ -118,16 +114,13 @@ struct Policy {
   memory::MemoryOptions memory_options()
       const;  // context, batch, dtype, state dtype, block size, sinks
   memory::HeadWindows head_windows() const;
-  // Global layers with an h2o head (the runtime's eviction cache holds them; their bookkeeping is
-  // in the memory block), and the (layer id, KV head) pairs of those layers that keep windows.
+  // Global layers with a head whose rule selects tokens (the runtime's eviction cache holds them;
+  // their bookkeeping is in the memory block), and the (layer id, KV head) pairs of those layers
+  // that keep windows.
   std::set<int64_t> selecting_layers() const;
   std::set<std::pair<int64_t, int64_t>> window_heads_of_selecting_layers() const;
   bool selects_tokens() const { return !selecting_layers().empty(); }
 };
-
-// "window" or "h2o"; keep_rule_from_name throws InputError naming `key` for anything else.
-std::string keep_rule_name(KeepRule rule);
-KeepRule keep_rule_from_name(std::string_view name, std::string_view key);
 
 // sha256 of config.json and of the safetensors headers (null when the directory has none).
 ModelFingerprint fingerprint_model(const std::filesystem::path& model_dir);

@@ -1,4 +1,4 @@
-// Keep rules: which heads fill their slots with heavy hitters. See keep_rules.hpp.
+// Keep rules: which heads fill their slots by a rule that selects tokens. See keep_rules.hpp.
 #include "headwise/calib/keep_rules.hpp"
 
 #include <spdlog/spdlog.h>
@@ -9,6 +9,7 @@
 #include "calib/walk/finite_checks.hpp"
 #include "headwise/arch/attention.hpp"
 #include "headwise/calib/activations.hpp"
+#include "headwise/calib/keep_rule_method.hpp"
 #include "headwise/calib/measure_traits.hpp"
 #include "headwise/core/error.hpp"
 #include "headwise/runtime/eviction_cache.hpp"
@@ -17,75 +18,98 @@ namespace headwise::calib {
 namespace {
 
 using Windows = std::map<int64_t, std::vector<int64_t>>;
+// A trial of one layer: the rule of each head that does not keep its window.
+using Trial = std::map<int64_t, policy::KeepRule>;
 
-// One global layer as the runtime runs it: H2O in the heads of `h2o`, windows in the others
-// (when `h2o` is empty, plain windowed attention, as the grouped cache). Every other layer exact.
+std::map<policy::KeepRule, std::set<int64_t>> heads_by_rule(const Trial& trial) {
+  std::map<policy::KeepRule, std::set<int64_t>> out;
+  for (const auto& [head, rule] : trial) out[rule].insert(head);
+  return out;
+}
+
+std::set<int64_t> trial_heads(const Trial& trial) {
+  std::set<int64_t> out;
+  for (const auto& entry : trial) out.insert(entry.first);
+  return out;
+}
+
+// Heads [h*group, (h+1)*group) of `from` into `into` ([batch, tokens, heads, head_dim]).
+void copy_head(at::Tensor& into, const at::Tensor& from, int64_t h, int64_t kv_heads) {
+  const int64_t group = from.size(2) / kv_heads;
+  into.slice(2, h * group, (h + 1) * group).copy_(from.slice(2, h * group, (h + 1) * group));
+}
+
+// One global layer as the runtime runs it under `trial`: one run per rule the trial uses (each
+// head's output depends only on its own keys, keep_rule_method.hpp), its heads composed; every
+// head keeps its window when the trial is empty.
+at::Tensor run_trial(const KeepRuleContext& context, const arch::AttentionInputs& in,
+                     const std::vector<int64_t>& windows, const Trial& trial) {
+  const auto by_rule = heads_by_rule(trial);
+  if (by_rule.empty()) {
+    return keep_rule_method(policy::KeepRule::kWindow).attend(context, in, windows, {});
+  }
+  at::Tensor out;
+  for (const auto& [rule, heads] : by_rule) {
+    const at::Tensor run = keep_rule_method(rule).attend(context, in, windows, heads);
+    if (!out.defined()) {
+      out = by_rule.size() == 1 ? run : run.clone();  // its other heads keep their windows
+      continue;
+    }
+    for (int64_t h : heads) copy_head(out, run, h, static_cast<int64_t>(windows.size()));
+  }
+  return out;
+}
+
+// One global layer under `trial`, every other layer exact.
 class RuleCore final : public arch::AttentionCore {
  public:
-  RuleCore(const arch::ModelSpec& spec, int64_t layer, const std::vector<int64_t>& windows,
-           const std::set<int64_t>& h2o, const KeepRuleOptions& o, int64_t chunk)
-      : spec_(spec),
+  RuleCore(const KeepRuleContext& context, int64_t layer, const std::vector<int64_t>& windows,
+           Trial trial)
+      : context_(context),
         layer_(layer),
         windows_(windows),
-        h2o_(h2o),
-        options_(o),
-        chunk_(chunk),
-        exact_(chunk) {}
+        trial_(std::move(trial)),
+        exact_(context.attention_chunk) {}
 
   at::Tensor attend(const arch::AttentionInputs& in) override {
     if (in.layer_id != layer_) return exact_.attend(in);
-    if (h2o_.empty())
-      return arch::windowed_attention(in, windows_, options_.memory.sink_tokens, chunk_);
-    runtime::EvictionOptions eviction;
-    eviction.method = runtime::EvictionMethod::kH2O;
-    eviction.layers = {layer_};
-    for (int64_t h = 0; h < static_cast<int64_t>(windows_.size()); ++h) {
-      if (!h2o_.contains(h)) eviction.window_heads.insert({layer_, h});
-    }
-    return runtime::simulate_eviction(spec_, in, windows_, options_.memory, eviction,
-                                      options_.prefill_chunk, chunk_);
+    return run_trial(context_, in, windows_, trial_);
   }
 
  private:
-  const arch::ModelSpec& spec_;
+  const KeepRuleContext& context_;
   int64_t layer_;
   std::vector<int64_t> windows_;
-  std::set<int64_t> h2o_;
-  const KeepRuleOptions& options_;
-  int64_t chunk_;
+  Trial trial_;
   arch::ExactAttentionCore exact_;
 };
 
 // The answer-span measure's trials of one layer: each KV head's attention output at the span,
-// from the site's window outputs or from H2O at the head's slots. H2O chooses each head's tokens
-// from that head's own scores, so one eviction run with every candidate head under H2O at a
-// given window gives every candidate's output at it: a layer runs the eviction once per distinct
-// window its trials give their h2o heads, not once per trial.
+// from the site's window outputs or from its rule at the head's slots. A rule chooses each head's
+// tokens from that head's own scores, so one run with every candidate head under a rule at a
+// given window gives every candidate's output under it: a layer runs each rule once per distinct
+// window its trials give that rule's heads, not once per trial.
 class SpanTrials {
  public:
-  SpanTrials(const arch::ModelSpec& spec, const SpanSite& site,
-             const std::vector<int64_t>& candidates, const std::vector<int64_t>& base,
-             const KeepRuleOptions& o, int64_t chunk)
-      : spec_(spec),
+  SpanTrials(const KeepRuleContext& context, const SpanSite& site,
+             const std::vector<int64_t>& candidates, const std::vector<int64_t>& base)
+      : context_(context),
         site_(site),
-        candidates_(candidates),
-        base_(base),
-        options_(o),
-        chunk_(chunk) {}
+        candidates_(candidates.begin(), candidates.end()),
+        base_(base) {}
 
-  SpanOutputs compose(const std::vector<int64_t>& windows, const std::set<int64_t>& h2o) {
+  SpanOutputs compose(const std::vector<int64_t>& windows, const Trial& trial) {
     SpanOutputs out;
+    const auto kv = static_cast<int64_t>(windows.size());
     for (size_t m = 0; m < site_.input.size(); ++m) {
-      const auto kv = static_cast<int64_t>(windows.size());
       at::Tensor composed;
       for (int64_t h = 0; h < kv; ++h) {
         const int64_t w = windows[static_cast<size_t>(h)];
-        const at::Tensor& source =
-            h2o.contains(h) ? h2o_at(w)[m] : site_.levels.at(w)[m];  // [Bm, S, heads, hd]
+        const auto rule = trial.find(h);
+        const at::Tensor& source = rule != trial.end() ? under(rule->second, w)[m]
+                                                       : site_.levels.at(w)[m];  // [Bm, S, heads, hd]
         if (!composed.defined()) composed = at::empty_like(source);
-        const int64_t group = source.size(2) / kv;
-        composed.slice(2, h * group, (h + 1) * group)
-            .copy_(source.slice(2, h * group, (h + 1) * group));
+        copy_head(composed, source, h, kv);
       }
       out.push_back(composed);
     }
@@ -93,41 +117,34 @@ class SpanTrials {
   }
 
  private:
-  const SpanOutputs& h2o_at(int64_t window) {
-    auto it = h2o_.find(window);
-    if (it != h2o_.end()) return it->second;
+  // Every candidate head's output at the span under `rule` with `window`'s slots.
+  const SpanOutputs& under(const policy::KeepRule& rule, int64_t window) {
+    const auto key = std::make_pair(rule, window);
+    auto it = runs_.find(key);
+    if (it != runs_.end()) return it->second;
     std::vector<int64_t> windows = base_;
-    runtime::EvictionOptions eviction;
-    eviction.method = runtime::EvictionMethod::kH2O;
-    eviction.layers = {site_.layer};
-    for (int64_t h = 0; h < static_cast<int64_t>(windows.size()); ++h) {
-      if (std::find(candidates_.begin(), candidates_.end(), h) != candidates_.end()) {
-        windows[static_cast<size_t>(h)] = window;
-      } else {
-        eviction.window_heads.insert({site_.layer, h});
-      }
-    }
+    for (int64_t h : candidates_) windows[static_cast<size_t>(h)] = window;
     SpanOutputs outputs;
     for (const auto& in : site_.attention) {
-      const at::Tensor all = runtime::simulate_eviction(spec_, in, windows, options_.memory,
-                                                        eviction, options_.prefill_chunk, chunk_);
+      HEADWISE_CHECK(in.layer_id == site_.layer, "span site of layer {} holds layer {}'s inputs",
+                     site_.layer, in.layer_id);
+      const at::Tensor all = keep_rule_method(rule).attend(context_, in, windows, candidates_);
       outputs.push_back(all.slice(1, all.size(1) - site_.input.front().size(1), all.size(1)));
     }
-    return h2o_.emplace(window, std::move(outputs)).first->second;
+    return runs_.emplace(key, std::move(outputs)).first->second;
   }
 
-  const arch::ModelSpec& spec_;
+  const KeepRuleContext& context_;
   const SpanSite& site_;
-  const std::vector<int64_t>& candidates_;
+  std::set<int64_t> candidates_;
   std::vector<int64_t> base_;
-  const KeepRuleOptions& options_;
-  int64_t chunk_;
-  std::map<int64_t, SpanOutputs> h2o_;  // window → every candidate head's H2O output at the span
+  std::map<std::pair<policy::KeepRule, int64_t>, SpanOutputs> runs_;  // (rule, window) → outputs
 };
 
-// With the span measure, a layer with at most this many candidate heads measures every set of them
-// in one batch (2^n - 1 trials); above it, each trial runs when the pass reaches it.
-constexpr size_t kBatchedTrialHeads = 4;
+// With the span measure, a layer whose trials (every assignment of its candidate heads to their
+// window or an allowed rule) are at most this many measures them all in one batch; above it,
+// each trial runs when the pass reaches it. 16: four candidates with h2o alone.
+constexpr size_t kBatchedTrials = 16;
 
 // The policy's total bytes with `windows` and the layers in `selecting` holding bookkeeping.
 int64_t total_bytes(const arch::ModelSpec& spec, const Windows& windows,
@@ -135,18 +152,18 @@ int64_t total_bytes(const arch::ModelSpec& spec, const Windows& windows,
   return memory::estimate(spec, windows, options, selecting).total_bytes;
 }
 
-// Layer `layer`'s windows with the heads of `h2o` selecting tokens, the h2o heads giving up
+// Layer `layer`'s windows with the heads of `selectors` selecting tokens, those heads giving up
 // slots one block at a time (the largest first) until the whole policy fits the budget; nullopt
 // when it cannot. `slots_given_up` receives how many they gave.
 std::optional<std::vector<int64_t>> pay_for_bookkeeping(
     const arch::ModelSpec& spec, Windows windows, std::set<int64_t> selecting, int64_t layer,
-    const std::set<int64_t>& h2o, const KeepRuleOptions& o, int64_t& slots_given_up) {
+    const std::set<int64_t>& selectors, const KeepRuleOptions& o, int64_t& slots_given_up) {
   selecting.insert(layer);
   std::vector<int64_t>& heads = windows.at(layer);
   slots_given_up = 0;
   while (total_bytes(spec, windows, selecting, o.memory) > o.budget_bytes) {
     int64_t widest = -1, widest_slots = 0;
-    for (int64_t h : h2o) {
+    for (int64_t h : selectors) {
       const int64_t slots = memory::global_head_slots(heads[static_cast<size_t>(h)], o.memory);
       if (slots > widest_slots) {
         widest = h;
@@ -162,13 +179,213 @@ std::optional<std::vector<int64_t>> pay_for_bookkeeping(
   return heads;
 }
 
-std::string rules_label(const std::vector<int64_t>& windows, const std::set<int64_t>& h2o) {
+std::string rules_label(const std::vector<int64_t>& windows, const Trial& trial) {
   std::string out;
   for (size_t h = 0; h < windows.size(); ++h) {
+    const auto rule = trial.find(static_cast<int64_t>(h));
     out += fmt::format("{}{}{}", h == 0 ? "" : ",", window_label(windows[h]),
-                       h2o.contains(static_cast<int64_t>(h)) ? ":h2o" : "");
+                       rule == trial.end() ? "" : ":" + rule->second.name());
   }
   return "[" + out + "]";
+}
+
+// Every trial of a layer's candidates, the empty one (every head at its window) first: each
+// assignment of a candidate to its window or one of `rules`, candidate c as digit c of a number in
+// base rules+1 (so with h2o alone, the sets of candidates in bit-mask order). Only the empty trial
+// when there are more than kBatchedTrials.
+std::vector<Trial> every_trial(const std::vector<int64_t>& candidates,
+                               const std::vector<policy::KeepRule>& rules) {
+  const size_t choices = rules.size() + 1;
+  size_t count = 1;
+  for (size_t c = 0; c < candidates.size(); ++c) {
+    count *= choices;
+    if (count > kBatchedTrials) return {Trial{}};
+  }
+  std::vector<Trial> out;
+  for (size_t code = 0; code < count; ++code) {
+    Trial trial;
+    size_t rest = code;
+    for (int64_t head : candidates) {
+      const size_t digit = rest % choices;
+      rest /= choices;
+      if (digit > 0) trial.emplace(head, rules[digit - 1]);
+    }
+    out.push_back(std::move(trial));
+  }
+  return out;
+}
+
+// The heads of layer `base` whose slots are fewer than the calibration tokens: only they evict,
+// so only their rule can be told apart.
+std::vector<int64_t> evicting_heads(const std::vector<int64_t>& base, int64_t tokens,
+                                    const memory::MemoryOptions& memory) {
+  std::vector<int64_t> out;
+  for (int64_t h = 0; h < static_cast<int64_t>(base.size()); ++h) {
+    if (memory::global_head_slots(base[static_cast<size_t>(h)], memory) < tokens) out.push_back(h);
+  }
+  return out;
+}
+
+// One global layer's pass: measures its trials (on the answer span, or exactly on every token)
+// and keeps the best. Everything it reads lives in the pass; the layer's decision is its result.
+class LayerPass {
+ public:
+  struct Decision {
+    Trial chosen;
+    std::vector<int64_t> windows;  // the layer's, its selecting heads' slots paid for
+    KeepRuleLayer report;
+  };
+
+  LayerPass(const KeepRuleContext& context, const KeepRuleOptions& o, int64_t layer,
+            const Windows& decided, const std::set<int64_t>& selecting, int64_t tokens,
+            ActivationStream& stream, std::optional<AnswerReference>& exact_measure,
+            int64_t& evaluations)
+      : context_(context),
+        o_(o),
+        layer_(layer),
+        decided_(decided),
+        selecting_(selecting),
+        base_(decided.at(layer)),
+        stream_(stream),
+        exact_measure_(exact_measure),
+        evaluations_(evaluations) {
+    decision_.report.layer_id = layer;
+    decision_.report.candidates = evicting_heads(base_, tokens, o.memory);
+    decision_.windows = base_;
+  }
+
+  Decision run() {
+    const auto& candidates = decision_.report.candidates;
+    if (candidates.empty()) return decision_;
+    bool exhaustive = false;
+    if (o_.span != nullptr) exhaustive = measure_span_batch();
+    best_ = decision_.report.divergence_windows =
+        site_ ? span_value({}, base_) : exact_measure_->evaluate(layer_, stream_, base_);
+    ++evaluations_;
+    if (exhaustive) {
+      choose_among_batch();
+    } else {
+      // One pass: each head tries each rule once, given the rules chosen before it.
+      for (int64_t h : candidates) {
+        for (const auto& rule : o_.rules) try_head(h, rule);
+      }
+    }
+    decision_.report.divergence_chosen = best_;
+    return decision_;
+  }
+
+ private:
+  // The windows of a trial's layer, its selecting heads paying for the bookkeeping (nullopt: no
+  // room).
+  std::optional<std::vector<int64_t>> paid_for(const Trial& trial, int64_t& given_up) const {
+    Windows windows = decided_;
+    windows[layer_] = base_;
+    return pay_for_bookkeeping(context_.spec, windows, selecting_, layer_, trial_heads(trial), o_,
+                               given_up);
+  }
+
+  // Every trial the pass can reach, measured in one batch when there are few: returns whether it
+  // did (the pass then chooses the best of them, not one head at a time: a lone h2o head pays the
+  // layer's whole bookkeeping from its slots; measured on the 8K default model, the first head's
+  // trial then looks worse than its window while three heads at 448 slots beat it).
+  bool measure_span_batch() {
+    site_.emplace(o_.span->capture(layer_, stream_, /*keep_attention=*/true));
+    trials_.emplace(context_, *site_, decision_.report.candidates, base_);
+    const std::vector<Trial> reachable = every_trial(decision_.report.candidates, o_.rules);
+    std::vector<Trial> batch;
+    std::vector<SpanOutputs> outputs;
+    for (const auto& trial : reachable) {
+      int64_t given_up = 0;
+      const auto paid = trial.empty() ? std::optional(base_) : paid_for(trial, given_up);
+      if (!paid) continue;
+      batch.push_back(trial);
+      outputs.push_back(trials_->compose(*paid, trial));
+    }
+    const auto values =
+        o_.span->evaluate(*site_, outputs, fmt::format("layer {}: keep rules", layer_));
+    for (size_t t = 0; t < batch.size(); ++t) span_memo_.emplace(batch[t], values[t]);
+    return reachable.size() > 1;
+  }
+
+  // The span measure of a trial, from the batch or on its own.
+  double span_value(const Trial& trial, const std::vector<int64_t>& paid) {
+    if (!span_memo_.contains(trial)) {
+      span_memo_[trial] = o_.span
+                              ->evaluate(*site_, {trials_->compose(paid, trial)},
+                                         fmt::format("layer {}: {}", layer_, rules_label(paid, trial)))
+                              .front();
+    }
+    return span_memo_.at(trial);
+  }
+
+  void choose_among_batch() {
+    for (const auto& [trial, value] : span_memo_) {
+      if (trial.empty()) continue;
+      ++evaluations_;
+      int64_t given_up = 0;
+      const auto paid = paid_for(trial, given_up);
+      spdlog::info("layer {} {}: {} {:.6g}", layer_, rules_label(*paid, trial),
+                   divergence_label(o_.divergence), value);
+      keep_if_better(trial, *paid, given_up, value);
+    }
+  }
+
+  void try_head(int64_t head, const policy::KeepRule& rule) {
+    Trial trial = decision_.chosen;
+    trial[head] = rule;
+    int64_t given_up = 0;
+    const auto paid = paid_for(trial, given_up);
+    if (!paid) {
+      spdlog::info(
+          "layer {} head {}: {} does not fit the budget with the layer's selection bookkeeping",
+          layer_, head, rule.name());
+      return;
+    }
+    double divergence = 0.0;
+    if (site_) {
+      divergence = span_value(trial, *paid);
+    } else {
+      RuleCore core(context_, layer_, *paid, trial);
+      divergence = exact_measure_->evaluate_attention(
+          layer_, stream_,
+          [&](const arch::AttentionInputs& in, int64_t) { return core.attend(in); },
+          rules_label(*paid, trial));
+    }
+    ++evaluations_;
+    spdlog::info("layer {} {}: {} {:.6g} (best so far {:.6g})", layer_, rules_label(*paid, trial),
+                 divergence_label(o_.divergence), divergence, best_);
+    keep_if_better(trial, *paid, given_up, divergence);
+  }
+
+  void keep_if_better(const Trial& trial, const std::vector<int64_t>& paid, int64_t given_up,
+                      double value) {
+    if (value >= best_) return;
+    best_ = value;
+    decision_.chosen = trial;
+    decision_.windows = paid;
+    decision_.report.slots_given_up = given_up;
+  }
+
+  const KeepRuleContext& context_;
+  const KeepRuleOptions& o_;
+  int64_t layer_;
+  const Windows& decided_;
+  const std::set<int64_t>& selecting_;
+  std::vector<int64_t> base_;
+  ActivationStream& stream_;
+  std::optional<AnswerReference>& exact_measure_;
+  int64_t& evaluations_;
+  std::optional<SpanSite> site_;
+  std::optional<SpanTrials> trials_;
+  std::map<Trial, double> span_memo_;  // trial → divergence (the span measure)
+  double best_ = 0.0;
+  Decision decision_;
+};
+
+std::vector<policy::KeepRule> rules_of(const Trial& chosen, size_t heads) {
+  std::vector<policy::KeepRule> rules(heads, policy::KeepRule::kWindow);
+  for (const auto& [h, rule] : chosen) rules[static_cast<size_t>(h)] = rule;
+  return rules;
 }
 
 }  // namespace
@@ -198,10 +415,14 @@ KeepRuleResult choose_keep_rules(arch::DecoderModel& model,
                                  const Windows& windows, const KeepRuleOptions& o) {
   const auto start = std::chrono::steady_clock::now();
   const arch::ModelSpec& spec = model.spec();
-  const int64_t chunk = model.attention_chunk();
   HEADWISE_CHECK(!sequences.empty() && o.prefill_chunk > 0,
                  "keep rules: {} sequences, prefill chunk {}", sequences.size(), o.prefill_chunk);
+  for (const auto& rule : o.rules) {
+    HEADWISE_CHECK(rule.selects_tokens(), "keep rules: window is every head's base, not a trial");
+    keep_rule_method(rule);  // a rule without a method fails here, before any layer runs
+  }
   const auto tokens = static_cast<int64_t>(sequences.front().size());
+  const KeepRuleContext context{spec, o.memory, o.prefill_chunk, model.attention_chunk()};
   KeepRuleResult result;
   result.windows = windows;
   std::set<int64_t> selecting;
@@ -216,144 +437,28 @@ KeepRuleResult choose_keep_rules(arch::DecoderModel& model,
                           dist::single_process(), o.divergence);
   }
   ActivationStream stream(model, sequences, o.micro_batch, o.activations);
-  arch::ExactAttentionCore exact(chunk);
+  arch::ExactAttentionCore exact(context.attention_chunk);
   for (int64_t i = 0; i < spec.num_layers(); ++i) {
     model.prefetch_layer(i + 1);
     const bool global = spec.layer(i).is_global();
-    std::set<int64_t> chosen;
+    Trial chosen;
     if (global) {
-      KeepRuleLayer report;
-      report.layer_id = i;
-      const std::vector<int64_t> base = windows.at(i);
-      for (int64_t h = 0; h < static_cast<int64_t>(base.size()); ++h) {
-        if (memory::global_head_slots(base[static_cast<size_t>(h)], o.memory) < tokens)
-          report.candidates.push_back(h);
-      }
-      std::vector<int64_t> current = base;
-      double best = 0.0;
-      // The windows of a trial's layer, its h2o heads paying for the bookkeeping (nullopt: no
-      // room).
-      const auto paid_for = [&](const std::set<int64_t>& trial, int64_t& given_up) {
-        Windows trial_windows = result.windows;
-        trial_windows[i] = base;
-        return pay_for_bookkeeping(spec, trial_windows, selecting, i, trial, o, given_up);
-      };
-      std::optional<SpanSite> site;
-      std::optional<SpanTrials> trials;
-      std::map<std::set<int64_t>, double> span_memo;  // trial → divergence (the span measure)
-      // Every set of candidates measured: choose the best set, not one head at a time. (A lone h2o
-      // head pays the layer's whole bookkeeping from its slots; measured on the 8K default model,
-      // the first head's trial then looks worse than its window while three heads at 448 slots beat
-      // it.)
-      bool exhaustive = false;
-      if (o.span != nullptr && !report.candidates.empty()) {
-        site.emplace(o.span->capture(i, stream, /*keep_attention=*/true));
-        trials.emplace(spec, *site, report.candidates, base, o, chunk);
-        // Every trial the pass can reach, in one batch when there are few: the windows, then each
-        // set of candidates (the pass tries each head given the ones chosen before it).
-        std::vector<std::set<int64_t>> reachable{{}};
-        if (report.candidates.size() <= kBatchedTrialHeads) {
-          for (size_t mask = 1; mask < (size_t{1} << report.candidates.size()); ++mask) {
-            std::set<int64_t> trial;
-            for (size_t c = 0; c < report.candidates.size(); ++c) {
-              if (mask >> c & 1) trial.insert(report.candidates[c]);
-            }
-            reachable.push_back(trial);
-          }
-        }
-        std::vector<std::set<int64_t>> batch;
-        std::vector<SpanOutputs> outputs;
-        for (const auto& trial : reachable) {
-          int64_t given_up = 0;
-          const auto paid = trial.empty() ? std::optional(base) : paid_for(trial, given_up);
-          if (!paid) continue;
-          batch.push_back(trial);
-          outputs.push_back(trials->compose(*paid, trial));
-        }
-        const auto values =
-            o.span->evaluate(*site, outputs, fmt::format("layer {}: keep rules", i));
-        for (size_t t = 0; t < batch.size(); ++t) span_memo.emplace(batch[t], values[t]);
-        exhaustive = reachable.size() > 1;
-      }
-      // The span measure of a trial, from the batch or on its own.
-      const auto span_value = [&](const std::set<int64_t>& trial,
-                                  const std::vector<int64_t>& paid) {
-        if (!span_memo.contains(trial)) {
-          span_memo[trial] =
-              o.span
-                  ->evaluate(*site, {trials->compose(paid, trial)},
-                             fmt::format("layer {}: {}", i, rules_label(paid, trial)))
-                  .front();
-        }
-        return span_memo.at(trial);
-      };
-      if (!report.candidates.empty()) {
-        best = report.divergence_windows =
-            site ? span_value({}, base) : exact_measure->evaluate(i, stream, base);
-        ++result.evaluations;
-      }
-      if (exhaustive) {
-        for (const auto& [trial, value] : span_memo) {
-          if (trial.empty()) continue;
-          ++result.evaluations;
-          int64_t given_up = 0;
-          const auto paid = paid_for(trial, given_up);
-          spdlog::info("layer {} {}: {} {:.6g}", i, rules_label(*paid, trial),
-                       divergence_label(o.divergence), value);
-          if (value < best) {
-            best = value;
-            chosen = trial;
-            current = *paid;
-            report.slots_given_up = given_up;
-          }
-        }
-      }
-      for (int64_t h : exhaustive ? std::vector<int64_t>{} : report.candidates) {
-        std::set<int64_t> trial = chosen;
-        trial.insert(h);
-        int64_t given_up = 0;
-        const auto paid = paid_for(trial, given_up);
-        if (!paid) {
-          spdlog::info(
-              "layer {} head {}: h2o does not fit the budget with the layer's selection "
-              "bookkeeping",
-              i, h);
-          continue;
-        }
-        double divergence = 0.0;
-        if (site) {
-          divergence = span_value(trial, *paid);
-        } else {
-          RuleCore core(spec, i, *paid, trial, o, chunk);
-          divergence = exact_measure->evaluate_attention(
-              i, stream, [&](const arch::AttentionInputs& in, int64_t) { return core.attend(in); },
-              rules_label(*paid, trial));
-        }
-        ++result.evaluations;
-        spdlog::info("layer {} {}: {} {:.6g} (best so far {:.6g})", i, rules_label(*paid, trial),
-                     divergence_label(o.divergence), divergence, best);
-        if (divergence < best) {
-          best = divergence;
-          chosen = trial;
-          current = *paid;
-          report.slots_given_up = given_up;
-        }
-      }
-      report.divergence_chosen = best;
-      result.windows[i] = current;
+      auto decision = LayerPass(context, o, i, result.windows, selecting, tokens, stream,
+                                exact_measure, result.evaluations)
+                          .run();
+      chosen = decision.chosen;
+      result.windows[i] = decision.windows;
       if (!chosen.empty()) {
         selecting.insert(i);
-        report.selection_bytes =
-            memory::selection_bytes(*spec.layer(i).attention, current, o.memory);
+        decision.report.selection_bytes =
+            memory::selection_bytes(*spec.layer(i).attention, decision.windows, o.memory);
       }
-      std::vector<policy::KeepRule> rules(base.size(), policy::KeepRule::kWindow);
-      for (int64_t h : chosen) rules[static_cast<size_t>(h)] = policy::KeepRule::kH2O;
-      result.rules[i] = rules;
-      result.layers.push_back(report);
+      result.rules[i] = rules_of(chosen, decision.windows.size());
+      result.layers.push_back(std::move(decision.report));
     }
     // The stream the layers above see: this layer as decided (conditioned) or at full KV.
     if (global && o.conditioned) {
-      RuleCore core(spec, i, result.windows.at(i), chosen, o, chunk);
+      RuleCore core(context, i, result.windows.at(i), chosen);
       stream.apply([&](const at::Tensor& h) {
         return checked_finite(model.run_layer(i, h, {&core, nullptr, 0}), i, spec.layer(i).kind);
       });
