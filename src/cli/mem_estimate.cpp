@@ -184,16 +184,40 @@ memory::VllmOptions vllm_options(const MemEstimateArgs& a, const policy::Policy*
   return v;
 }
 
+int64_t tensor_parallel_size(const MemEstimateArgs& a) {
+  if (a.tensor_parallel_size.empty()) return 1;
+  const int64_t tp = parse_token_count(a.tensor_parallel_size, "--tensor-parallel-size");
+  if (tp < 1) throw_input_error("--tensor-parallel-size: must be positive, got {}", tp);
+  return tp;
+}
+
 // What vLLM's allocator reserves for the same windows; its capacity under the same budget.
-memory::VllmReport vllm_report(const MemEstimateArgs& a, const arch::ModelSpec& spec,
-                               const memory::HeadWindows& windows, const memory::MemoryOptions& o,
+// Under tensor parallelism (--tensor-parallel-size N): what one rank reserves, every rank the
+// same, for the rank's shard of the model and of the windows (memory/tensor_parallel.hpp).
+memory::VllmReport vllm_report(const MemEstimateArgs& a, const arch::ModelSpec& full_spec,
+                               const memory::HeadWindows& all_windows,
+                               const memory::MemoryOptions& o,
                                const std::optional<memory::GpuFit>& gpu, const policy::Policy* p) {
   const memory::VllmOptions v = vllm_options(a, p);
   if (p != nullptr) {
     if (const auto notice = calib::engine_parameters_notice(*p, o, v))
       spdlog::warn("{}: {}", a.config, *notice);
   }
+  const int64_t tp = tensor_parallel_size(a);
+  if (tp > 1) {
+    if (auto bad = memory::first_unshardable_layer(all_windows, tp)) {
+      throw_input_error(
+          "--tensor-parallel-size {}: {} layer {}: {}; vLLM builds one KV cache layout for every "
+          "rank, so each rank's shard must hold the same windows (calibrate with "
+          "--tensor-parallel-size {})",
+          tp, a.config.empty() ? std::string("the windows of") : a.config, bad->first, bad->second,
+          tp);
+    }
+  }
+  const arch::ModelSpec spec = memory::shard_model_spec(full_spec, tp);
+  const memory::HeadWindows windows = memory::shard_windows(all_windows, tp, 0);
   memory::VllmReport out;
+  out.tensor_parallel_size = tp;
   out.estimate = memory::vllm_estimate(spec, windows, o, v);
   out.full_kv_total_bytes =
       memory::vllm_estimate(spec, memory::full_kv_windows(spec), o, v).total_bytes;
@@ -229,6 +253,16 @@ void run(const MemEstimateArgs& a) {
   report.engine = !a.engine.empty()                     ? memory::parse_engine(a.engine)
                   : pol && pol->engine && !a.prometheus ? memory::Engine::kVllm
                                                         : memory::Engine::kHeadwise;
+  if (!a.tensor_parallel_size.empty() && report.engine != memory::Engine::kVllm) {
+    throw_input_error(
+        "--tensor-parallel-size: only with --engine vllm (headwise's runtime has no tensor "
+        "parallelism)");
+  }
+  if (!a.tensor_parallel_size.empty() && !a.gpu_memory.empty()) {
+    throw_input_error(
+        "--tensor-parallel-size with --gpu-memory: a rank's share of the weights is not "
+        "modelled; mem-estimate states each rank's reservation, size vLLM's pool per rank");
+  }
   if (report.engine == memory::Engine::kHeadwise &&
       !(a.max_num_batched_tokens.empty() && a.mamba_cache_mode.empty())) {
     throw_input_error(

@@ -220,6 +220,10 @@ nlohmann::json vllm_json(const Report& r) {
        r.weights_bytes ? nlohmann::json(*r.weights_bytes) : nlohmann::json(nullptr)},
       {"layers", layers_json(e.layers)},
   };
+  // Under tensor parallelism every figure above is one rank's (vLLM's own per-rank view).
+  out["tensor_parallel_size"] = v.tensor_parallel_size;
+  out["all_ranks_bytes"] = v.tensor_parallel_size * e.total_bytes;
+  out["all_ranks_full_kv_bytes"] = v.tensor_parallel_size * v.full_kv_total_bytes;
   if (r.gpu && v.gpu_full_kv && v.gpu_policy) {
     GpuFit g = *r.gpu;
     g.full_kv = *v.gpu_full_kv;
@@ -310,7 +314,14 @@ std::string vllm_table(const Report& r, bool per_layer) {
       fmt::format("{} — {}\ncontext {} ({}), batch {}, KV {}{}\n", r.model, r.policy_label,
                   o.context, format_tokens(o.context), o.batch, dtype_name(o.kv_dtype),
                   o.state_dtype ? fmt::format(", states {}", dtype_name(*o.state_dtype)) : "");
-  out += vllm_header(r) + "\n";
+  out += vllm_header(r);
+  if (r.vllm->tensor_parallel_size > 1) {
+    const int64_t tp = r.vllm->tensor_parallel_size;
+    out += fmt::format(
+        "  tensor parallel {}: every figure below is one rank's; all {} ranks reserve {} B ({})\n",
+        tp, tp, tp * e.total_bytes, format_bytes(tp * e.total_bytes));
+  }
+  out += "\n";
   out += fmt::format("  {:<22} {:>20} {:>14} {:>7}\n", "component", "bytes", "", "share");
   for (const auto& d : differences(r)) {
     out += fmt::format("  {:<22} {:>20} {:>14} {:>7}\n", d.component, d.vllm, format_bytes(d.vllm),

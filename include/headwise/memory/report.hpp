@@ -28,6 +28,8 @@ Engine parse_engine(std::string_view text);  // InputError names --engine
 
 // The vLLM side of a report: what its allocator reserves, and its capacity under --gpu-memory.
 struct VllmReport {
+  // Above 1: `estimate` is one tensor-parallel rank's reservation (every rank's is the same).
+  int64_t tensor_parallel_size = 1;
   VllmEstimate estimate;
   int64_t full_kv_total_bytes = 0;
   std::optional<Capacity> gpu_full_kv;
