@@ -257,9 +257,13 @@ std::string hex_digest(const Reader& r, const YAML::Node& node, const std::strin
 }
 
 EngineRecord read_engine(const Reader& r, const YAML::Node& node) {
-  const std::set<std::string> keys{
-      "name",        "rules_version",      "max_num_batched_tokens", "mamba_cache_mode",
-      "total_bytes", "full_kv_total_bytes"};
+  const std::set<std::string> keys{"name",
+                                   "rules_version",
+                                   "max_num_batched_tokens",
+                                   "mamba_cache_mode",
+                                   "attention_block_size",
+                                   "total_bytes",
+                                   "full_kv_total_bytes"};
   r.check_keys(node, "engine", keys, keys);
   EngineRecord e;
   e.name = r.scalar(node["name"], "engine.name");
@@ -270,6 +274,7 @@ EngineRecord read_engine(const Reader& r, const YAML::Node& node) {
   e.mamba_cache_mode = r.scalar(node["mamba_cache_mode"], "engine.mamba_cache_mode");
   if (e.mamba_cache_mode != "none" && e.mamba_cache_mode != "align" && e.mamba_cache_mode != "all")
     r.fail(node["mamba_cache_mode"], "engine.mamba_cache_mode", "must be none, align or all");
+  e.attention_block_size = r.positive(node["attention_block_size"], "engine.attention_block_size");
   e.total_bytes = r.non_negative(node["total_bytes"], "engine.total_bytes");
   e.full_kv_total_bytes = r.non_negative(node["full_kv_total_bytes"], "engine.full_kv_total_bytes");
   return e;

@@ -132,6 +132,7 @@ std::string to_yaml(const Policy& p) {
         << p.engine->rules_version;
     out << YAML::Key << "max_num_batched_tokens" << YAML::Value << p.engine->max_num_batched_tokens;
     out << YAML::Key << "mamba_cache_mode" << YAML::Value << p.engine->mamba_cache_mode;
+    out << YAML::Key << "attention_block_size" << YAML::Value << p.engine->attention_block_size;
     out << YAML::Key << "total_bytes" << YAML::Value << p.engine->total_bytes;
     out << YAML::Key << "full_kv_total_bytes" << YAML::Value << p.engine->full_kv_total_bytes;
     out << YAML::EndMap;

@@ -187,7 +187,7 @@ TEST_CASE("vLLM: the policy records the engine; the notice names parameters that
   p.window_levels = {64, memory::kFullWindow};
   p.per_layer_policies = {{1, {64, memory::kFullWindow}, {}, {}}};
   REQUIRE_FALSE(calib::engine_parameters_notice(p, serving(8192), chunk(4096)));  // no record
-  p.engine = policy::EngineRecord{"vllm", "0.25.1", 2048, "none", 123, 456};
+  p.engine = policy::EngineRecord{"vllm", "0.25.1", 2048, "none", 128, 123, 456};
   REQUIRE_FALSE(calib::engine_parameters_notice(p, serving(8192), chunk(2048)));
   const auto notice = calib::engine_parameters_notice(p, serving(8192, 16), chunk(8192));
   REQUIRE(notice);

@@ -70,15 +70,17 @@ struct PolicyMemory {
 // The engine whose bytes the budget counted, when it is not headwise's own cache (calibrate
 // --engine vllm), with the parameters that set its bytes; the file's
 //   engine: {name: vllm, rules_version: 0.25.1, max_num_batched_tokens: 2048,
-//            mamba_cache_mode: none, total_bytes: N, full_kv_total_bytes: N}
+//            mamba_cache_mode: none, attention_block_size: 640, total_bytes: N,
+//            full_kv_total_bytes: N}
 // (block size, context, batch, dtypes: the policy's own fields). Absent in every other policy.
 struct EngineRecord {
   std::string name = "vllm";
   std::string rules_version;  // VLLM_RULES_VERSION the bytes follow
   int64_t max_num_batched_tokens = 0;
   std::string mamba_cache_mode = "none";
-  int64_t total_bytes = 0;          // vLLM's reservation for `batch` requests at `context`
-  int64_t full_kv_total_bytes = 0;  // the same without a policy
+  int64_t attention_block_size = 0;  // vLLM's block after its hybrid alignment (block_size or more)
+  int64_t total_bytes = 0;           // vLLM's reservation for `batch` requests at `context`
+  int64_t full_kv_total_bytes = 0;   // the same without a policy
 };
 
 struct ModelFingerprint {
