@@ -28,14 +28,13 @@ class PrefixRule final : public calib::KeepRuleMethod {
   at::Tensor attend(const calib::KeepRuleContext& c, const arch::AttentionInputs& in,
                     const std::vector<int64_t>& windows,
                     const std::set<int64_t>& heads) const override {
-    at::Tensor out =
-        arch::windowed_attention(in, windows, c.memory.sink_tokens, c.attention_chunk);
+    at::Tensor out = arch::windowed_attention(in, windows, c.memory.sink_tokens, c.attention_chunk);
     const auto kv = static_cast<int64_t>(windows.size());
     const int64_t group = out.size(2) / kv;
     for (int64_t h : heads) {
       const int64_t slots = memory::global_head_slots(windows[static_cast<size_t>(h)], c.memory);
-      const at::Tensor first = arch::windowed_attention(in, std::vector<int64_t>(kv, 1),
-                                                        slots - 1, c.attention_chunk);
+      const at::Tensor first =
+          arch::windowed_attention(in, std::vector<int64_t>(kv, 1), slots - 1, c.attention_chunk);
       out.slice(2, h * group, (h + 1) * group).copy_(first.slice(2, h * group, (h + 1) * group));
     }
     return out;

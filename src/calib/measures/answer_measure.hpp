@@ -19,8 +19,9 @@ class AnswerMeasure : public Measure {
   explicit AnswerMeasure(const RunInputs& in);
 
   void probe(const RunInputs& in, RunState& state) override;
-  std::vector<int64_t> decide_and_run(const RunInputs& in, RunState& state, int64_t layer,
-                                      ActivationStream& stream, LayerReport& report) override;
+  LayerDecision decide_and_run(const RunInputs& in, RunState& state, const Decisions& walked,
+                               int64_t layer, ActivationStream& stream,
+                               LayerReport& report) override;
   double value_of_walk(ActivationStream& final_stream) override;
   void refine_after_completion(const RunInputs& in, RunState& state) override;
 

@@ -48,39 +48,42 @@ class BlockMseMeasure final : public Measure {
 
   // One micro-batch: the layer is measured, decided and run under its decision in one pass.
   // Several: all of them measured, then decided, then propagated under the decision.
-  std::vector<int64_t> decide_and_run(const RunInputs& in, RunState& state, int64_t layer,
-                                      ActivationStream& stream, LayerReport& report) override {
+  LayerDecision decide_and_run(const RunInputs& in, RunState& state, const Decisions& walked,
+                               int64_t layer, ActivationStream& stream,
+                               LayerReport& report) override {
     Accumulators accumulators;
-    std::vector<int64_t> windows;
+    LayerDecision decision;
     if (stream.micro_batches() == 1) {
-      MeasuringCore core(in.options, in.model.attention_chunk(), accumulators,
-                         [&](int64_t layer_id) {
-                           windows = decide(in, state, layer_id, accumulators.at(layer_id), report);
-                           return windows;
-                         });
+      MeasuringCore core(
+          in.options, in.model.attention_chunk(), accumulators, [&](int64_t layer_id) {
+            decision = decide(in, state, walked, layer_id, accumulators.at(layer_id), report);
+            return decision.windows;
+          });
       stream.apply([&](const at::Tensor& h) { return run_checked(in, layer, h, core); });
-      return windows;
+      return decision;
     }
     MeasuringCore core(in.options, in.model.attention_chunk(), accumulators, nullptr);
     stream.visit([&](const at::Tensor& h) { in.model.run_layer(layer, h, {&core, nullptr, 0}); });
-    windows = decide(in, state, layer, accumulators.at(layer), report);
-    run_layer_at(in, layer, windows, stream);
-    return windows;
+    decision = decide(in, state, walked, layer, accumulators.at(layer), report);
+    run_layer_at(in, layer, decision.windows, stream);
+    return decision;
   }
 
  private:
   // The layer's windows from its block-mse sums: argmin d + lambda*r with the smallest lambda at
   // which this layer plus the probe plan of the layers above fits what is left.
-  static std::vector<int64_t> decide(const RunInputs& in, RunState& state, int64_t layer_id,
-                                     const measure::DistortionAccumulator& local,
-                                     LayerReport& report) {
+  static LayerDecision decide(const RunInputs& in, const RunState& state, const Decisions& walked,
+                              int64_t layer_id, const measure::DistortionAccumulator& local,
+                              LayerReport& report) {
     const measure::DistortionAccumulator acc = in.merged_over_ranks(layer_id, local);
     acc.check_finite(layer_id);
-    if (!in.options.conditioned) return record_unconditioned(in, state, layer_id, report);
+    if (!in.options.conditioned) {
+      return unconditioned_decision(in, state, walked, layer_id, report);
+    }
     const std::vector<solve::Group> groups = layer_groups(in.spec.layer(layer_id), acc, in.options);
-    price_layer(in, state, layer_id, groups, report);
-    return record_decision(in, state, groups, solve::relax_at(groups, report.lambda).choice,
-                           report);
+    price_layer(in, state, walked, layer_id, groups, report);
+    return layer_decision(in, walked, groups, solve::relax_at(groups, report.lambda).choice,
+                          report);
   }
 };
 

@@ -57,13 +57,13 @@ JointLayerSource AnswerMeasure::joint_source(const RunInputs& in, RunState&, int
   return source;
 }
 
-std::vector<int64_t> AnswerMeasure::decide_and_run(const RunInputs& in, RunState& state,
-                                                   int64_t layer, ActivationStream& stream,
-                                                   LayerReport& report) {
-  const std::vector<int64_t> windows =
-      decide_jointly(in, state, layer, joint_source(in, state, layer, stream), report);
-  run_layer_at(in, layer, windows, stream);
-  return windows;
+LayerDecision AnswerMeasure::decide_and_run(const RunInputs& in, RunState& state,
+                                            const Decisions& walked, int64_t layer,
+                                            ActivationStream& stream, LayerReport& report) {
+  LayerDecision decision =
+      decide_jointly(in, state, walked, layer, joint_source(in, state, layer, stream), report);
+  run_layer_at(in, layer, decision.windows, stream);
+  return decision;
 }
 
 double AnswerMeasure::value_of_walk(ActivationStream& final_stream) {

@@ -30,10 +30,12 @@ class Measure {
   // Fills state.probe_groups and result.probe_curves.
   virtual void probe(const RunInputs& in, RunState& state) = 0;
 
-  // Decides global layer `layer` on `stream` (the stream entering it), records the decision in
-  // state.decisions, and runs the layer under it: `stream` leaves the layer. Returns its windows.
-  virtual std::vector<int64_t> decide_and_run(const RunInputs& in, RunState& state, int64_t layer,
-                                              ActivationStream& stream, LayerReport& report) = 0;
+  // Decides global layer `layer` on `stream` (the stream entering it), after the layers the walk
+  // decided so far (`walked`), and runs the layer under the decision: `stream` leaves the layer.
+  // Returns the decision; the walk records it.
+  virtual LayerDecision decide_and_run(const RunInputs& in, RunState& state,
+                                       const Decisions& walked, int64_t layer,
+                                       ActivationStream& stream, LayerReport& report) = 0;
 
   // The walk's end-to-end answer divergence, read off the stream that has passed every layer
   // under the walk's windows; -1 for a measure that scores no answers.

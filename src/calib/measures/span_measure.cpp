@@ -218,15 +218,16 @@ class SpanMeasure final : public Measure {
     span_probe(in, *span_, exact_.get(), state);
   }
 
-  std::vector<int64_t> decide_and_run(const RunInputs& in, RunState& state, int64_t layer,
-                                      ActivationStream& stream, LayerReport& report) override {
+  LayerDecision decide_and_run(const RunInputs& in, RunState& state, const Decisions& walked,
+                               int64_t layer, ActivationStream& stream,
+                               LayerReport& report) override {
     if (decides_in_its_pass(in, state, layer, stream))
-      return run_deciding_in_its_pass(in, state, layer, stream, report);
-    const std::vector<int64_t> windows =
-        decide_jointly(in, state, layer, joint_source(in, state, layer, stream, nullptr), report);
+      return run_deciding_in_its_pass(in, state, walked, layer, stream, report);
+    LayerDecision decision = decide_jointly(
+        in, state, walked, layer, joint_source(in, state, layer, stream, nullptr), report);
     captured_.reset();  // the decision is taken: its site is no longer referred to
-    run_layer_at(in, layer, windows, stream);
-    return windows;
+    run_layer_at(in, layer, decision.windows, stream);
+    return decision;
   }
 
   double value_of_walk(ActivationStream& final_stream) override {
@@ -283,22 +284,24 @@ class SpanMeasure final : public Measure {
 
   // Runs global layer `i` once over `stream`, deciding its windows from the attention inputs of
   // the pass itself: one pass over the layer instead of a capture and a propagation.
-  std::vector<int64_t> run_deciding_in_its_pass(const RunInputs& in, RunState& state, int64_t i,
-                                                ActivationStream& stream, LayerReport& report) {
+  LayerDecision run_deciding_in_its_pass(const RunInputs& in, RunState& state,
+                                         const Decisions& walked, int64_t i,
+                                         ActivationStream& stream, LayerReport& report) {
     std::vector<at::Tensor> input;  // the layer's input at the span, set before the pass
-    std::vector<int64_t> windows;
+    LayerDecision decision;
     DecidingCore core(in.options.sink_tokens, in.model.attention_chunk(),
                       [&](const arch::AttentionInputs& attention) {
                         const SpanSite site = span_->site_of(i, std::move(input), {attention});
-                        windows = decide_jointly(in, state, i,
-                                                 joint_source(in, state, i, stream, &site), report);
-                        return windows;
+                        decision =
+                            decide_jointly(in, state, walked, i,
+                                           joint_source(in, state, i, stream, &site), report);
+                        return decision.windows;
                       });
     stream.apply([&](const at::Tensor& h) {
       input = {h.slice(1, span_->span_begin(), h.size(1)).clone()};
       return run_checked(in, i, h, core);
     });
-    return windows;
+    return decision;
   }
 
   AnswerSpan* span_ = nullptr;

@@ -24,8 +24,8 @@ RegisterKeepRule::RegisterKeepRule(std::unique_ptr<KeepRuleMethod> method) {
   if (std::find(known.begin(), known.end(), name) == known.end()) {
     policy::register_keep_rule_name(name);
   }
-  HEADWISE_CHECK(methods().emplace(name, std::move(method)).second,
-                 "keep rule {} registered twice", name);
+  HEADWISE_CHECK(methods().emplace(name, std::move(method)).second, "keep rule {} registered twice",
+                 name);
 }
 
 const KeepRuleMethod& keep_rule_method(const policy::KeepRule& rule) {

@@ -106,8 +106,9 @@ class SpanTrials {
       for (int64_t h = 0; h < kv; ++h) {
         const int64_t w = windows[static_cast<size_t>(h)];
         const auto rule = trial.find(h);
-        const at::Tensor& source = rule != trial.end() ? under(rule->second, w)[m]
-                                                       : site_.levels.at(w)[m];  // [Bm, S, heads, hd]
+        const at::Tensor& source = rule != trial.end()
+                                       ? under(rule->second, w)[m]
+                                       : site_.levels.at(w)[m];  // [Bm, S, heads, hd]
         if (!composed.defined()) composed = at::empty_like(source);
         copy_head(composed, source, h, kv);
       }
@@ -310,10 +311,11 @@ class LayerPass {
   // The span measure of a trial, from the batch or on its own.
   double span_value(const Trial& trial, const std::vector<int64_t>& paid) {
     if (!span_memo_.contains(trial)) {
-      span_memo_[trial] = o_.span
-                              ->evaluate(*site_, {trials_->compose(paid, trial)},
-                                         fmt::format("layer {}: {}", layer_, rules_label(paid, trial)))
-                              .front();
+      span_memo_[trial] =
+          o_.span
+              ->evaluate(*site_, {trials_->compose(paid, trial)},
+                         fmt::format("layer {}: {}", layer_, rules_label(paid, trial)))
+              .front();
     }
     return span_memo_.at(trial);
   }

@@ -109,7 +109,7 @@ SeqCalibResult run(arch::DecoderModel& model, const std::vector<std::vector<int6
     probe(in, *measure, state);
   }
   if (!options.conditioned) plan_unconditioned(in, state);
-  walk(in, *measure, state, WalkPass::kFirst);
+  adopt(state, walk(in, *measure, state, WalkPass::kFirst));
   complete(in, state);
   measure->refine_after_completion(in, state);
   SeqCalibResult& result = state.result;

@@ -10,8 +10,8 @@
 namespace headwise::calib::seqcalib {
 namespace {
 
-// The layers up to `layer` become decided at `windows` (replayed by the next walk); everything
-// above is forgotten.
+// The layers up to `layer` become decided at `windows` (replayed by the next walk, which carries
+// their decisions and reports into its record); everything above is forgotten.
 void fix_layers_up_to(int64_t layer, const Windows& windows, RunState& state) {
   SeqCalibResult& result = state.result;
   Decisions& decisions = state.decisions;
@@ -29,7 +29,6 @@ void fix_layers_up_to(int64_t layer, const Windows& windows, RunState& state) {
   }
   decisions.groups = std::move(groups);
   decisions.choice = std::move(choice);
-  std::erase_if(result.curves, [layer](const HeadCurve& c) { return c.layer_id > layer; });
   std::erase_if(result.layers, [layer](const LayerReport& r) { return r.layer_id > layer; });
   if (result.validation) {
     std::erase_if(result.validation->joint_decisions,
@@ -190,7 +189,7 @@ std::optional<int64_t> lowest_changed_layer_below_a_global_layer(const RunInputs
 void rewalk_above_fixed(const RunInputs& in, Measure& measure, RunState& state, int64_t lowest,
                         const Windows& windows) {
   fix_layers_up_to(lowest, windows, state);
-  walk(in, measure, state, WalkPass::kRewalk);
+  adopt(state, walk(in, measure, state, WalkPass::kRewalk));
   complete(in, state);
 }
 

@@ -19,10 +19,11 @@ std::vector<solve::Group> future_probe_groups(const RunState& state, int64_t lay
 
 }  // namespace
 
-int64_t price_layer(const RunInputs& in, const RunState& state, int64_t layer_id,
-                    const std::vector<solve::Group>& groups, LayerReport& report) {
+int64_t price_layer(const RunInputs& in, const RunState& state, const Decisions& walked,
+                    int64_t layer_id, const std::vector<solve::Group>& groups,
+                    LayerReport& report) {
   const std::vector<solve::Group> future = future_probe_groups(state, layer_id);
-  const int64_t remaining = in.options.global_budget_bytes - state.decisions.spent;
+  const int64_t remaining = in.options.global_budget_bytes - walked.spent;
   std::vector<solve::Group> combined = groups;
   append(combined, future);
   report.lambda = solve::min_fitting_lambda(combined, remaining);
@@ -30,29 +31,27 @@ int64_t price_layer(const RunInputs& in, const RunState& state, int64_t layer_id
   return remaining - report.planned_ahead;
 }
 
-std::vector<int64_t> record_decision(const RunInputs& in, RunState& state,
-                                     const std::vector<solve::Group>& groups,
-                                     const std::vector<size_t>& choice, LayerReport& report) {
-  Decisions& decisions = state.decisions;
-  std::vector<int64_t> windows;
+LayerDecision layer_decision(const RunInputs& in, const Decisions& walked,
+                             const std::vector<solve::Group>& groups,
+                             const std::vector<size_t>& choice, LayerReport& report) {
+  LayerDecision decision{groups, choice, {}, 0};
   for (size_t h = 0; h < groups.size(); ++h) {
     const auto& option = groups[h].options[choice[h]];
-    windows.push_back(option.window);
-    report.bytes_spent += option.bytes;
+    decision.windows.push_back(option.window);
+    decision.bytes += option.bytes;
   }
-  decisions.spent += report.bytes_spent;
-  HEADWISE_CHECK(decisions.spent + report.planned_ahead <= in.options.global_budget_bytes,
-                 "controller overspent at layer {}", report.layer_id);
-  append(decisions.groups, groups);
-  append(decisions.choice, choice);
-  append(state.result.curves, to_curves(groups));
-  return windows;
+  report.bytes_spent += decision.bytes;
+  HEADWISE_CHECK(
+      walked.spent + report.bytes_spent + report.planned_ahead <= in.options.global_budget_bytes,
+      "controller overspent at layer {}", report.layer_id);
+  return decision;
 }
 
-std::vector<int64_t> record_unconditioned(const RunInputs& in, RunState& state, int64_t layer_id,
-                                          LayerReport& report) {
-  return record_decision(in, state, state.probe_groups.at(layer_id),
-                         state.unconditioned_plan.at(layer_id), report);
+LayerDecision unconditioned_decision(const RunInputs& in, const RunState& state,
+                                     const Decisions& walked, int64_t layer_id,
+                                     LayerReport& report) {
+  return layer_decision(in, walked, state.probe_groups.at(layer_id),
+                        state.unconditioned_plan.at(layer_id), report);
 }
 
 void plan_unconditioned(const RunInputs& in, RunState& state) {
@@ -76,9 +75,10 @@ void plan_unconditioned(const RunInputs& in, RunState& state) {
 // conditioned on the steps before, as SeqCalib conditions each layer on the layers below.
 // Without the price, the relaxed allowance was spent in full on the first global layer and
 // left the last one short (in-sample answer KL 3.95 against 2.38 with it, default model, 25%).
-std::vector<int64_t> decide_jointly(const RunInputs& in, RunState& state, int64_t layer_id,
-                                    const JointLayerSource& source, LayerReport& report) {
-  if (!in.options.conditioned) return record_unconditioned(in, state, layer_id, report);
+LayerDecision decide_jointly(const RunInputs& in, RunState& state, const Decisions& walked,
+                             int64_t layer_id, const JointLayerSource& source,
+                             LayerReport& report) {
+  if (!in.options.conditioned) return unconditioned_decision(in, state, walked, layer_id, report);
   LevelMemo memo;
   if (source.seed) source.seed(memo);
   const size_t known = memo.size();  // assignments measured before this layer's walk
@@ -90,7 +90,7 @@ std::vector<int64_t> decide_jointly(const RunInputs& in, RunState& state, int64_
   std::vector<size_t> assign(heads, in.options.ladder.size() - 1);
   std::vector<solve::Group> groups = marginal_groups(in, layer_id, assign, measured, prefetch);
   const auto joint = with_extrapolated_levels(in.options, measured, groups);
-  const int64_t allowance = price_layer(in, state, layer_id, groups, report);
+  const int64_t allowance = price_layer(in, state, walked, layer_id, groups, report);
   if (in.options.joint_heads) {
     assign = greedy_joint_descent(groups, allowance, joint, report.lambda, prefetch);
     if (source.improve) source.improve(groups, allowance, assign, joint);
@@ -102,7 +102,7 @@ std::vector<int64_t> decide_jointly(const RunInputs& in, RunState& state, int64_
   spdlog::debug("layer {}: windows [{}], joint {} {:.6g} ({} evaluations)", layer_id,
                 in.labels_of(assign), in.measured_label(), joint(assign), memo.size() - known);
   if (source.validate) source.validate(assign, joint, groups, allowance, report.lambda);
-  return record_decision(in, state, groups, assign, report);
+  return layer_decision(in, walked, groups, assign, report);
 }
 
 }  // namespace headwise::calib::seqcalib

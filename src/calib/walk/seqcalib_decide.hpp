@@ -17,19 +17,22 @@ namespace headwise::calib::seqcalib {
 void plan_unconditioned(const RunInputs& in, RunState& state);
 
 // The controller: the smallest lambda at which this layer's curves plus the probe plan of the
-// layers above fit what is left of the budget (report.lambda), the bytes that plan keeps for the
-// layers above (report.planned_ahead); returns what this layer may spend.
-int64_t price_layer(const RunInputs& in, const RunState& state, int64_t layer_id,
-                    const std::vector<solve::Group>& groups, LayerReport& report);
+// layers above fit what is left of the budget after the layers `walked` decided
+// (report.lambda), the bytes that plan keeps for the layers above (report.planned_ahead);
+// returns what this layer may spend.
+int64_t price_layer(const RunInputs& in, const RunState& state, const Decisions& walked,
+                    int64_t layer_id, const std::vector<solve::Group>& groups, LayerReport& report);
 
-// Records a layer's decision (its curves, choice and bytes) and returns its windows.
-std::vector<int64_t> record_decision(const RunInputs& in, RunState& state,
-                                     const std::vector<solve::Group>& groups,
-                                     const std::vector<size_t>& choice, LayerReport& report);
+// A layer's decision (its curves and choice, the windows and bytes they give), its bytes in the
+// report; checks that it stays within what the controller gave it after `walked`.
+LayerDecision layer_decision(const RunInputs& in, const Decisions& walked,
+                             const std::vector<solve::Group>& groups,
+                             const std::vector<size_t>& choice, LayerReport& report);
 
-// Without conditioning: records the probe plan's choice for the layer.
-std::vector<int64_t> record_unconditioned(const RunInputs& in, RunState& state, int64_t layer_id,
-                                          LayerReport& report);
+// Without conditioning: the probe plan's choice for the layer.
+LayerDecision unconditioned_decision(const RunInputs& in, const RunState& state,
+                                     const Decisions& walked, int64_t layer_id,
+                                     LayerReport& report);
 
 // What a measure gives the joint decision of one layer. `measure` is called once the decision
 // needs values (never without conditioning), with the memo its values go into; `seed` first puts
@@ -48,8 +51,9 @@ struct JointLayerSource {
       validate;
 };
 
-// The answer measures' decision of a layer's heads together, on the measure `source` gives.
-std::vector<int64_t> decide_jointly(const RunInputs& in, RunState& state, int64_t layer_id,
-                                    const JointLayerSource& source, LayerReport& report);
+// The answer measures' decision of a layer's heads together, on the measure `source` gives,
+// after the layers `walked` decided.
+LayerDecision decide_jointly(const RunInputs& in, RunState& state, const Decisions& walked,
+                             int64_t layer_id, const JointLayerSource& source, LayerReport& report);
 
 }  // namespace headwise::calib::seqcalib

@@ -72,12 +72,28 @@ struct RunInputs {
   std::vector<std::vector<int64_t>> local_answers;
 };
 
-// The walk's decisions so far, in decision order. A re-walk that is not kept puts them back whole.
+// One global layer's decision: its curves (a group per KV head), the option chosen in each, the
+// windows and bytes they give.
+struct LayerDecision {
+  std::vector<solve::Group> groups;
+  std::vector<size_t> choice;
+  std::vector<int64_t> windows;
+  int64_t bytes = 0;
+};
+
+// The walk's decisions, in decision order: what a walk returns. A re-walk that is not kept puts
+// the previous ones back whole.
 struct Decisions {
   std::vector<solve::Group> groups;
   std::vector<size_t> choice;
   int64_t spent = 0;
-  int64_t replay_until = -1;  // resume: layers 0..replay_until were decided before
+  int64_t replay_until = -1;  // layers 0..replay_until were decided before the walk (replayed)
+
+  void add(const LayerDecision& layer) {
+    append(groups, layer.groups);
+    append(choice, layer.choice);
+    spent += layer.bytes;
+  }
 };
 
 // The walk's stream entering a global layer, with the windows of the global layers below it as

@@ -19,9 +19,9 @@ at::Tensor run_checked(const RunInputs& in, int64_t i, const at::Tensor& h,
 
 namespace {
 
-ResumeCheckpoint state_after(int64_t layer_id, const RunState& state) {
+ResumeCheckpoint state_after(int64_t layer_id, const RunState& state, const WalkRecord& walked) {
   const SeqCalibResult& result = state.result;
-  const Decisions& decisions = state.decisions;
+  const Decisions& decisions = walked.decisions;
   return {layer_id,
           state.probe_groups,
           result.probe_lambda,
@@ -30,7 +30,7 @@ ResumeCheckpoint state_after(int64_t layer_id, const RunState& state) {
           decisions.groups,
           decisions.choice,
           decisions.spent,
-          result.layers};
+          walked.layers};
 }
 
 }  // namespace
@@ -80,24 +80,24 @@ void restore(const ResumeCheckpoint& saved, RunState& state) {
                saved.windows.size(), format_bytes(state.decisions.spent));
 }
 
-void walk(const RunInputs& in, Measure& measure, RunState& state, WalkPass pass) {
-  SeqCalibResult& result = state.result;
+WalkRecord walk(const RunInputs& in, Measure& measure, RunState& state, WalkPass pass) {
   const arch::ModelSpec& spec = in.spec;
+  WalkRecord walked{state.decisions, state.result.layers, -1.0, {}};
   ActivationStream stream(in.model, in.local_sequences, in.options.micro_batch,
                           in.options.activations);
-  result.activations = stream.placement_name();
+  walked.activations = stream.placement_name();
   Progress progress(in.options.conditioned ? "SeqCalib" : "calibrate (unconditioned)",
                     spec.num_layers());
-  const int64_t replay_until = state.decisions.replay_until;
+  const int64_t replay_until = walked.decisions.replay_until;
   const int64_t resume_at =
-      state.stream_checkpoints.restore(stream, replay_until, walk_windows(state.decisions));
+      state.stream_checkpoints.restore(stream, replay_until, walk_windows(walked.decisions));
   // Replayed layers run under their recorded windows; other non-global layers natively.
-  PolicyAttentionCore replay(walk_windows(state.decisions), in.options.sink_tokens,
+  PolicyAttentionCore replay(walk_windows(walked.decisions), in.options.sink_tokens,
                              in.model.attention_chunk());
   PolicyAttentionCore native({}, in.options.sink_tokens, in.model.attention_chunk());
   for (int64_t i = resume_at; i < spec.num_layers(); ++i) {
     if (spec.layer(i).is_global() && i > replay_until)
-      state.stream_checkpoints.keep(i, stream, walk_windows(state.decisions));
+      state.stream_checkpoints.keep(i, stream, walk_windows(walked.decisions));
     if (i <= replay_until) {  // decided before: recompute the stream only
       stream.apply([&](const at::Tensor& h) {
         return in.model.run_layer(i, h, {&replay, nullptr, 0});
@@ -111,26 +111,36 @@ void walk(const RunInputs& in, Measure& measure, RunState& state, WalkPass pass)
     in.model.prefetch_layer(i + 1);  // loads while layer i computes
     LayerReport report{i, std::string(layer_kind_name(spec.layer(i).kind))};
     if (spec.layer(i).is_global()) {
-      measure.decide_and_run(in, state, i, stream, report);
+      walked.decisions.add(measure.decide_and_run(in, state, walked.decisions, i, stream, report));
     } else {
       stream.apply([&](const at::Tensor& h) { return run_checked(in, i, h, native); });
     }
     in.model.release_layer(i);
     report.seconds = seconds_since(start);
     report.exchanged_bytes = in.world.bytes_sent() - sent_before;
-    result.layers.push_back(report);
+    walked.layers.push_back(report);
     progress.update(i + 1, spec.layer(i).is_global()
                                ? fmt::format("layer {} global: {} spent, lambda {:.3g}", i,
-                                             format_bytes(state.decisions.spent), report.lambda)
+                                             format_bytes(walked.decisions.spent), report.lambda)
                                : fmt::format("layer {} {}", i, report.kind));
     if (spec.layer(i).is_global() && in.options.checkpoint && pass == WalkPass::kFirst) {
-      in.options.checkpoint(state_after(i, state));
+      in.options.checkpoint(state_after(i, state, walked));
     }
   }
   progress.finish();
   // The stream has passed every layer under the walk's windows: its end-to-end value costs no
   // further run.
-  result.divergence_walk = measure.value_of_walk(stream);
+  walked.divergence = measure.value_of_walk(stream);
+  return walked;
+}
+
+void adopt(RunState& state, WalkRecord walked) {
+  SeqCalibResult& result = state.result;
+  state.decisions = std::move(walked.decisions);
+  result.layers = std::move(walked.layers);
+  result.curves = to_curves(state.decisions.groups);
+  result.divergence_walk = walked.divergence;
+  result.activations = std::move(walked.activations);
 }
 
 }  // namespace headwise::calib::seqcalib

@@ -20,9 +20,24 @@ at::Tensor run_checked(const RunInputs& in, int64_t i, const at::Tensor& h,
 // resumed run redoes it from the first walk's state).
 enum class WalkPass { kFirst, kRewalk };
 
+// What a walk decided and measured: every global layer's decision (those it replayed first),
+// every layer's report (likewise), the measure's value of its final stream, and where its
+// activations lived.
+struct WalkRecord {
+  Decisions decisions;
+  std::vector<LayerReport> layers;
+  double divergence = -1.0;
+  std::string activations;
+};
+
 // Walks every layer; the layers up to state.decisions.replay_until are replayed under their
-// recorded windows, not decided again. The decisions go to state.decisions (and the layers'
-// reports to the result); result.divergence_walk is the measure's value of the walk's final stream.
-void walk(const RunInputs& in, Measure& measure, RunState& state, WalkPass pass);
+// recorded windows (their decisions and reports carried into the record), not decided again.
+// Reads the probe and the decisions it replays from `state`, and changes nothing in it but the
+// stream checkpoints and what the measure records of its own work; the caller adopts the record.
+WalkRecord walk(const RunInputs& in, Measure& measure, RunState& state, WalkPass pass);
+
+// Makes `walked` the run's decisions: state.decisions, and the result's layer reports, curves
+// (the decided groups') and end-to-end value of the walk.
+void adopt(RunState& state, WalkRecord walked);
 
 }  // namespace headwise::calib::seqcalib
