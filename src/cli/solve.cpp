@@ -8,12 +8,14 @@
 #include <iostream>
 #include <map>
 #include <memory>
+#include <optional>
 
 #include "headwise/cli/command.hpp"
 #include "headwise/core/error.hpp"
 #include "headwise/core/units.hpp"
 #include "headwise/solve/curves.hpp"
 #include "headwise/solve/mckp.hpp"
+#include "headwise/solve/symmetric.hpp"
 
 namespace headwise::cli {
 namespace {
@@ -25,6 +27,7 @@ constexpr const char* kApproximateNote =
 struct SolveArgs {
   std::string curves;
   std::string budget;
+  int64_t tensor_parallel_size = 1;
   bool bench = false;
   int bench_layers = 64;
   int bench_heads = 8;
@@ -71,12 +74,40 @@ void run(const SolveArgs& args) {
   const int64_t budget = parse_byte_size(args.budget, "--budget");
   const auto groups = solve::read_curves_file(args.curves);
   spdlog::debug("solve: {} heads from {}", groups.size(), args.curves);
+  if (args.tensor_parallel_size < 1) {
+    throw_input_error("--tensor-parallel-size: must be positive, got {}",
+                      args.tensor_parallel_size);
+  }
   const auto start = std::chrono::steady_clock::now();
-  const solve::SolveResult result = solve::solve_exact(groups, budget);
+  const solve::SolveResult free = solve::solve_exact(groups, budget);
+  // Under tensor parallelism: the exact optimum whose every rank's shard of each layer holds
+  // the same windows, beside the unconstrained one at the same budget.
+  std::optional<solve::SymmetricResult> sym;
+  if (args.tensor_parallel_size > 1)
+    sym = solve::solve_symmetric(groups, args.tensor_parallel_size, budget);
+  const solve::SolveResult& result = sym ? sym->result : free;
   const double ms =
       std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
-  if (!args.common.json) return print_human(groups, result, budget, ms);
+  if (!args.common.json) {
+    if (sym) {
+      std::cout << fmt::format(
+          "tensor parallel {}: every rank's shard of each layer holds the same windows; "
+          "unconstrained optimum {:.6g} ({} B), constrained {:.6g} ({} B): distortion lost "
+          "{:.6g}\n",
+          args.tensor_parallel_size, free.total_distortion, free.total_bytes,
+          result.total_distortion, result.total_bytes,
+          result.total_distortion - free.total_distortion);
+    }
+    return print_human(groups, result, budget, ms);
+  }
   nlohmann::json out = solve::solution_to_json(groups, result);
+  if (sym) {
+    out["tensor_parallel_size"] = args.tensor_parallel_size;
+    out["unconstrained"] = {{"total_distortion", free.total_distortion},
+                            {"total_bytes", free.total_bytes},
+                            {"proven_optimal", free.proven_optimal}};
+    out["distortion_lost"] = result.total_distortion - free.total_distortion;
+  }
   out["budget"] = budget;
   out["approximate"] = true;
   out["approximate_reason"] = kApproximateNote;
@@ -95,6 +126,10 @@ const RegisterCommand kRegister("solve", [](CLI::App& root) {
                   "Curves JSON ({\"heads\": [...]}, or a calibration report that embeds them)");
   app->add_option("--budget", args->budget,
                   "Byte budget for the global-attention KV heads (48g = 48 GiB)");
+  app->add_option("--tensor-parallel-size", args->tensor_parallel_size,
+                  "Solve under vLLM's tensor parallelism: every rank's shard of each layer's KV "
+                  "heads holds the same windows (exact); also states the unconstrained optimum "
+                  "and the distortion the constraint loses");
   // Hidden: the benchmark the performance tooling calls.
   app->add_flag("--bench", args->bench)->group("");
   app->add_option("--bench-layers", args->bench_layers)->group("");

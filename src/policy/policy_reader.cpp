@@ -8,6 +8,7 @@
 #include <set>
 
 #include "headwise/core/error.hpp"
+#include "headwise/memory/tensor_parallel.hpp"
 #include "headwise/policy/policy.hpp"
 
 namespace headwise::policy {
@@ -292,12 +293,13 @@ ModelFingerprint read_fingerprint(const Reader& r, const YAML::Node& node) {
 }
 
 Policy read_document(const Reader& r, const YAML::Node& root) {
-  r.check_keys(root, "",
-               {"schema", "model_name", "model_path", "model_fingerprint", "budget_gb", "context",
-                "batch", "dtype", "state_dtype", "block_size", "sink_tokens", "window_levels",
-                "calibration", "memory", "engine", "non_global_layers", "per_layer_policies"},
-               {"schema", "model_name", "budget_gb", "context", "batch", "dtype", "block_size",
-                "sink_tokens", "window_levels", "per_layer_policies"});
+  r.check_keys(
+      root, "",
+      {"schema", "model_name", "model_path", "model_fingerprint", "budget_gb", "context", "batch",
+       "dtype", "state_dtype", "block_size", "sink_tokens", "window_levels", "calibration",
+       "memory", "engine", "tensor_parallel_size", "non_global_layers", "per_layer_policies"},
+      {"schema", "model_name", "budget_gb", "context", "batch", "dtype", "block_size",
+       "sink_tokens", "window_levels", "per_layer_policies"});
   if (r.scalar(root["schema"], "schema") != kSchema) {
     r.fail(root["schema"], "schema",
            fmt::format("'{}' is not supported (expected {})", root["schema"].Scalar(), kSchema));
@@ -327,9 +329,28 @@ Policy read_document(const Reader& r, const YAML::Node& root) {
   }
   if (root["memory"]) p.memory = read_memory(r, root["memory"]);
   if (root["engine"]) p.engine = read_engine(r, root["engine"]);
+  if (root["tensor_parallel_size"])
+    p.tensor_parallel_size = r.positive(root["tensor_parallel_size"], "tensor_parallel_size");
   if (root["non_global_layers"])
     p.non_global_layers = read_non_global(r, root["non_global_layers"]);
   p.per_layer_policies = read_layer_policies(r, root["per_layer_policies"], p.window_levels);
+  if (p.tensor_parallel_size) {
+    // Recorded only for windows that shard: every rank's shard of each layer holds the same ones.
+    for (const auto& lp : p.per_layer_policies) {
+      const int64_t heads = static_cast<int64_t>(lp.kv_head_windows.size());
+      const int64_t tp = *p.tensor_parallel_size;
+      if (heads >= tp ? heads % tp != 0 : tp % heads != 0) {
+        r.fail(root["tensor_parallel_size"], "tensor_parallel_size",
+               fmt::format("layer {}'s {} KV heads do not shard over {} ranks", lp.layer_id, heads,
+                           tp));
+      }
+      if (auto why = memory::shard_mismatch(lp.kv_head_windows, tp)) {
+        r.fail(root["tensor_parallel_size"], "tensor_parallel_size",
+               fmt::format("layer {}'s windows do not shard over {} ranks: {}", lp.layer_id, tp,
+                           *why));
+      }
+    }
+  }
   return p;
 }
 

@@ -137,6 +137,8 @@ std::string to_yaml(const Policy& p) {
     out << YAML::Key << "full_kv_total_bytes" << YAML::Value << p.engine->full_kv_total_bytes;
     out << YAML::EndMap;
   }
+  if (p.tensor_parallel_size)  // only when calibrated for tensor parallelism
+    out << YAML::Key << "tensor_parallel_size" << YAML::Value << *p.tensor_parallel_size;
   emit_layers(out, p);
   out << YAML::EndMap;
   HEADWISE_CHECK(out.good(), "YAML emitter: {}", out.GetLastError());

@@ -110,6 +110,11 @@ struct Policy {
   nlohmann::json calibration = nlohmann::json::object();  // provenance, free-form
   PolicyMemory memory;
   std::optional<EngineRecord> engine;  // nullopt: headwise's runtime
+  // The tensor-parallel size the windows were chosen to shard over (calibrate
+  // --tensor-parallel-size; `tensor_parallel_size` in the file): every rank's shard of each global
+  // layer's KV heads holds the same windows (memory/tensor_parallel.hpp). nullopt: calibrated
+  // without the constraint (the file omits the key, so older policies stay byte-identical).
+  std::optional<int64_t> tensor_parallel_size;
   std::vector<NonGlobalLayer> non_global_layers;
   std::vector<LayerPolicy> per_layer_policies;  // ascending layer_id
 
