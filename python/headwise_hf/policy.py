@@ -56,6 +56,9 @@ class Policy:
     memory: dict
     # layer id -> one keep rule per KV head, for the layers that list kv_head_rules
     rules: dict[int, list[str]] = dataclasses.field(default_factory=dict)
+    # The tensor-parallel size the windows were calibrated to shard over (calibrate
+    # --tensor-parallel-size); None: not recorded (calibrated without the constraint).
+    tensor_parallel_size: Optional[int] = None
 
     @property
     def kv_dtype(self) -> torch.dtype:
@@ -129,6 +132,9 @@ def read_policy(path: str | os.PathLike) -> Policy:
                 if r not in KEEP_RULES:
                     raise PolicyError(f"{where}.kv_head_rules: {r!r} is not a keep rule ({', '.join(KEEP_RULES)})")
             rules[entry["layer_id"]] = list(layer_rules)
+    tp = doc.get("tensor_parallel_size")
+    if tp is not None and (not isinstance(tp, int) or isinstance(tp, bool) or tp < 1):
+        raise PolicyError(f"{path}: tensor_parallel_size: must be a positive integer, got {tp!r}")
     fp = doc.get("model_fingerprint") or {}
     return Policy(
         path=path,
@@ -144,6 +150,7 @@ def read_policy(path: str | os.PathLike) -> Policy:
         windows=windows,
         memory=dict(doc.get("memory") or {}),
         rules=rules,
+        tensor_parallel_size=tp,
     )
 
 

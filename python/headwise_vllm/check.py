@@ -16,6 +16,9 @@ maximum concurrency (get_max_concurrency_for_kv_cache_config). JSON keys:
   block_size          the attention block size vLLM used (the CPU backend may change the one asked)
 and more: num_blocks, pool_bytes, group_slots, page_bytes, max_num_batched_tokens, kv_cache_dtype,
 vllm_max_memory_usage_bytes (vLLM's own sum, equal to bytes_per_request), timings. With
+--tensor-parallel-size / --pipeline-parallel-size above 1 the workers run as processes (vLLM's mp
+executor, each bound to one core) and the scheduler's configuration is one rank's: its groups,
+pages and bytes are what each rank reserves (under tensor parallelism every rank's are equal). With
 --logprobs-out FILE it also writes vLLM's log-probabilities over the whole vocabulary at every
 prompt position and for each generated token (safetensors: prompt_logprobs [n-1, V],
 generated_logprobs [new, V], tokens), for parity checks on small vocabularies.
@@ -56,8 +59,14 @@ def parse_args(argv):
     p.add_argument("--gpu-memory-utilization", type=float, default=0.2,
                    help="vLLM's share of device memory (on CPU: of host memory; default 0.2)")
     p.add_argument("--logprobs-out", help="write full-vocabulary log-probabilities (safetensors)")
+    p.add_argument("--tensor-parallel-size", type=int, default=1,
+                   help="vLLM's tensor_parallel_size (default 1); above 1 the workers are processes (mp)")
+    p.add_argument("--pipeline-parallel-size", type=int, default=1,
+                   help="vLLM's pipeline_parallel_size (default 1)")
     args = p.parse_args(argv)
-    for flag, value in (("--max-model-len", args.max_model_len), ("--new-tokens", args.new_tokens)):
+    for flag, value in (("--max-model-len", args.max_model_len), ("--new-tokens", args.new_tokens),
+                        ("--tensor-parallel-size", args.tensor_parallel_size),
+                        ("--pipeline-parallel-size", args.pipeline_parallel_size)):
         if value <= 0:
             raise CheckError(f"{flag}: must be positive, got {value}")
     if not os.path.isfile(os.path.join(args.model, "config.json")):
@@ -131,6 +140,8 @@ def kv_cache_report(llm) -> dict:
         "pool_bytes": config.num_blocks * slots * page,
         "max_concurrency": kcu.get_max_concurrency_for_kv_cache_config(vllm_config, config),
         "block_size": vllm_config.cache_config.block_size,
+        "tensor_parallel_size": vllm_config.parallel_config.tensor_parallel_size,
+        "pipeline_parallel_size": vllm_config.parallel_config.pipeline_parallel_size,
         "max_num_batched_tokens": vllm_config.scheduler_config.max_num_batched_tokens,
         "kv_cache_dtype": str(vllm_config.cache_config.cache_dtype),
         # The state dtypes vLLM resolved (the CPU backend resets the SSM state to float32).
@@ -182,7 +193,7 @@ def write_logprobs(path: str, out, tokens: list[int], vocab: int) -> None:
         raise
 
 
-def preflight(policy, model_dir: str) -> None:
+def preflight(policy, model_dir: str, tp_size: int = 1) -> None:
     """What the plugin will refuse, checked before vLLM starts: one line instead of vLLM's traces."""
     from transformers import AutoConfig
 
@@ -191,7 +202,7 @@ def preflight(policy, model_dir: str) -> None:
         config = AutoConfig.from_pretrained(model_dir)
     except (OSError, ValueError) as e:
         raise CheckError(f"--model {model_dir}: transformers cannot read its config.json ({e})") from None
-    plan_model(policy, config.get_text_config(decoder=True), model_dir)
+    plan_model(policy, config.get_text_config(decoder=True), model_dir, tp_size=tp_size)
 
 
 def start_engine(args, log_stats: bool = False, **engine_kwargs):
@@ -201,7 +212,7 @@ def start_engine(args, log_stats: bool = False, **engine_kwargs):
     if args.policy == "none":
         os.environ.pop(ENV_POLICY, None)
     else:
-        preflight(read_policy(args.policy), args.model)
+        preflight(read_policy(args.policy), args.model, args.tensor_parallel_size)
         os.environ[ENV_POLICY] = os.path.abspath(args.policy)
     # The engine in this process: its scheduler (and so the KV cache config) is reachable.
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
@@ -220,6 +231,17 @@ def start_engine(args, log_stats: bool = False, **engine_kwargs):
         kwargs["max_num_batched_tokens"] = args.max_num_batched_tokens
     if args.logprobs_out:
         kwargs["max_logprobs"] = -1
+    workers = args.tensor_parallel_size * args.pipeline_parallel_size
+    if workers > 1:
+        # One worker process per rank; vLLM's CPU workers each bind their OpenMP threads to the
+        # cores VLLM_CPU_OMP_THREADS_BIND lists ("0|1": one core each), else it looks for a NUMA
+        # node per worker and refuses ("Not enough allowed NUMA nodes").
+        kwargs.update(tensor_parallel_size=args.tensor_parallel_size,
+                      pipeline_parallel_size=args.pipeline_parallel_size, distributed_executor_backend="mp")
+        if os.environ.get("VLLM_CPU_OMP_THREADS_BIND", "auto") == "auto":
+            os.environ["VLLM_CPU_OMP_THREADS_BIND"] = "|".join(str(i % (os.cpu_count() or 1)) for i in range(workers))
+    elif "|" in os.environ.get("VLLM_CPU_OMP_THREADS_BIND", ""):
+        del os.environ["VLLM_CPU_OMP_THREADS_BIND"]  # set for an earlier multi-worker engine here
     return LLM(**kwargs, **engine_kwargs)
 
 

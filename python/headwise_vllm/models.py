@@ -34,10 +34,8 @@ def _model_dir(vllm_config) -> Optional[str]:
 
 
 def _check_engine(vllm_config, policy) -> None:
-    parallel = vllm_config.parallel_config
-    if parallel.tensor_parallel_size != 1 or parallel.pipeline_parallel_size != 1:
-        raise PolicyError(f"{policy.path}: headwise_vllm permutes whole layers' heads, so it serves with "
-                          "tensor_parallel_size 1 and pipeline_parallel_size 1 only")
+    # Tensor and pipeline parallelism: the shards were checked by plan_model (every rank's shard of
+    # every layer holds the same windows); pipeline stages split layers, nothing per head.
     max_len = vllm_config.model_config.max_model_len
     if max_len > policy.context:
         logger.warning("headwise_vllm: max_model_len %d exceeds the policy's context %d (its windows were "
@@ -120,12 +118,15 @@ class HeadwiseServing:
             return
         policy = read_policy(path)
         text_config = vllm_config.model_config.hf_config.get_text_config()
-        plans = plan_model(policy, text_config, _model_dir(vllm_config))
+        tp_rank, tp_size, pp_rank, pp_size = vllm_internals.parallel_ranks()
+        plans = plan_model(policy, text_config, _model_dir(vllm_config), tp_size=tp_size, tp_rank=tp_rank)
         _check_engine(vllm_config, policy)
+        # A pipeline stage builds its own layers only (the others are vLLM's PPMissingLayer).
+        start, end = vllm_internals.pipeline_layer_range(text_config.num_hidden_layers, pp_rank, pp_size)
         with _patched_attention(self._vllm_module, (text_config, plans)) as factory, \
                 _qwen2_window_layers(text_config):
             super().__init__(vllm_config=vllm_config, prefix=prefix)
-        missing = sorted(set(plans) - set(factory.built))
+        missing = sorted(l for l in set(plans) - set(factory.built) if start <= l < end)
         if missing:
             raise PolicyError(f"{policy.path}: the model built no attention layer for global layers {missing}")
         self._headwise_policy = policy
@@ -140,9 +141,12 @@ class HeadwiseServing:
                     raise PolicyError(f"{policy.path}: {name}.{proj} is quantized ({type(method).__name__}); "
                                       "headwise_vllm permutes unquantized attention weights only")
             self._headwise_splits.append((module, split))
-        windows = {l: ["full" if w is FULL else w for w in p.windows] for l, p in plans.items()}
-        logger.info("headwise_vllm: serving %s: %d global layers, %d split by window: %s", policy.path, len(plans),
-                    len(self._headwise_splits), windows)
+        windows = {l: ["full" if w is FULL else w for w in ws] for l, ws in sorted(policy.windows.items())}
+        where = "" if tp_size == pp_size == 1 else (
+            f" (tensor-parallel rank {tp_rank} of {tp_size}: KV heads {_shard_names(plans)}; pipeline stage "
+            f"{pp_rank} of {pp_size}: layers {start}-{end - 1})")
+        logger.info("headwise_vllm: serving %s: %d global layers, %d split by window: %s%s", policy.path, len(plans),
+                    len(self._headwise_splits), windows, where)
 
     def load_weights(self, weights):
         loaded = super().load_weights(weights)
@@ -150,6 +154,10 @@ class HeadwiseServing:
         for parent, split in self._headwise_splits:
             permute_layer_weights(parent, split)
         return loaded
+
+
+def _shard_names(plans: dict[int, LayerPlan]) -> str:
+    return ", ".join(f"layer {l} {['full' if w is FULL else w for w in p.windows]}" for l, p in sorted(plans.items()))
 
 
 def _served(base_module: str, base_name: str, attention_module: str):

@@ -7,8 +7,9 @@ classes of models.py registered under the stock architecture names, so the serve
 build them, and a check, run where vLLM resolves the model's architecture (in the server's own
 process, before the engine starts), that refuses any other architecture while a policy is set
 (serving it without the policy would be silent) and a policy whose model, layers or head counts
-are not this model's. A refusal stops the process with one line naming the policy file and its
-field (PolicyRefused), not a trace through vLLM's start-up; so does a vLLM other than the
+are not this model's; and, once vLLM has built its configuration in the front-end process, a
+policy whose KV heads do not shard evenly over the tensor-parallel ranks. A refusal stops the
+process with one line naming the policy file and its field (PolicyRefused), not a trace through vLLM's start-up; so does a vLLM other than the
 tested one (vllm_internals.UntestedVllm: every private part of vLLM used here is read through
 vllm_internals). The served classes read HEADWISE_POLICY when a model is built; with it unset
 they are the stock classes, so one process may start engines with and without a policy
@@ -21,7 +22,7 @@ import os
 
 from headwise_hf.policy import PolicyError, read_policy
 
-from .plan import ENV_POLICY, check_servable, plan_model
+from .plan import ENV_POLICY, check_servable, check_shards, plan_model
 
 # Multimodal wrappers whose language model vLLM resolves through the registry to a served class.
 WRAPPER_ARCHITECTURES = ("Gemma3ForConditionalGeneration",)
@@ -81,6 +82,30 @@ def check_model(path: str, arch: str, model_config) -> None:
     _checked.add(key)
 
 
+def check_parallel(path: str, vllm_config) -> None:
+    """The policy against the engine's parallel sizes, in the front-end process once vLLM has built
+    its configuration (before any worker starts or weight loads): under tensor parallelism every
+    rank's shard of every global layer must hold the same windows. Pipeline parallelism splits the
+    layers and needs nothing per head. Raises PolicyError naming the file and field."""
+    tp = vllm_config.parallel_config.tensor_parallel_size
+    if tp == 1:
+        return
+    text_config = vllm_config.model_config.hf_config.get_text_config()
+    check_shards(read_policy(path), tp, getattr(text_config, "num_attention_heads", None))
+
+
+def _check_parallel_after(method):
+    @functools.wraps(method)
+    def wrapper(self, *args, **kwargs):
+        vllm_config = method(self, *args, **kwargs)
+        path = os.environ.get(ENV_POLICY)
+        if path:
+            refuse_on_error(check_parallel)(path, vllm_config)
+        return vllm_config
+
+    return wrapper
+
+
 def _refuse_unserved(method):
     @functools.wraps(method)
     def wrapper(self, architectures, *args, **kwargs):
@@ -128,4 +153,5 @@ def install() -> None:
         method = getattr(registry, name)
         if not getattr(method, "_headwise_wrapped", False):
             setattr(registry, name, _refuse_unserved(method))
+    vllm_internals.wrap_engine_config(_check_parallel_after)
     _registered = True

