@@ -77,6 +77,17 @@ std::optional<std::string> engine_parameters_notice(const policy::Policy& policy
                                                     const memory::MemoryOptions& serving,
                                                     const memory::VllmOptions& vllm);
 
+// Before any model work: with vLLM, the ladder must hold `full` (a window that reserves as much
+// as full is served as full) and the budget must hold the cheapest policy in vLLM's reservation
+// (InfeasibleFieldError naming `budget`, with that minimum and full KV's reservation). The
+// headwise engine's check stays the job's own.
+void refuse_budget_below_engine_minimum(const EngineBytes& bytes,
+                                        const std::vector<int64_t>& ladder, int64_t budget);
+
+// The policy's engine record (policy.yaml `engine`) for `windows`; nullopt for headwise.
+std::optional<policy::EngineRecord> engine_record(const EngineBytes& bytes,
+                                                  const memory::HeadWindows& windows);
+
 struct EngineFit {
   std::map<int64_t, std::vector<int64_t>> windows;
   std::map<int64_t, std::vector<double>> expected_distortion;

@@ -129,6 +129,46 @@ std::optional<std::string> engine_parameters_notice(const policy::Policy& policy
       policy.engine->total_bytes, policy.engine->name);
 }
 
+void refuse_budget_below_engine_minimum(const EngineBytes& bytes,
+                                        const std::vector<int64_t>& ladder, int64_t budget) {
+  if (bytes.engine() != ServingEngine::kVllm) return;
+  if (std::find(ladder.begin(), ladder.end(), memory::kFullWindow) == ladder.end()) {
+    throw_field_error("windows",
+                      " must end with full with {} vllm: a window that vLLM reserves as much for "
+                      "as full KV is served as full",
+                      field_ref("engine"));
+  }
+  const int64_t minimum = bytes.minimum(ladder);
+  if (budget >= minimum) return;
+  const int64_t full = bytes.full();
+  throw InfeasibleFieldError(
+      "budget",
+      fmt::format("{} {} is below the minimum {} ({} bytes) that vLLM reserves for a policy of "
+                  "this ladder at context {} and {} {} ({} for the non-global layers; full KV "
+                  "reserves {} bytes{})",
+                  field_ref("budget"), format_bytes(budget), format_bytes(minimum), minimum,
+                  bytes.memory().context, field_ref("max_num_batched_tokens"),
+                  bytes.vllm().max_num_batched_tokens, format_bytes(bytes.fixed()), full,
+                  minimum == full ? ": no window reserves less than full here, so a budget below "
+                                    "full KV's cannot be met"
+                                  : ""));
+}
+
+std::optional<policy::EngineRecord> engine_record(const EngineBytes& bytes,
+                                                  const memory::HeadWindows& windows) {
+  if (bytes.engine() != ServingEngine::kVllm) return std::nullopt;
+  policy::EngineRecord record;
+  record.name = "vllm";
+  record.rules_version = std::string(memory::vllm_rules_version());
+  record.max_num_batched_tokens = bytes.vllm().max_num_batched_tokens;
+  record.mamba_cache_mode =
+      std::string(memory::mamba_cache_mode_name(bytes.vllm().mamba_cache_mode));
+  record.attention_block_size = memory::vllm_block_size(bytes.spec(), bytes.memory(), bytes.vllm());
+  record.total_bytes = bytes.total(windows);
+  record.full_kv_total_bytes = bytes.full();
+  return record;
+}
+
 EngineFit fit_to_engine(const EngineBytes& bytes, const std::vector<HeadCurve>& curves,
                         const std::map<int64_t, std::vector<int64_t>>& windows,
                         const std::map<int64_t, std::vector<double>>& distortion, int64_t budget) {
