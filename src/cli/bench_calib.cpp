@@ -14,7 +14,6 @@
 #include <iostream>
 
 #include "bench.hpp"
-#include "calibration_options.hpp"
 #include "headwise/arch/model.hpp"
 #include "headwise/calib/calibration_data.hpp"
 #include "headwise/calib/calibration_job.hpp"
@@ -86,17 +85,16 @@ int64_t half_budget(const arch::ModelSpec& spec, int64_t context) {
 double calibration_seconds(const BenchArgs& args, const std::string& distortion, int64_t samples,
                            int64_t steps, const std::string& windows, const arch::ModelSpec& spec,
                            nlohmann::json& details) {
-  calib::CalibrationRequest request;
-  request.model = args.model;
-  request.context = std::to_string(steps);
-  request.budget = std::to_string(half_budget(spec, steps));
-  request.windows = windows;
-  request.samples = samples;
-  request.seq_len = std::to_string(steps);
-  request.device = args.device;
-  request.attention_chunk = args.attention_chunk;
-  if (!distortion.empty()) request.distortion = distortion;
-  const calib::CalibrationOptions options = calibration_options(request);
+  calib::CalibrationRequest request = {{"model", args.model},
+                                       {"context", std::to_string(steps)},
+                                       {"budget", std::to_string(half_budget(spec, steps))},
+                                       {"windows", windows},
+                                       {"samples", std::to_string(samples)},
+                                       {"seq_len", std::to_string(steps)},
+                                       {"device", args.device},
+                                       {"attention_chunk", std::to_string(args.attention_chunk)}};
+  if (!distortion.empty()) request["distortion"] = distortion;
+  const calib::CalibrationOptions options = calib::parse_calibration_options(request);
   const auto output = std::filesystem::temp_directory_path() / "headwise-bench-calib-policy.yaml";
   calib::CalibrationJob job(options, output);
   calib::RunControl control;

@@ -26,7 +26,7 @@ namespace {
 namespace fs = std::filesystem;
 
 struct CalibrateArgs {
-  calib::CalibrationRequest request;
+  CalibrationFlags calibration;
   std::string output = "policy.yaml";
   std::string report;
   std::string plot;
@@ -71,7 +71,8 @@ void run_calibrate(const CalibrateArgs& args) {
   const dist::LaunchConfig launch = dist::launch_config(args.launch);
   apply_rank_logging(launch, args.flags);
   check_outputs_writable(args);
-  const calib::CalibrationOptions options = calibration_options(args.request);
+  const calib::CalibrationOptions options =
+      calib::parse_calibration_options(args.calibration.request());
   calib::CalibrationJob job(options, args.output);
   const std::unique_ptr<dist::Collective> world = dist::connect(launch);
   calib::RunControl control;
@@ -101,7 +102,7 @@ void run_calibrate(const CalibrateArgs& args) {
   if (!args.plot.empty()) spdlog::info("heat map: {}", args.plot);
   // Where the policy can run: an h2o head keeps it out of every engine without token selection.
   const std::string model_type =
-      arch::load_model_spec(io::resolve_model_dir(args.request.model)).model_type;
+      arch::load_model_spec(io::resolve_model_dir(options.model)).model_type;
   spdlog::info("{}", policy::serving_note(policy, model_type, args.output));
   if (args.flags.json) {
     std::cout << nlohmann::json{{"policy", args.output},
@@ -117,126 +118,17 @@ void run_calibrate(const CalibrateArgs& args) {
 const RegisterCommand kRegister{
     "calibrate", [](CLI::App& root) {
       static CalibrateArgs args;
-      root.add_option("--model", args.request.model,
-                      "Model folder (config.json + safetensors) or cached HF repo id");
-      root.add_option("--context", args.request.context,
-                      "Context length to serve, tokens (k = 1024: 160k = 163840)");
-      root.add_option("--budget", args.request.budget,
-                      "Cache budget for the whole request batch (g = GiB: 48g)");
-      root.add_option("-o,--output", args.output, "Policy file to write")->capture_default_str();
-      root.add_option("--windows", args.request.windows,
-                      "Window ladder, ascending; 'full' = untruncated")
-          ->capture_default_str();
-      root.add_option(
-          "--calib", args.request.calib,
-          "Calibration JSONL ({\"text\": ...} or {\"input_ids\": [...]}); default: built-in "
-          "synthetic retrieval set");
-      root.add_option("--samples", args.request.samples, "Calibration sequences")
-          ->capture_default_str();
-      root.add_option("--seq-len", args.request.seq_len,
-                      "Tokens per calibration sequence; auto: the largest finite --windows level "
-                      "below --context plus a "
-                      "quarter (at least 2k), so every level is measured")
-          ->capture_default_str();
-      root.add_option("--distortion", args.request.distortion,
-                      "What a window costs: answer-tv-span (total variation to the full model's "
-                      "next-token distribution "
-                      "at the answer positions, heads of a layer decided jointly; each candidate "
-                      "runs on the answer span "
-                      "against the layers' cached prompt, so its cost does not grow with depth: "
-                      "docs/seqcalib.md), "
-                      "answer-kl-span (the same with KL), answer-tv (the exact measure: the layers "
-                      "above run over every "
-                      "token for each candidate), "
-                      "answer-kl (the same with KL, which a lost needle dominates), answer-grad "
-                      "(the KL predicted to second "
-                      "order from gradients: one backward pass per probe instead of a run per "
-                      "assignment) or block-mse "
-                      "(the attention block's output error over all positions)")
-          ->capture_default_str();
-      root.add_option("--span-margin", args.request.span_margin,
-                      "answer-*-span: tokens before the first answer position that the span "
-                      "measure also runs exactly "
-                      "(the question's own tokens and context before it)")
-          ->capture_default_str();
-      root.add_flag("--re-solve-by-rewalk", args.request.resolve_by_rewalk,
-                    "answer-*-span: after the cross-layer re-solve, re-walk the layers above the "
-                    "lowest layer it moves (one more walk of them, each re-decided) instead of "
-                    "checking the re-solved policy on the answer span (the default; its cost does "
-                    "not grow with depth)");
-      root.add_flag("--independent-heads", args.request.independent_heads,
-                    "answer-kl/answer-grad: decide a layer's heads from curves measured with the "
-                    "other heads at full "
-                    "(the ablation of the joint decision)");
-      root.add_flag("--validate-measure", args.request.validate_measure,
-                    "answer-grad, answer-*-span: also measure every probe (head, level) and each "
-                    "layer's decision with "
-                    "the exact measure (and, for the span measures, the exact measure's own "
-                    "decision) and report the "
-                    "prediction against it (report.json: measure_validation)");
-      root.add_option("--extrapolate", args.request.extrapolate,
-                      "Rule for --windows levels >= --seq-len: none (refuse), power-law (each "
-                      "head's curve fitted over its "
-                      "measured levels, capped at the largest) or as-full (read as full KV's cost)")
-          ->capture_default_str();
-      root.add_option("--keep-rules", args.request.keep_rules,
-                      "What may fill a head's slots: window (its most recent tokens; any engine "
-                      "with per-head windows "
-                      "can serve the policy) or window,h2o (each head whose slots evict on the "
-                      "calibration data is also "
-                      "measured with H2O's heavy hitters, on the conditioned stream through the "
-                      "runtime's own eviction "
-                      "code, and keeps whichever costs the answers less; the layer's selection "
-                      "bookkeeping is paid from "
-                      "the budget). auto: window,h2o with an answer measure, window with block-mse")
-          ->capture_default_str();
-      root.add_option("--prefill-chunk", args.request.prefill_chunk,
-                      "With h2o keep rules: tokens per prefill chunk the runtime will use (H2O "
-                      "evicts after each; "
-                      "eval's default)")
-          ->capture_default_str();
-      root.add_option("--block-size", args.request.block_size,
-                      "Paged-cache block in tokens (1 = unpaged)")
-          ->capture_default_str();
-      root.add_option("--batch", args.request.batch, "Sequences served at once")
-          ->capture_default_str();
-      root.add_option("--sink-tokens", args.request.sink_tokens,
-                      "First tokens every windowed head keeps")
-          ->capture_default_str();
-      root.add_option("--kv-dtype", args.request.kv_dtype,
-                      "KV cache dtype (default: the checkpoint's)");
-      root.add_option("--state-dtype", args.request.state_dtype,
-                      "dtype the serving cache keeps every recurrent/conv state in (policy's "
-                      "state_dtype; its bytes follow "
-                      "it): float32 (default: the runtime then computes the model calibration "
-                      "measured, whatever the "
-                      "prefill chunking), bfloat16, float16, or native (each state's own dtype: "
-                      "the checkpoint's for "
-                      "convolution states, float32 for recurrent/SSM states; what policies without "
-                      "the field mean)")
-          ->capture_default_str();
-      root.add_option("--seed", args.request.seed, "Seed for the calibration data")
-          ->capture_default_str();
-      root.add_option("--device", args.request.device, "cpu, cuda or cuda:N")
-          ->capture_default_str();
-      root.add_option("--dtype", args.request.dtype,
-                      "Compute dtype (default: float32 on CPU, the checkpoint's on CUDA)");
-      root.add_option("--report", args.report,
-                      "JSON report: curves, lambdas, timings, peak memory");
-      root.add_option("--plot", args.plot, "SVG heat map of layers x KV heads → window");
-      root.add_option("--micro-batch", args.request.micro_batch,
-                      "Sequences per layer call (default: all)");
-      root.add_option("--probe-samples", args.request.probe_samples,
-                      "Sequences for the full-KV probe pass, which steers the walk's budget "
-                      "controller (default: half, rounded up)");
-      root.add_option("--attention-chunk", args.request.attention_chunk,
-                      "Queries per attention chunk")
-          ->capture_default_str();
-      root.add_option("--activations", args.request.activations,
-                      "Where calibration activations live: auto, device, host")
-          ->capture_default_str();
-      root.add_flag("--no-conditioning", args.request.no_conditioning,
-                    "Decide from curves measured with full KV below (the ablation baseline)");
+      // Every calibration option (calib/calibration_options.hpp), the outputs among them.
+      args.calibration.add_to(root, [&root](std::string_view field) {
+        if (field == "budget")
+          root.add_option("-o,--output", args.output, "Policy file to write")
+              ->capture_default_str();
+        if (field == "dtype") {
+          root.add_option("--report", args.report,
+                          "JSON report: curves, lambdas, timings, peak memory");
+          root.add_option("--plot", args.plot, "SVG heat map of layers x KV heads → window");
+        }
+      });
       root.add_flag(
           "--resume", args.resume,
           "Continue the run killed while writing this -o from its checkpoint (<output>.ckpt.json)");
@@ -256,14 +148,7 @@ const RegisterCommand kRegister{
       add_common_flags(&root, args.flags, /*with_json=*/true);
       root.callback([&root] {
         if (!root.get_subcommands().empty()) return;
-        if (args.request.model.empty() && args.request.context.empty() &&
-            args.request.budget.empty())
-          throw CLI::CallForHelp();
-        for (const auto& [flag, value] : {std::pair{"--model", &args.request.model},
-                                          {"--context", &args.request.context},
-                                          {"--budget", &args.request.budget}}) {
-          if (value->empty()) throw_input_error("{} is required (see --help)", flag);
-        }
+        args.calibration.check_required();
         run_calibrate(args);
       });
     }};

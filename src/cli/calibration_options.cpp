@@ -1,44 +1,53 @@
 #include "calibration_options.hpp"
 
-#include "headwise/calib/keep_rules.hpp"
-#include "headwise/core/units.hpp"
-#include "headwise/policy/policy.hpp"
+#include <type_traits>
+
+#include "headwise/core/error.hpp"
 
 namespace headwise::cli {
 
-calib::CalibrationOptions calibration_options(const calib::CalibrationRequest& r) {
-  calib::CalibrationOptions o;
-  o.model = r.model;
-  o.context = parse_token_count(r.context, "--context");
-  if (!r.kv_dtype.empty()) o.kv_dtype = parse_dtype(r.kv_dtype, "--kv-dtype");
-  o.state_dtype = r.state_dtype == "native"
-                      ? std::nullopt
-                      : std::optional(policy::parse_state_dtype(r.state_dtype, "--state-dtype"));
-  o.budget = parse_byte_size(r.budget, "--budget");
-  o.windows = measure::parse_window_ladder(r.windows, "--windows");
-  if (r.seq_len != "auto") o.seq_len = parse_token_count(r.seq_len, "--seq-len");
-  o.distortion = calib::parse_distortion_measure(r.distortion);
-  o.extrapolate = calib::parse_extrapolation(r.extrapolate);
-  o.h2o_keep_rules = calib::parse_keep_rules(calib::resolve_keep_rules(r.keep_rules, o.distortion));
-  o.activations = calib::parse_activation_placement(r.activations);
-  o.calib = r.calib;
-  o.samples = r.samples;
-  o.span_margin = r.span_margin;
-  o.resolve_by_rewalk = r.resolve_by_rewalk;
-  o.independent_heads = r.independent_heads;
-  o.validate_measure = r.validate_measure;
-  o.prefill_chunk = r.prefill_chunk;
-  o.block_size = r.block_size;
-  o.batch = r.batch;
-  o.sink_tokens = r.sink_tokens;
-  o.seed = r.seed;
-  o.device = r.device;
-  o.dtype = r.dtype;
-  o.micro_batch = r.micro_batch;
-  o.probe_samples = r.probe_samples;
-  o.attention_chunk = r.attention_chunk;
-  o.no_conditioning = r.no_conditioning;
-  return o;
+void CalibrationFlags::add_to(CLI::App& app,
+                              const std::function<void(std::string_view field)>& after) {
+  const calib::CalibrationOptions defaults;
+  calib::visit_fields(defaults, [&](const auto& value, const calib::Field& f) {
+    Flag& flag = flags_.emplace_back();
+    flag.name = f.name;
+    flag.flag = f.flag.empty() ? option_spelling(f.name) : std::string(f.flag);
+    flag.required = (f.use & calib::kRequired) != 0;
+    flag.is_switch = std::is_same_v<std::decay_t<decltype(value)>, bool> || !f.switch_sets.empty();
+    if (flag.is_switch) {
+      flag.text = f.switch_sets.empty() ? "true" : std::string(f.switch_sets);
+      const std::string help(f.help);
+      flag.option = app.add_flag(flag.flag, help);
+    } else {
+      using T = std::decay_t<decltype(value)>;
+      flag.text = calib::field_text(value, f);
+      flag.option = app.add_option(flag.flag, flag.text, std::string(f.help));
+      if (std::is_integral_v<T> && f.syntax == calib::Syntax::kPlain)  // not 160k, 48g
+        flag.option->type_name(std::is_signed_v<T> ? "INT" : "UINT");
+      if (!(f.use & calib::kHideDefault)) flag.option->capture_default_str();
+    }
+    if (after) after(f.name);
+  });
+}
+
+calib::CalibrationRequest CalibrationFlags::request() const {
+  calib::CalibrationRequest request;
+  for (const Flag& flag : flags_) {
+    if (flag.option->count() > 0) request[flag.name] = flag.text;
+  }
+  return request;
+}
+
+void CalibrationFlags::check_required() const {
+  bool any = false;
+  for (const Flag& flag : flags_)
+    any = any || (flag.required && flag.option->count() > 0 && !flag.text.empty());
+  if (!any) throw CLI::CallForHelp();
+  for (const Flag& flag : flags_) {
+    if (flag.required && (flag.option->count() == 0 || flag.text.empty()))
+      throw_input_error("{} is required (see --help)", flag.flag);
+  }
 }
 
 }  // namespace headwise::cli

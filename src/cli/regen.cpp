@@ -19,7 +19,6 @@
 #include <optional>
 #include <set>
 
-#include "calibration_options.hpp"
 #include "headwise/arch/registry.hpp"
 #include "headwise/calib/calibration_job.hpp"
 #include "headwise/cli/command.hpp"
@@ -99,8 +98,9 @@ bool compare(const regen::ManifestEntry& entry, const calib::CalibrationOutcome&
       }
       return true;
     }
-    lines = regen::diff_policies(committed, produced.policy,
-                                 arch::load_model_spec(io::resolve_model_dir(entry.request.model)));
+    lines = regen::diff_policies(
+        committed, produced.policy,
+        arch::load_model_spec(io::resolve_model_dir(entry.request.at("model"))));
   } catch (const InputError& e) {
     lines.push_back(fmt::format("the committed file is not a valid policy: {}", e.what()));
   }
@@ -142,7 +142,7 @@ bool fingerprint_check(const regen::ManifestEntry& entry, const calib::Calibrati
           recorded.empty() ? "(none)" : recorded.substr(0, 12), job.inputs_hash().substr(0, 12));
     } else {
       policy::validate_against_model(
-          p, arch::load_model_spec(io::resolve_model_dir(entry.request.model)),
+          p, arch::load_model_spec(io::resolve_model_dir(entry.request.at("model"))),
           entry.output.string());
     }
   } catch (const InputError& e) {
@@ -213,7 +213,7 @@ void run_regen(const RegenArgs& args) {
     ++considered;
     std::optional<calib::CalibrationJob> job;
     try {
-      job.emplace(calibration_options(entry.request), entry.output);
+      job.emplace(calib::parse_calibration_options(entry.request), entry.output);
     } catch (const FieldError& e) {
       throw e.prefixed(fmt::format("{}: entry '{}': ", args.manifest, entry.name));
     } catch (const InputError& e) {

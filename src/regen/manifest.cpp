@@ -8,8 +8,10 @@
 #include <map>
 #include <regex>
 #include <set>
+#include <type_traits>
 
 #include "headwise/calib/answer_reference.hpp"
+#include "headwise/calib/calibration_options.hpp"
 #include "headwise/calib/keep_rules.hpp"
 #include "headwise/core/error.hpp"
 #include "headwise/core/files.hpp"
@@ -73,17 +75,44 @@ class EntryReader {
   std::string context_;
 };
 
-const std::set<std::string> kRequired = {"name",    "model", "context", "budget",
-                                         "windows", "seed",  "output"};
-const std::set<std::string> kOptional = {
-    "calib",         "samples",         "seq_len",       "block_size", "batch",
-    "sink_tokens",   "kv_dtype",        "dtype",         "device",     "micro_batch",
-    "probe_samples", "attention_chunk", "conditioning",  "distortion", "joint_heads",
-    "extrapolate",   "keep_rules",      "prefill_chunk", "state_dtype"};
+// Besides the calibration options (calibration_options.hpp: every field, by its name).
+const std::set<std::string> kEntryKeys = {"name", "output"};
 
 std::string resolve(const fs::path& base, const std::string& path) {
   const fs::path p(path);
   return (p.is_absolute() || base.empty() ? p : (base / p)).lexically_normal().string();
+}
+
+// The allowed keys and the required ones: the entry's own and every calibration field's.
+std::pair<std::set<std::string>, std::set<std::string>> entry_keys() {
+  std::set<std::string> all = kEntryKeys, required = kEntryKeys;
+  const calib::CalibrationOptions defaults;
+  calib::visit_fields(defaults, [&](const auto&, const calib::Field& f) {
+    all.emplace(f.name);
+    if (f.use & (calib::kRequired | calib::kManifestRequired)) required.emplace(f.name);
+  });
+  return {all, required};
+}
+
+// A calibration field's value as text, type-checked where the manifest's own syntax decides
+// (integers, booleans, ladders as lists), so the error points at the line.
+template <class T>
+std::string field_value(const EntryReader& r, const YAML::Node& node, const calib::Field& f,
+                        const fs::path& base) {
+  const std::string key(f.name);
+  if constexpr (std::is_same_v<T, bool>) {
+    return r.boolean(node, key.c_str()) ? "true" : "false";
+  } else if constexpr (std::is_same_v<T, measure::WindowLadder>) {
+    return r.ladder(node, key.c_str());
+  } else {
+    if (std::is_integral_v<T> && f.syntax == calib::Syntax::kPlain) {  // not 4k, 1g
+      const int64_t value = r.integer(node, key.c_str());
+      if (std::is_unsigned_v<T> && value < 0) r.fail(node[key], key, "must be >= 0");
+      return std::to_string(value);
+    }
+    const std::string text = r.text(node, key.c_str());
+    return f.use & calib::kPath ? resolve(base, text) : text;
+  }
 }
 
 ManifestEntry parse_entry(const YAML::Node& node, size_t index, std::string_view where,
@@ -93,15 +122,13 @@ ManifestEntry parse_entry(const YAML::Node& node, size_t index, std::string_view
     EntryReader(where, fallback).fail(node, "", "must be a mapping of name, model, context, ...");
   const std::string name = node["name"] && node["name"].IsScalar() ? node["name"].Scalar() : "";
   const EntryReader r(where, name.empty() ? fallback : fmt::format("entry '{}'", name));
+  const auto [allowed, required] = entry_keys();
   for (const auto& item : node) {
     const std::string key = item.first.Scalar();
-    if (!kRequired.contains(key) && !kOptional.contains(key)) {
-      std::set<std::string> all = kRequired;
-      all.insert(kOptional.begin(), kOptional.end());
-      r.fail(item.first, key, fmt::format("unknown key (allowed: {})", fmt::join(all, ", ")));
-    }
+    if (!allowed.contains(key))
+      r.fail(item.first, key, fmt::format("unknown key (allowed: {})", fmt::join(allowed, ", ")));
   }
-  for (const auto& key : kRequired) {
+  for (const auto& key : required) {
     if (!node[key]) r.fail(node, key, "is missing");
   }
   static const std::regex kName("[A-Za-z0-9._-]+");
@@ -110,34 +137,12 @@ ManifestEntry parse_entry(const YAML::Node& node, size_t index, std::string_view
 
   ManifestEntry e;
   e.name = r.text(node, "name");
-  calib::CalibrationRequest& q = e.request;
-  q.model = resolve(base, r.text(node, "model"));
-  q.context = r.text(node, "context");
-  q.budget = r.text(node, "budget");
-  q.windows = r.ladder(node, "windows");
-  const int64_t seed = r.integer(node, "seed");
-  if (seed < 0) r.fail(node["seed"], "seed", "must be >= 0");
-  q.seed = static_cast<uint64_t>(seed);
   e.output = resolve(base, r.text(node, "output"));
-  if (node["calib"]) q.calib = resolve(base, r.text(node, "calib"));
-  if (node["samples"]) q.samples = r.integer(node, "samples");
-  if (node["seq_len"]) q.seq_len = r.text(node, "seq_len");
-  if (node["block_size"]) q.block_size = r.integer(node, "block_size");
-  if (node["batch"]) q.batch = r.integer(node, "batch");
-  if (node["sink_tokens"]) q.sink_tokens = r.integer(node, "sink_tokens");
-  if (node["kv_dtype"]) q.kv_dtype = r.text(node, "kv_dtype");
-  if (node["dtype"]) q.dtype = r.text(node, "dtype");
-  if (node["device"]) q.device = r.text(node, "device");
-  if (node["micro_batch"]) q.micro_batch = r.integer(node, "micro_batch");
-  if (node["probe_samples"]) q.probe_samples = r.integer(node, "probe_samples");
-  if (node["attention_chunk"]) q.attention_chunk = r.integer(node, "attention_chunk");
-  if (node["conditioning"]) q.no_conditioning = !r.boolean(node, "conditioning");
-  if (node["distortion"]) q.distortion = r.text(node, "distortion");
-  if (node["joint_heads"]) q.independent_heads = !r.boolean(node, "joint_heads");
-  if (node["extrapolate"]) q.extrapolate = r.text(node, "extrapolate");
-  if (node["keep_rules"]) q.keep_rules = r.text(node, "keep_rules");
-  if (node["prefill_chunk"]) q.prefill_chunk = r.integer(node, "prefill_chunk");
-  if (node["state_dtype"]) q.state_dtype = r.text(node, "state_dtype");
+  const calib::CalibrationOptions defaults;
+  calib::visit_fields(defaults, [&](const auto& value, const calib::Field& f) {
+    if (node[std::string(f.name)])
+      e.request[std::string(f.name)] = field_value<std::decay_t<decltype(value)>>(r, node, f, base);
+  });
   return e;
 }
 
@@ -204,10 +209,10 @@ bool Manifest::recalibrated_on_check(const std::string& name) const {
 }
 
 CalibrationKind calibration_kind(const calib::CalibrationRequest& request) {
-  const calib::DistortionMeasure measure = calib::parse_distortion_measure(request.distortion);
-  return {calib::distortion_measure_name(measure),
-          calib::resolve_keep_rules(request.keep_rules, measure),
-          request.no_conditioning ? "unconditioned" : "seqcalib"};
+  const calib::CalibrationOptions o = calib::parse_calibration_options(request);
+  return {calib::distortion_measure_name(o.distortion),
+          calib::resolve_keep_rules(o.keep_rules, o.distortion),
+          o.conditioned ? "seqcalib" : "unconditioned"};
 }
 
 void check_recalibration_coverage(const Manifest& manifest) {

@@ -133,10 +133,12 @@ TEST_CASE("the manifest reader is strict and names the entry and key", "[policy]
       "output: a.yaml}\n";
   const auto m = regen::parse_manifest(good, "m.yaml", "/base");
   REQUIRE(m.entries.size() == 1);
-  CHECK(m.entries[0].request.model == "/base/m");
+  CHECK(m.entries[0].request.at("model") == "/base/m");
   CHECK(m.entries[0].output == "/base/a.yaml");
-  CHECK(m.entries[0].request.windows == "64,full");
-  CHECK(m.entries[0].request.samples == 8);  // the main command's default
+  CHECK(m.entries[0].request.at("windows") == "64,full");
+  CHECK_FALSE(m.entries[0].request.contains("samples"));
+  CHECK(calib::parse_calibration_options(m.entries[0].request).samples ==
+        8);  // the main command's default
 
   CHECK_THAT(
       manifest_error(
@@ -272,7 +274,8 @@ TEST_CASE(
   CHECK(regen::calibration_kind(m.entries[0].request).keep_rules ==
         "window,h2o");  // auto under answer-kl
   // b and c name no measure: they use calibrate's default, whatever it is at the time.
-  const std::string default_measure = calib::CalibrationRequest{}.distortion;
+  const std::string default_measure =
+      calib::distortion_measure_name(calib::CalibrationOptions{}.distortion);
   CHECK(regen::calibration_kind(m.entries[1].request).measure == default_measure);
 
   // a: answer-kl + window,h2o; b: answer-tv + window; c: answer-tv + window, unconditioned.

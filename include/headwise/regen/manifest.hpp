@@ -12,10 +12,13 @@
 //       seq_len: 2k                        # optional (auto)
 //       seed: 0
 //       output: tiny-qwen3-next.yaml       # relative to the manifest's folder
-//       # optional, as the main command's flags: block_size, batch, sink_tokens, kv_dtype,
-//       # dtype, device, micro_batch, probe_samples, attention_chunk, conditioning (bool),
-//       # distortion, joint_heads (bool), extrapolate, keep_rules (auto), prefill_chunk,
-//       # state_dtype (float32; native for policies made before the option)
+//       # optional: every other calibration option by its field name (calibration_options.hpp:
+//       # visit_fields), with the main command's text: block_size, batch, sink_tokens, kv_dtype,
+//       # dtype, device, micro_batch, probe_samples, attention_chunk, conditioning (bool: false
+//       # is --no-conditioning), distortion, joint_heads (bool: false is --independent-heads),
+//       # re_solve (span, rewalk: --re-solve-by-rewalk), span_margin, extrapolate, keep_rules
+//       # (auto), prefill_chunk, state_dtype (float32; native for policies made before the
+//       # option), validate_measure, activations
 //
 //   recalibrate_on_check: [tiny-qwen3-next]  # optional; see below
 //
@@ -34,14 +37,15 @@
 #include <string_view>
 #include <vector>
 
-#include "headwise/calib/calibration_job.hpp"
+#include "headwise/calib/calibration_options.hpp"
 
 namespace headwise::regen {
 
 struct ManifestEntry {
   std::string name;
-  calib::CalibrationRequest request;  // model and calib: relative to `base` (see below)
-  std::filesystem::path output;       // idem
+  // The calibration fields the entry gives, as text; paths (model, calib) joined to `base`.
+  calib::CalibrationRequest request;
+  std::filesystem::path output;  // idem
 };
 
 struct Manifest {

@@ -98,8 +98,16 @@ void refuse_unmeasured_levels(const std::vector<int64_t>& blind, int64_t seq_len
   }
 }
 
+// The inputs a checkpoint was written for: the hash, and the options it covers (by hash key) so
+// that a refusal can say which flags changed.
+struct CheckpointInputs {
+  std::string hash;
+  nlohmann::json options;
+};
+
 std::optional<ResumeCheckpoint> read_checkpoint(const fs::path& path,
-                                                const std::string& inputs_hash) {
+                                                const CheckpointInputs& inputs) {
+  const std::string& inputs_hash = inputs.hash;
   std::error_code ec;
   if (!fs::exists(path, ec)) {
     spdlog::info("{}: no checkpoint at {}; starting from the beginning", option_spelling("resume"),
@@ -116,10 +124,15 @@ std::optional<ResumeCheckpoint> read_checkpoint(const fs::path& path,
   const std::string recorded =
       j["inputs_sha256"].is_string() ? j["inputs_sha256"].get<std::string>() : "";
   if (recorded != inputs_hash) {
+    const std::vector<std::string> changed = j.contains("options")
+                                                 ? changed_options(j["options"], inputs.options)
+                                                 : std::vector<std::string>();
     throw_input_error(
-        "{}: checkpoint was written for different inputs (inputs_sha256 {} here, {} now: model, "
-        "calibration data, options or tool version changed); rerun without {} to start over",
+        "{}: checkpoint was written for different inputs (inputs_sha256 {} here, {} now: {}); "
+        "rerun without {} to start over",
         path.string(), recorded.substr(0, 12), inputs_hash.substr(0, 12),
+        changed.empty() ? std::string("model, calibration data, options or tool version changed")
+                        : fmt::format("{} changed", fmt::join(changed, ", ")),
         option_spelling("resume"));
   }
   return resume_checkpoint_from_json(j["state"], path.string());
@@ -128,10 +141,10 @@ std::optional<ResumeCheckpoint> read_checkpoint(const fs::path& path,
 // Distributed: rank 0 reads (and checks) the checkpoint and sends it to the others, so the
 // ranks need not share a file system.
 std::optional<ResumeCheckpoint> shared_checkpoint(dist::Collective& world, const fs::path& path,
-                                                  const std::string& inputs_hash) {
-  if (world.world_size() == 1) return read_checkpoint(path, inputs_hash);
+                                                  const CheckpointInputs& inputs) {
+  if (world.world_size() == 1) return read_checkpoint(path, inputs);
   std::optional<ResumeCheckpoint> state;
-  if (world.rank() == 0) state = read_checkpoint(path, inputs_hash);
+  if (world.rank() == 0) state = read_checkpoint(path, inputs);
   const std::string text = world.all_gather(
       state ? resume_checkpoint_to_json(*state).dump() : std::string(), "the resume checkpoint")[0];
   if (world.rank() == 0 || text.empty()) return state;
@@ -169,7 +182,7 @@ int64_t effective_micro_batch(int64_t requested, int64_t sequences, const dist::
 
 // The label a library parser (dtype, context guard) puts in its messages for `field`.
 template <typename Parse>
-auto parse_field(std::string_view field, Parse&& parse) {
+auto parse_labelled(std::string_view field, Parse&& parse) {
   try {
     return parse(field_ref(field));
   } catch (const FieldError&) {
@@ -180,13 +193,6 @@ auto parse_field(std::string_view field, Parse&& parse) {
 }
 
 }  // namespace
-
-ActivationPlacement parse_activation_placement(const std::string& text) {
-  if (text == "auto") return ActivationPlacement::kAuto;
-  if (text == "device") return ActivationPlacement::kDevice;
-  if (text == "host") return ActivationPlacement::kHost;
-  throw_field_error("activations", ": '{}' is not one of auto, device, host", text);
-}
 
 int64_t auto_calibration_length(const std::vector<int64_t>& levels, int64_t context) {
   int64_t largest = 0;
@@ -211,34 +217,25 @@ fs::path checkpoint_path_for(const fs::path& output) {
 }
 
 struct CalibrationJob::State {
-  CalibrationOptions options;
+  CalibrationOptions options;  // resolved (see the constructor)
+  bool h2o = false;            // keep rules window,h2o
   fs::path output;
   fs::path dir;
   arch::ModelSpec spec;
   memory::MemoryOptions mem;
   int64_t fixed = 0;
-  int64_t seq_len = 0;
   std::vector<int64_t> unmeasured;
   CalibrationData data;
   policy::ModelFingerprint fingerprint;
   std::string model_path;
-  std::string inputs_hash;
+  CheckpointInputs inputs;  // inputs_sha256 and the options it covers
   std::optional<std::string>
       context_warning;  // the context exceeds the config's max_position_embeddings
 };
 
 namespace {
 
-const char* keep_rules_name(bool h2o) {
-  return h2o ? "window,h2o" : "window";
-}
-
-// How the span measures check the cross-layer re-solve (SeqCalibOptions::resolve_by_rewalk).
-const char* re_solve_name(bool by_rewalk) {
-  return by_rewalk ? "rewalk" : "span";
-}
-
-void check_measure_options(const CalibrationOptions& o) {
+void check_measure_options(const CalibrationOptions& o, bool h2o) {
   const MeasureTraits& measure = measure_traits(o.distortion);
   if (o.validate_measure && !measure.can_validate) {
     throw_field_error("validate_measure",
@@ -249,7 +246,7 @@ void check_measure_options(const CalibrationOptions& o) {
   }
   if (o.span_margin < 0)
     throw_field_error("span_margin", " must not be negative, got {}", o.span_margin);
-  if (o.h2o_keep_rules && !measure.scores_answers) {
+  if (h2o && !measure.scores_answers) {
     throw_field_error("keep_rules",
                       " window,h2o: the rules are measured at the answers; use an answer measure "
                       "({} answer-tv or "
@@ -277,13 +274,29 @@ void refuse_budget_below_minimum(const arch::ModelSpec& spec, const memory::Memo
                             minimum, format_bytes(fixed), o.windows.levels.front(), mem.context));
 }
 
+// Everything that can change a byte of the policy: the options' kHashed fields
+// (calibration_options.hpp) and what stands for the model and the data.
+nlohmann::json hashed_inputs(const CalibrationJob::State& s, const nlohmann::json& options) {
+  nlohmann::json inputs = options;
+  inputs["tool"] = fmt::format("headwise-calc {}", HEADWISE_VERSION);
+  inputs["calibration_revision"] = kCalibrationRevision;
+  inputs["model_config_sha256"] = s.fingerprint.config_sha256;
+  inputs["model_weights_headers_sha256"] = s.fingerprint.weights_headers_sha256.value_or("");
+  inputs["model_path"] = s.model_path;
+  inputs["dataset"] = s.data.description;
+  inputs["dataset_sha256"] = s.data.sha256;
+  return inputs;
+}
+
 }  // namespace
 
 CalibrationJob::CalibrationJob(const CalibrationOptions& options, const fs::path& output)
     : state_(new State) {
   State& s = *state_;
-  const CalibrationOptions& o = options;
   s.options = options;
+  CalibrationOptions& o = s.options;
+  o.keep_rules = resolve_keep_rules(o.keep_rules, o.distortion);
+  s.h2o = parse_keep_rules(o.keep_rules);
   s.output = output;
   s.dir = io::resolve_model_dir(o.model);
   s.spec = arch::load_model_spec(s.dir);
@@ -298,124 +311,87 @@ CalibrationJob::CalibrationJob(const CalibrationOptions& options, const fs::path
   s.mem.block_size = o.block_size;
   s.mem.sink_tokens = o.sink_tokens;
   s.mem.kv_dtype = o.kv_dtype.value_or(s.spec.dtype);
+  o.kv_dtype = s.mem.kv_dtype;
   s.mem.state_dtype = o.state_dtype;
   memory::validate_options(s.mem);
   HEADWISE_CHECK(!o.windows.levels.empty(), "an empty window ladder");
-  s.seq_len = o.seq_len ? *o.seq_len : auto_calibration_length(o.windows.levels, s.mem.context);
-  if (s.seq_len <= 0) throw_field_error("seq_len", ": '{}' must be positive", s.seq_len);
-  check_measure_options(o);
-  s.unmeasured = unmeasured_levels(o.windows.levels, s.seq_len, s.mem.context);
-  refuse_unmeasured_levels(s.unmeasured, s.seq_len, o.extrapolate);
+  const int64_t seq_len =
+      o.seq_len ? *o.seq_len : auto_calibration_length(o.windows.levels, s.mem.context);
+  if (seq_len <= 0) throw_field_error("seq_len", ": '{}' must be positive", seq_len);
+  o.seq_len = seq_len;
+  check_measure_options(o, s.h2o);
+  s.unmeasured = unmeasured_levels(o.windows.levels, seq_len, s.mem.context);
+  refuse_unmeasured_levels(s.unmeasured, seq_len, o.extrapolate);
   if (o.samples <= 0) throw_field_error("samples", " must be positive, got {}", o.samples);
   s.fixed = memory::fixed_bytes(s.spec, s.mem);
   refuse_budget_below_minimum(s.spec, s.mem, s.fixed, o);
-  s.data = load_calibration_data(o.calib, s.dir, s.spec.vocab_size, o.samples, s.seq_len, o.seed);
+  s.data = load_calibration_data(o.calib, s.dir, s.spec.vocab_size, o.samples, seq_len, o.seed);
+  o.samples = static_cast<int64_t>(s.data.sequences.size());
   s.fingerprint = policy::fingerprint_model(s.dir);
   s.model_path = model_path_for(s.dir, output);
-
-  // Everything that can change a byte of the policy. Activation placement is left out: it
-  // only moves the same tensors between device and host memory.
-  nlohmann::json inputs = {
-      {"tool", fmt::format("headwise-calc {}", HEADWISE_VERSION)},
-      {"calibration_revision", kCalibrationRevision},
-      {"model_config_sha256", s.fingerprint.config_sha256},
-      {"model_weights_headers_sha256", s.fingerprint.weights_headers_sha256.value_or("")},
-      {"model_path", s.model_path},
-      {"dataset", s.data.description},
-      {"dataset_sha256", s.data.sha256},
-      {"context", s.mem.context},
-      {"budget_bytes", o.budget},
-      {"windows", o.windows.levels},
-      {"samples", static_cast<int64_t>(s.data.sequences.size())},
-      {"seq_len", s.seq_len},
-      {"block_size", s.mem.block_size},
-      {"batch", s.mem.batch},
-      {"sink_tokens", s.mem.sink_tokens},
-      {"kv_dtype", std::string(dtype_name(s.mem.kv_dtype))},
-      {"seed", o.seed},
-      {"device", o.device},
-      {"dtype", o.dtype},
-      {"micro_batch", o.micro_batch},
-      {"probe_samples", o.probe_samples},
-      {"attention_chunk", o.attention_chunk},
-      {"conditioned", !o.no_conditioning},
-      {"distortion", distortion_measure_name(o.distortion)},
-      {"joint_heads", !o.independent_heads},
-      {"extrapolate", extrapolation_name(o.extrapolate)},
-  };
-  if (measure_traits(o.distortion).runs_on_span) {
-    inputs["span_margin"] = o.span_margin;
-    inputs["re_solve"] = re_solve_name(o.resolve_by_rewalk);
-  }
-  // Only when not native, so that policies made before --state-dtype keep the hash they were made
-  // with.
-  if (s.mem.state_dtype) inputs["state_dtype"] = std::string(dtype_name(*s.mem.state_dtype));
-  // Only when chosen, so that window-only policies keep the hash they were made with.
-  if (o.h2o_keep_rules) {
-    inputs["keep_rules"] = keep_rules_name(o.h2o_keep_rules);
-    inputs["prefill_chunk"] = o.prefill_chunk;
-  }
-  s.inputs_hash = sha256_hex(inputs.dump());
+  s.inputs.options = hashed_options(o);
+  s.inputs.hash = sha256_hex(hashed_inputs(s, s.inputs.options).dump());
 }
 
 CalibrationJob::~CalibrationJob() = default;
 
 const std::string& CalibrationJob::inputs_hash() const {
-  return state_->inputs_hash;
+  return state_->inputs.hash;
 }
 
-CalibrationOutcome CalibrationJob::run(const RunControl& control) {
-  const State& s = *state_;
-  const CalibrationOptions& r = s.options;
-  dist::Collective& world =
-      control.collective != nullptr ? *control.collective : dist::single_process();
-  refuse_ranks_with_other_inputs(world, s.inputs_hash);
-  const bool writer = world.rank() == 0;
-  const auto sequences = static_cast<int64_t>(s.data.sequences.size());
-  const int64_t micro_batch = effective_micro_batch(r.micro_batch, sequences, world);
-  const auto local_sequences = static_cast<int64_t>(
-      dist::shard_sequences(s.data.sequences.size(), micro_batch, world.rank(), world.world_size())
-          .size());
-  std::optional<ResumeCheckpoint> resume;
-  if (control.resume && !control.checkpoint.empty())
-    resume = shared_checkpoint(world, control.checkpoint, s.inputs_hash);
-  if (writer && !control.resume && !control.checkpoint.empty() && fs::exists(control.checkpoint)) {
-    spdlog::warn("{} exists and will be replaced: pass {} to continue that run instead",
-                 control.checkpoint.string(), option_spelling("resume"));
-  }
+namespace {
 
+// The run's shape on this rank: its micro-batch and its share of the sequences.
+struct RankShare {
+  int64_t micro_batch = 0;
+  std::vector<size_t> sequences;  // indices into the calibration data
+};
+
+RankShare rank_share(const CalibrationJob::State& s, const dist::Collective& world) {
+  RankShare share;
+  share.micro_batch = effective_micro_batch(s.options.micro_batch,
+                                            static_cast<int64_t>(s.data.sequences.size()), world);
+  share.sequences = dist::shard_sequences(s.data.sequences.size(), share.micro_batch, world.rank(),
+                                          world.world_size());
+  return share;
+}
+
+std::unique_ptr<arch::DecoderModel> load_job_model(const CalibrationJob::State& s,
+                                                   const dist::Collective& world, int local_rank) {
+  const CalibrationOptions& r = s.options;
   arch::ModelOptions model_options;
-  model_options.device = rank_device(r.device, world, control.local_rank);
+  model_options.device = rank_device(r.device, world, local_rank);
   model_options.attention_chunk = r.attention_chunk;
   if (!r.dtype.empty()) {
-    model_options.compute_dtype =
-        parse_field("dtype", [&](const std::string& label) { return parse_dtype(r.dtype, label); });
+    model_options.compute_dtype = parse_labelled(
+        "dtype", [&](const std::string& label) { return parse_dtype(r.dtype, label); });
   }
-  const int64_t rss_before_model = current_rss_bytes();
-  auto model = arch::load_model(s.dir, model_options);
+  return arch::load_model(s.dir, model_options);
+}
 
-  CalibrationShape shape{local_sequences,
-                         s.seq_len,
-                         micro_batch,
+// Plans the calibration's memory and refuses a run that cannot fit; the plan's JSON for the report.
+MemoryPlan plan_memory(const CalibrationJob::State& s, arch::DecoderModel& model,
+                       const RankShare& share) {
+  const CalibrationOptions& r = s.options;
+  CalibrationShape shape{static_cast<int64_t>(share.sequences.size()),
+                         *r.seq_len,
+                         share.micro_batch,
                          r.attention_chunk,
                          static_cast<int64_t>(r.windows.size()),
-                         static_cast<int64_t>(c10::elementSize(model->dtype()))};
+                         static_cast<int64_t>(c10::elementSize(model.dtype()))};
   shape.answer_span = measure_traits(r.distortion).runs_on_span;
-  if (!r.no_conditioning) shape.stream_checkpoint_limit_bytes = kStreamCheckpointLimitBytes;
-  const bool cpu = model->device().is_cpu();
+  if (r.conditioned) shape.stream_checkpoint_limit_bytes = kStreamCheckpointLimitBytes;
+  const bool cpu = model.device().is_cpu();
   const MemoryPlan plan = plan_calibration_memory(
-      s.spec, model->checkpoint(), shape, cpu || r.activations != ActivationPlacement::kHost,
-      cpu ? available_host_bytes() : free_device_bytes(model->device()));
+      s.spec, model.checkpoint(), shape, cpu || r.activations != ActivationPlacement::kHost,
+      cpu ? available_host_bytes() : free_device_bytes(model.device()));
   refuse_if_it_cannot_fit(plan);
-  nlohmann::json memory_plan = plan.to_json();
-  memory_plan["rss_before_model_bytes"] = rss_before_model;
-  spdlog::info(
-      "calibrating {} ({} layers, {} global) on {} sequences x {} tokens, ladder {}, budget {} ({} "
-      "fixed)",
-      s.dir.string(), s.spec.num_layers(), s.spec.global_layer_ids().size(),
-      s.data.sequences.size(), s.seq_len, r.windows.to_string(), format_bytes(r.budget),
-      format_bytes(s.fixed));
+  return plan;
+}
 
+SeqCalibOptions seqcalib_options(const CalibrationJob::State& s, const MemoryPlan& plan,
+                                 const RankShare& share) {
+  const CalibrationOptions& r = s.options;
   SeqCalibOptions options;
   options.ladder = r.windows;
   options.global_budget_bytes = r.budget - s.fixed;
@@ -424,49 +400,70 @@ CalibrationOutcome CalibrationJob::run(const RunControl& control) {
   options.head_bytes = [mem](const arch::LayerSpec& layer, int64_t window) {
     return memory::head_bytes(*layer.attention, window, mem);
   };
-  options.micro_batch = micro_batch;
+  options.micro_batch = share.micro_batch;
   options.probe_samples = r.probe_samples;
   options.measured_layer_resident = plan.measured_layer_resident;
-  options.conditioned = !r.no_conditioning;
+  options.conditioned = r.conditioned;
   options.measure = r.distortion;
   options.answer_positions = s.data.answer_positions;
-  options.joint_heads = !r.independent_heads;
-  options.resolve_by_rewalk = r.resolve_by_rewalk;
+  options.joint_heads = r.joint_heads;
+  options.resolve_by_rewalk = r.re_solve == ReSolve::kRewalk;
   options.span_margin = r.span_margin;
   options.validate_measure = r.validate_measure;
   options.unmeasured_levels = s.unmeasured;
   options.extrapolation = r.extrapolate;
   options.activations = r.activations;
-  options.resume = resume ? &*resume : nullptr;
-  options.collective = &world;
-  if (writer && !control.checkpoint.empty()) {
-    options.checkpoint = [&](const ResumeCheckpoint& state) {
-      const nlohmann::json j = {{"schema", kCheckpointSchema},
-                                {"inputs_sha256", s.inputs_hash},
-                                {"state", resume_checkpoint_to_json(state)}};
-      write_file_atomically(control.checkpoint, j.dump() + "\n");
-    };
-  }
-  // The answer-span measure's reference forward, on this rank's shard: SeqCalib and the keep-rules
-  // pass both measure with it.
-  std::unique_ptr<AnswerSpan> span;
-  std::vector<std::vector<int64_t>> shard_sequences, shard_answers;
-  if (measure_traits(r.distortion).runs_on_span) {
-    for (size_t i : dist::shard_sequences(s.data.sequences.size(), micro_batch, world.rank(),
-                                          world.world_size())) {
-      shard_sequences.push_back(s.data.sequences[i]);
-      shard_answers.push_back(s.data.answer_positions.at(i));
-    }
-    const AnswerSpanOptions so = answer_span_options(options);
-    spdlog::info("{}: full-KV reference and the answer span's caches ({} sequences)",
-                 distortion_measure_name(r.distortion), shard_sequences.size());
-    span = std::make_unique<AnswerSpan>(*model, shard_sequences, shard_answers, so, world);
-    options.span = span.get();
-  }
-  const SeqCalibResult result = run_seqcalib(*model, s.data.sequences, options);
+  return options;
+}
 
-  CalibrationOutcome out;
-  policy::Policy& policy = out.policy;
+// The answer-span measure's reference forward, on this rank's shard: SeqCalib and the keep-rules
+// pass both measure with it.
+struct ShardSpan {
+  std::unique_ptr<AnswerSpan> span;
+  std::vector<std::vector<int64_t>> sequences, answers;
+};
+
+ShardSpan answer_span_on_shard(const CalibrationJob::State& s, arch::DecoderModel& model,
+                               const SeqCalibOptions& options, const RankShare& share,
+                               dist::Collective& world) {
+  ShardSpan out;
+  for (size_t i : share.sequences) {
+    out.sequences.push_back(s.data.sequences[i]);
+    out.answers.push_back(s.data.answer_positions.at(i));
+  }
+  spdlog::info("{}: full-KV reference and the answer span's caches ({} sequences)",
+               distortion_measure_name(s.options.distortion), out.sequences.size());
+  out.span = std::make_unique<AnswerSpan>(model, out.sequences, out.answers,
+                                          answer_span_options(options), world);
+  return out;
+}
+
+// policy.calibration: the options' kRecorded fields and where the data and the run came from.
+nlohmann::json provenance(const CalibrationJob::State& s, const AnswerSpan* span) {
+  const CalibrationOptions& r = s.options;
+  nlohmann::json calibration = {
+      {"tool", fmt::format("headwise-calc {}", HEADWISE_VERSION)},
+      {"dataset", s.data.description},
+      {"dataset_sha256", s.data.sha256},
+      {"inputs_sha256", s.inputs.hash},
+  };
+  record_options(r, calibration);
+  if (measure_traits(r.distortion).scores_answers)
+    calibration["answer_positions"] = s.data.answer_rule;
+  if (span) calibration["answer_span"]["first_position"] = span->span_begin();
+  if (s.context_warning) {
+    // Recorded so whoever deploys the policy sees it, not only whoever ran the calibration.
+    calibration["context_beyond_max_position_embeddings"] =
+        arch::context_limit(s.spec).max_position_embeddings;
+  }
+  if (!s.unmeasured.empty()) calibration["extrapolated_levels"] = s.unmeasured;
+  return calibration;
+}
+
+policy::Policy assemble_policy(const CalibrationJob::State& s, const SeqCalibResult& result,
+                               const std::optional<KeepRuleResult>& rules, const AnswerSpan* span) {
+  const CalibrationOptions& r = s.options;
+  policy::Policy policy;
   policy.model_name = model_name_of(s.dir, s.spec);
   policy.model_path = s.model_path;
   policy.fingerprint = s.fingerprint;
@@ -478,53 +475,7 @@ CalibrationOutcome CalibrationJob::run(const RunControl& control) {
   policy.block_size = s.mem.block_size;
   policy.sink_tokens = s.mem.sink_tokens;
   policy.window_levels = r.windows.levels;
-  policy.calibration = {
-      {"tool", fmt::format("headwise-calc {}", HEADWISE_VERSION)},
-      {"method", options.conditioned ? "seqcalib" : "unconditioned"},
-      {"distortion_measure", measure_traits(r.distortion).provenance_name},
-      {"dataset", s.data.description},
-      {"dataset_sha256", s.data.sha256},
-      {"samples", static_cast<int64_t>(s.data.sequences.size())},
-      {"seq_len", s.seq_len},
-      {"seed", r.seed},
-      {"probe_samples",
-       effective_probe_samples(r.probe_samples, static_cast<int64_t>(s.data.sequences.size()))},
-      {"inputs_sha256", s.inputs_hash},
-  };
-  if (measure_traits(r.distortion).scores_answers) {
-    policy.calibration["answer_positions"] = s.data.answer_rule;
-    policy.calibration["heads"] = r.independent_heads ? "independent" : "joint";
-    if (span)
-      policy.calibration["answer_span"] = {{"first_position", span->span_begin()},
-                                           {"margin", r.span_margin},
-                                           {"re_solve", re_solve_name(r.resolve_by_rewalk)}};
-  }
-  if (s.context_warning) {
-    // Recorded so whoever deploys the policy sees it, not only whoever ran the calibration.
-    policy.calibration["context_beyond_max_position_embeddings"] =
-        arch::context_limit(s.spec).max_position_embeddings;
-  }
-  if (!s.unmeasured.empty()) {
-    policy.calibration["extrapolated_levels"] = s.unmeasured;
-    policy.calibration["extrapolation"] = extrapolation_name(r.extrapolate);
-  }
-  std::optional<KeepRuleResult> rules;
-  if (r.h2o_keep_rules) {
-    KeepRuleOptions ko;
-    ko.memory = s.mem;
-    ko.budget_bytes = r.budget;
-    ko.prefill_chunk = r.prefill_chunk;
-    ko.micro_batch = micro_batch;
-    ko.activations = options.activations;
-    ko.conditioned = options.conditioned;
-    ko.divergence = measure_traits(r.distortion).divergence;
-    ko.span = span.get();
-    rules = span ? choose_keep_rules(*model, shard_sequences, shard_answers, result.windows, ko)
-                 : choose_keep_rules(*model, s.data.sequences, s.data.answer_positions,
-                                     result.windows, ko);
-    policy.calibration["keep_rules"] = keep_rules_name(r.h2o_keep_rules);
-    policy.calibration["prefill_chunk"] = r.prefill_chunk;
-  }
+  policy.calibration = provenance(s, span);
   for (const auto& [layer_id, windows] : result.windows) {
     if (rules) {
       policy.per_layer_policies.push_back({layer_id, rules->windows.at(layer_id),
@@ -538,7 +489,77 @@ CalibrationOutcome CalibrationJob::run(const RunControl& control) {
   policy::fill_memory(policy, s.spec);
   HEADWISE_CHECK(policy.memory.total_bytes <= r.budget, "policy total {} exceeds budget {}",
                  policy.memory.total_bytes, r.budget);
-  out.policy_yaml = policy::to_yaml(policy);
+  return policy;
+}
+
+}  // namespace
+
+CalibrationOutcome CalibrationJob::run(const RunControl& control) {
+  const State& s = *state_;
+  const CalibrationOptions& r = s.options;
+  dist::Collective& world =
+      control.collective != nullptr ? *control.collective : dist::single_process();
+  refuse_ranks_with_other_inputs(world, s.inputs.hash);
+  const bool writer = world.rank() == 0;
+  const RankShare share = rank_share(s, world);
+  std::optional<ResumeCheckpoint> resume;
+  if (control.resume && !control.checkpoint.empty())
+    resume = shared_checkpoint(world, control.checkpoint, s.inputs);
+  if (writer && !control.resume && !control.checkpoint.empty() && fs::exists(control.checkpoint)) {
+    spdlog::warn("{} exists and will be replaced: pass {} to continue that run instead",
+                 control.checkpoint.string(), option_spelling("resume"));
+  }
+
+  const int64_t rss_before_model = current_rss_bytes();
+  auto model = load_job_model(s, world, control.local_rank);
+  const MemoryPlan plan = plan_memory(s, *model, share);
+  nlohmann::json memory_plan = plan.to_json();
+  memory_plan["rss_before_model_bytes"] = rss_before_model;
+  spdlog::info(
+      "calibrating {} ({} layers, {} global) on {} sequences x {} tokens, ladder {}, budget {} ({} "
+      "fixed)",
+      s.dir.string(), s.spec.num_layers(), s.spec.global_layer_ids().size(),
+      s.data.sequences.size(), *r.seq_len, r.windows.to_string(), format_bytes(r.budget),
+      format_bytes(s.fixed));
+
+  SeqCalibOptions options = seqcalib_options(s, plan, share);
+  options.resume = resume ? &*resume : nullptr;
+  options.collective = &world;
+  if (writer && !control.checkpoint.empty()) {
+    options.checkpoint = [&](const ResumeCheckpoint& state) {
+      const nlohmann::json j = {{"schema", kCheckpointSchema},
+                                {"inputs_sha256", s.inputs.hash},
+                                {"options", s.inputs.options},
+                                {"state", resume_checkpoint_to_json(state)}};
+      write_file_atomically(control.checkpoint, j.dump() + "\n");
+    };
+  }
+  ShardSpan shard;
+  if (measure_traits(r.distortion).runs_on_span) {
+    shard = answer_span_on_shard(s, *model, options, share, world);
+    options.span = shard.span.get();
+  }
+  const SeqCalibResult result = run_seqcalib(*model, s.data.sequences, options);
+
+  std::optional<KeepRuleResult> rules;
+  if (s.h2o) {
+    KeepRuleOptions ko;
+    ko.memory = s.mem;
+    ko.budget_bytes = r.budget;
+    ko.prefill_chunk = r.prefill_chunk;
+    ko.micro_batch = share.micro_batch;
+    ko.activations = options.activations;
+    ko.conditioned = options.conditioned;
+    ko.divergence = measure_traits(r.distortion).divergence;
+    ko.span = shard.span.get();
+    rules = shard.span
+                ? choose_keep_rules(*model, shard.sequences, shard.answers, result.windows, ko)
+                : choose_keep_rules(*model, s.data.sequences, s.data.answer_positions,
+                                    result.windows, ko);
+  }
+  CalibrationOutcome out;
+  out.policy = assemble_policy(s, result, rules, shard.span.get());
+  out.policy_yaml = policy::to_yaml(out.policy);
   out.seconds = result.total_seconds;
 
   CalibrationRecord& record = out.record;
@@ -552,7 +573,7 @@ CalibrationOutcome CalibrationJob::run(const RunControl& control) {
   record.memory_plan = std::move(memory_plan);
   record.world_size = world.world_size();
   record.backend = world.backend();
-  record.micro_batch = micro_batch;
+  record.micro_batch = share.micro_batch;
   return out;
 }
 
