@@ -137,9 +137,11 @@ TEST_CASE("simulate_eviction is the runtime decoder's prefill, layer for layer",
 }
 
 TEST_CASE("keep-rule flags and policies with rules fail with one clear line", "[calib]") {
-  CHECK_FALSE(calib::parse_keep_rules("window"));
-  CHECK(calib::parse_keep_rules("window,h2o"));
-  CHECK_THROWS_WITH(calib::parse_keep_rules("h2o"), Catch::Contains("--keep-rules"));
+  CHECK(calib::parse_keep_rules("window").empty());
+  CHECK((calib::parse_keep_rules("h2o,window") ==
+         std::vector<policy::KeepRule>{policy::KeepRule::kH2O}));
+  for (const char* bad : {"h2o", "window,window", "window,h2o,h2o", "window,", "window,heavy", ""})
+    CHECK_THROWS_WITH(calib::parse_keep_rules(bad), Catch::Contains("--keep-rules"));
   CHECK_THROWS_WITH(policy::keep_rule_from_name("heavy", "x.kv_head_rules[0]"),
                     Catch::Contains("x.kv_head_rules[0]"));
 }

@@ -110,6 +110,11 @@ TEST_CASE("a registered rule is a policy rule: written, read, priced, and refuse
                     Catch::Contains("layer 0 head 0") && Catch::Contains("prefix"));
   CHECK_THROWS_WITH(policy::KeepRule::from_name("suffix", "--keep-rules"),
                     Catch::Contains("--keep-rules") && Catch::Contains("window, h2o, prefix"));
+  // --keep-rules takes it like h2o, and spells the list in registration order.
+  CHECK((calib::parse_keep_rules("prefix,window,h2o") ==
+         std::vector<policy::KeepRule>{policy::KeepRule::kH2O, prefix()}));
+  CHECK(calib::resolve_keep_rules("prefix,window", calib::DistortionMeasure::kAnswerTvSpan) ==
+        "window,prefix");
   // The registry refuses a second rule by a name already taken.
   CHECK_THROWS(calib::RegisterKeepRule(std::make_unique<PrefixRule>()));
 }

@@ -81,10 +81,10 @@ struct Field {
 };
 
 namespace field_conditions {
-bool on_span(const CalibrationOptions& o);         // an answer-span measure
-bool scores_answers(const CalibrationOptions& o);  // an answer measure
-bool h2o_keep_rules(const CalibrationOptions& o);  // keep rules window,h2o (resolved)
-bool extrapolates(const CalibrationOptions& o);    // some ladder level is left unmeasured
+bool on_span(const CalibrationOptions& o);               // an answer-span measure
+bool scores_answers(const CalibrationOptions& o);        // an answer measure
+bool selecting_keep_rules(const CalibrationOptions& o);  // a rule besides window (resolved)
+bool extrapolates(const CalibrationOptions& o);          // some ladder level is left unmeasured
 nlohmann::json effective_probe_samples(const CalibrationOptions& o);
 nlohmann::json measure_provenance(const CalibrationOptions& o);
 nlohmann::json method(const CalibrationOptions& o);  // seqcalib or unconditioned
@@ -109,8 +109,8 @@ struct CalibrationOptions {
   // answer-grad / answer-*-span against the exact measure, in the report.
   bool validate_measure = false;
   Extrapolation extrapolate = Extrapolation::kNone;  // the rule for levels the sequences miss
-  // "auto", "window" or "window,h2o" as written; the job resolves auto (keep_rules.hpp:
-  // resolve_keep_rules) before anything reads it.
+  // "auto", or a list of registered keep rules with window ("window", "window,h2o") as written;
+  // the job resolves it (keep_rules.hpp: resolve_keep_rules) before anything reads it.
   std::string keep_rules = "auto";
   int64_t prefill_chunk = 256;  // with h2o: the runtime's prefill chunk (H2O evicts after each)
   int64_t block_size = 16;
@@ -230,14 +230,16 @@ void visit_fields(Options& o, Visitor&& visit) {
                  "evict on the calibration data is also measured with H2O's heavy hitters, on the "
                  "conditioned stream through the runtime's own eviction code, and keeps whichever "
                  "costs the answers less; the layer's selection bookkeeping is paid from the "
-                 "budget). auto: window,h2o with an answer measure, window with block-mse",
+                 "budget; any other registered rule is tried the same way). auto: window,h2o with "
+                 "an answer measure, window with block-mse",
          .use = kHashed | kRecorded,
-         .when = c::h2o_keep_rules});  // window-only policies keep the hash they were made with
+         // window-only policies keep the hash they were made with
+         .when = c::selecting_keep_rules});
   visit(o.prefill_chunk, {.name = "prefill_chunk",
                           .help = "With h2o keep rules: tokens per prefill chunk the runtime will "
                                   "use (H2O evicts after each; eval's default)",
                           .use = kHashed | kRecorded,
-                          .when = c::h2o_keep_rules});
+                          .when = c::selecting_keep_rules});
   visit(
       o.block_size,
       {.name = "block_size", .help = "Paged-cache block in tokens (1 = unpaged)", .use = kHashed});

@@ -36,13 +36,16 @@
 
 namespace headwise::calib {
 
-// "window" or "window,h2o" (the rules the pass may choose from); InputError naming --keep-rules.
-bool parse_keep_rules(const std::string& text);
+// The rules a head may take instead of its window, in registration order (policy::keep_rule_names):
+// "window" gives none, "window,h2o" (or "h2o,window") h2o. Anything but a comma-separated list of
+// registered rules that includes window is an InputError naming --keep-rules.
+std::vector<policy::KeepRule> parse_keep_rules(const std::string& text);
 
-// The rules a calibration uses, spelled as the policy records them ("window" or "window,h2o").
-// "auto" (the default) is window,h2o under an answer measure, the configuration that wins on
-// retrieval (docs/results.md), and window under block-mse, which cannot see what a rule costs
-// the answers. An explicit h2o with block-mse is an InputError naming --keep-rules.
+// The rules a calibration uses, spelled as the policy records them: window, then the others in
+// registration order ("window", "window,h2o"). "auto" (the default) is window,h2o under an answer
+// measure, the configuration that wins on retrieval (docs/results.md), and window under
+// block-mse, which cannot see what a rule costs the answers. A selecting rule with block-mse is an
+// InputError naming --keep-rules.
 std::string resolve_keep_rules(const std::string& text, DistortionMeasure measure);
 
 struct KeepRuleOptions {

@@ -217,8 +217,8 @@ fs::path checkpoint_path_for(const fs::path& output) {
 }
 
 struct CalibrationJob::State {
-  CalibrationOptions options;  // resolved (see the constructor)
-  bool h2o = false;            // keep rules window,h2o
+  CalibrationOptions options;           // resolved (see the constructor)
+  std::vector<policy::KeepRule> rules;  // the keep rules a head may take besides its window
   fs::path output;
   fs::path dir;
   arch::ModelSpec spec;
@@ -235,7 +235,7 @@ struct CalibrationJob::State {
 
 namespace {
 
-void check_measure_options(const CalibrationOptions& o, bool h2o) {
+void check_measure_options(const CalibrationOptions& o, bool selecting_rules) {
   const MeasureTraits& measure = measure_traits(o.distortion);
   if (o.validate_measure && !measure.can_validate) {
     throw_field_error("validate_measure",
@@ -246,12 +246,11 @@ void check_measure_options(const CalibrationOptions& o, bool h2o) {
   }
   if (o.span_margin < 0)
     throw_field_error("span_margin", " must not be negative, got {}", o.span_margin);
-  if (h2o && !measure.scores_answers) {
+  if (selecting_rules && !measure.scores_answers) {
     throw_field_error("keep_rules",
-                      " window,h2o: the rules are measured at the answers; use an answer measure "
-                      "({} answer-tv or "
-                      "answer-kl), not {}",
-                      field_ref("distortion"), distortion_measure_name(o.distortion));
+                      " {}: the rules are measured at the answers; use an answer measure "
+                      "({} answer-tv or answer-kl), not {}",
+                      o.keep_rules, field_ref("distortion"), distortion_measure_name(o.distortion));
   }
   if (o.prefill_chunk <= 0)
     throw_field_error("prefill_chunk", " must be positive, got {}", o.prefill_chunk);
@@ -296,7 +295,7 @@ CalibrationJob::CalibrationJob(const CalibrationOptions& options, const fs::path
   s.options = options;
   CalibrationOptions& o = s.options;
   o.keep_rules = resolve_keep_rules(o.keep_rules, o.distortion);
-  s.h2o = parse_keep_rules(o.keep_rules);
+  s.rules = parse_keep_rules(o.keep_rules);
   s.output = output;
   s.dir = io::resolve_model_dir(o.model);
   s.spec = arch::load_model_spec(s.dir);
@@ -319,7 +318,7 @@ CalibrationJob::CalibrationJob(const CalibrationOptions& options, const fs::path
       o.seq_len ? *o.seq_len : auto_calibration_length(o.windows.levels, s.mem.context);
   if (seq_len <= 0) throw_field_error("seq_len", ": '{}' must be positive", seq_len);
   o.seq_len = seq_len;
-  check_measure_options(o, s.h2o);
+  check_measure_options(o, !s.rules.empty());
   s.unmeasured = unmeasured_levels(o.windows.levels, seq_len, s.mem.context);
   refuse_unmeasured_levels(s.unmeasured, seq_len, o.extrapolate);
   if (o.samples <= 0) throw_field_error("samples", " must be positive, got {}", o.samples);
@@ -542,8 +541,9 @@ CalibrationOutcome CalibrationJob::run(const RunControl& control) {
   const SeqCalibResult result = run_seqcalib(*model, s.data.sequences, options);
 
   std::optional<KeepRuleResult> rules;
-  if (s.h2o) {
+  if (!s.rules.empty()) {
     KeepRuleOptions ko;
+    ko.rules = s.rules;
     ko.memory = s.mem;
     ko.budget_bytes = r.budget;
     ko.prefill_chunk = r.prefill_chunk;

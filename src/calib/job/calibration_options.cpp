@@ -95,8 +95,8 @@ bool on_span(const CalibrationOptions& o) {
 bool scores_answers(const CalibrationOptions& o) {
   return measure_traits(o.distortion).scores_answers;
 }
-bool h2o_keep_rules(const CalibrationOptions& o) {
-  return o.keep_rules == "window,h2o";
+bool selecting_keep_rules(const CalibrationOptions& o) {
+  return o.keep_rules != "window" && o.keep_rules != "auto";
 }
 bool extrapolates(const CalibrationOptions& o) {
   for (int64_t w : o.windows.levels) {

@@ -29,7 +29,7 @@ std::string_view serving_engine_name(ServingEngine engine) {
 std::string engine_keep_rules(const std::string& text, DistortionMeasure measure,
                               ServingEngine engine) {
   if (engine == ServingEngine::kHeadwise) return resolve_keep_rules(text, measure);
-  if (text == "auto" || !parse_keep_rules(text)) return "window";
+  if (text == "auto" || parse_keep_rules(text).empty()) return "window";
   throw_field_error("keep_rules",
                     " {}: vLLM serves window rules only (it selects no tokens); drop it or use {} "
                     "window with {} vllm",

@@ -5,6 +5,7 @@
 
 #include <chrono>
 #include <optional>
+#include <ranges>
 
 #include "calib/walk/finite_checks.hpp"
 #include "headwise/arch/attention.hpp"
@@ -392,15 +393,35 @@ std::vector<policy::KeepRule> rules_of(const Trial& chosen, size_t heads) {
 
 }  // namespace
 
-bool parse_keep_rules(const std::string& text) {
-  if (text == "window") return false;
-  if (text == "window,h2o" || text == "h2o,window") return true;
-  throw_field_error("keep_rules", ": '{}' is not one of auto, window, window,h2o", text);
+std::vector<policy::KeepRule> parse_keep_rules(const std::string& text) {
+  const auto& registered = policy::keep_rule_names();
+  std::set<std::string> named;
+  for (const auto piece : std::views::split(text, ',')) {
+    const std::string part(piece.begin(), piece.end());
+    if (std::find(registered.begin(), registered.end(), part) == registered.end() ||
+        !named.insert(part).second) {
+      named.clear();
+      break;
+    }
+  }
+  if (!named.contains(policy::KeepRule::kWindow.name())) {
+    throw_field_error("keep_rules",
+                      ": '{}' is not auto or a list of keep rules that includes window (each once; "
+                      "rules: {})",
+                      text, fmt::join(registered, ", "));
+  }
+  std::vector<policy::KeepRule> rules;
+  for (const auto& name : registered) {
+    if (named.contains(name) && name != policy::KeepRule::kWindow.name())
+      rules.push_back(policy::KeepRule::from_name(name, "keep_rules"));
+  }
+  return rules;
 }
 
 std::string resolve_keep_rules(const std::string& text, DistortionMeasure measure) {
   if (text == "auto") return measure_traits(measure).scores_answers ? "window,h2o" : "window";
-  if (!parse_keep_rules(text)) return "window";
+  const std::vector<policy::KeepRule> rules = parse_keep_rules(text);
+  if (rules.empty()) return "window";
   if (!measure_traits(measure).scores_answers) {
     throw_field_error(
         "keep_rules",
@@ -408,7 +429,9 @@ std::string resolve_keep_rules(const std::string& text, DistortionMeasure measur
         "answer-kl), not {}",
         text, field_ref("distortion"), distortion_measure_name(measure));
   }
-  return "window,h2o";
+  std::string spelling = policy::KeepRule::kWindow.name();
+  for (const auto& rule : rules) spelling += "," + rule.name();
+  return spelling;
 }
 
 KeepRuleResult choose_keep_rules(arch::DecoderModel& model,
