@@ -98,6 +98,53 @@ nlohmann::json rate_distortion_curve(const std::vector<calib::HeadCurve>& probe_
   return curve;
 }
 
+// How sure each walked layer's decision is (issue 59): the bootstrap over the calibration
+// sequences of DecisionNoise, and a summary. Absent for measures that keep no per-sequence values.
+static nlohmann::json decision_noise_json(const std::vector<calib::DecisionNoise>& noise) {
+  const auto windows_json = [](const std::vector<int64_t>& windows) {
+    nlohmann::json out = nlohmann::json::array();
+    for (int64_t w : windows) out.push_back(window_json(w));
+    return out;
+  };
+  const auto finite = [](double x) {
+    return std::isfinite(x) ? nlohmann::json(x) : nlohmann::json(nullptr);
+  };
+  nlohmann::json layers = nlohmann::json::array();
+  int64_t separated = 0;
+  for (const auto& n : noise) {
+    separated += n.separated ? 1 : 0;
+    nlohmann::json entry{{"layer_id", n.layer_id},
+                         {"kv_head_windows", windows_json(n.windows)},
+                         {"price", n.price},
+                         {"allowance_bytes", n.allowance},
+                         {"value", n.value},
+                         {"value_interval", {finite(n.value_lower), finite(n.value_upper)}},
+                         {"alternatives", n.alternatives},
+                         {"chosen_best_share", finite(n.chosen_best_share)},
+                         {"separated", n.separated}};
+    if (!n.runner_up_windows.empty()) {
+      entry["runner_up_windows"] = windows_json(n.runner_up_windows);
+      entry["runner_up_value"] = n.runner_up_value;
+      entry["gap"] = n.gap;
+      entry["gap_interval"] = {finite(n.gap_lower), finite(n.gap_upper)};
+      entry["gap_positive_share"] = finite(n.gap_positive_share);
+      entry["gap_sd"] = finite(n.gap_sd);
+      entry["sequences_to_separate"] = finite(n.sequences_to_separate);
+    }
+    layers.push_back(std::move(entry));
+  }
+  return {{"method",
+           "bootstrap over the calibration sequences of the walk's decision (before the completion "
+           "and any re-solve); objective J = value + price * bytes; runner-up: the other measured "
+           "assignment within the layer's allowance with the least J; gap = J(runner-up) - "
+           "J(chosen); intervals: 95% percentile; separated: the gap's lower bound above 0"},
+          {"replicates", noise.empty() ? 0 : noise.front().replicates},
+          {"sequences", noise.empty() ? 0 : noise.front().sequences},
+          {"layers_separated", separated},
+          {"layers_decided", static_cast<int64_t>(noise.size())},
+          {"layers", layers}};
+}
+
 nlohmann::json calibration_report(const calib::SeqCalibResult& r, const ReportContext& c) {
   nlohmann::json layers = nlohmann::json::array();
   for (const auto& l : r.layers) {
@@ -142,7 +189,7 @@ nlohmann::json calibration_report(const calib::SeqCalibResult& r, const ReportCo
   }
   nlohmann::json validation = nullptr;
   if (r.validation) validation = measure_validation_json(*r.validation);
-  return {
+  nlohmann::json report = {
       {"schema", "headwise/calibration-report/v1"},
       {"model_name", c.model_name},
       {"context", c.context},
@@ -172,6 +219,8 @@ nlohmann::json calibration_report(const calib::SeqCalibResult& r, const ReportCo
         {"activations", r.activations},
         {"plan", c.memory_plan}}},
   };
+  if (!r.decision_noise.empty()) report["decision_noise"] = decision_noise_json(r.decision_noise);
+  return report;
 }
 
 namespace {
@@ -302,6 +351,19 @@ nlohmann::json calibration_report(const calib::CalibrationOutcome& outcome) {
   nlohmann::json report = calibration_report(r.result, context);
   report["world_size"] = r.world_size;
   if (r.keep_rules) report["keep_rules"] = calib::keep_rules_json(*r.keep_rules);
+  if (r.tensor_parallel) {
+    const auto& tp = *r.tensor_parallel;
+    report["tensor_parallel"] = {{"size", tp.tensor_parallel_size},
+                                 {"walk_already_shards", tp.walk_already_shards},
+                                 {"heads_moved", tp.heads_moved},
+                                 {"walk_distortion", tp.walk_distortion},
+                                 {"distortion", tp.distortion},
+                                 {"unconstrained_distortion", tp.unconstrained_distortion},
+                                 {"unconstrained_bytes", tp.unconstrained_bytes},
+                                 {"distortion_lost", tp.distortion_lost()},
+                                 {"global_bytes", tp.global_bytes},
+                                 {"proven_optimal", tp.proven_optimal}};
+  }
   report["backend"] = r.backend;
   if (r.world_size > 1) {
     report["distributed"] = {{"rank_sequences", r.result.local_sequences},

@@ -539,3 +539,36 @@ TEST_CASE(
   CHECK(calib::answer_divergence(calib::DistortionMeasure::kAnswerKlSpan) ==
         calib::AnswerDivergence::kKl);
 }
+
+TEST_CASE("answer-tv-span states how sure each walked layer's decision is (issue 59)", "[calib]") {
+  auto [model, seqs, budget] = two_mixed_layers();
+  const auto options = span_options("4,16,full", budget, seqs);
+  const auto r = calib::run_seqcalib(model, seqs, options);
+  REQUIRE(r.decision_noise.size() == 2);  // one per global layer, in layer order
+  for (size_t i = 0; i < r.decision_noise.size(); ++i) {
+    const auto& n = r.decision_noise[i];
+    INFO("layer " << n.layer_id);
+    CHECK(n.layer_id == static_cast<int64_t>(i));
+    CHECK(n.windows.size() == 3);
+    CHECK(n.sequences == static_cast<int64_t>(seqs.size()));
+    CHECK(n.replicates == 2000);
+    CHECK(n.value_lower <= n.value_upper);
+    CHECK(n.alternatives > 0);
+    REQUIRE_FALSE(n.runner_up_windows.empty());
+    CHECK(n.runner_up_windows != n.windows);
+    CHECK(n.gap_lower <= n.gap_upper);
+    CHECK(n.separated == (n.gap_lower > 0.0));
+    CHECK(n.gap_positive_share >= 0.0);
+    CHECK(n.gap_positive_share <= 1.0);
+  }
+  // Deterministic: the same run gives the same intervals.
+  const auto again = calib::run_seqcalib(model, seqs, options);
+  REQUIRE(again.decision_noise.size() == 2);
+  for (size_t i = 0; i < 2; ++i) {
+    CHECK(again.decision_noise[i].gap_lower == r.decision_noise[i].gap_lower);
+    CHECK(again.decision_noise[i].value_upper == r.decision_noise[i].value_upper);
+  }
+  // Measures without per-sequence values say nothing.
+  CHECK(calib::run_seqcalib(model, seqs, answer_options("4,16,full", budget, seqs))
+            .decision_noise.empty());
+}

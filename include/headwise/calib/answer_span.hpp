@@ -32,6 +32,7 @@
 
 #include "headwise/arch/model.hpp"
 #include "headwise/calib/answer_reference.hpp"
+#include "headwise/calib/sequence_values.hpp"
 #include "headwise/dist/collective.hpp"
 
 namespace headwise::calib {
@@ -97,9 +98,11 @@ class AnswerSpan {
 
   // The mean divergence per answer position (over every rank's answers) of each candidate: the
   // site's layer producing the candidate's attention output at the span, the layers above at
-  // full KV. `what` names the evaluation in errors.
+  // full KV. `what` names the evaluation in errors. With `per_sequence`, also each candidate's
+  // divergence per sequence of this rank's shard (its local order), which the means pool.
   std::vector<double> evaluate(const SpanSite& site, const std::vector<SpanOutputs>& candidates,
-                               const std::string& what);
+                               const std::string& what,
+                               std::vector<SequenceValues>* per_sequence = nullptr);
 
   struct SweepItem {
     const SpanSite* site = nullptr;
@@ -112,8 +115,11 @@ class AnswerSpan {
   };
   // evaluate() for sites of several layers at once: one pass over each layer, the candidates of
   // a lower site passing through the higher sites' layers with theirs (the probe's curves).
-  std::vector<std::vector<double>> sweep(const std::vector<SweepItem>& items,
-                                         const std::string& what);
+  // With `per_sequence`, per item and candidate, the divergence per sequence of this rank's shard
+  // (a sequence an item does not measure has 0 answers).
+  std::vector<std::vector<double>> sweep(
+      const std::vector<SweepItem>& items, const std::string& what,
+      std::vector<std::vector<SequenceValues>>* per_sequence = nullptr);
 
   // The span measure of whole policies that agree below global layer `layer`: per policy, the
   // mean divergence per answer position with `layer` and every global layer above it at the

@@ -25,8 +25,13 @@ using namespace answer_span_parts;
 
 std::vector<double> AnswerSpan::evaluate(const SpanSite& site,
                                          const std::vector<SpanOutputs>& candidates,
-                                         const std::string& what) {
-  return sweep({{&site, candidates}}, what).front();
+                                         const std::string& what,
+                                         std::vector<SequenceValues>* per_sequence) {
+  if (per_sequence == nullptr) return sweep({{&site, candidates}}, what).front();
+  std::vector<std::vector<SequenceValues>> values;
+  std::vector<double> means = sweep({{&site, candidates}}, what, &values).front();
+  *per_sequence = std::move(values.front());
+  return means;
 }
 
 // Every batch whose site lies below layer j runs layer j against the same cache whatever its
@@ -132,8 +137,9 @@ std::vector<double> AnswerSpan::evaluate_policies(
   return values;
 }
 
-std::vector<std::vector<double>> AnswerSpan::sweep(const std::vector<SweepItem>& items,
-                                                   const std::string& what) {
+std::vector<std::vector<double>> AnswerSpan::sweep(
+    const std::vector<SweepItem>& items, const std::string& what,
+    std::vector<std::vector<SequenceValues>>* per_sequence) {
   const auto& spec = model_.spec();
   const auto micro_batches = micro_batch_rows_.size();
   std::vector<SpanBatch> batches;
@@ -192,6 +198,20 @@ std::vector<std::vector<double>> AnswerSpan::sweep(const std::vector<SweepItem>&
   std::vector<std::vector<ExactSum>> sums(items.size());
   std::vector<int64_t> answers_used(items.size(), 0);
   for (size_t i = 0; i < items.size(); ++i) sums[i].resize(items[i].candidates.size());
+  // Per sequence (issue 59): beside the pooled sums, which they do not change.
+  std::vector<int64_t> first_row_of(micro_batches, 0);
+  for (size_t m = 1; m < micro_batches; ++m)
+    first_row_of[m] = first_row_of[m - 1] + micro_batch_rows_[m - 1];
+  const auto local_sequences = static_cast<size_t>(
+      micro_batches == 0 ? 0 : first_row_of.back() + micro_batch_rows_.back());
+  std::vector<std::vector<std::vector<ExactSum>>> sequence_sums;
+  std::vector<std::vector<int64_t>> sequence_answers;
+  if (per_sequence != nullptr) {
+    sequence_sums.resize(items.size());
+    sequence_answers.assign(items.size(), std::vector<int64_t>(local_sequences, 0));
+    for (size_t i = 0; i < items.size(); ++i)
+      sequence_sums[i].assign(items[i].candidates.size(), std::vector<ExactSum>(local_sequences));
+  }
   for (const SpanBatch& b : batches) {
     const auto count = static_cast<int64_t>(b.c1 - b.c0);
     const auto m = static_cast<size_t>(b.micro_batch);
@@ -223,6 +243,16 @@ std::vector<std::vector<double>> AnswerSpan::sweep(const std::vector<SweepItem>&
       ExactSum& sum = sums[b.item][b.c0 + static_cast<size_t>(c)];
       for (int64_t a = 0; a < n; ++a) sum.add(d[a * count + c]);
     }
+    if (per_sequence != nullptr) {
+      const at::Tensor local_rows = answer_rows.to(at::kCPU, at::kLong).contiguous();
+      const int64_t* r = local_rows.data_ptr<int64_t>();
+      for (int64_t a = 0; a < n; ++a) {
+        const auto s = static_cast<size_t>(first_row_of[m] + r[a]);
+        if (b.c0 == 0) ++sequence_answers[b.item][s];
+        for (int64_t c = 0; c < count; ++c)
+          sequence_sums[b.item][b.c0 + static_cast<size_t>(c)][s].add(d[a * count + c]);
+      }
+    }
   }
   std::vector<std::vector<double>> means(items.size());
   for (size_t i = 0; i < items.size(); ++i) {
@@ -243,6 +273,17 @@ std::vector<std::vector<double>> AnswerSpan::sweep(const std::vector<SweepItem>&
                         what, divergence_label(options_.divergence), c, items[i].site->layer));
       }
       means[i].push_back(mean);
+    }
+  }
+  if (per_sequence != nullptr) {
+    per_sequence->assign(items.size(), {});
+    for (size_t i = 0; i < items.size(); ++i) {
+      for (const auto& by_sequence : sequence_sums[i]) {
+        SequenceValues values;
+        values.answers = sequence_answers[i];
+        for (const ExactSum& sum : by_sequence) values.sums.push_back(sum.value());
+        (*per_sequence)[i].push_back(std::move(values));
+      }
     }
   }
   return means;

@@ -24,11 +24,17 @@
 namespace headwise::calib::seqcalib {
 namespace {
 
-// The answer-span measure of layer `site.layer`'s joint windows, memoised in `memo`; its
-// prefetch measures every assignment a step names in one batch.
+// Per assignment of one layer, its values per calibration sequence (issue 59: what the decision's
+// bootstrap resamples).
+using SequenceMemo = std::map<std::vector<size_t>, SequenceValues>;
+
+// The answer-span measure of layer `site.layer`'s joint windows, memoised in `memo` (and each
+// assignment's per-sequence values in `sequences`); its prefetch measures every assignment a step
+// names in one batch.
 LayerMeasure span_layer_measure(const RunInputs& in, AnswerSpan& span, const SpanSite& site,
-                                LevelMemo& memo) {
-  const auto run = [&in, &span, &site, &memo](const std::vector<std::vector<size_t>>& assignments) {
+                                LevelMemo& memo, SequenceMemo& sequences) {
+  const auto run = [&in, &span, &site, &memo,
+                    &sequences](const std::vector<std::vector<size_t>>& assignments) {
     std::vector<std::vector<size_t>> missing;
     std::vector<SpanOutputs> outputs;
     for (const auto& levels : assignments) {
@@ -39,9 +45,13 @@ LayerMeasure span_layer_measure(const RunInputs& in, AnswerSpan& span, const Spa
       outputs.push_back(site.compose(in.windows_of(levels)));
     }
     if (missing.empty()) return;
-    const auto values =
-        span.evaluate(site, outputs, fmt::format("layer {}: {}", site.layer, in.measured_label()));
-    for (size_t c = 0; c < missing.size(); ++c) memo.emplace(missing[c], values[c]);
+    std::vector<SequenceValues> per_sequence;
+    const auto values = span.evaluate(
+        site, outputs, fmt::format("layer {}: {}", site.layer, in.measured_label()), &per_sequence);
+    for (size_t c = 0; c < missing.size(); ++c) {
+      memo.emplace(missing[c], values[c]);
+      sequences.emplace(missing[c], std::move(per_sequence[c]));
+    }
   };
   return {[run, &memo](const std::vector<size_t>& levels) {
             if (!memo.contains(levels)) run({levels});
@@ -67,7 +77,10 @@ int64_t span_probe_local_sequences(const RunInputs& in, const RunState& state) {
 }
 
 // No forward of its own: every site comes from the reference pass.
-void span_probe(const RunInputs& in, AnswerSpan& span, AnswerReference* exact, RunState& state) {
+// `sequences` receives the per-sequence values of the lowest global layer's assignments (measured on
+// every sequence: the walk decides that layer from them).
+void span_probe(const RunInputs& in, AnswerSpan& span, AnswerReference* exact, RunState& state,
+                SequenceMemo& sequences) {
   std::vector<int64_t> layers = in.spec.global_layer_ids();
   const int64_t upper_sequences = span_probe_local_sequences(in, state);
   std::vector<AnswerSpan::SweepItem> items;
@@ -89,12 +102,25 @@ void span_probe(const RunInputs& in, AnswerSpan& span, AnswerReference* exact, R
       item.candidates.push_back(site.compose(in.windows_of(levels)));
     items.push_back(std::move(item));
   }
-  const auto values = span.sweep(items, fmt::format("probe (full KV): {}", in.measured_label()));
+  std::vector<std::vector<SequenceValues>> per_sequence;
+  const auto values = span.sweep(
+      items, fmt::format("probe (full KV): {}", in.measured_label()), &per_sequence);
   in.model.release_all();
   for (size_t i = 0; i < layers.size(); ++i) {
     LevelMemo& memo = state.probe_memo[layers[i]];
     for (size_t c = 0; c < assignments[i].size(); ++c)
       memo.emplace(assignments[i][c], values[i][c]);
+    if (i == 0 && !per_sequence[i].empty()) {
+      for (size_t c = 0; c < assignments[i].size(); ++c)
+        sequences.emplace(assignments[i][c], std::move(per_sequence[i][c]));
+      // Every head at full KV on the full-KV stream: 0 on every sequence.
+      SequenceValues reference = sequences.begin()->second;
+      std::fill(reference.sums.begin(), reference.sums.end(), 0.0);
+      sequences.emplace(std::vector<size_t>(
+                            static_cast<size_t>(in.spec.layer(layers[i]).attention->num_kv_heads),
+                            in.options.ladder.size() - 1),
+                        std::move(reference));
+    }
     const auto heads = static_cast<size_t>(in.spec.layer(layers[i]).attention->num_kv_heads);
     const std::vector<size_t> top(heads, in.options.ladder.size() - 1);
     memo.emplace(top, 0.0);
@@ -110,12 +136,12 @@ void span_probe(const RunInputs& in, AnswerSpan& span, AnswerReference* exact, R
 
 LayerMeasure span_decision_measure(const RunInputs& in, AnswerSpan& span, int64_t layer_id,
                                    ActivationStream& stream, bool on_reference_stream,
-                                   const SpanSite* given, LevelMemo& memo,
+                                   const SpanSite* given, LevelMemo& memo, SequenceMemo& sequences,
                                    std::optional<SpanSite>& captured) {
   const SpanSite& site = on_reference_stream ? span.reference_site(layer_id)
                          : given             ? *given
                                              : captured.emplace(span.capture(layer_id, stream));
-  LayerMeasure layer_cost = span_layer_measure(in, span, site, memo);
+  LayerMeasure layer_cost = span_layer_measure(in, span, site, memo, sequences);
   // A small layer's every joint assignment in one batch: one run of the layers above.
   const std::vector<std::vector<size_t>> all =
       every_assignment(in, static_cast<size_t>(in.spec.layer(layer_id).attention->num_kv_heads));
@@ -215,7 +241,7 @@ class SpanMeasure final : public Measure {
   }
 
   void probe(const RunInputs& in, RunState& state) override {
-    span_probe(in, *span_, exact_.get(), state);
+    span_probe(in, *span_, exact_.get(), state, probe_sequences_);
   }
 
   LayerDecision decide_and_run(const RunInputs& in, RunState& state, const Decisions& walked,
@@ -255,10 +281,18 @@ class SpanMeasure final : public Measure {
     const bool lowest =
         layer == in.spec.global_layer_ids().front() && state.probe_memo.contains(layer);
     JointLayerSource source;
+    // The decision's per-sequence values: the probe's for the lowest layer (its values too).
+    decision_sequences_.clear();
+    if (lowest) decision_sequences_ = probe_sequences_;
     if (lowest)
       source.seed = [&state, layer](LevelMemo& memo) { memo = state.probe_memo.at(layer); };
     source.measure = [this, &in, layer, &stream, lowest, given](LevelMemo& memo) {
-      return span_decision_measure(in, *span_, layer, stream, lowest, given, memo, captured_);
+      return span_decision_measure(in, *span_, layer, stream, lowest, given, memo,
+                                   decision_sequences_, captured_);
+    };
+    source.per_sequence = [this](const std::vector<size_t>& levels) -> const SequenceValues* {
+      const auto it = decision_sequences_.find(levels);
+      return it == decision_sequences_.end() ? nullptr : &it->second;
     };
     if (state.result.validation) {
       source.validate = [this, &in, &state, layer, &stream](const std::vector<size_t>& assign,
@@ -308,6 +342,8 @@ class SpanMeasure final : public Measure {
   std::unique_ptr<AnswerSpan> own_span_;
   std::unique_ptr<AnswerReference> exact_;  // validation only
   std::optional<SpanSite> captured_;
+  SequenceMemo probe_sequences_;     // the lowest global layer's, from the probe
+  SequenceMemo decision_sequences_;  // the layer being decided
 };
 
 std::unique_ptr<Measure> make(const RunInputs& in, SeqCalibResult& result) {

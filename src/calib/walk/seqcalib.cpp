@@ -113,6 +113,7 @@ SeqCalibResult run(arch::DecoderModel& model, const std::vector<std::vector<int6
   complete(in, state);
   measure->refine_after_completion(in, state);
   SeqCalibResult& result = state.result;
+  for (const auto& [layer, noise] : state.decisions.noise) result.decision_noise.push_back(noise);
   if (result.validation) summarise_validation(in, *result.validation);
   result.total_seconds = seconds_since(start);
   result.local_sequences = static_cast<int64_t>(in.local_sequences.size());

@@ -2,6 +2,7 @@
 
 #include <spdlog/spdlog.h>
 
+#include "calib/noise/decision_noise.hpp"
 #include "calib/walk/joint_descent.hpp"
 #include "calib/walk/seqcalib_curves.hpp"
 #include "headwise/core/error.hpp"
@@ -34,7 +35,7 @@ int64_t price_layer(const RunInputs& in, const RunState& state, const Decisions&
 LayerDecision layer_decision(const RunInputs& in, const Decisions& walked,
                              const std::vector<solve::Group>& groups,
                              const std::vector<size_t>& choice, LayerReport& report) {
-  LayerDecision decision{groups, choice, {}, 0};
+  LayerDecision decision{groups, choice, {}, 0, std::nullopt};
   for (size_t h = 0; h < groups.size(); ++h) {
     const auto& option = groups[h].options[choice[h]];
     decision.windows.push_back(option.window);
@@ -102,7 +103,20 @@ LayerDecision decide_jointly(const RunInputs& in, RunState& state, const Decisio
   spdlog::debug("layer {}: windows [{}], joint {} {:.6g} ({} evaluations)", layer_id,
                 in.labels_of(assign), in.measured_label(), joint(assign), memo.size() - known);
   if (source.validate) source.validate(assign, joint, groups, allowance, report.lambda);
-  return layer_decision(in, walked, groups, assign, report);
+  LayerDecision decision = layer_decision(in, walked, groups, assign, report);
+  if (source.per_sequence && in.world.world_size() == 1) {
+    noise::DecisionCandidates candidates;
+    candidates.layer_id = layer_id;
+    candidates.measured = &memo;
+    candidates.per_sequence = source.per_sequence;
+    candidates.groups = &groups;
+    candidates.allowance = allowance;
+    candidates.price = report.lambda;
+    candidates.chosen = assign;
+    candidates.seed = noise::decision_seed(in.sequences, layer_id);
+    decision.noise = noise::decision_noise(candidates);
+  }
+  return decision;
 }
 
 }  // namespace headwise::calib::seqcalib

@@ -10,6 +10,7 @@
 #include "calib/walk/joint_descent.hpp"
 #include "calib/walk/seqcalib_curves.hpp"
 #include "calib/walk/seqcalib_run.hpp"
+#include "headwise/calib/sequence_values.hpp"
 
 namespace headwise::calib::seqcalib {
 
@@ -49,6 +50,9 @@ struct JointLayerSource {
   std::function<void(const std::vector<size_t>& assign, const JointMeasure& joint,
                      const std::vector<solve::Group>& groups, int64_t allowance, double price)>
       validate;
+  // The per-sequence values of an assignment the measure measured (nullptr: none kept): with them
+  // the decision states how sure it is (LayerDecision::noise, a bootstrap over the sequences).
+  std::function<const SequenceValues*(const std::vector<size_t>& levels)> per_sequence;
 };
 
 // The answer measures' decision of a layer's heads together, on the measure `source` gives,

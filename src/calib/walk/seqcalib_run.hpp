@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -79,6 +80,7 @@ struct LayerDecision {
   std::vector<size_t> choice;
   std::vector<int64_t> windows;
   int64_t bytes = 0;
+  std::optional<DecisionNoise> noise;  // how sure it is, when the measure keeps per-sequence values
 };
 
 // The walk's decisions, in decision order: what a walk returns. A re-walk that is not kept puts
@@ -88,11 +90,14 @@ struct Decisions {
   std::vector<size_t> choice;
   int64_t spent = 0;
   int64_t replay_until = -1;  // layers 0..replay_until were decided before the walk (replayed)
+  // Each decided layer's noise by layer id (a re-walk's decision of a layer replaces its first).
+  std::map<int64_t, DecisionNoise> noise;
 
   void add(const LayerDecision& layer) {
     append(groups, layer.groups);
     append(choice, layer.choice);
     spent += layer.bytes;
+    if (layer.noise) noise.insert_or_assign(layer.noise->layer_id, *layer.noise);
   }
 };
 
