@@ -20,6 +20,7 @@
 #include "headwise/calib/extrapolation.hpp"
 #include "headwise/calib/keep_rules.hpp"
 #include "headwise/calib/seqcalib.hpp"
+#include "headwise/calib/tensor_parallel.hpp"
 #include "headwise/core/dtype.hpp"
 #include "headwise/dist/collective.hpp"
 #include "headwise/measure/window_ladder.hpp"
@@ -50,6 +51,7 @@ struct CalibrationRecord {
   int world_size = 1;
   std::string backend;
   int64_t micro_batch = 0;
+  std::optional<TensorParallelFit> tensor_parallel;  // --tensor-parallel-size above 1
 };
 
 struct CalibrationOutcome {

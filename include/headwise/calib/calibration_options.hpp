@@ -131,6 +131,8 @@ struct CalibrationOptions {
   int64_t attention_chunk = 512;
   ActivationPlacement activations = ActivationPlacement::kAuto;
   bool conditioned = true;  // false: --no-conditioning, the ablation baseline
+  // vLLM's tensor_parallel_size the windows must shard over (calib/tensor_parallel.hpp); 1: none.
+  int64_t tensor_parallel_size = 1;
 
   static measure::WindowLadder default_windows();
 };
@@ -290,6 +292,15 @@ void visit_fields(Options& o, Visitor&& visit) {
                         .hash_key = "conditioned",
                         .record_key = "method",
                         .record_value = c::method});
+  // Hashed and recorded only above 1, so that every other policy keeps its hash.
+  visit(o.tensor_parallel_size,
+        {.name = "tensor_parallel_size",
+         .help = "vLLM's tensor_parallel_size: every rank's shard of each global layer's KV heads "
+                 "must hold the same windows (vLLM builds one cache layout for all ranks), so the "
+                 "walk's windows are re-solved exactly under that constraint over its conditioned "
+                 "curves; the report states the distortion it costs (docs/deploy.md)",
+         .use = kHashed | kRecorded,
+         .when = [](const CalibrationOptions& r) { return r.tensor_parallel_size != 1; }});
 }
 
 // The options as written on a command line or in a manifest entry: field name -> text, for the

@@ -17,6 +17,7 @@
 #include "headwise/calib/memory_plan.hpp"
 #include "headwise/calib/resume_checkpoint.hpp"
 #include "headwise/calib/seqcalib.hpp"
+#include "headwise/calib/tensor_parallel.hpp"
 #include "headwise/core/error.hpp"
 #include "headwise/core/files.hpp"
 #include "headwise/core/resources.hpp"
@@ -24,6 +25,7 @@
 #include "headwise/core/window.hpp"
 #include "headwise/io/checkpoint.hpp"
 #include "headwise/memory/memory_model.hpp"
+#include "headwise/memory/tensor_parallel.hpp"
 
 namespace headwise::calib {
 namespace {
@@ -294,11 +296,29 @@ CalibrationJob::CalibrationJob(const CalibrationOptions& options, const fs::path
   State& s = *state_;
   s.options = options;
   CalibrationOptions& o = s.options;
+  if (o.tensor_parallel_size < 1) {
+    throw_field_error("tensor_parallel_size", ": must be positive, got {}", o.tensor_parallel_size);
+  }
+  if (o.tensor_parallel_size > 1) {
+    // A policy that shards is for vLLM, which serves window rules only.
+    if (o.keep_rules == "auto") o.keep_rules = "window";
+    if (o.keep_rules != "window") {
+      throw_field_error("keep_rules",
+                        ": {} with --tensor-parallel-size {}: vLLM serves window rules only "
+                        "(use --keep-rules window)",
+                        o.keep_rules, o.tensor_parallel_size);
+    }
+  }
   o.keep_rules = resolve_keep_rules(o.keep_rules, o.distortion);
   s.rules = parse_keep_rules(o.keep_rules);
   s.output = output;
   s.dir = io::resolve_model_dir(o.model);
   s.spec = arch::load_model_spec(s.dir);
+  if (o.tensor_parallel_size > 1) {  // the heads must split as vLLM shards them
+    for (int64_t id : s.spec.global_layer_ids())
+      memory::tensor_parallel_shards(s.spec.layer(id).attention->num_kv_heads,
+                                     o.tensor_parallel_size);
+  }
 
   s.mem.context = o.context;
   if (o.context > 0) {  // else validate_options names it
@@ -475,6 +495,7 @@ policy::Policy assemble_policy(const CalibrationJob::State& s, const SeqCalibRes
   policy.sink_tokens = s.mem.sink_tokens;
   policy.window_levels = r.windows.levels;
   policy.calibration = provenance(s, span);
+  if (r.tensor_parallel_size > 1) policy.tensor_parallel_size = r.tensor_parallel_size;
   for (const auto& [layer_id, windows] : result.windows) {
     if (rules) {
       policy.per_layer_policies.push_back({layer_id, rules->windows.at(layer_id),
@@ -538,7 +559,26 @@ CalibrationOutcome CalibrationJob::run(const RunControl& control) {
     shard = answer_span_on_shard(s, *model, options, share, world);
     options.span = shard.span.get();
   }
-  const SeqCalibResult result = run_seqcalib(*model, s.data.sequences, options);
+  SeqCalibResult result = run_seqcalib(*model, s.data.sequences, options);
+
+  std::optional<TensorParallelFit> tensor_parallel;
+  if (r.tensor_parallel_size > 1) {
+    // vLLM builds one cache layout for every rank: re-solve under the shard constraint.
+    tensor_parallel = fit_tensor_parallel(result.curves, result.windows, result.expected_distortion,
+                                          r.tensor_parallel_size, r.budget - s.fixed);
+    const TensorParallelFit& tp = *tensor_parallel;
+    spdlog::info(
+        "tensor parallel {}: {} (curves' distortion {:.6g}; unconstrained optimum {:.6g} at the "
+        "same budget: {:.6g} lost), {} heads moved",
+        tp.tensor_parallel_size,
+        tp.walk_already_shards && tp.heads_moved == 0 ? "the walk's windows shard"
+                                                      : "windows re-solved to shard",
+        tp.distortion, tp.unconstrained_distortion, tp.distortion_lost(), tp.heads_moved);
+    result.windows = tp.windows;
+    result.expected_distortion = tp.expected_distortion;
+    result.global_bytes = tp.global_bytes;
+    result.total_distortion = tp.distortion;
+  }
 
   std::optional<KeepRuleResult> rules;
   if (!s.rules.empty()) {
@@ -574,6 +614,7 @@ CalibrationOutcome CalibrationJob::run(const RunControl& control) {
   record.world_size = world.world_size();
   record.backend = world.backend();
   record.micro_batch = share.micro_batch;
+  record.tensor_parallel = std::move(tensor_parallel);
   return out;
 }
 
