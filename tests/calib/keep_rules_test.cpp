@@ -10,6 +10,7 @@
 #include "headwise/calib/keep_rules.hpp"
 #include "headwise/core/error.hpp"
 #include "headwise/runtime/decoder.hpp"
+#include "toy_keep_rule_options.hpp"
 #include "toy_model.hpp"
 
 using namespace headwise;
@@ -22,12 +23,7 @@ constexpr int64_t kContext = 64;
 calib::KeepRuleOptions rule_options(const arch::ModelSpec& spec,
                                     const std::map<int64_t, std::vector<int64_t>>& windows,
                                     int64_t slack) {
-  calib::KeepRuleOptions o;
-  o.memory = test::toy_memory_options(kContext);
-  o.budget_bytes = memory::estimate(spec, windows, o.memory).total_bytes + slack;
-  o.prefill_chunk = 8;
-  o.divergence = calib::AnswerDivergence::kTv;
-  return o;
+  return test::toy_keep_rule_options(spec, windows, kContext, slack);
 }
 
 }  // namespace

@@ -10,6 +10,7 @@
 #include "headwise/calib/keep_rules.hpp"
 #include "headwise/core/error.hpp"
 #include "headwise/runtime/decoder.hpp"
+#include "toy_keep_rule_options.hpp"
 #include "toy_model.hpp"
 
 using namespace headwise;
@@ -50,13 +51,7 @@ policy::KeepRule prefix() {
 calib::KeepRuleOptions options_with(const arch::ModelSpec& spec,
                                     const std::map<int64_t, std::vector<int64_t>>& windows,
                                     std::vector<policy::KeepRule> rules) {
-  calib::KeepRuleOptions o;
-  o.rules = std::move(rules);
-  o.memory = test::toy_memory_options(kContext);
-  o.budget_bytes = memory::estimate(spec, windows, o.memory).total_bytes + (1 << 20);
-  o.prefill_chunk = 8;
-  o.divergence = calib::AnswerDivergence::kTv;
-  return o;
+  return test::toy_keep_rule_options(spec, windows, kContext, 1 << 20, std::move(rules));
 }
 
 }  // namespace
