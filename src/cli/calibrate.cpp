@@ -95,9 +95,14 @@ void run_calibrate(const CalibrateArgs& args) {
   fs::remove(control.checkpoint, ec);
   if (world) world->finish();
 
-  spdlog::info("policy: {} ({} of {} budget; full KV would need {}), calibrated in {:.1f}s",
-               args.output, format_bytes(policy.memory.total_bytes), format_bytes(budget),
-               format_bytes(policy.memory.full_kv_total_bytes), out.seconds);
+  // With --engine vllm the budget counts vLLM's reservation (the policy's engine record).
+  const int64_t total = policy.engine ? policy.engine->total_bytes : policy.memory.total_bytes;
+  spdlog::info("policy: {} ({} of {} budget{}; full KV would need {}), calibrated in {:.1f}s",
+               args.output, format_bytes(total), format_bytes(budget),
+               policy.engine ? " in vLLM's reservation" : "",
+               format_bytes(policy.engine ? policy.engine->full_kv_total_bytes
+                                          : policy.memory.full_kv_total_bytes),
+               out.seconds);
   if (!args.report.empty()) spdlog::info("report: {}", args.report);
   if (!args.plot.empty()) spdlog::info("heat map: {}", args.plot);
   // Where the policy can run: an h2o head keeps it out of every engine without token selection.
@@ -106,7 +111,7 @@ void run_calibrate(const CalibrateArgs& args) {
   spdlog::info("{}", policy::serving_note(policy, model_type, args.output));
   if (args.flags.json) {
     std::cout << nlohmann::json{{"policy", args.output},
-                                {"total_bytes", policy.memory.total_bytes},
+                                {"total_bytes", total},
                                 {"budget_bytes", budget},
                                 {"full_kv_total_bytes", policy.memory.full_kv_total_bytes},
                                 {"seconds", out.seconds}}

@@ -116,6 +116,11 @@ struct CalibrationOptions {
   int64_t block_size = 16;
   int64_t batch = 1;
   int64_t sink_tokens = 0;
+  // Whose bytes the budget counts (calib/engine.hpp): "headwise" (its runtime and transformers'
+  // cache) or "vllm" (vLLM's reservation for python/headwise_vllm's per-window groups).
+  std::string engine = "headwise";
+  // With engine vllm: vLLM's max_num_batched_tokens (memory::kVllmDefaultMaxNumBatchedTokens).
+  int64_t max_num_batched_tokens = 8192;
   std::optional<DType> kv_dtype;  // nullopt: the checkpoint's
   // The dtype the serving cache keeps recurrent/conv states in (policy.yaml's state_dtype):
   // float32 by default, so the runtime decoder computes what calibration measured (the plain
@@ -248,6 +253,23 @@ void visit_fields(Options& o, Visitor&& visit) {
   visit(o.batch, {.name = "batch", .help = "Sequences served at once", .use = kHashed});
   visit(o.sink_tokens,
         {.name = "sink_tokens", .help = "First tokens every windowed head keeps", .use = kHashed});
+  // Hashed and recorded only for vllm, so that every other policy keeps its hash.
+  visit(o.engine,
+        {.name = "engine",
+         .help = "Whose bytes --budget counts: headwise (its runtime and transformers' cache) or "
+                 "vllm (what vLLM reserves serving the policy through python/headwise_vllm: each "
+                 "window's reservation with --max-num-batched-tokens, vLLM's block rounding and "
+                 "page sizes; window rules only, no sink tokens; docs/deploy.md)",
+         .use = kHashed | kRecorded,
+         .when = [](const CalibrationOptions& r) { return r.engine != "headwise"; }});
+  visit(o.max_num_batched_tokens,
+        {.name = "max_num_batched_tokens",
+         .help = "With --engine vllm: vLLM's max_num_batched_tokens (a sliding group reserves its "
+                 "window plus this many tokens; vLLM's default is 8192 on >= 70 GiB GPUs, 2048 "
+                 "on smaller ones)",
+         .use = kHashed | kRecorded,
+         .syntax = Syntax::kTokens,
+         .when = [](const CalibrationOptions& r) { return r.engine != "headwise"; }});
   visit(o.kv_dtype, {.name = "kv_dtype",
                      .help = "KV cache dtype (default: the checkpoint's)",
                      .use = kHashed | kHideDefault});

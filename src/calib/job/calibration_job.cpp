@@ -12,6 +12,7 @@
 #include "headwise/calib/activations.hpp"
 #include "headwise/calib/answer_span.hpp"
 #include "headwise/calib/calibration_data.hpp"
+#include "headwise/calib/engine.hpp"
 #include "headwise/calib/keep_rules.hpp"
 #include "headwise/calib/measure_traits.hpp"
 #include "headwise/calib/memory_plan.hpp"
@@ -221,6 +222,7 @@ fs::path checkpoint_path_for(const fs::path& output) {
 struct CalibrationJob::State {
   CalibrationOptions options;           // resolved (see the constructor)
   std::vector<policy::KeepRule> rules;  // the keep rules a head may take besides its window
+  std::optional<EngineBytes> engine;    // whose bytes the budget counts (over `spec`)
   fs::path output;
   fs::path dir;
   arch::ModelSpec spec;
@@ -296,6 +298,13 @@ CalibrationJob::CalibrationJob(const CalibrationOptions& options, const fs::path
   State& s = *state_;
   s.options = options;
   CalibrationOptions& o = s.options;
+  const ServingEngine engine = parse_serving_engine(o.engine);
+  if (engine == ServingEngine::kVllm && o.tensor_parallel_size > 1) {
+    throw_field_error("engine",
+                      " vllm: a budget in vLLM's bytes is fitted for one rank's whole layers only; "
+                      "drop {} or {}",
+                      field_ref("tensor_parallel_size"), field_ref("engine"));
+  }
   if (o.tensor_parallel_size < 1) {
     throw_field_error("tensor_parallel_size", ": must be positive, got {}", o.tensor_parallel_size);
   }
@@ -309,7 +318,7 @@ CalibrationJob::CalibrationJob(const CalibrationOptions& options, const fs::path
                         o.keep_rules, o.tensor_parallel_size);
     }
   }
-  o.keep_rules = resolve_keep_rules(o.keep_rules, o.distortion);
+  o.keep_rules = engine_keep_rules(o.keep_rules, o.distortion, engine);
   s.rules = parse_keep_rules(o.keep_rules);
   s.output = output;
   s.dir = io::resolve_model_dir(o.model);
@@ -333,6 +342,9 @@ CalibrationJob::CalibrationJob(const CalibrationOptions& options, const fs::path
   o.kv_dtype = s.mem.kv_dtype;
   s.mem.state_dtype = o.state_dtype;
   memory::validate_options(s.mem);
+  memory::VllmOptions vllm;
+  vllm.max_num_batched_tokens = o.max_num_batched_tokens;
+  s.engine.emplace(s.spec, s.mem, engine, vllm);  // sink tokens and the chunk checked for vllm
   HEADWISE_CHECK(!o.windows.levels.empty(), "an empty window ladder");
   const int64_t seq_len =
       o.seq_len ? *o.seq_len : auto_calibration_length(o.windows.levels, s.mem.context);
@@ -342,8 +354,11 @@ CalibrationJob::CalibrationJob(const CalibrationOptions& options, const fs::path
   s.unmeasured = unmeasured_levels(o.windows.levels, seq_len, s.mem.context);
   refuse_unmeasured_levels(s.unmeasured, seq_len, o.extrapolate);
   if (o.samples <= 0) throw_field_error("samples", " must be positive, got {}", o.samples);
-  s.fixed = memory::fixed_bytes(s.spec, s.mem);
-  refuse_budget_below_minimum(s.spec, s.mem, s.fixed, o);
+  s.fixed = s.engine->fixed();
+  if (engine == ServingEngine::kVllm)
+    refuse_budget_below_engine_minimum(*s.engine, o.windows.levels, o.budget);
+  else
+    refuse_budget_below_minimum(s.spec, s.mem, s.fixed, o);
   s.data = load_calibration_data(o.calib, s.dir, s.spec.vocab_size, o.samples, seq_len, o.seed);
   o.samples = static_cast<int64_t>(s.data.sequences.size());
   s.fingerprint = policy::fingerprint_model(s.dir);
@@ -415,10 +430,7 @@ SeqCalibOptions seqcalib_options(const CalibrationJob::State& s, const MemoryPla
   options.ladder = r.windows;
   options.global_budget_bytes = r.budget - s.fixed;
   options.sink_tokens = r.sink_tokens;
-  const memory::MemoryOptions mem = s.mem;
-  options.head_bytes = [mem](const arch::LayerSpec& layer, int64_t window) {
-    return memory::head_bytes(*layer.attention, window, mem);
-  };
+  options.head_bytes = s.engine->head_fn();
   options.micro_batch = share.micro_batch;
   options.probe_samples = r.probe_samples;
   options.measured_layer_resident = plan.measured_layer_resident;
@@ -507,8 +519,9 @@ policy::Policy assemble_policy(const CalibrationJob::State& s, const SeqCalibRes
     }
   }
   policy::fill_memory(policy, s.spec);
-  HEADWISE_CHECK(policy.memory.total_bytes <= r.budget, "policy total {} exceeds budget {}",
-                 policy.memory.total_bytes, r.budget);
+  policy.engine = engine_record(*s.engine, policy.head_windows());
+  const int64_t counted = policy.engine ? policy.engine->total_bytes : policy.memory.total_bytes;
+  HEADWISE_CHECK(counted <= r.budget, "policy total {} exceeds budget {}", counted, r.budget);
   return policy;
 }
 
@@ -560,6 +573,17 @@ CalibrationOutcome CalibrationJob::run(const RunControl& control) {
     options.span = shard.span.get();
   }
   SeqCalibResult result = run_seqcalib(*model, s.data.sequences, options);
+  if (s.engine->engine() == ServingEngine::kVllm) {
+    // The walk priced each head on its own; vLLM's reservation couples them (calib/engine.hpp).
+    const EngineFit fit = fit_to_engine(*s.engine, result.curves, result.windows,
+                                        result.expected_distortion, r.budget);
+    spdlog::info("vLLM's reservation: {} of {} budget (full KV {}), {} heads moved by the fit",
+                 format_bytes(fit.total_bytes), format_bytes(r.budget),
+                 format_bytes(s.engine->full()), fit.heads_moved);
+    result.windows = fit.windows;
+    result.expected_distortion = fit.expected_distortion;
+    result.global_bytes = fit.total_bytes - s.fixed;
+  }
 
   std::optional<TensorParallelFit> tensor_parallel;
   if (r.tensor_parallel_size > 1) {
