@@ -18,10 +18,12 @@ they are the stock classes, so one process may start engines with and without a 
 from __future__ import annotations
 
 import functools
+import logging
 import os
 
 from headwise_hf.policy import PolicyError, read_policy
 
+from . import engine_record
 from .plan import ENV_POLICY, check_servable, check_shards, plan_model
 
 # Multimodal wrappers whose language model vLLM resolves through the registry to a served class.
@@ -101,6 +103,10 @@ def _check_parallel_after(method):
         path = os.environ.get(ENV_POLICY)
         if path:
             refuse_on_error(check_parallel)(path, vllm_config)
+            # A policy calibrated for vLLM (--engine vllm) served at other parameters: one line.
+            line = engine_record.notice_for_config(path, vllm_config)
+            if line:
+                logging.getLogger("vllm.headwise_vllm").warning("%s", line)
         return vllm_config
 
     return wrapper

@@ -53,7 +53,7 @@ try:
     import vllm  # noqa: F401
 
     sys.path.insert(0, str(ROOT / "python"))
-    from headwise_vllm import check
+    from headwise_vllm import check, engine_record
 except ImportError as e:
     skip_without_vllm(e)
 
@@ -134,6 +134,18 @@ def check_halving(cli, fixture, tmp, rng):
     ok(estimate.get("engine") == "vllm" and served["bytes_per_request"] == estimate["total_bytes"],
        f"{name}: vLLM's figure {served['bytes_per_request']:,} == mem-estimate --config's "
        f"{estimate['total_bytes']:,} (engine {estimate.get('engine')}, the policy's recorded parameters)")
+    # The one-line notice: none at the parameters vLLM ran with; one from the plugin's check and from
+    # mem-estimate at another max_num_batched_tokens.
+    ran = dict(max_num_batched_tokens=served["max_num_batched_tokens"], block_size=served["block_size"],
+               max_model_len=served["max_model_len"])
+    other = engine_record.notice(str(policy), **{**ran, "max_num_batched_tokens": 8192})
+    ok(engine_record.notice(str(policy), **ran) is None and other is not None and "max_num_batched_tokens 2048" in other
+       and "max_num_batched_tokens 8192" in other and "\n" not in other,
+       f"{name}: the plugin's notice is silent at vLLM's own parameters (block {served['block_size']}) and says, at "
+       f"max_num_batched_tokens 8192: {other}")
+    r = run([cli, "mem-estimate", "--config", policy, "--max-num-batched-tokens", 8192])
+    notes = [line for line in r.stderr.splitlines() if "calibrated for vllm" in line]
+    ok(len(notes) == 1, f"{name}: mem-estimate --max-num-batched-tokens 8192 says so in one line: {notes}")
     ref = reference_logprobs(cli, fixture, prompt + served["tokens"][:-1], tmp, policy)
     greedy = ref[len(prompt) - 1:].argmax(-1).tolist()
     ok(greedy == served["tokens"], f"{name}: vLLM's greedy tokens {served['tokens']} == forward --policy's {greedy}")
