@@ -3,7 +3,7 @@
 
 A policy calibrated in vLLM's bytes holds its budget at the parameters it was calibrated with:
 max_num_batched_tokens (a sliding group reserves its window plus that many tokens), the block size,
-max_model_len (the policy's context). notice() says in one line which differ; the plugin logs it
+max_model_len (the policy's context), the KV dtype. notice() says in one line which differ; the plugin logs it
 once vLLM has built its configuration, headwise_vllm.check prints it. Nothing is refused: the
 policy serves the same, only its bytes are not the calibrated ones.
 """
@@ -25,11 +25,11 @@ def recorded_engine(policy_path: str) -> Optional[dict]:
     engine = doc.get("engine") if isinstance(doc, dict) else None
     if not isinstance(engine, dict) or engine.get("name") != "vllm":
         return None
-    return {**engine, "block_size": doc.get("block_size"), "context": doc.get("context")}
+    return {**engine, "block_size": doc.get("block_size"), "context": doc.get("context"), "dtype": doc.get("dtype")}
 
 
 def notice(policy_path: str, *, max_num_batched_tokens: Optional[int], block_size: Optional[int],
-           max_model_len: Optional[int]) -> Optional[str]:
+           max_model_len: Optional[int], kv_dtype: Optional[str] = None) -> Optional[str]:
     """One line when vLLM runs `policy_path` with other parameters than it was calibrated for."""
     engine = recorded_engine(policy_path)
     if engine is None:
@@ -46,6 +46,7 @@ def notice(policy_path: str, *, max_num_batched_tokens: Optional[int], block_siz
     # vLLM may grow the attention block of a hybrid model to hold a state page: that block counts too.
     compare("block_size", engine.get("block_size"), block_size, (engine.get("attention_block_size"),))
     compare("max_model_len", engine.get("context"), max_model_len)
+    compare("kv_dtype", engine.get("dtype"), kv_dtype)
     if not calibrated:
         return None
     return (f"headwise_vllm: {policy_path} was calibrated for vLLM at {', '.join(calibrated)}; this engine runs "
@@ -59,4 +60,15 @@ def notice_for_config(policy_path: str, vllm_config) -> Optional[str]:
     return notice(policy_path,
                   max_num_batched_tokens=getattr(vllm_config.scheduler_config, "max_num_batched_tokens", None),
                   block_size=getattr(vllm_config.cache_config, "block_size", None),
-                  max_model_len=getattr(vllm_config.model_config, "max_model_len", None))
+                  max_model_len=getattr(vllm_config.model_config, "max_model_len", None),
+                  kv_dtype=_kv_dtype(vllm_config))
+
+
+def _kv_dtype(vllm_config) -> Optional[str]:
+    """The KV cache's dtype as a policy spells it: cache_dtype, or the model's dtype for `auto`
+    (on CPU vLLM runs a float32 checkpoint in bfloat16 unless --dtype says otherwise)."""
+    cache = str(getattr(vllm_config.cache_config, "cache_dtype", "auto"))
+    if cache != "auto":
+        return cache
+    dtype = getattr(vllm_config.model_config, "dtype", None)
+    return None if dtype is None else str(dtype).replace("torch.", "")

@@ -137,7 +137,7 @@ def check_halving(cli, fixture, tmp, rng):
     # The one-line notice: none at the parameters vLLM ran with; one from the plugin's check and from
     # mem-estimate at another max_num_batched_tokens.
     ran = dict(max_num_batched_tokens=served["max_num_batched_tokens"], block_size=served["block_size"],
-               max_model_len=served["max_model_len"])
+               max_model_len=served["max_model_len"], kv_dtype=served["model_dtype"])
     other = engine_record.notice(str(policy), **{**ran, "max_num_batched_tokens": 8192})
     ok(engine_record.notice(str(policy), **ran) is None and other is not None and "max_num_batched_tokens 2048" in other
        and "max_num_batched_tokens 8192" in other and "\n" not in other,
