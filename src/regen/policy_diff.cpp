@@ -1,7 +1,6 @@
 #include "headwise/regen/policy_diff.hpp"
 
 #include <algorithm>
-#include <cmath>
 #include <map>
 #include <sstream>
 
@@ -107,46 +106,6 @@ std::vector<std::string> diff_policies(const policy::Policy& a, const policy::Po
                               format_bytes(b.memory.total_bytes)));
   }
   return out;
-}
-
-std::optional<double> distortion_noise_only(const policy::Policy& committed,
-                                            const std::string& committed_text,
-                                            const policy::Policy& produced,
-                                            const std::string& produced_text,
-                                            double relative_tolerance) {
-  // A hand edit of layout alone is still an edit: only the writer's own text qualifies.
-  if (policy::to_yaml(committed) != committed_text) return std::nullopt;
-  if (committed.per_layer_policies.size() != produced.per_layer_policies.size())
-    return std::nullopt;
-  policy::Policy aligned = committed;
-  const auto largest = [](const std::vector<double>& a, const std::vector<double>& b) {
-    double m = 0.0;
-    for (double v : a) m = std::max(m, std::abs(v));
-    for (double v : b) m = std::max(m, std::abs(v));
-    return m;
-  };
-  double policy_scale = 0.0;
-  for (size_t l = 0; l < aligned.per_layer_policies.size(); ++l) {
-    policy_scale =
-        std::max(policy_scale, largest(aligned.per_layer_policies[l].expected_distortion,
-                                       produced.per_layer_policies[l].expected_distortion));
-  }
-  double worst = 0.0;
-  for (size_t l = 0; l < aligned.per_layer_policies.size(); ++l) {
-    auto& mine = aligned.per_layer_policies[l].expected_distortion;
-    const auto& theirs = produced.per_layer_policies[l].expected_distortion;
-    if (mine.size() != theirs.size()) return std::nullopt;
-    const double layer_scale = std::max(largest(mine, theirs), kLayerScaleFloor * policy_scale);
-    for (size_t h = 0; h < mine.size(); ++h) {
-      const double difference = std::abs(mine[h] - theirs[h]);
-      const double gap = difference == 0.0 ? 0.0 : difference / layer_scale;
-      if (!(gap <= relative_tolerance)) return std::nullopt;  // NaN fails too
-      worst = std::max(worst, gap);
-      mine[h] = theirs[h];
-    }
-  }
-  if (policy::to_yaml(aligned) != produced_text) return std::nullopt;
-  return worst;
 }
 
 std::string first_text_difference(const std::string& a, const std::string& b) {

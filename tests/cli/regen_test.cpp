@@ -2,6 +2,7 @@
 #include <catch2/catch.hpp>
 
 #include <algorithm>
+#include <cmath>
 #include <regex>
 
 #include "../arch/fixture_reference.hpp"
@@ -92,6 +93,17 @@ TEST_CASE("regen writes, skips what is up to date, and --check catches a hand ed
   CHECK(std::count(r.err.begin(), r.err.end(), '\n') == 1);
   CHECK(r.err.find("--force") != std::string::npos);  // the advice that fixes it
   CHECK(read_text_file(policy_file) == edited_text);  // --check writes nothing
+
+  // A distortion one ulp off, everything else as produced: --check compares bytes, so it differs
+  // (calibration pins one CPU math branch: no float noise between CPUs to tolerate).
+  policy::Policy nudged = policy::from_yaml(first, policy_file.string());
+  double& cost = nudged.per_layer_policies.back().expected_distortion.front();
+  cost = std::nextafter(cost, 1.0);
+  policy::write_policy(policy_file, nudged);
+  r = run_cli_with(regen + " --check");
+  CHECK(r.status == 1);
+  CHECK(r.out.find("expected_distortion changed in 1 layer(s)") != std::string::npos);
+  policy::write_policy(policy_file, edited);
 
   // --force recalibrates although the inputs are unchanged (a changed tool): the edit is undone.
   r = run_cli_with(regen + " --force");

@@ -7,7 +7,6 @@
 #include "headwise/core/error.hpp"
 #include "headwise/core/reproducible_math.hpp"
 #include "headwise/policy/policy.hpp"
-#include "headwise/regen/policy_diff.hpp"
 
 #include <ATen/Context.h>
 
@@ -242,113 +241,6 @@ TEST_CASE("policies with h2o heads carry their rules and their selection bookkee
           read(std::regex_replace(yaml, std::regex("  selection_state_bytes: [0-9]+\n"), "")), spec,
           "pol.yaml"),
       Catch::Contains("memory.total_bytes"));
-}
-
-TEST_CASE("regen --check tolerates distortion float noise and nothing else", "[policy]") {
-  const policy::Policy committed = sample_policy();
-  const std::string committed_text = policy::to_yaml(committed);
-  auto produced_with = [&](auto edit) {
-    policy::Policy p = committed;
-    edit(p);
-    return std::make_pair(p, policy::to_yaml(p));
-  };
-  auto noise_only = [&](const std::pair<policy::Policy, std::string>& produced) {
-    return regen::distortion_noise_only(committed, committed_text, produced.first, produced.second);
-  };
-
-  SECTION("identical") {
-    CHECK(noise_only(produced_with([](policy::Policy&) {})) == 0.0);
-  }
-  SECTION("a 1e-6 relative gap in one distortion is noise") {
-    const auto gap = noise_only(produced_with(
-        [](policy::Policy& p) { p.per_layer_policies[0].expected_distortion[0] *= 1 + 1e-6; }));
-    REQUIRE(gap.has_value());
-    CHECK(*gap == Approx(1e-6).epsilon(1e-3));
-  }
-  SECTION("a 1e-3 relative gap is a change") {
-    CHECK_FALSE(noise_only(produced_with(
-        [](policy::Policy& p) { p.per_layer_policies[0].expected_distortion[0] *= 1.001; })));
-  }
-  SECTION(
-      "a zero distortion that becomes 1e-9 of its layer's scale is noise; 1e-3 of it is a change") {
-    CHECK(noise_only(produced_with(
-        [](policy::Policy& p) { p.per_layer_policies[0].expected_distortion[1] = 1.25e-10; })));
-    CHECK_FALSE(noise_only(produced_with(
-        [](policy::Policy& p) { p.per_layer_policies[0].expected_distortion[1] = 1.25e-4; })));
-  }
-  SECTION("a window change with noise-sized distortions is a change") {
-    CHECK_FALSE(noise_only(produced_with(
-        [](policy::Policy& p) { p.per_layer_policies[1].kv_head_windows[0] = 256; })));
-  }
-  SECTION("a provenance change is a change") {
-    CHECK_FALSE(noise_only(produced_with([](policy::Policy& p) { p.calibration["seed"] = 8; })));
-  }
-  SECTION("a layout-only hand edit of the committed file is a change") {
-    const std::string edited = replace(committed_text, "block_size: 16", "block_size:  16");
-    CHECK_FALSE(regen::distortion_noise_only(committed, edited, committed, committed_text));
-  }
-}
-
-TEST_CASE("regen --check measures distortion noise against the layer's scale, not each value",
-          "[policy]") {
-  // A layer whose heads cost 0.02 and 3e-9: float noise in the sums behind the small one is
-  // absolute at the layer's scale, so it may move by half of itself (what another SIMD width
-  // gives) while a per-value bound of 1e-4 would call the policy stale.
-  policy::Policy committed = sample_policy();
-  committed.per_layer_policies[0].expected_distortion = {0.02, 3e-9};
-  const std::string committed_text = policy::to_yaml(committed);
-  const auto noise_only = [&](double big, double small) {
-    policy::Policy p = committed;
-    p.per_layer_policies[0].expected_distortion = {big, small};
-    return regen::distortion_noise_only(committed, committed_text, p, policy::to_yaml(p));
-  };
-  SECTION("rounding it must pass: the small head moves by half of itself, 7.5e-8 of the layer") {
-    const auto gap = noise_only(0.02, 4.5e-9);
-    REQUIRE(gap.has_value());
-    CHECK(*gap == Approx(1.5e-9 / 0.02).epsilon(1e-6));
-  }
-  SECTION("drift it must catch: the small head moves by 1.5e-4 of the layer") {
-    policy::Policy small = committed;
-    small.per_layer_policies[0].expected_distortion = {0.02, 3e-6};
-    const std::string small_text = policy::to_yaml(small);
-    policy::Policy drifted = small;
-    drifted.per_layer_policies[0].expected_distortion = {0.02, 6e-6};
-    CHECK_FALSE(regen::distortion_noise_only(small, small_text, drifted, policy::to_yaml(drifted)));
-    drifted.per_layer_policies[0].expected_distortion = {0.02, 4e-6};  // 5e-5 of the layer: noise
-    CHECK(regen::distortion_noise_only(small, small_text, drifted, policy::to_yaml(drifted)));
-  }
-  SECTION("drift it must catch: the layer's largest cost moves by 1e-3 of itself") {
-    CHECK_FALSE(noise_only(0.02 * 1.001, 3e-9));
-  }
-  SECTION(
-      "a layer far below the policy's scale: its float noise is the policy's, its drift still "
-      "shows") {
-    // policies/tiny-qwen3-next.yaml as committed and as another CPU measured it (AMD EPYC with
-    // AVX-512, 2026-12-04): both layers moved by ~5e-8, 1.5e-3 of layer 1's own scale.
-    policy::Policy a = committed, b = committed;
-    a.per_layer_policies[0].expected_distortion = {3.440785197502312e-05, 5.646706995321438e-06};
-    a.per_layer_policies[1].expected_distortion = {0.5520329276720682, 0.3839926086366176};
-    b.per_layer_policies[0].expected_distortion = {3.4357398059607164e-05, 5.664884762760864e-06};
-    b.per_layer_policies[1].expected_distortion = {0.5520328817268212, 0.3839925328890482};
-    const std::string a_text = policy::to_yaml(a);
-    const auto gap = regen::distortion_noise_only(a, a_text, b, policy::to_yaml(b));
-    REQUIRE(gap.has_value());
-    CHECK(*gap < 1e-4);
-    // A 2% move of layer 1's largest cost (6.9e-7; 1.2e-6 of the policy's scale) is a change.
-    b.per_layer_policies[0].expected_distortion = {3.440785197502312e-05 * 1.02,
-                                                   5.646706995321438e-06};
-    CHECK_FALSE(regen::distortion_noise_only(a, a_text, b, policy::to_yaml(b)));
-  }
-  SECTION("another layer's scale does not excuse this one's drift") {
-    // Layer 3 at scale 1e-6 next to layer 1 at 0.02: a 1e-7 move is 5e-4 of its scale (floored at
-    // 1% of the policy's, 2e-4): a change.
-    policy::Policy two = committed;
-    two.per_layer_policies[1].expected_distortion = {1e-6, 5e-7};
-    const std::string two_text = policy::to_yaml(two);
-    policy::Policy moved = two;
-    moved.per_layer_policies[1].expected_distortion = {1.1e-6, 5e-7};
-    CHECK_FALSE(regen::distortion_noise_only(two, two_text, moved, policy::to_yaml(moved)));
-  }
 }
 
 TEST_CASE("MKL's dynamic thread count is pinned where torch has MKL", "[core]") {
