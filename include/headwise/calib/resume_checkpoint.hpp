@@ -12,11 +12,15 @@
 #include <nlohmann/json.hpp>
 
 #include <cstdint>
+#include <filesystem>
 #include <map>
+#include <optional>
+#include <string>
 #include <string_view>
 #include <vector>
 
 #include "headwise/calib/seqcalib.hpp"
+#include "headwise/dist/collective.hpp"
 #include "headwise/solve/mckp.hpp"
 
 namespace headwise::calib {
@@ -33,6 +37,25 @@ struct ResumeCheckpoint {
   int64_t spent = 0;
   std::vector<LayerReport> layers;  // layers 0..last_layer
 };
+
+// The inputs a checkpoint was written for: inputs_sha256, and the options it covers (by hash key:
+// calibration_options.hpp, hashed_options) so that a refusal can say which flags changed.
+struct CheckpointInputs {
+  std::string hash;
+  nlohmann::json options;
+};
+
+// The checkpoint file's text: schema, the inputs, the state.
+std::string checkpoint_file_text(const CheckpointInputs& inputs, const ResumeCheckpoint& state);
+// nullopt when `path` does not exist; an InputError (naming the flags that changed, when the file
+// records its options) when it was written for other inputs or is not a checkpoint.
+std::optional<ResumeCheckpoint> read_checkpoint_file(const std::filesystem::path& path,
+                                                     const CheckpointInputs& inputs);
+// Distributed: rank 0 reads (and checks) the checkpoint and sends it to the others, so the ranks
+// need not share a file system.
+std::optional<ResumeCheckpoint> shared_checkpoint(dist::Collective& world,
+                                                  const std::filesystem::path& path,
+                                                  const CheckpointInputs& inputs);
 
 nlohmann::json resume_checkpoint_to_json(const ResumeCheckpoint& state);
 // `where` names the checkpoint file in errors.
