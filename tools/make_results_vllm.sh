@@ -5,14 +5,14 @@
 # max_num_batched_tokens 2048 (vLLM's default below 70 GiB) and 512, in one eval (the same samples;
 # full KV is the reference). Writes out/results-vllm/*.yaml and replaces the section between its
 # markers in docs/results.md; the rest of the file is tools/make_results.sh's.
-#   SAMPLES=10 (per task; eval's default is 100, about 3 h for these four methods on this 2-core
+#   SAMPLES=30 (per task: 17 min here with --jobs 2; eval's default is 100, about 1 h for these four methods on this 2-core
 #   machine)  MODEL=models/tiny-qwen3-next-8k  HEADWISE_CALC=build/bin/headwise-calc
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
 bin=${HEADWISE_CALC:-build/bin/headwise-calc}
 model=${MODEL:-models/tiny-qwen3-next-8k}
-samples=${SAMPLES:-10}
+samples=${SAMPLES:-30}
 out=out/results-vllm
 mkdir -p "$out"
 common=(--model "$model" --context 4k --windows 128,512,2k,full --samples 8 --seed 0 --state-dtype native)
