@@ -364,19 +364,6 @@ nlohmann::json calibration_report(const calib::CalibrationOutcome& outcome) {
                                  {"global_bytes", tp.global_bytes},
                                  {"proven_optimal", tp.proven_optimal}};
   }
-  if (r.tensor_parallel) {
-    const auto& tp = *r.tensor_parallel;
-    report["tensor_parallel"] = {{"size", tp.tensor_parallel_size},
-                                 {"walk_already_shards", tp.walk_already_shards},
-                                 {"heads_moved", tp.heads_moved},
-                                 {"walk_distortion", tp.walk_distortion},
-                                 {"distortion", tp.distortion},
-                                 {"unconstrained_distortion", tp.unconstrained_distortion},
-                                 {"unconstrained_bytes", tp.unconstrained_bytes},
-                                 {"distortion_lost", tp.distortion_lost()},
-                                 {"global_bytes", tp.global_bytes},
-                                 {"proven_optimal", tp.proven_optimal}};
-  }
   report["backend"] = r.backend;
   if (r.world_size > 1) {
     report["distributed"] = {{"rank_sequences", r.result.local_sequences},
