@@ -19,11 +19,16 @@ policy::Policy two_layer_policy() {
 
 TEST_CASE("serving note: a windows-only policy of a family vLLM serves runs everywhere",
           "[policy]") {
-  const policy::Policy p = two_layer_policy();
+  policy::Policy p = two_layer_policy();
   CHECK(policy::vllm_refusal(p, "gemma3_text").empty());
   const std::string note = policy::serving_note(p, "llama", "out/policy.yaml");
   CHECK(note.find("runs in vLLM (HEADWISE_POLICY=out/policy.yaml") != std::string::npos);
   CHECK(note.find("not in vLLM") == std::string::npos);
+  // Calibrated in headwise's bytes: the note says its budget is not vLLM's reservation.
+  CHECK(note.find("--engine vllm") != std::string::npos);
+  p.engine = policy::EngineRecord{};
+  CHECK(policy::serving_note(p, "llama", "out/policy.yaml").find("--engine vllm") ==
+        std::string::npos);
 }
 
 TEST_CASE(
@@ -37,8 +42,9 @@ TEST_CASE(
   CHECK(note.find("headwise's runtime") != std::string::npos);
   CHECK(note.find("python/headwise_hf") != std::string::npos);
   CHECK(note.find("not in vLLM") != std::string::npos);
-  CHECK(note.find("layer 1 heads 0, 1, 2") != std::string::npos);
+  CHECK(note.find("layer 1 heads 0, 1, 2 (h2o)") != std::string::npos);
   CHECK(note.find("--keep-rules window") != std::string::npos);
+  CHECK(note.find("--engine vllm") != std::string::npos);
 }
 
 TEST_CASE("serving note: sink tokens and unserved families keep a policy out of vLLM", "[policy]") {
