@@ -9,12 +9,12 @@
 #include <map>
 #include <random>
 
+#include "../arch/fixture_reference.hpp"
 #include "calib/noise/bootstrap.hpp"
 #include "calib/noise/decision_noise.hpp"
 #include "headwise/arch/model.hpp"
 #include "headwise/calib/answer_span.hpp"
 #include "headwise/core/window.hpp"
-#include "../arch/fixture_reference.hpp"
 
 using namespace headwise;
 using calib::SequenceValues;

@@ -206,7 +206,7 @@ struct SeqCalibResult {
   // Per walked global layer, in layer order: how sure its decision is (DecisionNoise; empty for
   // measures without per-sequence values).
   std::vector<DecisionNoise> decision_noise;
-  int64_t peak_device_bytes = 0;                // CUDA allocator peak, 0 on CPU
+  int64_t peak_device_bytes = 0;  // CUDA allocator peak, 0 on CPU
   int64_t peak_rss_bytes = 0;
   double probe_seconds = 0.0;
   double total_seconds = 0.0;

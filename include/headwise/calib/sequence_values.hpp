@@ -8,8 +8,8 @@
 namespace headwise::calib {
 
 struct SequenceValues {
-  std::vector<double> sums;       // the divergence summed over sequence s's answer positions
-  std::vector<int64_t> answers;   // how many answer positions sequence s has
+  std::vector<double> sums;      // the divergence summed over sequence s's answer positions
+  std::vector<int64_t> answers;  // how many answer positions sequence s has
 };
 
 }  // namespace headwise::calib

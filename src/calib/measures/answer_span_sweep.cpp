@@ -202,8 +202,8 @@ std::vector<std::vector<double>> AnswerSpan::sweep(
   std::vector<int64_t> first_row_of(micro_batches, 0);
   for (size_t m = 1; m < micro_batches; ++m)
     first_row_of[m] = first_row_of[m - 1] + micro_batch_rows_[m - 1];
-  const auto local_sequences = static_cast<size_t>(
-      micro_batches == 0 ? 0 : first_row_of.back() + micro_batch_rows_.back());
+  const auto local_sequences =
+      static_cast<size_t>(micro_batches == 0 ? 0 : first_row_of.back() + micro_batch_rows_.back());
   std::vector<std::vector<std::vector<ExactSum>>> sequence_sums;
   std::vector<std::vector<int64_t>> sequence_answers;
   if (per_sequence != nullptr) {

@@ -77,8 +77,8 @@ int64_t span_probe_local_sequences(const RunInputs& in, const RunState& state) {
 }
 
 // No forward of its own: every site comes from the reference pass.
-// `sequences` receives the per-sequence values of the lowest global layer's assignments (measured on
-// every sequence: the walk decides that layer from them).
+// `sequences` receives the per-sequence values of the lowest global layer's assignments (measured
+// on every sequence: the walk decides that layer from them).
 void span_probe(const RunInputs& in, AnswerSpan& span, AnswerReference* exact, RunState& state,
                 SequenceMemo& sequences) {
   std::vector<int64_t> layers = in.spec.global_layer_ids();
@@ -103,8 +103,8 @@ void span_probe(const RunInputs& in, AnswerSpan& span, AnswerReference* exact, R
     items.push_back(std::move(item));
   }
   std::vector<std::vector<SequenceValues>> per_sequence;
-  const auto values = span.sweep(
-      items, fmt::format("probe (full KV): {}", in.measured_label()), &per_sequence);
+  const auto values =
+      span.sweep(items, fmt::format("probe (full KV): {}", in.measured_label()), &per_sequence);
   in.model.release_all();
   for (size_t i = 0; i < layers.size(); ++i) {
     LevelMemo& memo = state.probe_memo[layers[i]];
@@ -116,10 +116,10 @@ void span_probe(const RunInputs& in, AnswerSpan& span, AnswerReference* exact, R
       // Every head at full KV on the full-KV stream: 0 on every sequence.
       SequenceValues reference = sequences.begin()->second;
       std::fill(reference.sums.begin(), reference.sums.end(), 0.0);
-      sequences.emplace(std::vector<size_t>(
-                            static_cast<size_t>(in.spec.layer(layers[i]).attention->num_kv_heads),
-                            in.options.ladder.size() - 1),
-                        std::move(reference));
+      sequences.emplace(
+          std::vector<size_t>(static_cast<size_t>(in.spec.layer(layers[i]).attention->num_kv_heads),
+                              in.options.ladder.size() - 1),
+          std::move(reference));
     }
     const auto heads = static_cast<size_t>(in.spec.layer(layers[i]).attention->num_kv_heads);
     const std::vector<size_t> top(heads, in.options.ladder.size() - 1);

@@ -25,9 +25,10 @@ double pooled_mean(const SequenceValues& values) {
 }
 
 double weighted_mean(const SequenceValues& values, const std::vector<uint32_t>& weights) {
-  HEADWISE_CHECK(values.sums.size() == values.answers.size() && weights.size() == values.sums.size(),
-                 "bootstrap: {} sums, {} answer counts, {} weights", values.sums.size(),
-                 values.answers.size(), weights.size());
+  HEADWISE_CHECK(
+      values.sums.size() == values.answers.size() && weights.size() == values.sums.size(),
+      "bootstrap: {} sums, {} answer counts, {} weights", values.sums.size(), values.answers.size(),
+      weights.size());
   double sum = 0.0;
   int64_t answers = 0;
   for (size_t s = 0; s < weights.size(); ++s) {
@@ -44,8 +45,8 @@ std::vector<std::vector<uint32_t>> bootstrap_weights(size_t sequences, size_t re
   uint64_t state = seed;
   for (auto& weights : out) {
     for (size_t i = 0; i < sequences; ++i) {
-      const auto product =
-          static_cast<unsigned __int128>(splitmix64(state)) * static_cast<unsigned __int128>(sequences);
+      const auto product = static_cast<unsigned __int128>(splitmix64(state)) *
+                           static_cast<unsigned __int128>(sequences);
       ++weights[static_cast<size_t>(product >> 64)];
     }
   }

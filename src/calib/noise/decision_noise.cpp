@@ -109,8 +109,8 @@ std::optional<DecisionNoise> decision_noise(const DecisionCandidates& in) {
     out.gap_sd = gap_reps.size() > 1 ? std::sqrt(squares / static_cast<double>(gap_reps.size() - 1))
                                      : std::nan("");
     const double z = 1.96 * out.gap_sd / out.gap;
-    out.sequences_to_separate = out.gap > 0.0 ? std::max(1.0, z * z) * static_cast<double>(out.sequences)
-                                              : std::nan("");
+    out.sequences_to_separate =
+        out.gap > 0.0 ? std::max(1.0, z * z) * static_cast<double>(out.sequences) : std::nan("");
   } else {
     out.gap_positive_share = 1.0;
     out.separated = true;  // nothing else fits the allowance: no alternative to confuse it with
