@@ -5,6 +5,7 @@
 #include <iterator>
 #include <set>
 
+#include "headwise/calib/curve_groups.hpp"
 #include "headwise/core/units.hpp"
 #include "headwise/core/window.hpp"
 #include "headwise/solve/mckp.hpp"
@@ -14,17 +15,6 @@ namespace {
 
 nlohmann::json window_json(int64_t window) {
   return window == kFullWindow ? nlohmann::json("full") : nlohmann::json(window);
-}
-
-std::vector<solve::Group> to_groups(const std::vector<calib::HeadCurve>& curves) {
-  std::vector<solve::Group> groups;
-  for (const auto& c : curves) {
-    solve::Group g{c.layer_id, c.kv_head, {}};
-    for (size_t l = 0; l < c.windows.size(); ++l)
-      g.options.push_back({c.windows[l], c.bytes[l], c.distortion[l]});
-    groups.push_back(std::move(g));
-  }
-  return groups;
 }
 
 }  // namespace
@@ -83,7 +73,7 @@ nlohmann::json measure_validation_json(const calib::MeasureValidation& v) {
 
 nlohmann::json rate_distortion_curve(const std::vector<calib::HeadCurve>& probe_curves,
                                      int points) {
-  const auto groups = to_groups(probe_curves);
+  const auto groups = calib::curve_groups(probe_curves);
   nlohmann::json curve = nlohmann::json::array();
   if (groups.empty()) return curve;
   const int64_t lo = solve::min_total_bytes(groups), hi = solve::max_window_total_bytes(groups);

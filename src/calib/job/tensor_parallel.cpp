@@ -1,5 +1,6 @@
 #include "headwise/calib/tensor_parallel.hpp"
 
+#include "headwise/calib/curve_groups.hpp"
 #include "headwise/core/error.hpp"
 #include "headwise/memory/tensor_parallel.hpp"
 #include "headwise/solve/mckp.hpp"
@@ -7,17 +8,6 @@
 
 namespace headwise::calib {
 namespace {
-
-std::vector<solve::Group> groups_of(const std::vector<HeadCurve>& curves) {
-  std::vector<solve::Group> groups;
-  for (const auto& c : curves) {
-    solve::Group g{c.layer_id, c.kv_head, {}};
-    for (size_t l = 0; l < c.windows.size(); ++l)
-      g.options.push_back({c.windows[l], c.bytes[l], c.distortion[l]});
-    groups.push_back(std::move(g));
-  }
-  return groups;
-}
 
 // The curves' distortion and bytes at `windows` (heads missing from the curves cost nothing).
 std::pair<double, int64_t> price(const std::vector<HeadCurve>& curves,
@@ -54,7 +44,7 @@ TensorParallelFit fit_tensor_parallel(const std::vector<HeadCurve>& curves,
     fit.walk_already_shards = true;
     return fit;
   }
-  const auto groups = groups_of(curves);
+  const auto groups = curve_groups(curves);
   const solve::SolveResult free = solve::solve_exact(groups, global_budget);
   fit.unconstrained_distortion = free.total_distortion;
   fit.unconstrained_bytes = free.total_bytes;

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "headwise/calib/curve_groups.hpp"
 #include "headwise/calib/extrapolation.hpp"
 #include "headwise/core/error.hpp"
 
@@ -155,3 +156,18 @@ JointMeasure with_extrapolated_levels(const SeqCalibOptions& options, JointMeasu
 }
 
 }  // namespace headwise::calib::seqcalib
+
+namespace headwise::calib {
+
+std::vector<solve::Group> curve_groups(const std::vector<HeadCurve>& curves) {
+  std::vector<solve::Group> groups;
+  for (const auto& c : curves) {
+    solve::Group g{c.layer_id, c.kv_head, {}};
+    for (size_t l = 0; l < c.windows.size(); ++l)
+      g.options.push_back({c.windows[l], c.bytes[l], c.distortion[l]});
+    groups.push_back(std::move(g));
+  }
+  return groups;
+}
+
+}  // namespace headwise::calib
