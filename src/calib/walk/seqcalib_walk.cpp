@@ -71,7 +71,6 @@ void restore(const ResumeCheckpoint& saved, RunState& state) {
   result.probe_lambda = saved.probe_lambda;
   result.probe_seconds = saved.probe_seconds;
   result.layers = saved.layers;
-  result.curves = to_curves(saved.decided_groups);
   state.decisions.groups = saved.decided_groups;
   state.decisions.choice = saved.decided_choice;
   state.decisions.spent = saved.spent;
