@@ -15,6 +15,7 @@
 #include "headwise/core/error.hpp"
 #include "headwise/core/units.hpp"
 #include "headwise/io/checkpoint.hpp"
+#include "headwise/memory/pipeline_parallel.hpp"
 #include "headwise/memory/report.hpp"
 #include "headwise/memory/tensor_parallel.hpp"
 #include "headwise/policy/policy.hpp"
@@ -33,8 +34,9 @@ struct MemEstimateArgs {
   std::string context, batch, block_size, kv_dtype, sink_tokens, state_dtype;
   std::string gpu_memory, reserve, weights_bytes;
   std::string engine, max_num_batched_tokens, max_model_len,
-      mamba_cache_mode;              // --engine vllm / both
-  std::string tensor_parallel_size;  // --engine vllm: per rank and over all ranks
+      mamba_cache_mode;                // --engine vllm / both
+  std::string tensor_parallel_size;    // --engine vllm: per rank and over all ranks
+  std::string pipeline_parallel_size;  // --engine vllm: per stage
   bool per_layer = false;
   bool prometheus = false;
 };
@@ -184,11 +186,11 @@ memory::VllmOptions vllm_options(const MemEstimateArgs& a, const policy::Policy*
   return v;
 }
 
-int64_t tensor_parallel_size(const MemEstimateArgs& a) {
-  if (a.tensor_parallel_size.empty()) return 1;
-  const int64_t tp = parse_token_count(a.tensor_parallel_size, "--tensor-parallel-size");
-  if (tp < 1) throw_input_error("--tensor-parallel-size: must be positive, got {}", tp);
-  return tp;
+int64_t parallel_size(const std::string& text, const char* flag) {
+  if (text.empty()) return 1;
+  const int64_t n = parse_token_count(text, flag);
+  if (n < 1) throw_input_error("{}: must be positive, got {}", flag, n);
+  return n;
 }
 
 // What vLLM's allocator reserves for the same windows; its capacity under the same budget.
@@ -198,12 +200,16 @@ memory::VllmReport vllm_report(const MemEstimateArgs& a, const arch::ModelSpec& 
                                const memory::HeadWindows& all_windows,
                                const memory::MemoryOptions& o,
                                const std::optional<memory::GpuFit>& gpu, const policy::Policy* p) {
-  const memory::VllmOptions v = vllm_options(a, p);
+  memory::VllmOptions v = vllm_options(a, p);
   if (p != nullptr) {
     if (const auto notice = calib::engine_parameters_notice(*p, o, v))
       spdlog::warn("{}: {}", a.config, *notice);
   }
-  const int64_t tp = tensor_parallel_size(a);
+  const int64_t tp = parallel_size(a.tensor_parallel_size, "--tensor-parallel-size");
+  const int64_t pp = parallel_size(a.pipeline_parallel_size, "--pipeline-parallel-size");
+  // Under pipeline parallelism vLLM keeps pipeline_parallel_size batches in flight
+  // (max_concurrent_batches without async scheduling, which its V1 runner turns off under PP).
+  v.in_flight_batches = pp;
   if (tp > 1) {
     if (auto bad = memory::first_unshardable_layer(all_windows, tp)) {
       throw_input_error(
@@ -218,9 +224,20 @@ memory::VllmReport vllm_report(const MemEstimateArgs& a, const arch::ModelSpec& 
   const memory::HeadWindows windows = memory::shard_windows(all_windows, tp, 0);
   memory::VllmReport out;
   out.tensor_parallel_size = tp;
+  out.pipeline_parallel_size = pp;
   out.estimate = memory::vllm_estimate(spec, windows, o, v);
+  if (pp > 1) {
+    out.stages = memory::vllm_stages(out.estimate, pp);
+    out.full_kv_stages =
+        memory::vllm_stages(memory::vllm_estimate(spec, memory::full_kv_windows(spec), o, v), pp);
+  }
   out.full_kv_total_bytes =
       memory::vllm_estimate(spec, memory::full_kv_windows(spec), o, v).total_bytes;
+  if (gpu && pp > 1) {
+    throw_input_error(
+        "--gpu-memory with --pipeline-parallel-size: a stage's share of the weights is not "
+        "modelled; mem-estimate states each stage's reservation, size vLLM's pool per stage");
+  }
   if (gpu) {
     out.gpu_full_kv =
         memory::vllm_capacity(spec, memory::full_kv_windows(spec), o, v, gpu->cache_budget_bytes);
@@ -253,16 +270,15 @@ void run(const MemEstimateArgs& a) {
   report.engine = !a.engine.empty()                     ? memory::parse_engine(a.engine)
                   : pol && pol->engine && !a.prometheus ? memory::Engine::kVllm
                                                         : memory::Engine::kHeadwise;
-  if (!a.tensor_parallel_size.empty() && report.engine != memory::Engine::kVllm) {
-    throw_input_error(
-        "--tensor-parallel-size: only with --engine vllm (headwise's runtime has no tensor "
-        "parallelism)");
+  for (const auto& [flag, value] : {std::pair<const char*, const std::string*>{
+                                        "--tensor-parallel-size", &a.tensor_parallel_size},
+                                    {"--pipeline-parallel-size", &a.pipeline_parallel_size}}) {
+    if (!value->empty() && report.engine != memory::Engine::kVllm) {
+      throw_input_error("{}: only with --engine vllm (headwise's runtime runs on one device)",
+                        flag);
+    }
   }
-  if (!a.tensor_parallel_size.empty() && !a.gpu_memory.empty()) {
-    throw_input_error(
-        "--tensor-parallel-size with --gpu-memory: a rank's share of the weights is not "
-        "modelled; mem-estimate states each rank's reservation, size vLLM's pool per rank");
-  }
+  const int64_t tp = parallel_size(a.tensor_parallel_size, "--tensor-parallel-size");
   if (report.engine == memory::Engine::kHeadwise &&
       !(a.max_num_batched_tokens.empty() && a.mamba_cache_mode.empty())) {
     throw_input_error(
@@ -312,9 +328,16 @@ void run(const MemEstimateArgs& a) {
   report.full_kv_total_bytes = memory::full_kv_bytes(spec, o);
   const auto checkpoint = io::Checkpoint::open(dir, /*allow_missing_weights=*/true);
   if (checkpoint->has_weights()) report.weights_bytes = checkpoint->weight_bytes();
-  if (!a.gpu_memory.empty())
-    report.gpu = gpu_fit(a, spec, windows, selecting, o, report.weights_bytes);
-  else if (!a.reserve.empty() || !a.weights_bytes.empty())
+  if (!a.gpu_memory.empty()) {
+    // Under tensor parallelism --gpu-memory is each GPU's, and a rank holds its share of the
+    // weights: --weights-bytes (the rank's, as vLLM logs it), else the checkpoint's / tp.
+    std::optional<int64_t> weights = report.weights_bytes;
+    if (tp > 1 && weights && a.weights_bytes.empty()) {
+      weights = (*weights + tp - 1) / tp;
+      report.weights_split_evenly = true;
+    }
+    report.gpu = gpu_fit(a, spec, windows, selecting, o, weights);
+  } else if (!a.reserve.empty() || !a.weights_bytes.empty())
     throw_input_error("--reserve/--weights-bytes: only with --gpu-memory");
   if (report.engine != memory::Engine::kHeadwise)
     report.vllm = vllm_report(a, spec, windows, o, report.gpu, pol ? &*pol : nullptr);
@@ -372,7 +395,12 @@ void setup(CLI::App& root) {
   app->add_option("--tensor-parallel-size", args->tensor_parallel_size,
                   "vLLM's tensor_parallel_size (--engine vllm): what each rank reserves (its shard "
                   "of every layer's heads and states) and all ranks together; the policy's "
-                  "windows must shard evenly");
+                  "windows must shard evenly. With --gpu-memory: each GPU's memory, holding the "
+                  "rank's --weights-bytes (default: the checkpoint's / N)");
+  app->add_option("--pipeline-parallel-size", args->pipeline_parallel_size,
+                  "vLLM's pipeline_parallel_size (--engine vllm): which layers each stage holds "
+                  "(vLLM's get_pp_indices) and what each stage reserves, with that many batches "
+                  "of --max-num-batched-tokens in flight");
   app->add_option("--mamba-cache-mode", args->mamba_cache_mode,
                   "vLLM's mamba_cache_mode: none (default), align or all (prefix caching of "
                   "Mamba/linear states)");

@@ -188,6 +188,51 @@ nlohmann::json vllm_groups_json(const VllmEstimate& e) {
   return out;
 }
 
+// Every stage together (under pipeline parallelism), else the one estimate.
+int64_t deployment_bytes(const std::vector<VllmStage>& stages, int64_t single) {
+  if (stages.empty()) return single;
+  int64_t total = 0;
+  for (const auto& s : stages) total += s.total_bytes;
+  return total;
+}
+
+nlohmann::json stages_json(const VllmReport& v) {
+  nlohmann::json out = nlohmann::json::array();
+  for (size_t i = 0; i < v.stages.size(); ++i) {
+    const VllmStage& s = v.stages[i];
+    out.push_back({{"stage", i},
+                   {"first_layer", s.first_layer},
+                   {"last_layer", s.end_layer - 1},
+                   {"specs", s.specs},
+                   {"slots", s.slots},
+                   {"blocks_per_request", s.blocks},
+                   {"own_bytes", s.own_bytes},
+                   {"total_bytes", s.total_bytes},
+                   {"full_kv_total_bytes", v.full_kv_stages.at(i).total_bytes}});
+  }
+  return out;
+}
+
+std::string stages_table(const VllmReport& v) {
+  std::string out = fmt::format(
+      "  pipeline parallel {}: {} batches in flight; the groups are the whole model's, and each "
+      "stage reserves{}:\n",
+      v.pipeline_parallel_size, v.estimate.vllm.in_flight_batches,
+      v.tensor_parallel_size > 1 ? " (per tensor-parallel rank)" : "");
+  out += fmt::format("  {:>7} {:>9} {:>6} {:>6} {:>8} {:>16} {:>16} {:>16}\n", "stage", "layers",
+                     "specs", "slots", "blocks", "own pages B", "bytes", "full KV bytes");
+  for (size_t i = 0; i < v.stages.size(); ++i) {
+    const VllmStage& s = v.stages[i];
+    out += fmt::format("  {:>7} {:>9} {:>6} {:>6} {:>8} {:>16} {:>16} {:>16}\n", i,
+                       fmt::format("{}-{}", s.first_layer, s.end_layer - 1), s.specs, s.slots,
+                       s.blocks, s.own_bytes, s.total_bytes, v.full_kv_stages.at(i).total_bytes);
+  }
+  const int64_t all = deployment_bytes(v.stages, 0);
+  out += fmt::format("  every stage{}: {} B ({})\n", v.tensor_parallel_size > 1 ? " and rank" : "",
+                     v.tensor_parallel_size * all, format_bytes(v.tensor_parallel_size * all));
+  return out;
+}
+
 nlohmann::json vllm_json(const Report& r) {
   const VllmReport& v = *r.vllm;
   const VllmEstimate& e = v.estimate;
@@ -222,13 +267,22 @@ nlohmann::json vllm_json(const Report& r) {
   };
   // Under tensor parallelism every figure above is one rank's (vLLM's own per-rank view).
   out["tensor_parallel_size"] = v.tensor_parallel_size;
-  out["all_ranks_bytes"] = v.tensor_parallel_size * e.total_bytes;
-  out["all_ranks_full_kv_bytes"] = v.tensor_parallel_size * v.full_kv_total_bytes;
+  out["pipeline_parallel_size"] = v.pipeline_parallel_size;
+  out["in_flight_batches"] = e.vllm.in_flight_batches;
+  out["all_ranks_bytes"] = v.tensor_parallel_size * deployment_bytes(v.stages, e.total_bytes);
+  out["all_ranks_full_kv_bytes"] =
+      v.tensor_parallel_size * deployment_bytes(v.full_kv_stages, v.full_kv_total_bytes);
+  if (v.pipeline_parallel_size > 1) out["stages"] = stages_json(v);
   if (r.gpu && v.gpu_full_kv && v.gpu_policy) {
     GpuFit g = *r.gpu;
     g.full_kv = *v.gpu_full_kv;
     g.policy = *v.gpu_policy;
     out["gpu_fit"] = gpu_json(g);
+    if (v.tensor_parallel_size > 1) {
+      out["gpu_fit"]["per_rank"] = true;
+      out["gpu_fit"]["weights_source"] =
+          r.weights_split_evenly ? "checkpoint / tensor_parallel_size" : "--weights-bytes";
+    }
   }
   return out;
 }
@@ -315,11 +369,23 @@ std::string vllm_table(const Report& r, bool per_layer) {
                   o.context, format_tokens(o.context), o.batch, dtype_name(o.kv_dtype),
                   o.state_dtype ? fmt::format(", states {}", dtype_name(*o.state_dtype)) : "");
   out += vllm_header(r);
-  if (r.vllm->tensor_parallel_size > 1) {
+  if (r.vllm->tensor_parallel_size > 1 && r.vllm->pipeline_parallel_size == 1) {
     const int64_t tp = r.vllm->tensor_parallel_size;
     out += fmt::format(
         "  tensor parallel {}: every figure below is one rank's; all {} ranks reserve {} B ({})\n",
         tp, tp, tp * e.total_bytes, format_bytes(tp * e.total_bytes));
+  }
+  if (r.vllm->tensor_parallel_size > 1 && r.gpu) {
+    out += fmt::format("  --gpu-memory is each GPU's, holding one rank's weights{}\n",
+                       r.weights_split_evenly
+                           ? " (the checkpoint's / tensor_parallel_size: replicated tensors "
+                             "make a rank's share larger; --weights-bytes gives vLLM's figure)"
+                           : " (--weights-bytes)");
+  }
+  if (r.vllm->pipeline_parallel_size > 1) {
+    out += stages_table(*r.vllm);
+    out += fmt::format("  the components below are the whole model's groups{}, no single stage's\n",
+                       r.vllm->tensor_parallel_size > 1 ? " on one tensor-parallel rank" : "");
   }
   out += "\n";
   out += fmt::format("  {:<22} {:>20} {:>14} {:>7}\n", "component", "bytes", "", "share");

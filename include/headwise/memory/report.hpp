@@ -8,6 +8,7 @@
 
 #include "headwise/arch/model_spec.hpp"
 #include "headwise/memory/memory_model.hpp"
+#include "headwise/memory/pipeline_parallel.hpp"
 #include "headwise/memory/vllm_model.hpp"
 
 namespace headwise::memory {
@@ -30,6 +31,11 @@ Engine parse_engine(std::string_view text);  // InputError names --engine
 struct VllmReport {
   // Above 1: `estimate` is one tensor-parallel rank's reservation (every rank's is the same).
   int64_t tensor_parallel_size = 1;
+  // Above 1: `estimate` holds the whole model's groups (vLLM groups every stage's layers
+  // together) at pipeline_parallel_size batches in flight; `stages` is what each stage reserves
+  // (per tensor-parallel rank), `full_kv_stages` the same under full KV.
+  int64_t pipeline_parallel_size = 1;
+  std::vector<VllmStage> stages, full_kv_stages;
   VllmEstimate estimate;
   int64_t full_kv_total_bytes = 0;
   std::optional<Capacity> gpu_full_kv;
@@ -43,6 +49,9 @@ struct Report {
   MemoryEstimate estimate;
   int64_t full_kv_total_bytes = 0;
   std::optional<int64_t> weights_bytes;
+  // --gpu-memory under tensor parallelism without --weights-bytes: the GPU fit takes the
+  // checkpoint's weights / tp as one rank's (replicated tensors make a rank's share larger).
+  bool weights_split_evenly = false;
   std::optional<GpuFit> gpu;
   std::optional<VllmReport> vllm;  // --engine vllm / both
 };

