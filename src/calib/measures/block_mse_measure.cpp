@@ -42,7 +42,6 @@ class BlockMseMeasure final : public Measure {
       const measure::DistortionAccumulator acc = in.merged_over_ranks(layer_id, local->second);
       acc.check_finite(layer_id);
       state.probe_groups[layer_id] = layer_groups(in.spec.layer(layer_id), acc, in.options);
-      append(state.result.probe_curves, to_curves(state.probe_groups[layer_id]));
     }
   }
 
@@ -87,7 +86,7 @@ class BlockMseMeasure final : public Measure {
   }
 };
 
-std::unique_ptr<Measure> make(const RunInputs&, SeqCalibResult&) {
+std::unique_ptr<Measure> make(const RunInputs&, RunState&) {
   return std::make_unique<BlockMseMeasure>();
 }
 

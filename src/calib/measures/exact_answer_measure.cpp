@@ -30,14 +30,13 @@ void AnswerMeasure::probe(const RunInputs& in, RunState& state) {
   for (int64_t i = 0; i < in.spec.num_layers(); ++i) {
     if (in.spec.layer(i).is_global()) {
       state.probe_groups[i] = probe_layer(i, stream);
-      append(state.result.probe_curves, to_curves(state.probe_groups[i]));
     }
     stream.apply([&](const at::Tensor& h) { return run_checked(in, i, h, exact_core); });
     in.model.release_layer(i);
     progress.update(i + 1, fmt::format("layer {} {}", i, layer_kind_name(in.spec.layer(i).kind)));
   }
   progress.finish();
-  state.result.answer_evaluations += prefix.evaluations();
+  state.answer_evaluations += prefix.evaluations();
 }
 
 AnswerMeasure::LayerProbe AnswerMeasure::layer_probe(const RunInputs& in, AnswerReference& prefix,
@@ -86,7 +85,7 @@ void AnswerMeasure::refine_after_completion(const RunInputs& in, RunState& state
 
 namespace {
 
-std::unique_ptr<Measure> make(const RunInputs& in, SeqCalibResult&) {
+std::unique_ptr<Measure> make(const RunInputs& in, RunState&) {
   return std::make_unique<AnswerMeasure>(in);
 }
 

@@ -20,10 +20,10 @@ constexpr int kRelinearisations = 3;
 
 class GradientMeasure final : public AnswerMeasure {
  public:
-  GradientMeasure(const RunInputs& in, SeqCalibResult& result)
+  GradientMeasure(const RunInputs& in, RunState& state)
       : AnswerMeasure(in),
         sensitivity_(in.model, exact(), in.options.ladder.levels, in.options.sink_tokens) {
-    if (in.options.validate_measure) result.validation.emplace();
+    if (in.options.validate_measure) state.validation.emplace();
   }
 
   void probe(const RunInputs& in, RunState& state) override {
@@ -40,8 +40,8 @@ class GradientMeasure final : public AnswerMeasure {
       std::vector<solve::Group> groups = answer_probe_groups(
           in, layer,
           [&sensitivity](const std::vector<size_t>& l) { return sensitivity.predict(l); });
-      if (state.result.validation)
-        validate_probe_pairs(in, prefix, layer, stream, groups, *state.result.validation);
+      if (state.validation)
+        validate_probe_pairs(in, prefix, layer, stream, groups, *state.validation);
       return groups;
     };
   }
@@ -64,13 +64,13 @@ class GradientMeasure final : public AnswerMeasure {
         if (!improved) break;
       }
     };
-    if (state.result.validation) {
+    if (state.validation) {
       source.validate = [this, &in, &state, layer, &stream](const std::vector<size_t>& assign,
                                                             const JointMeasure& joint,
                                                             const std::vector<solve::Group>& groups,
                                                             int64_t allowance, double price) {
         validate_joint_decision(in, exact(), layer, stream, assign, joint, groups, allowance, price,
-                                /*with_own_decision=*/false, state.result);
+                                /*with_own_decision=*/false, state);
       };
     }
     return source;
@@ -81,8 +81,8 @@ class GradientMeasure final : public AnswerMeasure {
   std::optional<AnswerSensitivity> probe_sensitivity_;  // on the probe's sequences
 };
 
-std::unique_ptr<Measure> make(const RunInputs& in, SeqCalibResult& result) {
-  return std::make_unique<GradientMeasure>(in, result);
+std::unique_ptr<Measure> make(const RunInputs& in, RunState& state) {
+  return std::make_unique<GradientMeasure>(in, state);
 }
 
 }  // namespace

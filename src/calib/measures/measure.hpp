@@ -27,7 +27,7 @@ class Measure {
   virtual int64_t probe_samples(const RunInputs& in, const RunState& state) const {
     return in.probe_samples();
   }
-  // Fills state.probe_groups and result.probe_curves.
+  // Fills state.probe_groups.
   virtual void probe(const RunInputs& in, RunState& state) = 0;
 
   // Decides global layer `layer` on `stream` (the stream entering it), after the layers the walk
@@ -45,9 +45,9 @@ class Measure {
   virtual void refine_after_completion(const RunInputs& in, RunState& state) {}
 };
 
-// Makes a measure, prepared (its reference forward run); opens result.validation when the run
+// Makes a measure, prepared (its reference forward run); opens state.validation when the run
 // validates it.
-using MeasureMaker = std::unique_ptr<Measure> (*)(const RunInputs& in, SeqCalibResult& result);
+using MeasureMaker = std::unique_ptr<Measure> (*)(const RunInputs& in, RunState& state);
 
 // Each measure's file registers its maker from a static initialiser, as the architectures do
 // (`static RegisterMeasure r{DistortionMeasure::kX, &make};`): adding a measure touches no other
@@ -57,7 +57,7 @@ struct RegisterMeasure {
 };
 
 // The measure of in.options.measure, made by its registered maker.
-std::unique_ptr<Measure> make_measure(const RunInputs& in, SeqCalibResult& result);
+std::unique_ptr<Measure> make_measure(const RunInputs& in, RunState& state);
 
 // The probe pass with `measure`: its curves, and the lambda at which they fit the budget
 // (seqcalib_probe.cpp).

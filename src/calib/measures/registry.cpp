@@ -22,11 +22,11 @@ RegisterMeasure::RegisterMeasure(DistortionMeasure measure, MeasureMaker make) {
                  measure_traits(measure).name);
 }
 
-std::unique_ptr<Measure> make_measure(const RunInputs& in, SeqCalibResult& result) {
+std::unique_ptr<Measure> make_measure(const RunInputs& in, RunState& state) {
   const auto it = makers().find(in.options.measure);
   HEADWISE_CHECK(it != makers().end(), "no measure registered for {}",
                  measure_traits(in.options.measure).name);
-  return it->second(in, result);
+  return it->second(in, state);
 }
 
 void run_layer_at(const RunInputs& in, int64_t layer, const std::vector<int64_t>& windows,

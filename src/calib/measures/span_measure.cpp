@@ -66,7 +66,7 @@ LayerMeasure span_layer_measure(const RunInputs& in, AnswerSpan& span, const Spa
 // The lowest layer is probed on every sequence: the walk decides it from these very values. A run
 // that validates its measure probes on every sequence, as the exact measure does.
 int64_t span_probe_samples(const RunInputs& in, const RunState& state) {
-  return state.result.validation ? static_cast<int64_t>(in.sequences.size()) : in.probe_samples();
+  return state.validation ? static_cast<int64_t>(in.sequences.size()) : in.probe_samples();
 }
 
 // span_probe_samples as this rank's SweepItem::sequences (-1: every sequence).
@@ -126,11 +126,10 @@ void span_probe(const RunInputs& in, AnswerSpan& span, AnswerReference* exact, R
     memo.emplace(top, 0.0);
     state.probe_groups[layers[i]] = marginal_groups(
         in, layers[i], top, [&memo](const std::vector<size_t>& l) { return memo.at(l); });
-    append(state.result.probe_curves, to_curves(state.probe_groups[layers[i]]));
   }
-  state.result.answer_evaluations += span.evaluations();
-  if (state.result.validation) {
-    validate_span_probe(in, *exact, state.probe_groups, *state.result.validation);
+  state.answer_evaluations += span.evaluations();
+  if (state.validation) {
+    validate_span_probe(in, *exact, state.probe_groups, *state.validation);
   }
 }
 
@@ -150,8 +149,8 @@ LayerMeasure span_decision_measure(const RunInputs& in, AnswerSpan& span, int64_
 }
 
 void resolve_across_layers_by_walks(const RunInputs& in, Measure& measure, RunState& state) {
-  SeqCalibResult& result = state.result;
-  result.divergence_by_resolve = {result.divergence_walk};
+  Refinements& passes = state.refinements;
+  passes.divergence_by_resolve = {state.walk.divergence};
   const std::optional<ResolvedMove> move = propose_resolve(in, state);
   if (!move) return;
   spdlog::info(
@@ -159,18 +158,19 @@ void resolve_across_layers_by_walks(const RunInputs& in, Measure& measure, RunSt
       "the layers above it",
       move->lowest, fmt::join(move->windows.at(move->lowest), ","));
   Snapshot kept = snapshot_of(state);
-  const double walked = kept.result.divergence_walk;
+  const double walked = kept.walk.divergence;
   rewalk_above_fixed(in, measure, state, move->lowest, move->windows);
-  result.divergence_by_resolve.push_back(result.divergence_walk);
-  if (!(result.divergence_walk < walked)) {
+  const double rewalked = state.walk.divergence;
+  passes.divergence_by_resolve.push_back(rewalked);
+  if (!(rewalked < walked)) {
     spdlog::info("re-solved walk: {} {:.6g}, not below {:.6g}: kept the first walk's policy",
-                 in.measured_label(), result.divergence_walk, walked);
+                 in.measured_label(), rewalked, walked);
     roll_back(state, std::move(kept));
     return;
   }
-  spdlog::info("re-solved walk: {} {:.6g} (was {:.6g}): kept", in.measured_label(),
-               result.divergence_walk, walked);
-  result.resolves = 1;
+  spdlog::info("re-solved walk: {} {:.6g} (was {:.6g}): kept", in.measured_label(), rewalked,
+               walked);
+  passes.resolves = 1;
 }
 
 // Puts into `stream` the hidden states entering global layer `layer`, the layers below it run
@@ -186,8 +186,8 @@ void enter_layer(const RunInputs& in, const RunState& state, int64_t layer, cons
 }
 
 void resolve_across_layers_on_the_span(const RunInputs& in, AnswerSpan& span, RunState& state) {
-  SeqCalibResult& result = state.result;
-  result.divergence_by_resolve = {result.divergence_walk};
+  Refinements& passes = state.refinements;
+  passes.divergence_by_resolve = {state.walk.divergence};
   std::optional<ResolvedMove> move = propose_resolve(in, state);
   if (!move) return;
   spdlog::info(
@@ -196,11 +196,12 @@ void resolve_across_layers_on_the_span(const RunInputs& in, AnswerSpan& span, Ru
       move->lowest, window_labels(move->windows.at(move->lowest)));
   ActivationStream stream(in.model, in.local_sequences, in.options.micro_batch,
                           in.options.activations);
-  enter_layer(in, state, move->lowest, result.windows, stream);
-  result.span_by_resolve =
-      span.evaluate_policies(move->lowest, stream, {result.windows, move->windows}, "re-solve");
-  const double walked = result.span_by_resolve.at(0);
-  const double resolved = result.span_by_resolve.at(1);
+  const Windows& policy = state.completion.windows;
+  enter_layer(in, state, move->lowest, policy, stream);
+  passes.span_by_resolve =
+      span.evaluate_policies(move->lowest, stream, {policy, move->windows}, "re-solve");
+  const double walked = passes.span_by_resolve.at(0);
+  const double resolved = passes.span_by_resolve.at(1);
   if (!(resolved < walked)) {
     spdlog::info("re-solved policy: span {} {:.6g}, not below the walk's {:.6g}: kept the walk's",
                  in.measured_label(), resolved, walked);
@@ -208,25 +209,25 @@ void resolve_across_layers_on_the_span(const RunInputs& in, AnswerSpan& span, Ru
   }
   spdlog::info("re-solved policy: span {} {:.6g} (the walk's {:.6g}): kept", in.measured_label(),
                resolved, walked);
-  const int64_t walked_bytes = result.global_bytes_before_completion;
+  const int64_t walked_bytes = state.completion.bytes_before;
   state.decisions.spent = layer_bytes(state.decisions.groups, move->choice);
   state.decisions.choice = std::move(move->choice);
   complete(in, state);
-  result.global_bytes_before_completion = walked_bytes;
-  result.resolves = 1;
+  state.completion.bytes_before = walked_bytes;
+  passes.resolves = 1;
 }
 
 class SpanMeasure final : public Measure {
  public:
   // The job's span (its reference done, shared with the keep-rules pass), or one of its own.
-  SpanMeasure(const RunInputs& in, SeqCalibResult& result) : span_(in.options.span) {
+  SpanMeasure(const RunInputs& in, RunState& state) : span_(in.options.span) {
     if (span_ == nullptr) {
       own_span_ = std::make_unique<AnswerSpan>(in.model, in.local_sequences, in.local_answers,
                                                answer_span_options(in.options), in.world);
       span_ = own_span_.get();
     }
     if (!in.options.validate_measure) return;
-    result.validation.emplace();
+    state.validation.emplace();
     spdlog::info(
         "validation (exact measure): full-KV reference at the answer positions ({} "
         "sequences)",
@@ -294,13 +295,13 @@ class SpanMeasure final : public Measure {
       const auto it = decision_sequences_.find(levels);
       return it == decision_sequences_.end() ? nullptr : &it->second;
     };
-    if (state.result.validation) {
+    if (state.validation) {
       source.validate = [this, &in, &state, layer, &stream](const std::vector<size_t>& assign,
                                                             const JointMeasure& joint,
                                                             const std::vector<solve::Group>& groups,
                                                             int64_t allowance, double price) {
         validate_joint_decision(in, *exact_, layer, stream, assign, joint, groups, allowance, price,
-                                /*with_own_decision=*/true, state.result);
+                                /*with_own_decision=*/true, state);
       };
     }
     return source;
@@ -312,8 +313,8 @@ class SpanMeasure final : public Measure {
   static bool decides_in_its_pass(const RunInputs& in, const RunState& state, int64_t i,
                                   const ActivationStream& stream) {
     return in.options.conditioned && in.options.measured_layer_resident &&
-           stream.micro_batches() == 1 && in.spec.layer(i).states.empty() &&
-           !state.result.validation && i != in.spec.global_layer_ids().front();
+           stream.micro_batches() == 1 && in.spec.layer(i).states.empty() && !state.validation &&
+           i != in.spec.global_layer_ids().front();
   }
 
   // Runs global layer `i` once over `stream`, deciding its windows from the attention inputs of
@@ -346,8 +347,8 @@ class SpanMeasure final : public Measure {
   SequenceMemo decision_sequences_;  // the layer being decided
 };
 
-std::unique_ptr<Measure> make(const RunInputs& in, SeqCalibResult& result) {
-  return std::make_unique<SpanMeasure>(in, result);
+std::unique_ptr<Measure> make(const RunInputs& in, RunState& state) {
+  return std::make_unique<SpanMeasure>(in, state);
 }
 
 }  // namespace

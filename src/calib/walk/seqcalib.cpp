@@ -14,6 +14,7 @@
 
 #include "calib/measures/measure.hpp"
 #include "calib/walk/seqcalib_completion.hpp"
+#include "calib/walk/seqcalib_curves.hpp"
 #include "calib/walk/seqcalib_decide.hpp"
 #include "calib/walk/seqcalib_run.hpp"
 #include "calib/walk/seqcalib_validation.hpp"
@@ -92,6 +93,44 @@ std::string RunInputs::labels_of(const std::vector<size_t>& levels) const {
 
 namespace {
 
+// The result, assembled once from what the run ended with: the completed policy, the walk's
+// decisions and record, the probe, the passes tried, and what the run cost.
+SeqCalibResult assemble(const RunInputs& in, RunState state, Clock::time_point start) {
+  SeqCalibResult r;
+  Completion& policy = state.completion;
+  r.windows = std::move(policy.windows);
+  r.expected_distortion = std::move(policy.expected_distortion);
+  r.global_bytes = policy.global_bytes;
+  r.global_bytes_before_completion = policy.bytes_before;
+  r.total_distortion = policy.total_distortion;
+  r.completion_proven_optimal = policy.proven_optimal;
+  r.divergence_policy = policy.divergence;
+  r.windows_moved_by_completion = policy.windows_moved;
+  r.curves = to_curves(state.decisions.groups);
+  for (const auto& [layer, noise] : state.decisions.noise) r.decision_noise.push_back(noise);
+  for (const auto& [layer, groups] : state.probe_groups) append(r.probe_curves, to_curves(groups));
+  r.probe_lambda = state.probe_lambda;
+  r.probe_seconds = state.probe_seconds;
+  r.layers = std::move(state.walk.layers);
+  r.divergence_walk = state.walk.divergence;
+  r.activations = std::move(state.walk.activations);
+  Refinements& passes = state.refinements;
+  r.rewalks = passes.rewalks;
+  r.divergence_by_pass = std::move(passes.divergence_by_pass);
+  r.resolves = passes.resolves;
+  r.divergence_by_resolve = std::move(passes.divergence_by_resolve);
+  r.span_by_resolve = std::move(passes.span_by_resolve);
+  r.answer_evaluations = state.answer_evaluations;
+  r.validation = std::move(state.validation);
+  if (r.validation) summarise_validation(in, *r.validation);
+  r.total_seconds = seconds_since(start);
+  r.local_sequences = static_cast<int64_t>(in.local_sequences.size());
+  r.exchanged_bytes = in.world.bytes_sent();
+  r.peak_rss_bytes = peak_rss_bytes();
+  r.peak_device_bytes = peak_device_bytes(in.model.device());
+  return r;
+}
+
 // The whole run: the measure's preparation, the probe (or a resume checkpoint), the conditioned
 // walk, the exact completion and what the measure does after it.
 SeqCalibResult run(arch::DecoderModel& model, const std::vector<std::vector<int64_t>>& sequences,
@@ -102,7 +141,7 @@ SeqCalibResult run(arch::DecoderModel& model, const std::vector<std::vector<int6
   reset_peak_device_bytes(model.device());
   in.validate();
   in.take_shard();
-  const std::unique_ptr<Measure> measure = make_measure(in, state.result);
+  const std::unique_ptr<Measure> measure = make_measure(in, state);
   if (options.resume) {
     restore(*options.resume, state);
   } else {
@@ -112,15 +151,7 @@ SeqCalibResult run(arch::DecoderModel& model, const std::vector<std::vector<int6
   adopt(state, walk(in, *measure, state, WalkPass::kFirst));
   complete(in, state);
   measure->refine_after_completion(in, state);
-  SeqCalibResult& result = state.result;
-  for (const auto& [layer, noise] : state.decisions.noise) result.decision_noise.push_back(noise);
-  if (result.validation) summarise_validation(in, *result.validation);
-  result.total_seconds = seconds_since(start);
-  result.local_sequences = static_cast<int64_t>(in.local_sequences.size());
-  result.exchanged_bytes = in.world.bytes_sent();
-  result.peak_rss_bytes = peak_rss_bytes();
-  result.peak_device_bytes = peak_device_bytes(model.device());
-  return std::move(result);
+  return assemble(in, std::move(state), start);
 }
 
 }  // namespace

@@ -13,7 +13,6 @@ namespace {
 // The layers up to `layer` become decided at `windows` (replayed by the next walk, which carries
 // their decisions and reports into its record); everything above is forgotten.
 void fix_layers_up_to(int64_t layer, const Windows& windows, RunState& state) {
-  SeqCalibResult& result = state.result;
   Decisions& decisions = state.decisions;
   std::vector<solve::Group> groups;
   std::vector<size_t> choice;
@@ -29,12 +28,12 @@ void fix_layers_up_to(int64_t layer, const Windows& windows, RunState& state) {
   }
   decisions.groups = std::move(groups);
   decisions.choice = std::move(choice);
-  std::erase_if(result.layers, [layer](const LayerReport& r) { return r.layer_id > layer; });
-  if (result.validation) {
-    std::erase_if(result.validation->joint_decisions,
+  std::erase_if(state.walk.layers, [layer](const LayerReport& r) { return r.layer_id > layer; });
+  if (state.validation) {
+    std::erase_if(state.validation->joint_decisions,
                   [layer](const auto& d) { return d.layer_id > layer; });
   }
-  result.expected_distortion.clear();
+  state.completion.expected_distortion.clear();
   decisions.replay_until = layer;
 }
 
@@ -48,10 +47,10 @@ struct RewalkOutcome {
 RewalkOutcome rewalk_above(const RunInputs& in, Measure& measure, const PolicyValue& value,
                            RunState& state, int64_t lowest, const Windows& windows) {
   Snapshot kept = snapshot_of(state);
-  const double before = kept.result.divergence_policy;
+  const double before = kept.completion.divergence;
   rewalk_above_fixed(in, measure, state, lowest, windows);
   measure_completion_effect(in, value, state);
-  const double kl = state.result.divergence_policy;
+  const double kl = state.completion.divergence;
   if (!(kl < before)) {
     spdlog::info("{} {:.6g}, not below {:.6g}: kept the previous policy", in.measured_label(), kl,
                  before);
@@ -65,44 +64,39 @@ RewalkOutcome rewalk_above(const RunInputs& in, Measure& measure, const PolicyVa
 }  // namespace
 
 void complete(const RunInputs& in, RunState& state) {
-  SeqCalibResult& result = state.result;
+  Completion& policy = state.completion;
   const Decisions& decisions = state.decisions;
-  result.global_bytes_before_completion = decisions.spent;
+  policy.bytes_before = decisions.spent;
   const auto solution =
       solve::solve_upgrade(decisions.groups, decisions.choice, in.options.global_budget_bytes);
-  result.completion_proven_optimal = solution.proven_optimal;
-  result.global_bytes = solution.total_bytes;
-  result.total_distortion = solution.total_distortion;
-  result.windows.clear();
-  result.expected_distortion.clear();
+  policy.proven_optimal = solution.proven_optimal;
+  policy.global_bytes = solution.total_bytes;
+  policy.total_distortion = solution.total_distortion;
+  policy.windows.clear();
+  policy.expected_distortion.clear();
   for (size_t g = 0; g < decisions.groups.size(); ++g) {
     const auto& group = decisions.groups[g];
     const auto& option = group.options[solution.choice[g]];
-    result.windows[group.layer_id].push_back(option.window);
-    result.expected_distortion[group.layer_id].push_back(option.distortion);
+    policy.windows[group.layer_id].push_back(option.window);
+    policy.expected_distortion[group.layer_id].push_back(option.distortion);
   }
-  HEADWISE_CHECK(result.global_bytes <= in.options.global_budget_bytes,
+  HEADWISE_CHECK(policy.global_bytes <= in.options.global_budget_bytes,
                  "policy exceeds the budget");
   spdlog::info("completion: {} → {} of {} for global KV", format_bytes(decisions.spent),
-               format_bytes(result.global_bytes), format_bytes(in.options.global_budget_bytes));
+               format_bytes(policy.global_bytes), format_bytes(in.options.global_budget_bytes));
 }
 
 void measure_completion_effect(const RunInputs& in, const PolicyValue& value, RunState& state) {
-  SeqCalibResult& result = state.result;
-  result.windows_moved_by_completion = 0;
+  Completion& policy = state.completion;
+  policy.windows_moved = 0;
   for (const auto& [layer, windows] : walk_windows(state.decisions)) {
-    const auto& final_windows = result.windows.at(layer);
+    const auto& final_windows = policy.windows.at(layer);
     for (size_t h = 0; h < windows.size(); ++h)
-      result.windows_moved_by_completion += windows[h] != final_windows[h];
+      policy.windows_moved += windows[h] != final_windows[h];
   }
-  if (result.windows_moved_by_completion == 0) {
-    result.divergence_policy = result.divergence_walk;
-  } else {
-    result.divergence_policy = value(result.windows);
-  }
+  policy.divergence = policy.windows_moved == 0 ? state.walk.divergence : value(policy.windows);
   spdlog::info("{} end to end: {:.6g} after the walk, {:.6g} after completion ({} windows moved)",
-               in.measured_label(), result.divergence_walk, result.divergence_policy,
-               result.windows_moved_by_completion);
+               in.measured_label(), state.walk.divergence, policy.divergence, policy.windows_moved);
 }
 
 // Fresh conditioning: the completion may lengthen windows of a layer below other global layers,
@@ -113,19 +107,19 @@ void measure_completion_effect(const RunInputs& in, const PolicyValue& value, Ru
 constexpr int kRewalks = 2;
 void rewalk_while_completion_moves_lower_layers(const RunInputs& in, Measure& measure,
                                                 const PolicyValue& value, RunState& state) {
-  SeqCalibResult& result = state.result;
-  result.divergence_by_pass = {result.divergence_policy};
+  Refinements& passes = state.refinements;
+  passes.divergence_by_pass = {state.completion.divergence};
   for (int pass = 0; pass < kRewalks; ++pass) {
     const std::optional<int64_t> lowest = lowest_changed_layer_below_a_global_layer(
-        in, result.windows, walk_windows(state.decisions));
+        in, state.completion.windows, walk_windows(state.decisions));
     if (!lowest) return;
     spdlog::info(
         "re-walk {}: the completion moved windows of layer {}; re-deciding the layers above it",
         pass + 1, *lowest);
-    const auto outcome = rewalk_above(in, measure, value, state, *lowest, result.windows);
-    result.divergence_by_pass.push_back(outcome.tried_kl);
+    const auto outcome = rewalk_above(in, measure, value, state, *lowest, state.completion.windows);
+    passes.divergence_by_pass.push_back(outcome.tried_kl);
     if (!outcome.kept) return;
-    result.rewalks = pass + 1;
+    passes.rewalks = pass + 1;
   }
 }
 
@@ -144,7 +138,7 @@ std::optional<ResolvedMove> propose_resolve(const RunInputs& in, const RunState&
       solve::solve_exact(state.decisions.groups, in.options.global_budget_bytes).choice;
   Windows proposed = decided_windows(state.decisions, choice);
   const std::optional<int64_t> lowest =
-      lowest_changed_layer_below_a_global_layer(in, state.result.windows, proposed);
+      lowest_changed_layer_below_a_global_layer(in, state.completion.windows, proposed);
   if (!lowest) return std::nullopt;
   return ResolvedMove{*lowest, std::move(proposed), std::move(choice)};
 }
@@ -152,8 +146,8 @@ std::optional<ResolvedMove> propose_resolve(const RunInputs& in, const RunState&
 constexpr int kResolves = 2;
 void resolve_across_layers(const RunInputs& in, Measure& measure, const PolicyValue& value,
                            RunState& state) {
-  SeqCalibResult& result = state.result;
-  result.divergence_by_resolve = {result.divergence_policy};
+  Refinements& passes = state.refinements;
+  passes.divergence_by_resolve = {state.completion.divergence};
   for (int pass = 0; pass < kResolves; ++pass) {
     const std::optional<ResolvedMove> move = propose_resolve(in, state);
     if (!move) return;
@@ -162,9 +156,9 @@ void resolve_across_layers(const RunInputs& in, Measure& measure, const PolicyVa
         "re-deciding the layers above it",
         pass + 1, move->lowest, fmt::join(move->windows.at(move->lowest), ","));
     const auto outcome = rewalk_above(in, measure, value, state, move->lowest, move->windows);
-    result.divergence_by_resolve.push_back(outcome.tried_kl);
+    passes.divergence_by_resolve.push_back(outcome.tried_kl);
     if (!outcome.kept) return;
-    result.resolves = pass + 1;
+    passes.resolves = pass + 1;
   }
 }
 
@@ -194,16 +188,16 @@ void rewalk_above_fixed(const RunInputs& in, Measure& measure, RunState& state, 
 }
 
 Snapshot snapshot_of(const RunState& state) {
-  return {state.result, state.decisions};
+  return {state.decisions, state.walk, state.completion, state.validation,
+          state.answer_evaluations};
 }
 
 void roll_back(RunState& state, Snapshot kept) {
-  SeqCalibResult& result = state.result;
-  kept.result.divergence_by_pass = std::move(result.divergence_by_pass);
-  kept.result.divergence_by_resolve = std::move(result.divergence_by_resolve);
-  kept.result.span_by_resolve = std::move(result.span_by_resolve);
-  result = std::move(kept.result);
   state.decisions = std::move(kept.decisions);
+  state.walk = std::move(kept.walk);
+  state.completion = std::move(kept.completion);
+  state.validation = std::move(kept.validation);
+  state.answer_evaluations = kept.answer_evaluations;
 }
 
 }  // namespace headwise::calib::seqcalib

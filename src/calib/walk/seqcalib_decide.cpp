@@ -99,7 +99,7 @@ LayerDecision decide_jointly(const RunInputs& in, RunState& state, const Decisio
   } else {
     assign = solve::solve_exact(groups, allowance).choice;
   }
-  state.result.answer_evaluations += static_cast<int64_t>(memo.size() - known);
+  state.answer_evaluations += static_cast<int64_t>(memo.size() - known);
   spdlog::debug("layer {}: windows [{}], joint {} {:.6g} ({} evaluations)", layer_id,
                 in.labels_of(assign), in.measured_label(), joint(assign), memo.size() - known);
   if (source.validate) source.validate(assign, joint, groups, allowance, report.lambda);

@@ -12,11 +12,10 @@ void probe(const RunInputs& in, Measure& measure, RunState& state) {
   measure.probe(in, state);
   std::vector<solve::Group> all;
   for (const auto& [id, groups] : state.probe_groups) append(all, groups);
-  state.result.probe_lambda = solve::min_fitting_lambda(all, in.options.global_budget_bytes);
-  state.result.probe_seconds = seconds_since(start);
+  state.probe_lambda = solve::min_fitting_lambda(all, in.options.global_budget_bytes);
+  state.probe_seconds = seconds_since(start);
   spdlog::info("probe: {} global layers measured on {} sequences in {:.1f}s, lambda {:.4g}",
-               state.probe_groups.size(), samples, state.result.probe_seconds,
-               state.result.probe_lambda);
+               state.probe_groups.size(), samples, state.probe_seconds, state.probe_lambda);
 }
 
 }  // namespace headwise::calib::seqcalib

@@ -122,25 +122,65 @@ class StreamCheckpoints {
   int64_t bytes_ = 0;
 };
 
-// What the run has measured and decided so far.
+// What the walk measured beside its decisions: every layer's report, the measure's end-to-end
+// value of the walk's windows, and where its activations lived.
+struct WalkOutcome {
+  std::vector<LayerReport> layers;
+  double divergence = -1.0;  // -1 for a measure that scores no answers
+  std::string activations;   // "device" or "host"
+};
+
+// The policy the run holds now: the exact completion of the decisions within the budget, and what
+// it does end to end.
+struct Completion {
+  Windows windows;  // global layer → window per KV head
+  std::map<int64_t, std::vector<double>> expected_distortion;  // at those windows
+  int64_t global_bytes = 0;
+  int64_t bytes_before = 0;  // what the decisions spent
+  double total_distortion = 0.0;
+  bool proven_optimal = true;
+  double divergence = -1.0;   // end to end, where the measure scores answers
+  int64_t windows_moved = 0;  // by the completion from the walk's decisions
+};
+
+// What the passes after the completion tried (re-walks, re-solves): a record of every pass,
+// including those discarded, which is why the run says it kept what it kept.
+struct Refinements {
+  int64_t rewalks = 0;  // kept
+  std::vector<double> divergence_by_pass;
+  int64_t resolves = 0;  // kept
+  std::vector<double> divergence_by_resolve;
+  std::vector<double> span_by_resolve;
+};
+
+// What the run has measured and decided so far. The result (SeqCalibResult) is assembled from it
+// once, when the run ends.
 struct RunState {
-  SeqCalibResult result;
   std::map<int64_t, std::vector<solve::Group>> probe_groups;
+  double probe_lambda = 0.0;  // where the probe's curves fit the budget
+  double probe_seconds = 0.0;
   std::map<int64_t, LevelMemo> probe_memo;  // span probe: layer → assignment → measure
   std::map<int64_t, std::vector<size_t>> unconditioned_plan;
   Decisions decisions;
+  WalkOutcome walk;
+  Completion completion;
+  Refinements refinements;
+  std::optional<MeasureValidation> validation;  // opened by a measure the run validates
+  int64_t answer_evaluations = 0;               // by the decisions the run holds
   StreamCheckpoints stream_checkpoints;
 };
 
-// What a pass that may be discarded (a re-walk, a re-solve) changes: the result and the decisions.
+// What a pass that may be discarded (a re-walk, a re-solve) changes, put back whole when it is:
+// the decisions, the walk's record, the completion, the validation of the decisions and the
+// evaluations they cost. The record of the passes tried (Refinements) is not part of it.
 struct Snapshot {
-  SeqCalibResult result;
   Decisions decisions;
+  WalkOutcome walk;
+  Completion completion;
+  std::optional<MeasureValidation> validation;
+  int64_t answer_evaluations = 0;
 };
 Snapshot snapshot_of(const RunState& state);
-// Puts `state` back as `kept` was, keeping the record of what was tried since (the end-to-end
-// values of the passes and re-solves tried, and the span's check of the re-solve), which is why
-// the result says it kept what it kept.
 void roll_back(RunState& state, Snapshot kept);
 
 // The windows of the decided groups at `choice` (one option index per group), by layer.

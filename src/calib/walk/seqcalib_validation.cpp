@@ -61,7 +61,7 @@ void validate_joint_decision(const RunInputs& in, AnswerReference& exact, int64_
                              ActivationStream& stream, const std::vector<size_t>& assign,
                              const JointMeasure& predicted, const std::vector<solve::Group>& groups,
                              int64_t allowance, double price, bool with_own_decision,
-                             SeqCalibResult& result) {
+                             RunState& state) {
   const auto start = Clock::now();
   LevelMemo memo;
   const auto measured = joint_measure(in, exact, layer_id, stream, memo);
@@ -75,9 +75,9 @@ void validate_joint_decision(const RunInputs& in, AnswerReference& exact, int64_
     check.exact_windows = in.windows_of(own);
     check.exact_measured = measured(own) - measured(all_top);
   }
-  result.validation->joint_decisions.push_back(std::move(check));
-  result.answer_evaluations += static_cast<int64_t>(memo.size());
-  result.validation->seconds += seconds_since(start);
+  state.validation->joint_decisions.push_back(std::move(check));
+  state.answer_evaluations += static_cast<int64_t>(memo.size());
+  state.validation->seconds += seconds_since(start);
 }
 
 void summarise_validation(const RunInputs& in, MeasureValidation& validation) {

@@ -20,12 +20,11 @@ at::Tensor run_checked(const RunInputs& in, int64_t i, const at::Tensor& h,
 namespace {
 
 ResumeCheckpoint state_after(int64_t layer_id, const RunState& state, const WalkRecord& walked) {
-  const SeqCalibResult& result = state.result;
   const Decisions& decisions = walked.decisions;
   return {layer_id,
           state.probe_groups,
-          result.probe_lambda,
-          result.probe_seconds,
+          state.probe_lambda,
+          state.probe_seconds,
           walk_windows(decisions),
           decisions.groups,
           decisions.choice,
@@ -64,13 +63,10 @@ int64_t StreamCheckpoints::restore(ActivationStream& stream, int64_t replay_unti
 }
 
 void restore(const ResumeCheckpoint& saved, RunState& state) {
-  SeqCalibResult& result = state.result;
   state.probe_groups = saved.probe_groups;
-  for (const auto& [layer_id, groups] : state.probe_groups)
-    append(result.probe_curves, to_curves(groups));
-  result.probe_lambda = saved.probe_lambda;
-  result.probe_seconds = saved.probe_seconds;
-  result.layers = saved.layers;
+  state.probe_lambda = saved.probe_lambda;
+  state.probe_seconds = saved.probe_seconds;
+  state.walk.layers = saved.layers;
   state.decisions.groups = saved.decided_groups;
   state.decisions.choice = saved.decided_choice;
   state.decisions.spent = saved.spent;
@@ -81,7 +77,7 @@ void restore(const ResumeCheckpoint& saved, RunState& state) {
 
 WalkRecord walk(const RunInputs& in, Measure& measure, RunState& state, WalkPass pass) {
   const arch::ModelSpec& spec = in.spec;
-  WalkRecord walked{state.decisions, state.result.layers, -1.0, {}};
+  WalkRecord walked{state.decisions, state.walk.layers, -1.0, {}};
   ActivationStream stream(in.model, in.local_sequences, in.options.micro_batch,
                           in.options.activations);
   walked.activations = stream.placement_name();
@@ -134,12 +130,8 @@ WalkRecord walk(const RunInputs& in, Measure& measure, RunState& state, WalkPass
 }
 
 void adopt(RunState& state, WalkRecord walked) {
-  SeqCalibResult& result = state.result;
   state.decisions = std::move(walked.decisions);
-  result.layers = std::move(walked.layers);
-  result.curves = to_curves(state.decisions.groups);
-  result.divergence_walk = walked.divergence;
-  result.activations = std::move(walked.activations);
+  state.walk = {std::move(walked.layers), walked.divergence, std::move(walked.activations)};
 }
 
 }  // namespace headwise::calib::seqcalib

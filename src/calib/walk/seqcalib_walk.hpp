@@ -36,8 +36,7 @@ struct WalkRecord {
 // stream checkpoints and what the measure records of its own work; the caller adopts the record.
 WalkRecord walk(const RunInputs& in, Measure& measure, RunState& state, WalkPass pass);
 
-// Makes `walked` the run's decisions: state.decisions, and the result's layer reports, curves
-// (the decided groups') and end-to-end value of the walk.
+// Makes `walked` the run's decisions (state.decisions) and its record of the walk (state.walk).
 void adopt(RunState& state, WalkRecord walked);
 
 }  // namespace headwise::calib::seqcalib
