@@ -112,6 +112,9 @@ struct CalibrationOptions {
   // "auto", or a list of registered keep rules with window ("window", "window,h2o") as written;
   // the job resolves it (keep_rules.hpp: resolve_keep_rules) before anything reads it.
   std::string keep_rules = "auto";
+  // "point" (the least measured value decides) or "stable" (issue 59: where the sequences do not
+  // separate the candidates, a fixed order of preference does; docs/seqcalib.md).
+  std::string decisions = "point";
   int64_t prefill_chunk = 256;  // with h2o: the runtime's prefill chunk (H2O evicts after each)
   int64_t block_size = 16;
   int64_t batch = 1;
@@ -242,6 +245,17 @@ void visit_fields(Options& o, Visitor&& visit) {
          .use = kHashed | kRecorded,
          // window-only policies keep the hash they were made with
          .when = c::selecting_keep_rules});
+  // Hashed and recorded only when not point, so that every other policy keeps its hash.
+  visit(o.decisions,
+        {.name = "decisions",
+         .help = "How a layer's windows and its heads' keep rules are chosen among the measured "
+                 "candidates: point (the least measured divergence) or stable (answer-*-span: "
+                 "where a bootstrap over the calibration sequences does not separate a candidate "
+                 "from the least, a fixed order of preference decides, the same under every "
+                 "--seed: more of a layer's bytes first, a lower head's longer window next, and a "
+                 "head's window before a selecting rule; docs/seqcalib.md)",
+         .use = kHashed | kRecorded,
+         .when = [](const CalibrationOptions& r) { return r.decisions != "point"; }});
   visit(o.prefill_chunk, {.name = "prefill_chunk",
                           .help = "With h2o keep rules: tokens per prefill chunk the runtime will "
                                   "use (H2O evicts after each; eval's default)",

@@ -90,6 +90,11 @@ struct SeqCalibOptions {
   // walk's on the answer span (evaluate_policies: no stream beyond the checkpoint below it, no
   // re-decision), a cost that does not grow with the layers above.
   bool resolve_by_rewalk = false;
+  // --decisions stable (issue 59): where the bootstrap over the sequences does not separate a
+  // layer's measured assignments, the walk takes the first in a fixed order of preference
+  // (seqcalib_decide.cpp) instead of the least measured value. Needs per-sequence values (the span
+  // measures) and one process; otherwise the point decision.
+  bool stable_decisions = false;
   // Data parallel (dist/collective.hpp): this process measures its shard of the sequences (its
   // micro-batches, dist::shard_sequences) and combines every sum with the other ranks, so each
   // rank takes the decisions a single process would. nullptr: one process.

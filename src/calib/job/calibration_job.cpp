@@ -299,6 +299,8 @@ CalibrationJob::CalibrationJob(const CalibrationOptions& options, const fs::path
   s.unmeasured = unmeasured_levels(o.windows.levels, seq_len, s.mem.context);
   refuse_unmeasured_levels(s.unmeasured, seq_len, o.extrapolate);
   if (o.samples <= 0) throw_field_error("samples", " must be positive, got {}", o.samples);
+  if (o.decisions != "point" && o.decisions != "stable")
+    throw_field_error("decisions", ": '{}' is not point or stable", o.decisions);
   s.fixed = s.engine->fixed();
   if (engine == ServingEngine::kVllm)
     refuse_budget_below_engine_minimum(*s.engine, o.windows.levels, o.budget);
@@ -389,6 +391,7 @@ SeqCalibOptions seqcalib_options(const CalibrationJob::State& s, const MemoryPla
   options.unmeasured_levels = s.unmeasured;
   options.extrapolation = r.extrapolate;
   options.activations = r.activations;
+  options.stable_decisions = r.decisions == "stable";
   return options;
 }
 
@@ -557,6 +560,7 @@ CalibrationOutcome CalibrationJob::run(const RunControl& control) {
     ko.conditioned = options.conditioned;
     ko.divergence = measure_traits(r.distortion).divergence;
     ko.span = shard.span.get();
+    ko.stable_decisions = options.stable_decisions && world.world_size() == 1;
     rules = shard.span
                 ? choose_keep_rules(*model, shard.sequences, shard.answers, result.windows, ko)
                 : choose_keep_rules(*model, s.data.sequences, s.data.answer_positions,

@@ -7,6 +7,8 @@
 #include <optional>
 #include <ranges>
 
+#include "calib/noise/bootstrap.hpp"
+#include "calib/noise/stable_choice.hpp"
 #include "calib/walk/finite_checks.hpp"
 #include "headwise/arch/attention.hpp"
 #include "headwise/calib/activations.hpp"
@@ -241,7 +243,7 @@ class LayerPass {
   LayerPass(const KeepRuleContext& context, const KeepRuleOptions& o, int64_t layer,
             const Windows& decided, const std::set<int64_t>& selecting, int64_t tokens,
             ActivationStream& stream, std::optional<AnswerReference>& exact_measure,
-            int64_t& evaluations)
+            int64_t& evaluations, uint64_t seed)
       : context_(context),
         o_(o),
         layer_(layer),
@@ -250,7 +252,8 @@ class LayerPass {
         base_(decided.at(layer)),
         stream_(stream),
         exact_measure_(exact_measure),
-        evaluations_(evaluations) {
+        evaluations_(evaluations),
+        seed_(seed) {
     decision_.report.layer_id = layer;
     decision_.report.candidates = evicting_heads(base_, tokens, o.memory);
     decision_.windows = base_;
@@ -303,25 +306,33 @@ class LayerPass {
       batch.push_back(trial);
       outputs.push_back(trials_->compose(*paid, trial));
     }
+    std::vector<SequenceValues> per_sequence;
     const auto values =
-        o_.span->evaluate(*site_, outputs, fmt::format("layer {}: keep rules", layer_));
+        o_.span->evaluate(*site_, outputs, fmt::format("layer {}: keep rules", layer_),
+                          o_.stable_decisions ? &per_sequence : nullptr);
     for (size_t t = 0; t < batch.size(); ++t) span_memo_.emplace(batch[t], values[t]);
+    for (size_t t = 0; t < per_sequence.size(); ++t)
+      span_sequences_.emplace(batch[t], per_sequence[t]);
     return reachable.size() > 1;
   }
 
   // The span measure of a trial, from the batch or on its own.
   double span_value(const Trial& trial, const std::vector<int64_t>& paid) {
     if (!span_memo_.contains(trial)) {
+      std::vector<SequenceValues> per_sequence;
       span_memo_[trial] =
           o_.span
               ->evaluate(*site_, {trials_->compose(paid, trial)},
-                         fmt::format("layer {}: {}", layer_, rules_label(paid, trial)))
+                         fmt::format("layer {}: {}", layer_, rules_label(paid, trial)),
+                         o_.stable_decisions ? &per_sequence : nullptr)
               .front();
+      if (!per_sequence.empty()) span_sequences_.emplace(trial, std::move(per_sequence.front()));
     }
     return span_memo_.at(trial);
   }
 
   void choose_among_batch() {
+    if (stable()) return choose_stably();
     for (const auto& [trial, value] : span_memo_) {
       if (trial.empty()) continue;
       ++evaluations_;
@@ -357,12 +368,51 @@ class LayerPass {
     ++evaluations_;
     spdlog::info("layer {} {}: {} {:.6g} (best so far {:.6g})", layer_, rules_label(*paid, trial),
                  divergence_label(o_.divergence), divergence, best_);
+    if (stable() && span_sequences_.contains(trial)) {
+      // The rules chosen so far stay unless the bootstrap separates the trial as better.
+      const auto choice = noise::stable_choice(
+          {{&span_sequences_.at(decision_.chosen)}, {&span_sequences_.at(trial)}}, seed_);
+      if (choice.chosen == 1) take(trial, *paid, given_up, divergence);
+      return;
+    }
     keep_if_better(trial, *paid, given_up, divergence);
+  }
+
+  // --decisions stable: per-sequence values for every trial measured (the span measure).
+  bool stable() const {
+    return o_.stable_decisions && site_ && span_sequences_.size() == span_memo_.size();
+  }
+
+  // Every trial measured, fewest selecting heads first (then the lower heads' first: the map
+  // order), the first that the bootstrap does not separate from the best (noise/stable_choice.hpp):
+  // a head keeps its window unless a rule is shown to cost the answers less.
+  void choose_stably() {
+    std::vector<const Trial*> order;
+    for (const auto& entry : span_memo_) order.push_back(&entry.first);
+    std::stable_sort(order.begin(), order.end(),
+                     [](const Trial* a, const Trial* b) { return a->size() < b->size(); });
+    std::vector<noise::StableCandidate> candidates;
+    for (const Trial* t : order) candidates.push_back({&span_sequences_.at(*t)});
+    const auto choice = noise::stable_choice(candidates, seed_);
+    evaluations_ += static_cast<int64_t>(span_memo_.size()) - 1;
+    const Trial& trial = *order[choice.chosen];
+    int64_t given_up = 0;
+    const auto paid = trial.empty() ? std::optional(base_) : paid_for(trial, given_up);
+    spdlog::info(
+        "layer {} {}: {} {:.6g}, the stable choice (least: {} {:.6g}; {} preferred "
+        "trials separated)",
+        layer_, rules_label(*paid, trial), divergence_label(o_.divergence), span_memo_.at(trial),
+        rules_label(base_, *order[choice.best]), span_memo_.at(*order[choice.best]),
+        choice.separated_before);
+    take(trial, *paid, given_up, span_memo_.at(trial));
   }
 
   void keep_if_better(const Trial& trial, const std::vector<int64_t>& paid, int64_t given_up,
                       double value) {
-    if (value >= best_) return;
+    if (value < best_) take(trial, paid, given_up, value);
+  }
+
+  void take(const Trial& trial, const std::vector<int64_t>& paid, int64_t given_up, double value) {
     best_ = value;
     decision_.chosen = trial;
     decision_.windows = paid;
@@ -380,7 +430,9 @@ class LayerPass {
   int64_t& evaluations_;
   std::optional<SpanSite> site_;
   std::optional<SpanTrials> trials_;
-  std::map<Trial, double> span_memo_;  // trial → divergence (the span measure)
+  uint64_t seed_;                                   // the stable rule's bootstrap draws
+  std::map<Trial, double> span_memo_;               // trial → divergence (the span measure)
+  std::map<Trial, SequenceValues> span_sequences_;  // --decisions stable: per sequence
   double best_ = 0.0;
   Decision decision_;
 };
@@ -468,9 +520,10 @@ KeepRuleResult choose_keep_rules(arch::DecoderModel& model,
     const bool global = spec.layer(i).is_global();
     Trial chosen;
     if (global) {
-      auto decision = LayerPass(context, o, i, result.windows, selecting, tokens, stream,
-                                exact_measure, result.evaluations)
-                          .run();
+      auto decision =
+          LayerPass(context, o, i, result.windows, selecting, tokens, stream, exact_measure,
+                    result.evaluations, noise::decision_seed(sequences, i))
+              .run();
       chosen = decision.chosen;
       result.windows[i] = decision.windows;
       if (!chosen.empty()) {

@@ -2,7 +2,11 @@
 
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
+#include <cmath>
+
 #include "calib/noise/decision_noise.hpp"
+#include "calib/noise/stable_choice.hpp"
 #include "calib/walk/joint_descent.hpp"
 #include "calib/walk/seqcalib_curves.hpp"
 #include "headwise/core/error.hpp"
@@ -16,6 +20,52 @@ std::vector<solve::Group> future_probe_groups(const RunState& state, int64_t lay
     append(future, it->second);
   }
   return future;
+}
+
+// --decisions stable (issue 59): among the assignments the decision measured within the
+// allowance, in a fixed order of preference (more bytes first: a layer keeps more of its cache
+// when the data cannot show that cutting it is free; then the lower head keeping the longer
+// window), the first that the bootstrap does not separate from the least J = D + λ·bytes
+// (noise/stable_choice.hpp; λ = 0 in the last global layer). `assign` when the measure keeps no
+// per-sequence values.
+std::vector<size_t> stable_assignment(const RunInputs& in, int64_t layer_id, const LevelMemo& memo,
+                                      const JointLayerSource& source,
+                                      const std::vector<solve::Group>& groups, int64_t allowance,
+                                      double price, const std::vector<size_t>& assign) {
+  if (!source.per_sequence || in.world.world_size() != 1) return assign;
+  struct Entry {
+    const std::vector<size_t>* levels;
+    int64_t bytes;
+    const SequenceValues* values;
+  };
+  std::vector<Entry> entries;
+  for (const auto& [levels, d] : memo) {
+    if (levels.size() != groups.size()) continue;
+    int64_t bytes = 0;
+    for (size_t h = 0; h < groups.size(); ++h) bytes += groups[h].options[levels[h]].bytes;
+    const SequenceValues* values = source.per_sequence(levels);
+    if (bytes <= allowance && values != nullptr) entries.push_back({&levels, bytes, values});
+  }
+  if (entries.empty() || source.per_sequence(assign) == nullptr) return assign;
+  std::stable_sort(entries.begin(), entries.end(), [](const Entry& a, const Entry& b) {
+    return a.bytes != b.bytes ? a.bytes > b.bytes : *a.levels > *b.levels;
+  });
+  // The last global layer keeps nothing for the layers above: what it leaves, the completion spends
+  // on the point values of the curves. Decided at price 0, it takes those bytes by the stable rule.
+  const bool last = layer_id == in.spec.global_layer_ids().back();
+  const double lambda = std::isfinite(price) && !last ? price : 0.0;
+  std::vector<noise::StableCandidate> candidates;
+  for (const auto& e : entries)
+    candidates.push_back({e.values, lambda * static_cast<double>(e.bytes)});
+  const auto choice =
+      noise::stable_choice(candidates, noise::decision_seed(in.sequences, layer_id));
+  const std::vector<size_t>& chosen = *entries[choice.chosen].levels;
+  spdlog::info(
+      "layer {}: stable decision [{}] ({} of {} measured assignments preferred to it were "
+      "separated; least J [{}], the descent's [{}])",
+      layer_id, in.labels_of(chosen), choice.separated_before, entries.size(),
+      in.labels_of(*entries[choice.best].levels), in.labels_of(assign));
+  return chosen;
 }
 
 }  // namespace
@@ -95,6 +145,10 @@ LayerDecision decide_jointly(const RunInputs& in, RunState& state, const Decisio
   if (in.options.joint_heads) {
     assign = greedy_joint_descent(groups, allowance, joint, report.lambda, prefetch);
     if (source.improve) source.improve(groups, allowance, assign, joint);
+    if (in.options.stable_decisions) {
+      assign =
+          stable_assignment(in, layer_id, memo, source, groups, allowance, report.lambda, assign);
+    }
     groups = marginal_groups(in, layer_id, assign, joint, prefetch);
   } else {
     assign = solve::solve_exact(groups, allowance).choice;

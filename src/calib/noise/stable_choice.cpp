@@ -1,0 +1,71 @@
+#include "calib/noise/stable_choice.hpp"
+
+#include <cmath>
+
+#include "calib/noise/bootstrap.hpp"
+#include "headwise/core/error.hpp"
+
+namespace headwise::calib::noise {
+namespace {
+
+// Whether the measured gap is above 0 by more than t standard errors (the replicates' standard
+// deviation, widened by sqrt(N/(N−1))).
+bool separated(double gap, const std::vector<double>& gaps, size_t sequences) {
+  if (gaps.size() < 2 || sequences < 2) return false;
+  double mean = 0.0, squares = 0.0;
+  for (double g : gaps) mean += g;
+  mean /= static_cast<double>(gaps.size());
+  for (double g : gaps) squares += (g - mean) * (g - mean);
+  const double n = static_cast<double>(sequences);
+  const double se = std::sqrt(squares / static_cast<double>(gaps.size() - 1) * n / (n - 1.0));
+  return gap > t_quantile(kStableNormalQuantile, n - 1.0) * se;
+}
+
+}  // namespace
+
+double t_quantile(double z, double df) {
+  const double z3 = z * z * z, z5 = z3 * z * z;
+  return z + (z3 + z) / (4.0 * df) + (5.0 * z5 + 16.0 * z3 + 3.0 * z) / (96.0 * df * df);
+}
+
+StableChoice stable_choice(const std::vector<StableCandidate>& candidates, uint64_t seed,
+                           size_t replicates) {
+  HEADWISE_CHECK(!candidates.empty(), "stable choice: no candidates");
+  const size_t sequences = candidates.front().values->sums.size();
+  StableChoice out;
+  std::vector<double> point(candidates.size());
+  double best_j = INFINITY;
+  for (size_t c = 0; c < candidates.size(); ++c) {
+    HEADWISE_CHECK(
+        candidates[c].values != nullptr && candidates[c].values->sums.size() == sequences,
+        "stable choice: candidate {} has no values for the {} sequences", c, sequences);
+    const double j = point[c] = pooled_mean(*candidates[c].values) + candidates[c].penalty;
+    if (j < best_j) {
+      best_j = j;
+      out.best = c;
+    }
+  }
+  out.chosen = out.best;
+  if (out.best == 0) return out;  // the most preferred is the best itself
+  const auto weights = bootstrap_weights(sequences, replicates, seed);
+  std::vector<double> best_reps;
+  best_reps.reserve(weights.size());
+  for (const auto& w : weights) best_reps.push_back(weighted_mean(*candidates[out.best].values, w));
+  for (size_t c = 0; c < out.best; ++c) {
+    std::vector<double> gaps;
+    gaps.reserve(weights.size());
+    for (size_t r = 0; r < weights.size(); ++r) {
+      const double d = weighted_mean(*candidates[c].values, weights[r]);
+      if (std::isnan(d) || std::isnan(best_reps[r])) continue;
+      gaps.push_back(d + candidates[c].penalty - best_reps[r] - candidates[out.best].penalty);
+    }
+    if (!separated(point[c] - best_j, gaps, sequences)) {
+      out.chosen = c;
+      return out;
+    }
+    ++out.separated_before;
+  }
+  return out;
+}
+
+}  // namespace headwise::calib::noise

@@ -1,0 +1,112 @@
+// Issue 59: decisions that do not move with the calibration seed (--decisions stable,
+// src/calib/noise/stable_choice.cpp).
+#include <catch2/catch.hpp>
+
+#include <filesystem>
+#include <random>
+#include <set>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "../arch/fixture_reference.hpp"
+#include "calib/noise/stable_choice.hpp"
+#include "headwise/calib/calibration_job.hpp"
+#include "headwise/calib/calibration_options.hpp"
+
+using namespace headwise;
+using calib::SequenceValues;
+
+namespace {
+
+// One draw of 8 sequences: each candidate's divergence per sequence (one answer position each),
+// candidate c's mean means[c] plus a sequence effect shared by every candidate (the sequence is
+// easy or hard for all) and noise of its own.
+std::vector<SequenceValues> draw(uint64_t seed, const std::vector<double>& means) {
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<double> sequence_effect(0.0, 0.05), own(0.0, 0.01);
+  std::vector<SequenceValues> out(means.size());
+  for (int s = 0; s < 8; ++s) {
+    const double shared = sequence_effect(rng);
+    for (size_t c = 0; c < means.size(); ++c) {
+      out[c].sums.push_back(means[c] + shared + own(rng));
+      out[c].answers.push_back(1);
+    }
+  }
+  return out;
+}
+
+// The windows and keep rules of every global layer in a policy's text, in order.
+std::string decisions_of(const std::string& policy_yaml) {
+  std::istringstream in(policy_yaml);
+  std::string line, out;
+  while (std::getline(in, line)) {
+    if (line.find("kv_head_windows") != std::string::npos ||
+        line.find("kv_head_rules") != std::string::npos)
+      out += line + "\n";
+  }
+  return out;
+}
+
+// A calibration of the gemma3_gqa4 fixture (not in policies/manifest.yaml) at 256 tokens, where
+// the two heads of its global layer are interchangeable within the noise of 8 sequences: the least
+// measured value gives the 32-token window to head 0 under some seeds and to head 1 under others.
+std::string calibrate(uint64_t seed, const std::string& decisions) {
+  calib::CalibrationRequest request{{"model", testing::fixture_dir("gemma3_gqa4").string()},
+                                    {"context", "256"},
+                                    {"budget", "62k"},
+                                    {"windows", "8,32,full"},
+                                    {"samples", "8"},
+                                    {"seed", std::to_string(seed)},
+                                    {"decisions", decisions}};
+  calib::CalibrationJob job(calib::parse_calibration_options(request),
+                            std::filesystem::temp_directory_path() / "stable-decisions.yaml");
+  return decisions_of(job.run(calib::RunControl{}).policy_yaml);
+}
+
+}  // namespace
+
+TEST_CASE("stable choice: interchangeable candidates are decided by the order, under every draw",
+          "[calib]") {
+  // Candidate 0 (most preferred) is clearly worse; 1 and 2 have the same mean. Over 20 draws the
+  // least value splits between 1 and 2; the stable rule takes 1 except where the test at 5%
+  // separates two equal candidates (about one draw in 20), and never takes 0.
+  const std::vector<double> means{0.30, 0.20, 0.20};
+  std::vector<int> point(3, 0), stable(3, 0);
+  for (uint64_t seed = 0; seed < 20; ++seed) {
+    const auto values = draw(seed, means);
+    std::vector<calib::noise::StableCandidate> candidates;
+    for (const auto& v : values) candidates.push_back({&v, 0.0});
+    const auto choice = calib::noise::stable_choice(candidates, seed);
+    ++point[choice.best];
+    ++stable[choice.chosen];
+  }
+  CHECK(point[0] == 0);
+  CHECK(point[1] >= 5);
+  CHECK(point[2] >= 5);
+  CHECK(stable[0] == 0);
+  CHECK(stable[1] >= 18);
+}
+
+TEST_CASE("stable choice: a penalty counts, and a candidate the data separate is not taken",
+          "[calib]") {
+  const auto values = draw(7, {0.20, 0.20});
+  // The same values, the preferred one penalised far beyond the noise: the other is taken.
+  const auto far = calib::noise::stable_choice({{&values[0], 0.5}, {&values[1], 0.0}}, 1);
+  CHECK(far.chosen == 1);
+  CHECK(far.separated_before == 1);
+  // A penalty within the noise leaves the preferred one.
+  const auto near = calib::noise::stable_choice({{&values[0], 0.001}, {&values[1], 0.0}}, 1);
+  CHECK(near.chosen == 0);
+  CHECK(calib::noise::t_quantile(1.959963984540054, 7.0) == Approx(2.365).margin(0.01));
+  CHECK(calib::noise::t_quantile(1.959963984540054, 1e9) == Approx(1.96).margin(1e-3));
+}
+
+TEST_CASE("decisions stable: five seeds give one policy on a fixture", "[calib]") {
+  const std::string first = calibrate(0, "stable");
+  REQUIRE(!first.empty());
+  for (uint64_t seed = 1; seed < 5; ++seed) {
+    INFO("seed " << seed);
+    CHECK(calibrate(seed, "stable") == first);
+  }
+}
