@@ -29,6 +29,8 @@ struct ForwardArgs {
   int64_t attention_chunk = 512;
   std::string policy;           // policy.yaml: logits under it from the runtime decoder
   int64_t prefill_chunk = 256;  // with --policy: tokens per prefill chunk (eval's default)
+  std::string prefill_schedule = "whole";  // with --policy: whole or layer (runtime/decoder.hpp)
+  bool prefill_schedule_given = false;
   bool prefill_chunk_given = false;
   std::string runtime_attention = "fused";
   bool runtime_attention_given = false;
@@ -56,6 +58,10 @@ void run_forward(const ForwardArgs& args) {
   apply_logging(args.flags);
   if (args.policy.empty() && args.prefill_chunk_given)
     throw_input_error("--prefill-chunk: only with --policy");
+  if (args.policy.empty() && args.prefill_schedule_given)
+    throw_input_error("--prefill-schedule: only with --policy");
+  const runtime::PrefillSchedule schedule =
+      runtime::prefill_schedule_from_name(args.prefill_schedule, "--prefill-schedule");
   if (args.policy.empty() && args.runtime_attention_given)
     throw_input_error("--runtime-attention: only with --policy");
   (void)runtime_attention_kernel(
@@ -90,10 +96,14 @@ void run_forward(const ForwardArgs& args) {
                                    ? runtime::Decoder(*model, pol->head_windows(), o, *selection)
                                    : runtime::Decoder(*model, pol->head_windows(), o);
     decoder.set_attention_kernel(runtime_attention_kernel(args.runtime_attention));
+    decoder.set_prefill_schedule(schedule);
     logits = decoder.prefill(input, args.prefill_chunk)[0].to(at::kCPU, at::kFloat).contiguous();
-    spdlog::info("{}: {} tokens under {} (prefill chunks of {}, cache {} bytes) → logits [{}, {}]",
-                 dir.string(), ids.size(), args.policy, args.prefill_chunk, decoder.cache_bytes(),
-                 logits.size(0), logits.size(1));
+    spdlog::info(
+        "{}: {} tokens under {} (prefill chunks of {}, {} schedule, cache {} bytes, peak KV {} "
+        "bytes) → logits [{}, {}]",
+        dir.string(), ids.size(), args.policy, args.prefill_chunk, args.prefill_schedule,
+        decoder.cache_bytes() + decoder.bookkeeping_bytes(), decoder.peak_kv_bytes(),
+        logits.size(0), logits.size(1));
   } else {
     logits = model->forward(input)[0].to(at::kCPU, at::kFloat).contiguous();
     spdlog::info("{}: {} tokens → logits [{}, {}]", dir.string(), ids.size(), logits.size(0),
@@ -129,10 +139,16 @@ const RegisterCommand kRegister{
       auto* prefill = cmd->add_option("--prefill-chunk", args.prefill_chunk,
                                       "With --policy: tokens per prefill chunk")
                           ->capture_default_str();
+      auto* schedule = cmd->add_option("--prefill-schedule", args.prefill_schedule,
+                                       "With --policy: whole (chunk by chunk through every layer) "
+                                       "or layer (every chunk through a layer before the next; "
+                                       "snap heads choose layer by layer)")
+                           ->capture_default_str();
       auto* runtime_attention = add_runtime_attention_option(cmd, args.runtime_attention);
       add_common_flags(cmd, args.flags, /*with_json=*/false);
-      cmd->callback([prefill, runtime_attention] {
+      cmd->callback([prefill, schedule, runtime_attention] {
         args.prefill_chunk_given = prefill->count() > 0;
+        args.prefill_schedule_given = schedule->count() > 0;
         args.runtime_attention_given = runtime_attention->count() > 0;
         run_forward(args);
       });

@@ -16,6 +16,7 @@
 #include "headwise/core/units.hpp"
 #include "headwise/io/checkpoint.hpp"
 #include "headwise/memory/pipeline_parallel.hpp"
+#include "headwise/memory/prefill_peak.hpp"
 #include "headwise/memory/report.hpp"
 #include "headwise/memory/tensor_parallel.hpp"
 #include "headwise/policy/policy.hpp"
@@ -39,6 +40,7 @@ struct MemEstimateArgs {
   std::string pipeline_parallel_size;  // --engine vllm: per stage
   bool per_layer = false;
   bool prometheus = false;
+  std::string prompt_tokens;  // a policy with snap heads: the prompt its prefill peak is for
 };
 
 // Prometheus label values escape backslash, double quote and newline.
@@ -102,6 +104,34 @@ std::string prometheus_text(const memory::Report& r) {
          "The same cache with every global KV head full, for comparison");
   out += fmt::format("headwise_full_kv_cache_bytes{{{}}} {}\n", common, r.full_kv_total_bytes);
   return out;
+}
+
+// A policy with snap heads: its steady bytes, its prefill peak under both schedules and what a
+// disaggregated deployment holds and moves (memory/prefill_peak.hpp).
+nlohmann::json prefill_json(const memory::PrefillPeak& p) {
+  return {{"prompt_tokens", p.prompt_tokens},
+          {"steady_bytes", p.steady_bytes},
+          {"staging_bytes_per_token", p.staging_bytes_per_token},
+          {"whole_prompt_peak_bytes", p.whole_prompt_peak_bytes},
+          {"layer_by_layer_peak_bytes", p.layer_by_layer_peak_bytes},
+          {"decode_node_bytes", p.decode_node_bytes},
+          {"transfer_bytes_per_request", p.transfer_bytes_per_request}};
+}
+
+std::string prefill_table(const memory::PrefillPeak& p) {
+  const auto ratio = [&](int64_t b) {
+    return static_cast<double>(b) / static_cast<double>(std::max<int64_t>(p.steady_bytes, 1));
+  };
+  return fmt::format(
+      "snap heads choose at the prompt's end; prefill of a {}-token prompt:\n"
+      "  steady decode bytes (the budget)      {:>16}\n"
+      "  prefill peak, whole-prompt staging    {:>16}  {:.2f}x\n"
+      "  prefill peak, layer by layer          {:>16}  {:.2f}x\n"
+      "  disaggregated: decode node holds      {:>16}\n"
+      "  disaggregated: transfer per request   {:>16}\n",
+      p.prompt_tokens, p.steady_bytes, p.whole_prompt_peak_bytes, ratio(p.whole_prompt_peak_bytes),
+      p.layer_by_layer_peak_bytes, ratio(p.layer_by_layer_peak_bytes), p.decode_node_bytes,
+      p.transfer_bytes_per_request);
 }
 
 // The model folder: --model wins; else the policy's model_path (relative to the policy file).
@@ -299,6 +329,13 @@ void run(const MemEstimateArgs& a) {
     o = pol->memory_options();
     windows = pol->head_windows();
     selecting = pol->selecting_layers();
+    if (!pol->heads_with_rule(policy::KeepRule::kSnap).empty() &&
+        report.engine != memory::Engine::kHeadwise) {
+      throw_input_error(
+          "--engine {}: {} has snap heads, which compact their pages after prefill and vLLM "
+          "cannot; serve it with headwise's runtime decoder (docs/keep-rules.md)",
+          a.engine, a.config);
+    }
     if (!selecting.empty() && report.engine != memory::Engine::kHeadwise) {
       throw_input_error(
           "--engine {}: {} has h2o heads (kv_head_rules), and vLLM's cache has no token selection "
@@ -341,13 +378,27 @@ void run(const MemEstimateArgs& a) {
     throw_input_error("--reserve/--weights-bytes: only with --gpu-memory");
   if (report.engine != memory::Engine::kHeadwise)
     report.vllm = vllm_report(a, spec, windows, o, report.gpu, pol ? &*pol : nullptr);
+  const memory::SnapHeads snap =
+      pol ? pol->heads_with_rule(policy::KeepRule::kSnap) : memory::SnapHeads{};
+  if (snap.empty() && !a.prompt_tokens.empty())
+    throw_input_error("--prompt-tokens: only with a policy that has snap heads (--config)");
+  std::optional<memory::PrefillPeak> peak;
+  if (!snap.empty()) {
+    const int64_t prompt =
+        a.prompt_tokens.empty() ? o.context : parse_token_count(a.prompt_tokens, "--prompt-tokens");
+    peak = memory::prefill_peak(spec, windows, o, selecting, snap, prompt);
+  }
   // Everything is computed: only now print, so an error never leaves half a report.
-  if (a.prometheus)
+  if (a.prometheus) {
     std::cout << prometheus_text(report);
-  else if (a.common.json)
-    std::cout << memory::report_json(report).dump(1) << "\n";
-  else
+  } else if (a.common.json) {
+    nlohmann::json j = memory::report_json(report);
+    if (peak) j["prefill"] = prefill_json(*peak);
+    std::cout << j.dump(1) << "\n";
+  } else {
     std::cout << memory::report_table(report, a.per_layer);
+    if (peak) std::cout << prefill_table(*peak);
+  }
 }
 
 void setup(CLI::App& root) {
@@ -404,6 +455,9 @@ void setup(CLI::App& root) {
   app->add_option("--mamba-cache-mode", args->mamba_cache_mode,
                   "vLLM's mamba_cache_mode: none (default), align or all (prefix caching of "
                   "Mamba/linear states)");
+  app->add_option("--prompt-tokens", args->prompt_tokens,
+                  "A policy with snap heads: the prompt length its prefill peak is stated for "
+                  "(default: the context)");
   app->add_flag("--per-layer", args->per_layer, "List every layer in the table");
   app->add_flag("--prometheus", args->prometheus,
                 "Print Prometheus exposition text (headwise_kv_window_size{layer,head}, "

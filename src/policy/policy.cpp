@@ -58,6 +58,16 @@ std::set<std::pair<int64_t, int64_t>> Policy::window_heads_of_selecting_layers()
   return out;
 }
 
+std::set<std::pair<int64_t, int64_t>> Policy::heads_with_rule(const KeepRule& rule) const {
+  std::set<std::pair<int64_t, int64_t>> out;
+  for (const auto& layer : per_layer_policies) {
+    for (size_t h = 0; h < layer.kv_head_windows.size(); ++h) {
+      if (layer.rule(h) == rule) out.insert({layer.layer_id, static_cast<int64_t>(h)});
+    }
+  }
+  return out;
+}
+
 namespace {
 std::vector<std::string>& registered_rule_names() {
   static std::vector<std::string> names = {KeepRule::kWindow.name(), KeepRule::kH2O.name()};

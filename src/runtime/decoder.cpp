@@ -9,21 +9,23 @@ namespace headwise::runtime {
 
 std::optional<EvictionOptions> policy_selection(const policy::Policy& policy) {
   if (!policy.selects_tokens()) return std::nullopt;
-  // The eviction cache runs one selecting rule, H2O, beside window heads.
-  for (const auto& layer : policy.per_layer_policies) {
-    for (size_t h = 0; h < layer.kv_head_windows.size(); ++h) {
-      const policy::KeepRule rule = layer.rule(h);
-      if (rule.selects_tokens() && rule != policy::KeepRule::kH2O) {
-        throw_input_error(
-            "layer {} head {}: the runtime serves the keep rules window and h2o, not {}",
-            layer.layer_id, h, rule.name());
-      }
-    }
-  }
+  // The eviction cache runs the selecting rules h2o and snap beside window heads.
   EvictionOptions o;
   o.method = EvictionMethod::kH2O;
   o.layers = policy.selecting_layers();
   o.window_heads = policy.window_heads_of_selecting_layers();
+  for (const auto& layer : policy.per_layer_policies) {
+    for (size_t h = 0; h < layer.kv_head_windows.size(); ++h) {
+      const policy::KeepRule rule = layer.rule(h);
+      if (rule == policy::KeepRule::kSnap) {
+        o.snap_heads.insert({layer.layer_id, static_cast<int64_t>(h)});
+      } else if (rule.selects_tokens() && rule != policy::KeepRule::kH2O) {
+        throw_input_error(
+            "layer {} head {}: the runtime serves the keep rules window, h2o and snap, not {}",
+            layer.layer_id, h, rule.name());
+      }
+    }
+  }
   return o;
 }
 
@@ -51,6 +53,16 @@ void Decoder::set_attention_kernel(arch::AttentionKernel kernel) {
 
 int64_t Decoder::cache_bytes() const {
   return cache_.allocated_bytes() + (eviction_ ? eviction_->kv_bytes() : 0);
+}
+
+int64_t Decoder::peak_kv_bytes() const {
+  return cache_bytes() + bookkeeping_bytes() + (eviction_ ? eviction_->peak_staged_bytes() : 0);
+}
+
+PrefillSchedule prefill_schedule_from_name(std::string_view name, std::string_view flag) {
+  if (name == "whole") return PrefillSchedule::kWholePrompt;
+  if (name == "layer") return PrefillSchedule::kLayerByLayer;
+  throw_input_error("{}: expected whole or layer, got '{}'", flag, name);
 }
 
 void Decoder::reset() {
@@ -103,12 +115,49 @@ at::Tensor Decoder::prefill(const at::Tensor& ids, int64_t chunk) {
                  "prefill ids {} for a cache of batch {}", arch::shape_string(ids.sizes()),
                  cache_.options().batch);
   if (chunk <= 0) throw_input_error("prefill chunk must be positive, got {}", chunk);
-  // SnapKV/AdaKV choose from the whole prompt: tell them where it ends.
+  // SnapKV/AdaKV and snap heads choose from the whole prompt: tell them where it ends.
   if (eviction_core_) eviction_core_->begin_prompt(position_, position_ + ids.size(1));
   std::vector<at::Tensor> parts;
-  for (int64_t t0 = 0; t0 < ids.size(1); t0 += chunk)
-    parts.push_back(run_chunk(ids.slice(1, t0, t0 + chunk)));
+  if (schedule_ == PrefillSchedule::kLayerByLayer) {
+    parts = prefill_by_layer(ids, chunk);
+  } else {
+    for (int64_t t0 = 0; t0 < ids.size(1); t0 += chunk)
+      parts.push_back(run_chunk(ids.slice(1, t0, t0 + chunk)));
+    // Whole-prompt staging: every snap head held the whole prompt until now.
+    if (eviction_core_) eviction_core_->end_prompt();
+  }
   return parts.size() == 1 ? parts.front() : at::cat(parts, 1);
+}
+
+std::vector<at::Tensor> Decoder::prefill_by_layer(const at::Tensor& ids, int64_t chunk) {
+  const int64_t steps = ids.size(1);
+  if (position_ + steps > cache_.options().context) {
+    throw_input_error("sequence of {} tokens exceeds the cache context of {} tokens",
+                      position_ + steps, cache_.options().context);
+  }
+  // Every chunk through one layer before the next: each layer sees the same chunks in the same
+  // order as run_chunk's, so the logits are the same; a layer's snap heads choose (and drop their
+  // staging) before the next layer stages.
+  std::vector<at::Tensor> hidden;
+  for (int64_t t0 = 0; t0 < steps; t0 += chunk)
+    hidden.push_back(model_.embed(ids.slice(1, t0, t0 + chunk).to(model_.device())));
+  for (int64_t i = 0; i < model_.spec().num_layers(); ++i) {
+    LayerCache& layer = cache_.layer(i);
+    const bool evicting = eviction_ && eviction_->layers().contains(i);
+    arch::LayerRun run;
+    run.attention = evicting ? static_cast<arch::AttentionCore*>(eviction_core_.get()) : &core_;
+    run.state = layer.states.empty() ? nullptr : &layer.states;
+    for (size_t c = 0; c < hidden.size(); ++c) {
+      run.position_offset = position_ + static_cast<int64_t>(c) * chunk;
+      hidden[c] = model_.run_layer(i, hidden[c], run);
+    }
+    if (evicting) eviction_core_->end_prompt_layer(i);
+  }
+  position_ += steps;
+  std::vector<at::Tensor> parts;
+  for (const auto& h : hidden) parts.push_back(model_.logits(h));
+  last_logits_ = parts.back().select(1, parts.back().size(1) - 1);
+  return parts;
 }
 
 at::Tensor Decoder::decode_step(const at::Tensor& tokens) {

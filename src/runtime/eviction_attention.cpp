@@ -9,62 +9,15 @@
 #include <limits>
 #include <numeric>
 
+#include "eviction_internal.hpp"
 #include "headwise/arch/visible_keys.hpp"
 #include "headwise/core/error.hpp"
 #include "headwise/core/reproducible_math.hpp"
 #include "headwise/runtime/eviction_cache.hpp"
 
 namespace headwise::runtime {
+using namespace detail;
 namespace {
-
-constexpr float kInf = std::numeric_limits<float>::infinity();
-
-// Keys a head attends over, with what decides their fate.
-struct Entries {
-  at::Tensor k, v;      // [n, head_dim] in the activation dtype
-  at::Tensor position;  // [n] int64
-  at::Tensor score;     // [n] float32 keep priority
-};
-
-Entries concat(const Entries& a, const Entries& b) {
-  return {at::cat({a.k, b.k}), at::cat({a.v, b.v}), at::cat({a.position, b.position}),
-          at::cat({a.score, b.score})};
-}
-
-Entries select(const Entries& e, const at::Tensor& idx) {
-  return {e.k.index_select(0, idx), e.v.index_select(0, idx), e.position.index_select(0, idx),
-          e.score.index_select(0, idx)};
-}
-
-Entries held_entries(const EvictionLayer& l, int64_t b, int64_t h, at::ScalarType dtype) {
-  const auto bi = static_cast<size_t>(b), hi = static_cast<size_t>(h);
-  const int64_t off = l.offset[bi][hi], n = l.held[bi][hi];
-  return {l.k[b].narrow(0, off, n).to(dtype), l.v[b].narrow(0, off, n).to(dtype),
-          l.position[b].narrow(0, off, n), l.score[b].narrow(0, off, n)};
-}
-
-// Rewrites a head's region with `e` (at most the region's length), ascending by position.
-void write_region(EvictionLayer& l, int64_t b, int64_t h, const Entries& e) {
-  const auto bi = static_cast<size_t>(b), hi = static_cast<size_t>(h);
-  const int64_t off = l.offset[bi][hi], len = l.length[bi][hi], n = e.k.size(0);
-  HEADWISE_CHECK(n <= len, "layer {} head {}: {} entries for a region of {} slots", l.layer_id, h,
-                 n, len);
-  l.k[b].narrow(0, off, n).copy_(e.k);
-  l.v[b].narrow(0, off, n).copy_(e.v);
-  l.position[b].narrow(0, off, n).copy_(e.position);
-  l.score[b].narrow(0, off, n).copy_(e.score);
-  l.position[b].narrow(0, off + n, len - n).fill_(-1);
-  l.score[b].narrow(0, off + n, len - n).zero_();
-  l.held[bi][hi] = n;
-}
-
-// How a head's held keys are shown to its queries: what an evicting head holds was chosen by
-// eviction, so among it only causality limits a query (a full window); a window head shows
-// exactly its window and sinks.
-struct Visibility {
-  int64_t window = kFullWindow;
-  int64_t sinks = 0;
-};
 
 // Which held keys queries at positions q_begin..q_begin+t may see [t, n].
 at::Tensor visible(int64_t q_begin, int64_t t, const Entries& keys, Visibility shown) {
@@ -147,6 +100,12 @@ std::vector<int64_t> even_split(int64_t total, int64_t heads) {
 
 }  // namespace
 
+at::Tensor detail::observation_probs(const at::Tensor& q, int64_t q_begin, const Entries& keys,
+                                     const arch::AttentionInputs& in,
+                                     const at::Tensor& sink_logits) {
+  return attention_probs(q, q_begin, keys, in, sink_logits);
+}
+
 void EvictionAttentionCore::begin_prompt(int64_t begin, int64_t end) {
   HEADWISE_CHECK(0 <= begin && begin < end, "prompt [{}, {})", begin, end);
   forget_prompt();
@@ -161,19 +120,6 @@ void EvictionAttentionCore::forget_prompt() {
 }
 
 namespace {
-
-// What one attend() call works on.
-struct Step {
-  const arch::AttentionInputs& in;
-  at::Tensor q;      // [B, kv_heads, group, T, hd]
-  at::Tensor new_k;  // [B, kv_heads, T, hd] through the cache dtype, in the activation dtype
-  at::Tensor new_v;
-  int64_t first = 0;  // position of the step's first token
-  int64_t steps = 0;
-  at::Tensor sink_logits(int64_t h) const {
-    return in.sink_logits.defined() ? in.sink_logits.view({q.size(1), q.size(2)})[h] : at::Tensor();
-  }
-};
 
 // Appends this chunk to the layer's staged prompt, and the observation window's queries.
 void stage(EvictionLayer& l, const Step& s, at::ScalarType kv_dtype, int64_t observed_begin) {
@@ -266,10 +212,21 @@ void compress_adakv(EvictionLayer& l, const Step& s, int64_t b, std::vector<Entr
 // region for the most recent tokens; SnapKV/AdaKV score new tokens +inf, so the lowest-scored
 // prefix key makes room.
 void insert(EvictionLayer& l, int64_t b, int64_t h, const Entries& held_and_new,
-            const at::Tensor& received, EvictionMethod method, int64_t sinks) {
+            const at::Tensor& received, const EvictionOptions& o, int64_t sinks) {
+  const EvictionMethod method = o.method;
   Entries e = held_and_new;
   const int64_t held = l.held[static_cast<size_t>(b)][static_cast<size_t>(h)];
   const int64_t length = l.length[static_cast<size_t>(b)][static_cast<size_t>(h)];
+  if (l.snap_index[static_cast<size_t>(h)] >= 0) {
+    // A snap head: the ring's tokens score -inf (the selected prefix keys outrank them, the ring
+    // keeps the most recent), or new tokens score +inf (the lowest-scored prefix key goes).
+    const bool ring = o.snap_decode == SnapDecode::kRecentRing;
+    e.score = at::cat({e.score.slice(0, 0, held),
+                       at::full({e.k.size(0) - held}, ring ? -kInf : kInf, e.score.options())});
+    const int64_t recent = ring ? std::min(l.snap_ring, length) : 0;
+    write_region(l, b, h, select(e, keep_indices(e.position, e.score, length, recent)));
+    return;
+  }
   if (l.window[static_cast<size_t>(h)] > 0) {
     e.score = at::zeros_like(e.score).masked_fill(e.position < sinks, kInf);
     write_region(
@@ -331,6 +288,13 @@ at::Tensor EvictionAttentionCore::attend(const arch::AttentionInputs& in) {
     stage(l, s, kv_dtype, observed_begin);
     cache_.note_staged();
   }
+  // Snap heads stage the prompt (K/V and a score per key) until end_prompt; a step past the
+  // prompt with the layer still staging (end_prompt not called) compresses first.
+  const bool snap_prompt = l.num_snap_heads > 0 && prompt_end_ > prompt_begin_ &&
+                           first >= prompt_begin_ && first + steps <= prompt_end_;
+  if (l.num_snap_heads > 0 && !snap_prompt && l.staged_k.defined()) end_prompt_layer(l.layer_id);
+  const int64_t snap_observed_begin = std::max(prompt_begin_, prompt_end_ - eo.observation_window);
+  if (snap_prompt) stage_snap(l, s, kv_dtype);
   const bool compress = in_prompt && first + steps == segment_end;
   const at::Tensor observed_q = !compress ? at::Tensor()
                                 : staging ? l.observed_q
@@ -340,16 +304,26 @@ at::Tensor EvictionAttentionCore::attend(const arch::AttentionInputs& in) {
   for (int64_t b = 0; b < batch; ++b) {
     std::vector<Entries> candidates;
     for (int64_t h = 0; h < num_kv; ++h) {
+      const bool snap = l.snap_index[static_cast<size_t>(h)] >= 0;
+      if (snap && snap_prompt) {
+        // Every prompt key so far is visible (as full KV), and the observation queries score them.
+        const Entries keys = snap_candidates(l, b, h, dtype);
+        out[b][h].copy_(attend_head(s.q[b][h], first, keys, in, s.sink_logits(h), query_chunk_,
+                                    nullptr, kernel_, Visibility{}));
+        observe_snap(l, s, b, h, keys, snap_observed_begin);
+        continue;
+      }
       const Entries keys =
           concat(held_entries(l, b, h, dtype),
                  staging ? staged_entries(l, b, h, dtype) : new_entries(s, l, b, h));
       at::Tensor received;
       const int64_t window = l.window[static_cast<size_t>(h)];
-      const bool accumulate = !in_prompt && eo.method == EvictionMethod::kH2O && window == 0;
+      const bool accumulate =
+          !in_prompt && eo.method == EvictionMethod::kH2O && window == 0 && !snap;
       const Visibility shown = window > 0 ? Visibility{window, o.sink_tokens} : Visibility{};
       out[b][h].copy_(attend_head(s.q[b][h], first, keys, in, s.sink_logits(h), query_chunk_,
                                   accumulate ? &received : nullptr, kernel_, shown));
-      if (!in_prompt) insert(l, b, h, keys, received, eo.method, o.sink_tokens);
+      if (!in_prompt) insert(l, b, h, keys, received, eo, o.sink_tokens);
       if (compress) candidates.push_back(keys);
     }
     if (!compress) continue;
@@ -360,13 +334,14 @@ at::Tensor EvictionAttentionCore::attend(const arch::AttentionInputs& in) {
     }
   }
   if (staging && compress) drop_staging(l);
+  if (snap_prompt) cache_.note_staged();
   return out.reshape({batch, num_heads, steps, head_dim}).transpose(1, 2).contiguous();
 }
 
 at::Tensor simulate_eviction(const arch::ModelSpec& spec, const arch::AttentionInputs& in,
                              const std::vector<int64_t>& windows, memory::MemoryOptions options,
                              const EvictionOptions& eviction, int64_t prefill_chunk,
-                             int64_t query_chunk) {
+                             int64_t query_chunk, int64_t prompt_end) {
   HEADWISE_CHECK(prefill_chunk > 0 && in.position_offset == 0,
                  "simulate_eviction: chunk {} from position {}", prefill_chunk, in.position_offset);
   const int64_t steps = in.q.size(2);
@@ -376,9 +351,16 @@ at::Tensor simulate_eviction(const arch::ModelSpec& spec, const arch::AttentionI
       EvictionCache::allocate_layer(spec, in.layer_id, windows, options, eviction, in.q.device());
   EvictionAttentionCore core(cache, query_chunk);
   core.set_kernel(arch::AttentionKernel::kExplicit);
+  // Snap heads choose at the prompt's end: `prompt_end` tokens, the rest decoded after it.
+  if (prompt_end > 0) core.begin_prompt(0, prompt_end);
   std::vector<at::Tensor> parts;
-  for (int64_t t0 = 0; t0 < steps; t0 += prefill_chunk) {
-    const int64_t n = std::min(prefill_chunk, steps - t0);
+  HEADWISE_CHECK(prompt_end <= steps, "simulate_eviction: prompt end {} after {} tokens",
+                 prompt_end, steps);
+  for (int64_t t0 = 0, n = 0; t0 < steps; t0 += n) {
+    // The prompt in prefill chunks, then (with a prompt end) one token at a time, as decoded.
+    n = prompt_end > 0 && t0 >= prompt_end ? 1
+        : prompt_end > 0                   ? std::min(prefill_chunk, prompt_end - t0)
+                                           : std::min(prefill_chunk, steps - t0);
     arch::AttentionInputs chunk = in;
     chunk.q = in.q.slice(2, t0, t0 + n);
     chunk.k = in.k.slice(2, t0, t0 + n);
@@ -386,6 +368,7 @@ at::Tensor simulate_eviction(const arch::ModelSpec& spec, const arch::AttentionI
     chunk.position_offset = t0;
     if (in.output_gate.defined()) chunk.output_gate = in.output_gate.slice(1, t0, t0 + n);
     parts.push_back(core.attend(chunk));
+    if (prompt_end > 0 && t0 + n == prompt_end) core.end_prompt();
   }
   return at::cat(parts, 1);
 }

@@ -30,6 +30,9 @@ void drop_staging(EvictionLayer& l) {
   l.staged_v = at::Tensor();
   l.observed_q = at::Tensor();
   l.staged_begin = 0;
+  for (auto& received : l.snap_received) {
+    for (auto& r : received) r = at::Tensor();
+  }
 }
 
 std::string eviction_method_name(EvictionMethod method) {
@@ -74,6 +77,15 @@ void validate_eviction_options(const EvictionOptions& o) {
         "once)",
         name);
   }
+  if (!o.snap_heads.empty() && o.method != EvictionMethod::kH2O) {
+    throw_input_error("{}: snap heads mix only with window and h2o heads", name);
+  }
+  for (const auto& head : o.snap_heads) {
+    if (o.window_heads.contains(head)) {
+      throw_input_error("{}: head {} of layer {} is both a window head and a snap head", name,
+                        head.second, head.first);
+    }
+  }
 }
 
 namespace {
@@ -92,7 +104,11 @@ EvictionLayer make_layer(const arch::LayerSpec& spec, const std::vector<int64_t>
     const int64_t w = windows[h];
     l.capacity.push_back(memory::global_head_slots(w, options));
     l.window.push_back(eviction.window_heads.contains({spec.id, static_cast<int64_t>(h)}) ? w : 0);
+    const bool snap = eviction.snap_heads.contains({spec.id, static_cast<int64_t>(h)});
+    l.snap_index.push_back(snap ? l.num_snap_heads++ : -1);
   }
+  l.snap_received.assign(static_cast<size_t>(options.batch),
+                         std::vector<at::Tensor>(static_cast<size_t>(l.num_snap_heads)));
   const int64_t slots = std::accumulate(l.capacity.begin(), l.capacity.end(), int64_t{0});
   l.k = at::zeros({options.batch, slots, att.head_dim}, kv);
   l.v = at::zeros({options.batch, slots, att.head_dim}, kv);
@@ -117,11 +133,14 @@ std::set<int64_t> evicted_layers(const arch::ModelSpec& spec, const EvictionOpti
 }
 
 void EvictionCache::check_window_heads() const {
-  for (const auto& [layer, head] : eviction_.window_heads) {
-    const auto it = layers_.find(layer);
-    if (it == layers_.end() || head < 0 || head >= it->second.num_kv_heads) {
-      throw_input_error("{}: window head {} of layer {} is not a KV head of a global layer",
-                        eviction_name(eviction_), head, layer);
+  for (const auto* heads : {&eviction_.window_heads, &eviction_.snap_heads}) {
+    for (const auto& [layer, head] : *heads) {
+      const auto it = layers_.find(layer);
+      if (it == layers_.end() || head < 0 || head >= it->second.num_kv_heads) {
+        throw_input_error("{}: {} head {} of layer {} is not a KV head of a global layer",
+                          eviction_name(eviction_),
+                          heads == &eviction_.window_heads ? "window" : "snap", head, layer);
+      }
     }
   }
 }
@@ -191,8 +210,12 @@ int64_t EvictionCache::auxiliary_bytes() const {
 
 int64_t EvictionCache::staged_bytes() const {
   int64_t total = 0;
-  for (const auto& [id, l] : layers_)
+  for (const auto& [id, l] : layers_) {
     total += storage_bytes(l.staged_k) + storage_bytes(l.staged_v) + storage_bytes(l.observed_q);
+    for (const auto& received : l.snap_received) {
+      for (const auto& r : received) total += storage_bytes(r);
+    }
+  }
   return total;
 }
 
@@ -204,6 +227,7 @@ void EvictionCache::reset() {
     l.score.zero_();
     reset_regions(l, options_.batch);
     drop_staging(l);
+    l.snap_ring = 0;
   }
 }
 
@@ -253,6 +277,27 @@ at::Tensor keep_indices(const at::Tensor& position, const at::Tensor& score, int
   const at::Tensor kept = at::cat(
       {by_recency.slice(0, 0, recent), rest.index_select(0, order.slice(0, 0, keep - recent))});
   return ascending(kept);
+}
+
+at::Tensor snap_keep_indices(const at::Tensor& position, const at::Tensor& primary,
+                             const at::Tensor& secondary, int64_t keep) {
+  HEADWISE_CHECK(position.dim() == 1 && primary.sizes() == position.sizes() &&
+                     secondary.sizes() == position.sizes() && keep >= 0,
+                 "snap_keep_indices: positions {} scores {} {} keep {}",
+                 arch::shape_string(position.sizes()), arch::shape_string(primary.sizes()),
+                 arch::shape_string(secondary.sizes()), keep);
+  const int64_t n = position.size(0);
+  // Ascending by position, then stable sorts from the weakest key to the strongest.
+  at::Tensor order = std::get<1>(at::sort(position, /*stable=*/true, 0, /*descending=*/false));
+  if (n > keep) {
+    order = order.index_select(
+        0, std::get<1>(at::sort(secondary.index_select(0, order), true, 0, true)));
+    order =
+        order.index_select(0, std::get<1>(at::sort(primary.index_select(0, order), true, 0, true)));
+    order = order.slice(0, 0, keep);
+  }
+  return order.index_select(
+      0, std::get<1>(at::sort(position.index_select(0, order), /*stable=*/true, 0, false)));
 }
 
 at::Tensor pool_scores(const at::Tensor& score, int64_t kernel, ScorePooling pooling) {

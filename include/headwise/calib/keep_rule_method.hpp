@@ -29,6 +29,9 @@ struct KeepRuleContext {
   const memory::MemoryOptions& memory;  // slots per window, sinks, block size
   int64_t prefill_chunk = 256;          // tokens per prefill chunk, as the runtime prefills
   int64_t attention_chunk = 512;        // query chunk of the attention kernels
+  // Where the sequences' prompt ends (the first decoded position, the same for the batch), for
+  // rules that choose at the prompt's end (snap); 0: not given, and such a rule refuses.
+  int64_t prompt_end = 0;
 };
 
 class KeepRuleMethod {

@@ -19,6 +19,9 @@ class KeepRule {
  public:
   static const KeepRule kWindow;  // the most recent tokens
   static const KeepRule kH2O;     // heavy hitters by accumulated attention, plus recent tokens
+  // The keys the prompt's last queries attend to most, chosen at the prompt's end (SnapKV's
+  // selection per head, docs/keep-rules.md); registered by src/calib/rules/snap_rule.cpp.
+  static const KeepRule kSnap;
 
   KeepRule() : name_("window") {}
   // A registered rule by name; InputError naming `key` (a flag, a file's key) for any other.
@@ -40,6 +43,7 @@ class KeepRule {
 
 inline const KeepRule KeepRule::kWindow{"window"};
 inline const KeepRule KeepRule::kH2O{"h2o"};
+inline const KeepRule KeepRule::kSnap{"snap"};
 
 // The rule names files and flags may use, in registration order: window, h2o, then the rules
 // registered after them. A second registration of a name is an InternalError.

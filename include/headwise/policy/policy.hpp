@@ -126,6 +126,8 @@ struct Policy {
   // that keep windows.
   std::set<int64_t> selecting_layers() const;
   std::set<std::pair<int64_t, int64_t>> window_heads_of_selecting_layers() const;
+  // The (layer id, KV head) pairs whose rule is `rule`.
+  std::set<std::pair<int64_t, int64_t>> heads_with_rule(const KeepRule& rule) const;
   bool selects_tokens() const { return !selecting_layers().empty(); }
 };
 

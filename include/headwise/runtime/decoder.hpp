@@ -15,6 +15,8 @@
 
 #include <memory>
 #include <optional>
+#include <string_view>
+#include <vector>
 
 namespace headwise::runtime {
 
@@ -45,6 +47,16 @@ class CachedAttentionCore final : public arch::AttentionCore {
   int64_t query_chunk_;
   arch::AttentionKernel kernel_ = arch::AttentionKernel::kFused;
 };
+
+// How a prompt goes through the model (docs/keep-rules.md, "The prefill peak"):
+//  - kWholePrompt: chunk by chunk through every layer; the snap heads of every layer stage the
+//    whole prompt and choose once it is in (peak: every snap head's staging at once);
+//  - kLayerByLayer: every chunk through a layer before the next layer (the prompt's hidden
+//    states are held), each layer's snap heads choosing right after it, as kvpress compresses
+//    (peak: one layer's snap staging). The logits are the same.
+enum class PrefillSchedule { kWholePrompt, kLayerByLayer };
+// "whole" or "layer"; InputError naming `flag` otherwise.
+PrefillSchedule prefill_schedule_from_name(std::string_view name, std::string_view flag);
 
 class Decoder {
  public:
@@ -83,6 +95,12 @@ class Decoder {
   // The eviction cache's position and score buffers and region table (0 without one): a policy
   // whose heads select tokens counts them in its bytes (memory::estimate with its selecting heads).
   int64_t bookkeeping_bytes() const { return eviction_ ? eviction_->auxiliary_bytes() : 0; }
+  // The most KV bytes held at once so far: cache_bytes() + bookkeeping_bytes() + the eviction
+  // cache's peak staging (snap heads' prompt K/V and scores; SnapKV/AdaKV's staging).
+  // memory::prefill_peak states it for a fresh request.
+  int64_t peak_kv_bytes() const;
+  void set_prefill_schedule(PrefillSchedule schedule) { schedule_ = schedule; }
+  PrefillSchedule prefill_schedule() const { return schedule_; }
   arch::DecoderModel& model() { return model_; }
   // Fused attention by default; kExplicit reproduces the plain forward's numerics bit for bit
   // where the fused kernel would apply (to compare the two, e.g. tools/bench-runtime-attention.sh).
@@ -90,6 +108,8 @@ class Decoder {
 
  private:
   at::Tensor run_chunk(const at::Tensor& ids);  // [batch, t] → logits [batch, t, vocab]
+  // The prompt layer by layer (kLayerByLayer): logits per chunk.
+  std::vector<at::Tensor> prefill_by_layer(const at::Tensor& ids, int64_t chunk);
 
   arch::DecoderModel& model_;
   GroupedCache cache_;
@@ -97,6 +117,7 @@ class Decoder {
   std::unique_ptr<EvictionCache> eviction_;  // global layers under eviction, or null
   std::unique_ptr<EvictionAttentionCore> eviction_core_;
   int64_t position_ = 0;
+  PrefillSchedule schedule_ = PrefillSchedule::kWholePrompt;
   at::Tensor last_logits_;  // [batch, vocab] of the last fed token
 };
 

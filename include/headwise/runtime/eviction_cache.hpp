@@ -47,6 +47,15 @@
 //    chunk's own (activations, as in the grouped cache); token-by-token it is exactly H2O.
 //  - A window head (EvictionOptions::window_heads) keeps its sink positions and otherwise the
 //    most recent tokens; its capacity (>= window + sinks) holds every key its window shows.
+//  - A snap head (EvictionOptions::snap_heads, the policy keep rule `snap`, docs/keep-rules.md):
+//    SnapKV's selection for one head beside window and h2o heads. During a prompt it stages the
+//    prompt's K/V (KV dtype) and a float32 score per staged key: the attention probability the
+//    observation window's queries (the prompt's last `observation_window` tokens) give it,
+//    summed over those queries and the KV head's query heads as each chunk arrives (causal: a
+//    query sees only keys already staged, so nothing else is kept). At the prompt's end
+//    (EvictionAttentionCore::end_prompt) it keeps, in its slots, the observation window and the
+//    prefix keys with the highest max-pooled score (kernel `pooling_kernel`); ties: the higher
+//    raw score, then the lower position. Decode: SnapDecode.
 #include <ATen/ATen.h>
 
 #include <algorithm>
@@ -68,6 +77,10 @@ enum class ScorePooling { kMax, kAvg };
 // When SnapKV/AdaKV compress: once, at the end of the whole prompt (as published: the prompt's
 // K/V are staged until then), or at the end of every prefill chunk (bounded by the budget).
 enum class EvictionPrefill { kWholePrompt, kEachChunk };
+// How a snap head decodes once its slots are full: the observation window and the tokens after it
+// rotate in a ring of as many slots while the selected prefix keys stay (kRecentRing), or each new
+// token displaces the lowest-scored kept prefix key (kDisplaceLowest, SnapKV's own decode above).
+enum class SnapDecode { kRecentRing, kDisplaceLowest };
 
 struct EvictionOptions {
   EvictionMethod method = EvictionMethod::kSnapKV;
@@ -84,6 +97,10 @@ struct EvictionOptions {
   // whose heads mix windows and heavy-hitter selection runs as H2O with its window heads here.
   // H2O only: SnapKV/AdaKV decide at the prompt's end over every head of a layer together.
   std::set<std::pair<int64_t, int64_t>> window_heads;
+  // Heads that select by the snap rule (layer id, KV head): H2O only (the policy's mixed mode),
+  // disjoint from window_heads. See the rules above.
+  std::set<std::pair<int64_t, int64_t>> snap_heads;
+  SnapDecode snap_decode = SnapDecode::kRecentRing;
   // Global layers under eviction; empty: every global layer. The others keep the grouped cache's
   // windows (and need no position or score buffers).
   std::set<int64_t> layers;
@@ -117,6 +134,14 @@ struct EvictionLayer {
       staged_v;  // [batch, kv_heads, n, head_dim] in the KV dtype: prompt positions staged_begin..
   at::Tensor observed_q;  // [batch, kv_heads, group, m, head_dim]: the observation window's queries
   int64_t staged_begin = 0;
+  // Snap heads (EvictionOptions::snap_heads): per KV head its index among the layer's snap heads
+  // or -1. While a prompt is staged, staged_k/staged_v hold the snap heads' prompt K/V
+  // [batch, snap heads, n, head_dim], and snap_received[b][j] the float32 score of each of snap
+  // head j's candidates (held, then staged).
+  std::vector<int64_t> snap_index;
+  int64_t num_snap_heads = 0;
+  std::vector<std::vector<at::Tensor>> snap_received;
+  int64_t snap_ring = 0;  // kRecentRing: the ring's slots (the last prompt's observation window)
 };
 
 class EvictionCache {
@@ -177,6 +202,12 @@ void drop_staging(EvictionLayer& layer);
 at::Tensor keep_indices(const at::Tensor& position, const at::Tensor& score, int64_t keep,
                         int64_t recent);
 
+// The snap rule's choice: indices of the `keep` candidates with the highest `primary` score,
+// ties to the higher `secondary`, then to the lower position; ascending by position. Every
+// candidate when there are at most `keep`.
+at::Tensor snap_keep_indices(const at::Tensor& position, const at::Tensor& primary,
+                             const at::Tensor& secondary, int64_t keep);
+
 // SnapKV's pooling of per-key scores given in position order: stride 1, padding kernel/2
 // (max pooling pads with -inf, avg pooling counts the zero padding, as torch's defaults do).
 at::Tensor pool_scores(const at::Tensor& score, int64_t kernel, ScorePooling pooling);
@@ -197,6 +228,11 @@ class EvictionAttentionCore final : public arch::AttentionCore {
   // The prompt about to be prefilled spans positions [begin, end): SnapKV/AdaKV stage it and
   // each layer compresses when its chunk reaches `end`. Decode steps come after it.
   void begin_prompt(int64_t begin, int64_t end);
+  // The prompt has been attended by every layer: the snap heads of every layer still staging
+  // choose their keys and drop the staging (whole-prompt schedule).
+  void end_prompt();
+  // Layer `layer_id` has attended the whole prompt: its snap heads choose now (layer schedule).
+  void end_prompt_layer(int64_t layer_id);
   // No prompt in progress (a fresh sequence): every step attends and evicts online.
   void forget_prompt();
   at::Tensor attend(const arch::AttentionInputs& inputs) override;
@@ -215,10 +251,12 @@ class EvictionAttentionCore final : public arch::AttentionCore {
 // tokens at a time (from position in.position_offset = 0) into a fresh one-layer eviction cache
 // with `windows`' slots at `options` (its batch and context are taken from `in`). Calibration
 // measures a keep rule with it, so it measures what the decoder will do; the explicit kernel
-// keeps its numerics independent of the fused kernel's blocking.
+// keeps its numerics independent of the fused kernel's blocking. With `prompt_end` > 0 the
+// first prompt_end tokens are the prompt (snap heads choose at its end) and the rest are
+// decoded one token at a time.
 at::Tensor simulate_eviction(const arch::ModelSpec& spec, const arch::AttentionInputs& in,
                              const std::vector<int64_t>& windows, memory::MemoryOptions options,
                              const EvictionOptions& eviction, int64_t prefill_chunk,
-                             int64_t query_chunk);
+                             int64_t query_chunk, int64_t prompt_end = 0);
 
 }  // namespace headwise::runtime
