@@ -306,3 +306,30 @@ TEST_CASE("the snap rule's calibration method runs the runtime's snap heads and 
   }
   CHECK(at::equal(out, at::cat(parts, 1)));
 }
+
+TEST_CASE("a policy's snap heads become the runtime's snap heads; other rules stay refused",
+          "[runtime]") {
+  policy::Policy p;
+  policy::LayerPolicy one;
+  one.layer_id = 1;
+  one.kv_head_windows = {64, 128, 256};
+  one.kv_head_rules = {policy::KeepRule::from_name("snap", "kv_head_rules"), policy::KeepRule::kH2O,
+                       policy::KeepRule::kWindow};
+  policy::LayerPolicy three;
+  three.layer_id = 3;
+  three.kv_head_windows = {64, 64, 64};
+  p.per_layer_policies = {one, three};
+  const auto selection = runtime::policy_selection(p);
+  REQUIRE(selection);
+  CHECK(selection->method == runtime::EvictionMethod::kH2O);
+  CHECK(selection->layers == std::set<int64_t>{1});
+  CHECK(selection->snap_heads == std::set<std::pair<int64_t, int64_t>>{{1, 0}});
+  CHECK(selection->window_heads == std::set<std::pair<int64_t, int64_t>>{{1, 2}});
+  CHECK(selection->snap_decode == runtime::SnapDecode::kRecentRing);
+  CHECK(p.heads_with_rule(policy::KeepRule::kSnap) == selection->snap_heads);
+  // A snap head may not also keep its window.
+  auto both = *selection;
+  both.window_heads.insert({1, 0});
+  REQUIRE_THROWS_WITH(runtime::validate_eviction_options(both),
+                      Catch::Contains("head 0 of layer 1 is both a window head and a snap head"));
+}
