@@ -93,7 +93,12 @@ double calibration_seconds(const BenchArgs& args, const std::string& distortion,
                                        {"seq_len", std::to_string(steps)},
                                        {"device", args.device},
                                        {"attention_chunk", std::to_string(args.attention_chunk)}};
-  if (!distortion.empty()) request["distortion"] = distortion;
+  // "stable": the default calibration with --decisions stable (issue 59).
+  if (distortion == "stable") {
+    request["decisions"] = "stable";
+  } else if (!distortion.empty()) {
+    request["distortion"] = distortion;
+  }
   const calib::CalibrationOptions options = calib::parse_calibration_options(request);
   const auto output = std::filesystem::temp_directory_path() / "headwise-bench-calib-policy.yaml";
   calib::CalibrationJob job(options, output);
@@ -282,8 +287,8 @@ const RegisterCommand kRegister{
                     "Only the calibrations (no attention or solver timings)");
       cmd->add_option("--measures", args.measures,
                       "Calibrations to time against one forward: default (the main command's "
-                      "defaults) and/or --distortion "
-                      "values (answer-tv, answer-grad, block-mse, ...)")
+                      "defaults), stable (the defaults with --decisions stable) and/or "
+                      "--distortion values (answer-tv, answer-grad, block-mse, ...)")
           ->delimiter(',')
           ->capture_default_str();
       cmd->add_option("--repeats", args.repeats,

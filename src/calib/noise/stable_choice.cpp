@@ -8,9 +8,29 @@
 namespace headwise::calib::noise {
 namespace {
 
-// Whether the measured gap is above 0 by more than t standard errors (the replicates' standard
-// deviation, widened by sqrt(N/(N−1))).
-bool separated(double gap, const std::vector<double>& gaps, size_t sequences) {
+// The least k with P(X >= k) <= 5% for X ~ Binomial(n, 1/2): how many of n sequences must agree.
+size_t sign_threshold(size_t n) {
+  std::vector<double> tail(n + 2, 0.0);  // tail[k] = P(X >= k)
+  double p = std::pow(0.5, static_cast<double>(n));
+  std::vector<double> pmf(n + 1);
+  for (size_t k = 0; k <= n; ++k) {
+    pmf[k] = p;
+    p = p * static_cast<double>(n - k) / static_cast<double>(k + 1);
+  }
+  for (size_t k = n + 1; k-- > 0;) tail[k] = tail[k + 1] + pmf[k];
+  for (size_t k = 0; k <= n; ++k) {
+    if (tail[k] <= kSignTail) return k;
+  }
+  return n + 1;  // never
+}
+
+// Whether candidate c is separated from the best: its measured gap is above 0 by more than t
+// standard errors (the replicates' standard deviation, widened by sqrt(N/(N−1))), and it is worse
+// on so many sequences (each sequence's own mean over its answers) that a fair coin would be so
+// lopsided in at most 5% of draws. The second part keeps one or two sequences, whose needles one
+// head happens to hold, from separating heads that the other sequences cannot tell apart.
+bool separated(const StableCandidate& c, const StableCandidate& best, double gap,
+               const std::vector<double>& gaps, size_t sequences) {
   if (gaps.size() < 2 || sequences < 2) return false;
   double mean = 0.0, squares = 0.0;
   for (double g : gaps) mean += g;
@@ -18,7 +38,17 @@ bool separated(double gap, const std::vector<double>& gaps, size_t sequences) {
   for (double g : gaps) squares += (g - mean) * (g - mean);
   const double n = static_cast<double>(sequences);
   const double se = std::sqrt(squares / static_cast<double>(gaps.size() - 1) * n / (n - 1.0));
-  return gap > t_quantile(kStableNormalQuantile, n - 1.0) * se;
+  if (!(gap > t_quantile(kStableNormalQuantile, n - 1.0) * se)) return false;
+  size_t counted = 0, worse = 0;
+  for (size_t s = 0; s < sequences; ++s) {
+    if (c.values->answers[s] == 0 || best.values->answers[s] == 0) continue;
+    ++counted;
+    const double vc = c.values->sums[s] / static_cast<double>(c.values->answers[s]) + c.penalty;
+    const double vb =
+        best.values->sums[s] / static_cast<double>(best.values->answers[s]) + best.penalty;
+    worse += vc > vb ? 1 : 0;
+  }
+  return worse >= sign_threshold(counted);
 }
 
 }  // namespace
@@ -59,7 +89,7 @@ StableChoice stable_choice(const std::vector<StableCandidate>& candidates, uint6
       if (std::isnan(d) || std::isnan(best_reps[r])) continue;
       gaps.push_back(d + candidates[c].penalty - best_reps[r] - candidates[out.best].penalty);
     }
-    if (!separated(point[c] - best_j, gaps, sequences)) {
+    if (!separated(candidates[c], candidates[out.best], point[c] - best_j, gaps, sequences)) {
       out.chosen = c;
       return out;
     }

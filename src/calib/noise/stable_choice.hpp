@@ -5,15 +5,17 @@
 // pooled answer divergence over the calibration sequences). Where the runner-up is worse by less
 // than its sampling noise, another draw of sequences picks another candidate, and the policy moves
 // with the seed. The stable rule instead takes, in a fixed order of preference that no measurement
-// chooses, the first candidate that the data do not separate from the point best: a paired t-test
-// of the gap J(c) − J(best) at 5% (two-sided), its standard error the bootstrap's (each replicate
-// redraws the N sequences and recomputes both pooled means on the same draw), widened by
-// sqrt(N/(N−1)) and compared with Student's t for N − 1 degrees of freedom (2.52 standard errors at
-// N = 8). Why not the percentile interval that DecisionNoise reports: at N = 8 it is too narrow
-// (measured on the 8K default model at 25%: seeds 1 and 2 each "separated", in opposite
-// directions, the layer-3 assignments that cut head 0 and head 1). Candidates that the data tell
-// apart are decided by the data; among those they cannot tell apart, the order decides, the same
-// under every seed.
+// chooses, the first candidate that the data do not separate from the point best. Separated means
+// both: a paired t-test of the gap J(c) − J(best) at 5% (two-sided), its standard error the
+// bootstrap's (each replicate redraws the N sequences and recomputes both pooled means on the same
+// draw), widened by sqrt(N/(N−1)) and compared with Student's t for N − 1 degrees of freedom (2.52
+// standard errors at N = 8); and a sign test: c is worse on at least 7 of 8 sequences (13 of 16).
+// Why both: at N = 8 the bootstrap's interval is too narrow for the seeds' spread, because one or
+// two sequences whose needles a head happens to hold carry a gap (measured on the 8K default model
+// at 25%: with the t-test alone, seeds 0-1 and seeds 2-4 each separated, in opposite directions,
+// the layer-3 assignments that cut head 0 and head 1). Candidates that the data tell apart on
+// most sequences are decided by the data; among the others, the order decides, the same under
+// every seed.
 #include <cstdint>
 #include <vector>
 
@@ -23,6 +25,7 @@ namespace headwise::calib::noise {
 
 inline constexpr size_t kStableReplicates = 2000;
 inline constexpr double kStableNormalQuantile = 1.959963984540054;  // two-sided 5%
+inline constexpr double kSignTail = 0.05;  // one-sided: 7 of 8 sequences, 13 of 16
 
 // Student's t quantile for `df` degrees of freedom at the normal quantile z (Cornish-Fisher, within
 // 0.01 of the table from 5 degrees of freedom on).

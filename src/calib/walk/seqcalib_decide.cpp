@@ -31,8 +31,18 @@ std::vector<solve::Group> future_probe_groups(const RunState& state, int64_t lay
 std::vector<size_t> stable_assignment(const RunInputs& in, int64_t layer_id, const LevelMemo& memo,
                                       const JointLayerSource& source,
                                       const std::vector<solve::Group>& groups, int64_t allowance,
-                                      double price, const std::vector<size_t>& assign) {
+                                      double price, const std::vector<size_t>& assign,
+                                      const JointPrefetch& prefetch) {
   if (!source.per_sequence || in.world.world_size() != 1) return assign;
+  // Which head gets which level must not depend on the descent's path: every permutation of the
+  // descent's levels among the heads is measured (one batch), as the order may take any of them.
+  std::vector<size_t> levels = assign;
+  std::sort(levels.begin(), levels.end());
+  std::vector<std::vector<size_t>> permutations;
+  do {
+    permutations.push_back(levels);
+  } while (std::next_permutation(levels.begin(), levels.end()));
+  if (prefetch) prefetch(permutations);
   struct Entry {
     const std::vector<size_t>* levels;
     int64_t bytes;
@@ -146,8 +156,8 @@ LayerDecision decide_jointly(const RunInputs& in, RunState& state, const Decisio
     assign = greedy_joint_descent(groups, allowance, joint, report.lambda, prefetch);
     if (source.improve) source.improve(groups, allowance, assign, joint);
     if (in.options.stable_decisions) {
-      assign =
-          stable_assignment(in, layer_id, memo, source, groups, allowance, report.lambda, assign);
+      assign = stable_assignment(in, layer_id, memo, source, groups, allowance, report.lambda,
+                                 assign, prefetch);
     }
     groups = marginal_groups(in, layer_id, assign, joint, prefetch);
   } else {
