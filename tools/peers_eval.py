@@ -179,7 +179,7 @@ def kept_tokens(model, cache, layers):
     return kept, held
 
 
-def kvpress_method(model, name, keep_tokens, layers, token_bytes):
+def kvpress_method(model, name, keep_tokens, layers, token_bytes, question_tokens=0):
     from transformers import DynamicCache
 
     press_name = name.split(":", 1)[1]
@@ -189,15 +189,18 @@ def kvpress_method(model, name, keep_tokens, layers, token_bytes):
     def run(sample):
         prompt = sample["prompt"]
         # kvpress keeps int(k_len * (1 - ratio)) per head: this ratio keeps exactly keep_tokens.
-        press = make_press(press_name, 1.0 - (keep_tokens + 0.5) / len(prompt))
+        context = prompt[:len(prompt) - question_tokens]
+        press = make_press(press_name, 1.0 - (keep_tokens + 0.5) / len(context))
         for i in layers:  # AdaKV's mask from the sample before must not apply to this one
             model.model.layers[i].self_attn.masked_key_indices = None
         peak, after = [0], []
 
         def prefill(cache, prompt):
             with press_on_global_layers(press, model, layers, peak):
-                token = next_token(model, cache, prompt, 0)
+                token = next_token(model, cache, context, 0)
             after.append(kept_tokens(model, cache, layers))  # before the answer's tokens are appended
+            if question_tokens:  # kvpress's pipeline: the question runs on the compressed context
+                token = next_token(model, cache, prompt[len(context):], len(context))
             return token
 
         right, produced = answer(model, DynamicCache(config=model.config), sample, prefill)
@@ -257,6 +260,11 @@ def main():
     ap.add_argument("--limit", type=int, default=0, help="answer only the first N samples of each task")
     ap.add_argument("--kv-dtype", default="bfloat16",
                     help="dtype the bytes of full KV and of the presses are counted in (the policy's)")
+    ap.add_argument("--question-tokens", type=int, default=0,
+                    help="kvpress's pipeline protocol: the press compresses the prompt but its last N tokens (the "
+                         "question), which then run on the compressed cache; 0 (default): the press compresses the "
+                         "whole prompt, question included, as SnapKV stages it. headwise's eval prompts end with one "
+                         "query of 4 tokens (MARKER key key SEP)")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
@@ -295,7 +303,10 @@ def main():
             if not 0 < args.keep_tokens < shortest:
                 fail(f"--methods {m} needs --keep-tokens (the press's budget) between 1 and the shortest prompt's "
                      f"{shortest - 1} tokens, got {args.keep_tokens}")
-            runners[m] = kvpress_method(model, m, args.keep_tokens, layers, token_bytes)
+            if not 0 <= args.question_tokens < shortest - args.keep_tokens:
+                fail(f"--question-tokens must be between 0 and the shortest prompt's {shortest} tokens less "
+                     f"--keep-tokens, got {args.question_tokens}")
+            runners[m] = kvpress_method(model, m, args.keep_tokens, layers, token_bytes, args.question_tokens)
         else:
             fail(f"--methods {m}: unknown method (full, headwise, unconditioned, kvpress:PRESS)")
 

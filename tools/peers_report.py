@@ -27,9 +27,14 @@ SELECTS_BY = {
     "kvpress:adakv-snapkv": "it selects as SnapKV does, with budgets shared across a layer's heads",
     "kvpress:tova": "it selects by the last prompt query's attention (the question's) over the uncompressed prompt",
     "kvpress:expected": "it selects without the question: by the attention future queries are expected to pay "
-                        "(statistics of the prompt's queries)",
+                        "(statistics of the prompt's queries), which in the layers that retrieve evicts the needle "
+                        "and the question (docs/peers-expected-attention.md: a 0 there is the press's own selection, "
+                        "and its first answer token comes from the uncompressed prefill)",
     "kvpress:adakv-expected": "it selects without the question: by the attention future queries are expected to "
-                              "pay, with budgets shared across a layer's heads",
+                              "pay, with budgets shared across a layer's heads, which in the layers that retrieve "
+                              "evicts the needle and the question (docs/peers-expected-attention.md: a 0 there is "
+                              "the press's own selection, and its first answer token comes from the uncompressed "
+                              "prefill)",
     "kvpress:knorm": "it selects without the question: by the keys' norms",
     "kvpress:streamingllm": "it keeps by position only (4 sinks and the most recent tokens)",
 }

@@ -9,6 +9,8 @@ itself under the venv's). On the gemma3_vllm fixture (sliding, global, sliding, 
   for Gemma3ForConditionalGeneration only);
 - AdaKV keeps those tokens in what attention sees but holds every prompt key (masked, not freed);
 - ExpectedAttention runs on Gemma 3's two rotary tables (kvpress alone raises);
+- --question-tokens compresses the context only (kvpress's pipeline), and tools/press_keeps.py
+  finds the needle where the haystack plants it;
 - the greedy answer follows answer_source as headwise's eval does: generated tokens are the model's,
   given ones the answer's, copies repeat the model's own earlier tokens (checked on a stub model).
 Exit 0 on success, 1 on failure, 4 when kvpress cannot be imported, unless HEADWISE_REQUIRE_KVPRESS=1.
@@ -78,6 +80,14 @@ def main():
                 check(peak == (keep + T) * kv_heads * token_bytes,
                       f"{press}: prefill peak {peak} = the layer below compressed + one whole prompt")
             check(len(produced) == 3, f"{press}: answered {produced}")
+        # kvpress's pipeline protocol (--question-tokens): the press compresses the context only, and the
+        # question runs on the compressed cache.
+        q = 4
+        _, produced, kept, held, peak = pe.kvpress_method(model, "kvpress:snapkv", keep, layers, token_bytes,
+                                                          question_tokens=q)(sample)
+        want = keep * kv_heads * len(layers) * token_bytes
+        check(kept == want and peak == (keep + T - q) * kv_heads * token_bytes and len(produced) == 3,
+              f"--question-tokens {q}: kept {kept} = {want}, peak {peak} = the layer below + the context only")
         # The sliding layers are transformers' own under a press.
         cache = DynamicCache(config=config)
         press = pe.make_press("snapkv", 1.0 - (keep + 0.5) / T)
@@ -92,6 +102,12 @@ def main():
         full = T * kv_heads * len(layers) * token_bytes
         check(kept == keep * kv_heads * len(layers) * token_bytes and held == full and peak == full,
               f"adakv-expected: kept {kept}, held {held} = full {full}, peak {peak}")
+
+    # tools/press_keeps.py finds the needle's value tokens after the planted copy of the question.
+    import press_keeps
+    planted = {"prompt": [9, 9, 64, 3, 4, 65, 7, 8, 6, 9, 9, 64, 3, 4, 65], "answer": [7, 8, 6]}
+    check(press_keeps.needle_positions(planted, 4) == {6, 7, 8},
+          f"press_keeps: needle at {sorted(press_keeps.needle_positions(planted, 4))}")
 
     # Greedy answers follow answer_source (a stub whose next token is the last input token + 1).
     class Stub:
