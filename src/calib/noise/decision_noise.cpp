@@ -4,16 +4,11 @@
 #include <cmath>
 #include <limits>
 
+#include "calib/walk/joint_descent.hpp"
 #include "headwise/core/error.hpp"
 
 namespace headwise::calib::noise {
 namespace {
-
-int64_t bytes_of(const std::vector<solve::Group>& groups, const std::vector<size_t>& levels) {
-  int64_t total = 0;
-  for (size_t h = 0; h < groups.size(); ++h) total += groups[h].options[levels[h]].bytes;
-  return total;
-}
 
 std::vector<int64_t> windows_of(const std::vector<solve::Group>& groups,
                                 const std::vector<size_t>& levels) {
@@ -32,24 +27,24 @@ std::optional<DecisionNoise> decision_noise(const DecisionCandidates& in) {
   if (chosen_values == nullptr || value == in.measured->end()) return std::nullopt;
   const double price = std::isfinite(in.price) ? in.price : 0.0;
   const auto objective = [&](const std::vector<size_t>& levels, double d) {
-    return d + price * static_cast<double>(bytes_of(groups, levels));
+    return d + price * static_cast<double>(layer_bytes(groups, levels));
   };
 
   // The alternatives: every other measured assignment within the allowance that has per-sequence
   // values; the runner-up is the one with the least objective (ties: the first in level order).
   std::vector<const std::vector<size_t>*> alternatives;
   std::vector<const SequenceValues*> values{chosen_values};
-  std::vector<double> penalties{price * static_cast<double>(bytes_of(groups, in.chosen))};
+  std::vector<double> penalties{price * static_cast<double>(layer_bytes(groups, in.chosen))};
   size_t runner = 0;  // index into alternatives + 1 (0: none)
   double runner_objective = std::numeric_limits<double>::infinity();
   for (const auto& [levels, d] : *in.measured) {
     if (levels == in.chosen || levels.size() != groups.size()) continue;
-    if (bytes_of(groups, levels) > in.allowance) continue;
+    if (layer_bytes(groups, levels) > in.allowance) continue;
     const SequenceValues* v = in.per_sequence(levels);
     if (v == nullptr) continue;
     alternatives.push_back(&levels);
     values.push_back(v);
-    penalties.push_back(price * static_cast<double>(bytes_of(groups, levels)));
+    penalties.push_back(price * static_cast<double>(layer_bytes(groups, levels)));
     const double j = objective(levels, d);
     if (j < runner_objective) {
       runner_objective = j;

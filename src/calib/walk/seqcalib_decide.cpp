@@ -51,8 +51,7 @@ std::vector<size_t> stable_assignment(const RunInputs& in, int64_t layer_id, con
   std::vector<Entry> entries;
   for (const auto& [levels, d] : memo) {
     if (levels.size() != groups.size()) continue;
-    int64_t bytes = 0;
-    for (size_t h = 0; h < groups.size(); ++h) bytes += groups[h].options[levels[h]].bytes;
+    const int64_t bytes = layer_bytes(groups, levels);
     const SequenceValues* values = source.per_sequence(levels);
     if (bytes <= allowance && values != nullptr) entries.push_back({&levels, bytes, values});
   }
