@@ -95,6 +95,10 @@ struct SeqCalibOptions {
   // (seqcalib_decide.cpp) instead of the least measured value. Needs per-sequence values (the span
   // measures) and one process; otherwise the point decision.
   bool stable_decisions = false;
+  // vLLM's tensor_parallel_size (issue 57): every decision of the run (each layer's, the
+  // completion's, the re-solve's) keeps every rank's shard of a layer's KV heads at the same
+  // multiset of windows (calib/walk/shard_constraint.hpp); 1: no constraint.
+  int64_t tensor_parallel_size = 1;
   // Data parallel (dist/collective.hpp): this process measures its shard of the sequences (its
   // micro-batches, dist::shard_sequences) and combines every sum with the other ranks, so each
   // rank takes the decisions a single process would. nullptr: one process.

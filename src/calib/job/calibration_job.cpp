@@ -392,6 +392,7 @@ SeqCalibOptions seqcalib_options(const CalibrationJob::State& s, const MemoryPla
   options.extrapolation = r.extrapolate;
   options.activations = r.activations;
   options.stable_decisions = r.decisions == "stable";
+  options.tensor_parallel_size = r.tensor_parallel_size;
   return options;
 }
 

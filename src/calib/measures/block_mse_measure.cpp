@@ -7,6 +7,7 @@
 #include "calib/walk/seqcalib_curves.hpp"
 #include "calib/walk/seqcalib_decide.hpp"
 #include "calib/walk/seqcalib_walk.hpp"
+#include "calib/walk/shard_constraint.hpp"
 #include "headwise/calib/measure_traits.hpp"
 #include "headwise/core/progress.hpp"
 
@@ -80,9 +81,11 @@ class BlockMseMeasure final : public Measure {
       return unconditioned_decision(in, state, walked, layer_id, report);
     }
     const std::vector<solve::Group> groups = layer_groups(in.spec.layer(layer_id), acc, in.options);
-    price_layer(in, state, walked, layer_id, groups, report);
-    return layer_decision(in, walked, groups, solve::relax_at(groups, report.lambda).choice,
-                          report);
+    const int64_t allowance = price_layer(in, state, walked, layer_id, groups, report);
+    const std::vector<size_t> choice =
+        constrained_to_shards(in) ? shard_relaxed_choice(in, groups, allowance, report.lambda)
+                                  : solve::relax_at(groups, report.lambda).choice;
+    return layer_decision(in, walked, groups, choice, report);
   }
 };
 

@@ -4,6 +4,7 @@
 
 #include "calib/measures/measure.hpp"
 #include "calib/walk/seqcalib_walk.hpp"
+#include "calib/walk/shard_constraint.hpp"
 #include "headwise/core/error.hpp"
 #include "headwise/core/units.hpp"
 
@@ -67,8 +68,13 @@ void complete(const RunInputs& in, RunState& state) {
   Completion& policy = state.completion;
   const Decisions& decisions = state.decisions;
   policy.bytes_before = decisions.spent;
+  // Under tensor parallelism an upgrade of one head breaks its layer's shards: the completion is
+  // then the exact optimum over the conditioned curves among the assignments that shard.
   const auto solution =
-      solve::solve_upgrade(decisions.groups, decisions.choice, in.options.global_budget_bytes);
+      constrained_to_shards(in)
+          ? solve_within_shards(in, decisions.groups, in.options.global_budget_bytes)
+          : solve::solve_upgrade(decisions.groups, decisions.choice,
+                                 in.options.global_budget_bytes);
   policy.proven_optimal = solution.proven_optimal;
   policy.global_bytes = solution.total_bytes;
   policy.total_distortion = solution.total_distortion;
@@ -135,7 +141,7 @@ void rewalk_while_completion_moves_lower_layers(const RunInputs& in, Measure& me
 // and left layer 3 a head at 1024 that cost 0.11 in answer KL.
 std::optional<ResolvedMove> propose_resolve(const RunInputs& in, const RunState& state) {
   std::vector<size_t> choice =
-      solve::solve_exact(state.decisions.groups, in.options.global_budget_bytes).choice;
+      solve_within_shards(in, state.decisions.groups, in.options.global_budget_bytes).choice;
   Windows proposed = decided_windows(state.decisions, choice);
   const std::optional<int64_t> lowest =
       lowest_changed_layer_below_a_global_layer(in, state.completion.windows, proposed);

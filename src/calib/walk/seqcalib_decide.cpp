@@ -9,6 +9,7 @@
 #include "calib/noise/stable_choice.hpp"
 #include "calib/walk/joint_descent.hpp"
 #include "calib/walk/seqcalib_curves.hpp"
+#include "calib/walk/shard_constraint.hpp"
 #include "headwise/core/error.hpp"
 
 namespace headwise::calib::seqcalib {
@@ -117,7 +118,7 @@ LayerDecision unconditioned_decision(const RunInputs& in, const RunState& state,
 void plan_unconditioned(const RunInputs& in, RunState& state) {
   std::vector<solve::Group> all;
   for (const auto& [id, groups] : state.probe_groups) append(all, groups);
-  const auto solution = solve::solve_exact(all, in.options.global_budget_bytes);
+  const auto solution = solve_within_shards(in, all, in.options.global_budget_bytes);
   for (size_t g = 0; g < all.size(); ++g) {
     state.unconditioned_plan[all[g].layer_id].push_back(solution.choice[g]);
   }
@@ -158,9 +159,13 @@ LayerDecision decide_jointly(const RunInputs& in, RunState& state, const Decisio
       assign = stable_assignment(in, layer_id, memo, source, groups, allowance, report.lambda,
                                  assign, prefetch);
     }
+    if (constrained_to_shards(in)) {
+      assign = shard_joint_choice(in, layer_id, groups, allowance, report.lambda, assign, joint,
+                                  prefetch);
+    }
     groups = marginal_groups(in, layer_id, assign, joint, prefetch);
   } else {
-    assign = solve::solve_exact(groups, allowance).choice;
+    assign = solve_within_shards(in, groups, allowance).choice;
   }
   state.answer_evaluations += static_cast<int64_t>(memo.size() - known);
   spdlog::debug("layer {}: windows [{}], joint {} {:.6g} ({} evaluations)", layer_id,
