@@ -1,12 +1,14 @@
 #pragma once
 // Calibrating for vLLM's tensor parallelism (calibrate --tensor-parallel-size N, issue 57): vLLM
 // builds one KV cache layout for every rank, so every rank's shard of a global layer's KV heads
-// must hold the same multiset of windows (memory/tensor_parallel.hpp). After the walk, the
-// policy is re-solved exactly under that constraint over the walk's conditioned curves at the
-// same global budget (solve::solve_symmetric): each layer's windows are a multiset per shard, and
-// within each shard the heads are assigned to its levels at the least measured cost. The
-// unconstrained optimum over the same curves at the same budget is solved too, so the report
-// states what the constraint costs (in the measure's units, summed over heads).
+// must hold the same multiset of windows (memory/tensor_parallel.hpp). The walk decides every
+// layer under that constraint (calib/walk/shard_constraint.hpp), so its windows shard; this fit
+// then checks them against the exact constrained optimum over the walk's conditioned curves at
+// the same global budget (solve::solve_symmetric: each layer's windows a multiset per shard,
+// within each shard the heads assigned to its levels at the least measured cost), takes that
+// optimum where the walk's windows do not shard (a policy completed from stored curves), and
+// solves the unconstrained optimum over the same curves, so the report states what the
+// constraint costs (in the measure's units, summed over heads).
 #include <cstdint>
 #include <map>
 #include <vector>
