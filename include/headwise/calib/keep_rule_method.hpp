@@ -29,8 +29,9 @@ struct KeepRuleContext {
   const memory::MemoryOptions& memory;  // slots per window, sinks, block size
   int64_t prefill_chunk = 256;          // tokens per prefill chunk, as the runtime prefills
   int64_t attention_chunk = 512;        // query chunk of the attention kernels
-  // Where the sequences' prompt ends (the first decoded position, the same for the batch), for
-  // rules that choose at the prompt's end (snap); 0: not given, and such a rule refuses.
+  // Where the sequences' prompt ends (the first decoded position, the same for the batch:
+  // prompt_end.hpp), for rules that choose at the prompt's end (snap); 0: not given, and such a
+  // rule refuses.
   int64_t prompt_end = 0;
 };
 
@@ -46,6 +47,14 @@ class KeepRuleMethod {
   virtual at::Tensor attend(const KeepRuleContext& context, const arch::AttentionInputs& in,
                             const std::vector<int64_t>& windows,
                             const std::set<int64_t>& heads) const = 0;
+  // Whether the rule chooses once, at the prompt's end, with the question among its observing
+  // queries (snap). The calibration then measures it only on answer positions after the prompt
+  // end, where it no longer attends like full KV (prompt_end.hpp), and gives it the prompt end.
+  virtual bool chooses_at_prompt_end() const { return false; }
+  // Whether the rule may answer with far fewer slots than a window needs (snap): the pass then
+  // offers it at every ladder level, not only at the head's window, and chooses every head's rule
+  // and level jointly with one exact solve across the layers (joint_rules.hpp).
+  virtual bool offered_at_every_level() const { return false; }
 };
 
 // Registers `method` under its name (policy::register_keep_rule_name), from a static

@@ -16,6 +16,7 @@
 #include "headwise/calib/keep_rules.hpp"
 #include "headwise/calib/measure_traits.hpp"
 #include "headwise/calib/memory_plan.hpp"
+#include "headwise/calib/prompt_end.hpp"
 #include "headwise/calib/resume_checkpoint.hpp"
 #include "headwise/calib/seqcalib.hpp"
 #include "headwise/calib/tensor_parallel.hpp"
@@ -307,6 +308,12 @@ CalibrationJob::CalibrationJob(const CalibrationOptions& options, const fs::path
   else
     refuse_budget_below_minimum(s.spec, s.mem, s.fixed, o);
   s.data = load_calibration_data(o.calib, s.dir, s.spec.vocab_size, o.samples, seq_len, o.seed);
+  // A rule that chooses at the prompt's end is measured after it, and so is every trial of the
+  // run, the walk's included: all are compared on the same positions (prompt_end.hpp).
+  if (chooses_at_prompt_end(s.rules)) {
+    s.data.answer_positions = answers_after_prompt_end(s.data.answer_positions);
+    s.data.answer_rule += ", after the prompt end (each sequence's last run of answer positions)";
+  }
   o.samples = static_cast<int64_t>(s.data.sequences.size());
   s.fingerprint = policy::fingerprint_model(s.dir);
   s.model_path = model_path_for(s.dir, output);

@@ -9,11 +9,13 @@
 
 #include "calib/noise/bootstrap.hpp"
 #include "calib/noise/stable_choice.hpp"
+#include "calib/rules/joint_rules.hpp"
 #include "calib/walk/finite_checks.hpp"
 #include "headwise/arch/attention.hpp"
 #include "headwise/calib/activations.hpp"
 #include "headwise/calib/keep_rule_method.hpp"
 #include "headwise/calib/measure_traits.hpp"
+#include "headwise/calib/prompt_end.hpp"
 #include "headwise/core/error.hpp"
 #include "headwise/runtime/eviction_cache.hpp"
 
@@ -499,7 +501,11 @@ KeepRuleResult choose_keep_rules(arch::DecoderModel& model,
     keep_rule_method(rule);  // a rule without a method fails here, before any layer runs
   }
   const auto tokens = static_cast<int64_t>(sequences.front().size());
-  const KeepRuleContext context{spec, o.memory, o.prefill_chunk, model.attention_chunk()};
+  const KeepRuleContext context{spec, o.memory, o.prefill_chunk, model.attention_chunk(),
+                                rules_prompt_end(o.rules, answers)};
+  // A rule offered at every level is chosen with the levels, across the layers (joint_rules.hpp).
+  if (offered_at_every_level(o.rules))
+    return choose_keep_rules_jointly(model, sequences, windows, o, context);
   KeepRuleResult result;
   result.windows = windows;
   std::set<int64_t> selecting;

@@ -35,6 +35,9 @@ class SnapRule final : public KeepRuleMethod {
     return runtime::simulate_eviction(c.spec, in, windows, c.memory, eviction, c.prefill_chunk,
                                       c.attention_chunk, c.prompt_end);
   }
+
+  bool chooses_at_prompt_end() const override { return true; }
+  bool offered_at_every_level() const override { return true; }
 };
 
 const RegisterKeepRule kRegistered(std::make_unique<SnapRule>());
