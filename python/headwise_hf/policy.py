@@ -2,9 +2,9 @@
 
 Only what serving needs is read: the serving shape (context, dtype, block size, sink tokens,
 state dtype when the policy records one), the model fingerprint, each global layer's per-KV-head
-windows and keep rules (`kv_head_rules`: `window`, or `h2o` for a head that keeps heavy hitters
-in its slots). headwise's C++ reader is the strict one; this one checks what would make a cache
-wrong.
+windows and keep rules (`kv_head_rules`: `window`, `h2o` for a head that keeps heavy hitters
+in its slots, or `snap` for a head that keeps what the prompt's last queries attend to most).
+headwise's C++ reader is the strict one; this one checks what would make a cache wrong.
 """
 from __future__ import annotations
 
@@ -18,8 +18,8 @@ import yaml
 
 SCHEMA = "headwise/policy/v1"
 FULL = None  # a `full` window
-WINDOW, H2O = "window", "h2o"  # keep rules (kv_head_rules)
-KEEP_RULES = (WINDOW, H2O)
+WINDOW, H2O, SNAP = "window", "h2o", "snap"  # keep rules (kv_head_rules; docs/keep-rules.md)
+KEEP_RULES = (WINDOW, H2O, SNAP)
 
 _DTYPES = {
     "bfloat16": torch.bfloat16,
@@ -68,14 +68,22 @@ class Policy:
     def state_torch_dtype(self) -> Optional[torch.dtype]:
         return None if self.state_dtype is None else _STATE_DTYPES[self.state_dtype]
 
-    def h2o_heads(self) -> dict[int, list[int]]:
-        """layer id -> the KV heads whose rule is h2o (layers without one left out)."""
+    def heads_with_rule(self, rule: str) -> dict[int, list[int]]:
+        """layer id -> the KV heads whose keep rule is `rule` (layers without one left out)."""
         out = {}
         for layer, rules in sorted(self.rules.items()):
-            heads = [h for h, r in enumerate(rules) if r == H2O]
+            heads = [h for h, r in enumerate(rules) if r == rule]
             if heads:
                 out[layer] = heads
         return out
+
+    def h2o_heads(self) -> dict[int, list[int]]:
+        """layer id -> the KV heads whose rule is h2o (layers without one left out)."""
+        return self.heads_with_rule(H2O)
+
+    def snap_heads(self) -> dict[int, list[int]]:
+        """layer id -> the KV heads whose rule is snap (layers without one left out)."""
+        return self.heads_with_rule(SNAP)
 
 
 def _window(value, where: str) -> Optional[int]:

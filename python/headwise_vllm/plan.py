@@ -156,6 +156,12 @@ def layer_kinds(text_config) -> list[str]:
 
 def check_servable(policy: Policy) -> None:
     """What the policy asks that no vLLM attention layer can do: refused before the model loads."""
+    snap = policy.snap_heads()
+    if snap:
+        where = ", ".join(f"layer {l} heads {heads}" for l, heads in snap.items())
+        raise PolicyError(f"{policy.path}: kv_head_rules has snap heads ({where}); vLLM cannot compact a request's "
+                          "pages after prefill, so it cannot serve them: headwise's runtime, HeadwiseCache or "
+                          "HeadwisePress can (docs/keep-rules.md)")
     h2o = policy.h2o_heads()
     if h2o:
         where = ", ".join(f"layer {l} heads {heads}" for l, heads in h2o.items())

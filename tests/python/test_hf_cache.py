@@ -160,6 +160,77 @@ def check_h2o(cli, fixture, model, ids, ids_path, tmp, mixed, chunk, plain):
           f"{cache.layers[first].heads[0].capacity} slots)")
 
 
+def check_snap(cli, fixture, model, ids, ids_path, tmp, mixed, chunk):
+    """snap heads (kv_head_rules) served as the runtime serves them: beside window and h2o heads of
+    one layer, the prompt staged and chosen at its end; logits equal forward --policy's, the bytes
+    mem-estimate's (steady, and the prefill peak at both schedules), decoding keeps the slots."""
+    from headwise_hf.cache import HeadwiseH2OLayer
+
+    layers = sorted(mixed)
+    heads = len(mixed[layers[0]])
+    rules = {layers[0]: ["snap" if h % 2 == 0 else "window" for h in range(heads)]}
+    if len(layers) > 1:  # snap beside h2o (and, with three KV heads or more, window) in one layer
+        rules[layers[-1]] = [("snap", "h2o", "window")[h % 3] for h in range(heads)]
+    policy = write_policy(tmp / f"{fixture.name}.snap.yaml", fixture, mixed, context=256, sinks=3,
+                          levels=[8, 24, None], rules=rules)
+    seq_len = ids.shape[1]
+    ref = cli_logits(cli, fixture, ids_path, tmp / "snap.st", "--policy", policy, "--prefill-chunk", chunk)
+    chunks = [chunk] * (seq_len // chunk) + ([seq_len % chunk] if seq_len % chunk else [])
+    cache = HeadwiseCache.from_policy(policy, model, preallocate=True)
+    cache.set_prompt_length(seq_len)
+    got = hf_logits(model, ids, cache, chunks)
+    diff = (got - ref).abs().max().item()
+    check(diff <= TOL and isinstance(cache.layers[layers[0]], HeadwiseH2OLayer),
+          f"{fixture.name}: snap heads {rules} (HeadwiseCache, chunks of {chunk}) vs forward --policy: max |diff| {diff:.2e}")
+    est = json.loads(run(cli, "mem-estimate", "--config", policy, "--json", "--prompt-tokens", seq_len).stdout)
+    c = est["components"]
+    others = est["total_bytes"] - c["global_kv_bytes"] - c["selection_state_bytes"]  # local/recurrent: not HeadwiseCache's
+    cache.end_prompt()
+    steady = cache.kv_bytes() + cache.selection_bytes()
+    check(steady == c["global_kv_bytes"] + c["selection_state_bytes"] and cache.staged_bytes() == 0 and
+          cache.peak_bytes() == est["prefill"]["whole_prompt_peak_bytes"] - others,
+          f"{fixture.name}: snap bytes: steady {steady} == mem-estimate {c['global_kv_bytes'] + c['selection_state_bytes']}, "
+          f"prefill peak (whole schedule) {cache.peak_bytes()} == {est['prefill']['whole_prompt_peak_bytes'] - others}")
+    # The layer schedule: the prompt in one call, each layer chooses right after it (as kvpress).
+    layered = HeadwiseCache.from_policy(policy, model, preallocate=True, prefill_schedule="layer")
+    one = hf_logits(model, ids, layered, [seq_len])
+    ref_one = cli_logits(cli, fixture, ids_path, tmp / "snap1.st", "--policy", policy, "--prefill-chunk", seq_len,
+                         "--prefill-schedule", "layer")
+    check(layered.peak_bytes() == est["prefill"]["layer_by_layer_peak_bytes"] - others and
+          (one - ref_one).abs().max().item() <= TOL,
+          f"{fixture.name}: snap prefill peak (layer schedule) {layered.peak_bytes()} == "
+          f"{est['prefill']['layer_by_layer_peak_bytes'] - others}, logits as forward --policy --prefill-schedule layer's "
+          f"(one chunk): max |diff| {(one - ref_one).abs().max().item():.2e}")
+    try:
+        chunked = HeadwiseCache.from_policy(policy, model, prefill_schedule="layer")
+        chunked.set_prompt_length(seq_len)
+        hf_logits(model, ids, chunked, chunks)
+        refused = ""
+    except ValueError as e:
+        refused = str(e)
+    check("prefill_schedule" in refused and "\n" not in refused, f"layer schedule with chunks refused: {refused}")
+    # The choice itself: the runtime's keep rule on the staged prompt (positions kept per head).
+    layer = cache.layers[layers[0]]
+    for h, head in enumerate(layer.heads):
+        if head.snap:
+            held = head.position[0, :head.held[0]].tolist()
+            window = list(range(seq_len - 32, seq_len))
+            check(head.held[0] == min(head.capacity, seq_len) and held[-len(window):] == window[-head.held[0]:],
+                  f"{fixture.name}: snap head {h} keeps {head.held[0]} of {head.capacity} slots, the observation "
+                  f"window among them")
+    # Decoding rotates the ring and keeps the selected keys.
+    cache = HeadwiseCache.from_policy(policy, model)
+    with torch.no_grad():
+        out = model.generate(ids[:, :100], past_key_values=cache, max_new_tokens=8, do_sample=False,
+                             pad_token_id=0, min_new_tokens=8)
+    head = cache.layers[layers[0]].heads[0]
+    held = sorted(head.position[0, :head.held[0]].tolist())
+    ring = min(cache.layers[layers[0]].snap_ring, head.capacity)
+    check(out.shape[1] == 108 and head.held[0] == head.capacity and held[-ring:] == list(range(107 - ring, 107)),
+          f"{fixture.name}: generate() through a snap layer (prompt = the first call, 100 tokens; head 0 holds "
+          f"{head.held[0]} of {head.capacity} slots, its {ring}-slot ring the latest tokens)")
+
+
 def check_fixture(cli, fixture, tmp, seq_len, chunk, mixed_levels):
     from transformers import AutoModelForCausalLM
 
@@ -224,6 +295,7 @@ def check_fixture(cli, fixture, tmp, seq_len, chunk, mixed_levels):
           cache.kv_bytes() == estimate_global_kv(cli, mixed_policy, context=107),
           f"{fixture.name}: generate() through HeadwiseCache (8 new tokens, cache length {cache.get_seq_length()})")
     check_h2o(cli, fixture, model, ids, ids_path, tmp, mixed, chunk, plain)
+    check_snap(cli, fixture, model, ids, ids_path, tmp, mixed, chunk)
     print(f"     {fixture.name}: {time.time() - t0:.1f} s", flush=True)
     return mixed_policy, ids_path
 

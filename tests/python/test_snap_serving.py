@@ -1,0 +1,252 @@
+#!/usr/bin/env python3
+"""snap heads served three ways give the same tokens (issue 58 item 4): headwise's runtime decoder
+(`headwise-calc eval`), HeadwiseCache (python/headwise_hf, transformers as pinned) and HeadwisePress
+(python/headwise_kvpress, in .venv-kvpress: transformers 5.2, kvpress 0.5.5).
+
+The policy comes from the committed policies/tiny-gemma3-8k-peers-4k-25.yaml (copied to a temp dir,
+never edited in place): every global head 128 slots, kv_head_rules mixing window and snap heads in
+layers 2, 8 and 11 (h2o left out: a press cannot serve it). On the samples `eval --write-samples`
+writes for it (needles 1024 tokens back, outside every window), greedy answers:
+- the runtime decoder answers every sample right (eval's counts), and so does HeadwiseCache, so both
+  produced the answers' tokens;
+- HeadwisePress produces HeadwiseCache's tokens on every sample, and every snap head holds the
+  positions HeadwiseCache's holds after the answer (the choice at the prompt's end and the ring);
+- the same policy with layer 8's snap head turned `window` loses a needle (other tokens) in both;
+- the press refuses h2o heads and another model's policy in one line.
+Exit 0 on success, 1 on failure, 4 when kvpress cannot be imported from --venv, unless
+HEADWISE_REQUIRE_KVPRESS=1.
+
+    test_snap_serving.py --cli build/bin/headwise-calc [--venv .venv-kvpress]
+"""
+import argparse
+import json
+import os
+import pathlib
+import subprocess
+import sys
+import tempfile
+import time
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+HERE = pathlib.Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+sys.path.insert(0, str(ROOT / "python"))
+sys.path.insert(0, str(ROOT / "tools"))
+os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+
+MODEL = ROOT / "models" / "tiny-gemma3-8k"
+SOURCE_POLICY = ROOT / "policies" / "tiny-gemma3-8k-peers-4k-25.yaml"
+SNAP = {2: ["snap", "window"], 5: ["snap", "snap"], 8: ["snap", "window"], 11: ["window", "snap"]}
+SWAPPED = {**SNAP, 8: ["window", "window"]}  # layer 8's retrieving head keeps a window instead
+SAMPLES = ["--tasks", "needle_single,needle_multikey", "--samples", "4", "--seq-len", "1024",
+           "--allow-short-seq-len", "--seed", "5"]
+
+
+def write_policy(path, rules, window=128):
+    """A copy of the committed policy with every global head at `window` and the given rules; its
+    memory block (for the committed rules) is dropped, so readers check layers and windows only."""
+    import yaml
+
+    doc = yaml.safe_load(SOURCE_POLICY.read_text())
+    for key in ("memory", "non_global_layers"):
+        doc.pop(key, None)
+    doc["model_path"] = str(MODEL)
+    for entry in doc["per_layer_policies"]:
+        entry["kv_head_windows"] = [window] * len(entry["kv_head_windows"])
+        entry["kv_head_rules"] = rules[entry["layer_id"]]
+        entry.pop("expected_distortion", None)
+    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+    return path
+
+
+def load_model():
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    torch.set_num_threads(1)
+    return AutoModelForCausalLM.from_pretrained(str(MODEL), dtype=torch.float32, attn_implementation="sdpa").eval()
+
+
+def snap_positions(held):
+    """{"layer/head": sorted positions} of the snap heads."""
+    return {k: sorted(v) for k, v in held.items()}
+
+
+# --- the press, in kvpress's environment ------------------------------------------------------
+def press_answers(model, policy, samples, decode="ring"):
+    import torch
+    from transformers import DynamicCache
+
+    import peers_eval as pe
+    from headwise_kvpress import HeadwisePress
+
+    rows = []
+    with torch.no_grad():
+        for sample in samples:
+            press = HeadwisePress(policy, decode=decode)
+            with press(model):
+                right, produced = pe.answer(model, DynamicCache(config=model.config), sample,
+                                            lambda c, p: pe.next_token(model, c, p, 0))
+            held = {}
+            for layer, state in press._state.items():
+                for h, rule in enumerate(press.policy.rules[layer]):
+                    if rule == "snap":
+                        pos = state.position[0, h]
+                        held[f"{layer}/{h}"] = pos[pos >= 0].tolist()
+            rows.append({"right": right, "generated": produced, "held": held})
+    return rows
+
+
+def press_refusals(snap_policy):
+    """One-line refusals: an h2o head (the committed policy has some), another model's policy."""
+    from transformers import AutoModelForCausalLM
+
+    from headwise_hf.policy import PolicyError
+    from headwise_kvpress import HeadwisePress
+
+    out = {}
+    try:
+        HeadwisePress(str(SOURCE_POLICY))
+        out["h2o"] = ""
+    except PolicyError as e:
+        out["h2o"] = str(e)
+    other = AutoModelForCausalLM.from_pretrained(str(ROOT / "tests" / "fixtures" / "gemma3_gqa4"))
+    try:
+        with HeadwisePress(str(snap_policy))(other):
+            pass
+        out["other"] = ""
+    except PolicyError as e:
+        out["other"] = str(e)
+    return out
+
+
+def press_worker(jobs_path):
+    """Runs in .venv-kvpress: every job {policy, samples, out} and the refusals, one model load."""
+    jobs = json.loads(pathlib.Path(jobs_path).read_text())
+    model = load_model()
+    for job in jobs["answers"]:
+        samples = [json.loads(line) for line in pathlib.Path(job["samples"]).read_text().splitlines()]
+        pathlib.Path(job["out"]).write_text(json.dumps(press_answers(model, job["policy"], samples)))
+    pathlib.Path(jobs["refusals"]["out"]).write_text(json.dumps(press_refusals(jobs["refusals"]["policy"])))
+
+
+def run_press(venv, tmp, policies, samples_path):
+    """The press's answers for each policy on the samples, and its refusals (one venv process)."""
+    jobs = {"answers": [{"policy": str(p), "samples": str(samples_path), "out": str(tmp / f"press-{i}.json")}
+                        for i, p in enumerate(policies)],
+            "refusals": {"policy": str(policies[0]), "out": str(tmp / "refusals.json")}}
+    (tmp / "jobs.json").write_text(json.dumps(jobs))
+    r = subprocess.run([str(venv / "bin" / "python"), __file__, "--press-worker", str(tmp / "jobs.json")],
+                       capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    if r.returncode != 0:
+        raise SystemExit(f"FAIL the press in {venv}: {r.stderr.strip()[-2000:]}")
+    answers = [json.loads(pathlib.Path(j["out"]).read_text()) for j in jobs["answers"]]
+    return answers, json.loads((tmp / "refusals.json").read_text())
+
+
+# --- HeadwiseCache and the runtime, in the main environment --------------------------------------
+def cache_answers(model, policy, samples):
+    import torch
+
+    import peers_eval as pe
+    from headwise_hf import HeadwiseCache
+
+    rows = []
+    with torch.no_grad():
+        for sample in samples:
+            cache = HeadwiseCache.from_policy(str(policy), model)
+            right, produced = pe.answer(model, cache, sample, lambda c, p: pe.next_token(model, c, p, 0))
+            held = {}
+            for layer in cache.headwise_layers():
+                for h, head in enumerate(getattr(layer, "heads", [])):
+                    if head.snap:
+                        held[f"{layer.layer_id}/{h}"] = head.position[0, :head.held[0]].tolist()
+            rows.append({"right": right, "generated": produced, "held": held})
+    return rows
+
+
+def run(cli, *args):
+    r = subprocess.run([cli, *map(str, args)], capture_output=True, text=True,
+                       env={**os.environ, "OMP_NUM_THREADS": "1"})
+    if r.returncode != 0:
+        raise SystemExit(f"FAIL {' '.join(map(str, args))}: exit {r.returncode}: {r.stderr.strip()}")
+    return r.stdout
+
+
+def main():
+    if len(sys.argv) > 1 and sys.argv[1] == "--press-worker":
+        press_worker(sys.argv[2])
+        return 0
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--cli", required=True)
+    ap.add_argument("--venv", default=str(ROOT / ".venv-kvpress"))
+    args = ap.parse_args()
+    venv = pathlib.Path(args.venv)
+    probe = subprocess.run([str(venv / "bin" / "python"), "-c", "import kvpress"], capture_output=True, text=True) \
+        if (venv / "bin" / "python").exists() else None
+    if probe is None or probe.returncode != 0:
+        why = "no venv" if probe is None else probe.stderr.strip().splitlines()[-1]
+        if os.environ.get("HEADWISE_REQUIRE_KVPRESS") == "1":
+            print(f"FAIL: kvpress cannot be imported from {venv} ({why}); tools/setup.sh --kvpress installs it")
+            return 1
+        print(f"SKIP: kvpress cannot be imported from {venv} ({why})")
+        return 4
+    import importlib.util
+
+    missing = [m for m in ("torch", "transformers", "yaml") if importlib.util.find_spec(m) is None]
+    if missing:
+        if os.environ.get("HEADWISE_PYTHON_STACK_OPTIONAL") == "1":
+            print(f"SKIP (HEADWISE_PYTHON_STACK_OPTIONAL=1): no {', '.join(missing)}")
+            return 4
+        print(f"FAIL: the Python stack is missing ({', '.join(missing)}); tools/setup.sh installs it")
+        return 1
+    import cpu_paths  # the kernels headwise-calc runs (test_hf_cache.py does the same)
+
+    cpu_paths.pin()
+    from checklist import Checklist
+
+    check = Checklist()
+    t0 = time.time()
+    with tempfile.TemporaryDirectory(prefix="headwise-snap-") as d:
+        tmp = pathlib.Path(d)
+        policy = write_policy(tmp / "snap.yaml", SNAP)
+        swapped = write_policy(tmp / "swapped.yaml", SWAPPED)
+        samples_path = tmp / "samples.jsonl"
+        run(args.cli, "eval", "--model", MODEL, "--policy", policy, *SAMPLES, "--write-samples", samples_path, "-q")
+        samples = [json.loads(line) for line in samples_path.read_text().splitlines()]
+        runtime = json.loads(run(args.cli, "eval", "--model", MODEL, "--policy", policy, *SAMPLES, "--baselines", "",
+                                 "--json", "-q"))
+        counts = next(m for m in runtime["methods"] if m["name"] == "headwise")["tasks_counts"]
+        check(all(c["right"] == c["total"] for c in counts.values()) and sum(c["total"] for c in counts.values()) ==
+              len(samples), f"the runtime decoder answers every one of the {len(samples)} samples: {counts}")
+
+        # The press first (another process, its own model): it runs while nothing else here does.
+        (press, press_w), refusals = run_press(venv, tmp, [policy, swapped], samples_path)
+        model = load_model()
+        cache = cache_answers(model, policy, samples)
+        check(all(r["right"] for r in cache),
+              f"HeadwiseCache answers every sample ({sum(r['right'] for r in cache)}/{len(cache)}), so its tokens are "
+              "the runtime decoder's")
+        same = sum(p["generated"] == c["generated"] for p, c in zip(press, cache))
+        check(same == len(samples), f"HeadwisePress gives HeadwiseCache's tokens on {same}/{len(samples)} samples")
+        held = sum(snap_positions(p["held"]) == snap_positions(c["held"]) for p, c in zip(press, cache))
+        check(held == len(samples) and all(c["held"] for c in cache),
+              f"after the answer every snap head holds HeadwiseCache's positions in the press ({held}/{len(samples)} "
+              f"samples, {len(cache[0]['held'])} snap heads)")
+
+        # The rule matters: layer 8's head as a window loses a needle, in both.
+        cache_w = cache_answers(model, swapped, samples)
+        differ = sum(p["generated"] != c["generated"] for p, c in zip(press_w, cache))
+        check(differ > 0 and [p["generated"] for p in press_w] == [c["generated"] for c in cache_w],
+              f"layer 8 head 0 as `window`: other tokens on {differ}/{len(samples)} samples (press == HeadwiseCache "
+              f"there too: {sum(p['generated'] == c['generated'] for p, c in zip(press_w, cache_w))}/{len(samples)})")
+        h2o, other = refusals.get("h2o", ""), refusals.get("other", "")
+        check("h2o" in h2o and "layer 2 head 0" in h2o and "\n" not in h2o, f"the press refuses h2o heads: {h2o}")
+        check("layers" in other and "\n" not in other, f"the press refuses another model's policy: {other}")
+    print(f"     {time.time() - t0:.1f} s")
+    return check.exit_status()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
