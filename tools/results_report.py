@@ -155,36 +155,54 @@ def verdict(r):
 
 
 def within_budget_summary(r):
-    """The comparison a fixed memory budget allows: methods whose prefill peak (cache bytes,
-    bookkeeping included, plus any prompt K/V staged) fits the policy's bytes, ranked by mean
-    accuracy; then the ones that exceed them, with by how much and why."""
+    """The comparisons a fixed memory budget allows, as two verdicts: methods within the policy's
+    bytes at every moment (the prefill peak: cache bytes, bookkeeping included, plus any prompt K/V
+    staged), ranked by mean accuracy; methods within them after prefill only (their steady decode
+    bytes fit, the staged prompt does not: what a decode node holds under disaggregated prefill,
+    while the prefill node holds the peak); then the ones over them after prefill too, with by how
+    much and why."""
     tasks = r["tasks"]
     budget = policy_cache_bytes(r)
-    fits, over = [], []
+    always, after_prefill, over = [], [], []
     for m in r["methods"]:
         if m["name"] == "full":
             continue
         acc, (lo, hi) = mean_accuracy(m, tasks)
         entry = (acc, m["name"], lo, hi, prefill_peak(m), m)
-        (fits if prefill_peak(m) <= budget else over).append(entry)
-    fits.sort(key=lambda e: (-e[0], e[1]))
+        if prefill_peak(m) <= budget:
+            always.append(entry)
+        elif m["cache_bytes_measured"] <= budget:
+            after_prefill.append(entry)
+        else:
+            over.append(entry)
+    always.sort(key=lambda e: (-e[0], e[1]))
+    after_prefill.sort(key=lambda e: (-e[0], e[1]))
 
     def label(n):
         return "**headwise**" if n == "headwise" else shown_name(n)
 
+    def why(m):
+        reasons = []
+        if staged_prompt_bytes(m):
+            reasons.append("stages the whole prompt's K/V" if m["name"] != "headwise"
+                           else "its snap heads stage the prompt's K/V until they choose")
+        if m["cache_bytes_measured"] > budget:
+            reasons.append(f"holds {m['cache_bytes_measured'] - budget:,} B more than the policy throughout "
+                           f"(bookkeeping on the policy's slots)")
+        return " and ".join(reasons)
+
+    def ranked(entries):
+        return ", ".join(f"{label(n)} {a:.3f} [{lo:.2f}, {hi:.2f}]" for a, n, lo, hi, _, _ in entries) or "none"
+
     lines = [f"Within the policy's {budget:,} bytes at every moment of prefill and decode (K/V, bookkeeping and any "
-             "staged prompt counted alike), by mean accuracy: "
-             + ", ".join(f"{label(n)} {a:.3f} [{lo:.2f}, {hi:.2f}]" for a, n, lo, hi, _, _ in fits) + "."]
+             "staged prompt counted alike), by mean accuracy: " + ranked(always) + "."]
+    if after_prefill:
+        lines.append("Within them after prefill only (the steady decode bytes fit: what a decode node holds under "
+                     "disaggregated prefill, where the prefill node holds the peak), by mean accuracy: "
+                     + ", ".join(f"{label(n)} {a:.3f} [{lo:.2f}, {hi:.2f}] (peak {peak:,} bytes, {peak / budget:.2f}x: "
+                                 f"{why(m)})" for a, n, lo, hi, peak, m in after_prefill) + ".")
     if over:
-        def why(m):
-            reasons = []
-            if staged_prompt_bytes(m):
-                reasons.append("stages the whole prompt's K/V")
-            if m["cache_bytes_measured"] > budget:
-                reasons.append(f"holds {m['cache_bytes_measured'] - budget:,} B more than the policy throughout "
-                               f"(bookkeeping on the policy's slots)")
-            return " and ".join(reasons)
-        lines.append("Over the budget at their peak: "
+        lines.append("Over them after prefill too: "
                      + "; ".join(f"{shown_name(n)} {a:.3f} [{lo:.2f}, {hi:.2f}] at {peak:,} bytes ({peak / budget:.2f}x: "
                                  f"{why(m)})" for a, n, lo, hi, peak, m in sorted(over, key=lambda e: e[1])) + ".")
     lines.extend(not_run_lines(r))
