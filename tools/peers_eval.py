@@ -14,6 +14,10 @@ Methods (the environment each needs):
   headwise             HeadwiseCache.from_policy(--policy), prefilled in --prefill-chunk chunks, as
                        a serving engine prefills (main environment, transformers as pinned)
   unconditioned        the same with --unconditioned-policy (headwise's --no-conditioning ablation)
+  headwise-press       the policy (--policy) through HeadwisePress (python/headwise_kvpress, .venv-kvpress): each
+                       global layer compressed after the prompt's forward as the policy's rules keep (window
+                       and snap heads; h2o refused), decoding with the snap heads' ring masked as the runtime
+                       drops it; the tokens are HeadwiseCache's (tests/python/test_snap_serving.py)
   kvpress:PRESS        a kvpress press (.venv-kvpress): snapkv, pyramidkv, streamingllm, tova, knorm,
                        expected (ExpectedAttention), adakv-expected and adakv-snapkv (AdaKV wrapping
                        the scorer). The press compresses each global layer's cache at the end of the
@@ -33,7 +37,7 @@ table: Gemma 3's rotary embedding takes the layer type, which kvpress does not p
 
 Writes one JSON line per (method, sample): method, task, index, right, generated, and the global
 layers' cache bytes counted in --kv-dtype (the policy's): kept_bytes after prefill (K/V a press
-kept; headwise's K/V plus its h2o heads' positions and scores), held_bytes (what the cache's
+kept; headwise's K/V plus its h2o and snap heads' positions and scores), held_bytes (what the cache's
 tensors hold: more than kept when a press masks keys instead of freeing them) and
 prefill_peak_bytes (the most the global layers held at once during prefill).
 """
@@ -141,12 +145,9 @@ def make_press(name, compression_ratio):
     return scorers[name](compression_ratio=compression_ratio)
 
 
-@contextlib.contextmanager
-def press_on_global_layers(press, model, layers, peak):
-    """kvpress's BasePress.__call__ for the global layers only, recording the prefill's K/V peak."""
-    press.post_init_from_model(model)
-    decoder = model.model
-    hooks = []
+def peak_counter(layers, peak):
+    """A forward hook that records the K/V tokens the global layers hold, up to the hooked one, as
+    it returns (before a press compresses it: the layer's whole prompt K/V is held then)."""
 
     def count_peak(module, args, kwargs, output):
         cache = kwargs["past_key_values"]
@@ -155,6 +156,16 @@ def press_on_global_layers(press, model, layers, peak):
                    and cache.layers[i].keys.dim() == 4)
         peak[0] = max(peak[0], held)
 
+    return count_peak
+
+
+@contextlib.contextmanager
+def press_on_global_layers(press, model, layers, peak):
+    """kvpress's BasePress.__call__ for the global layers only, recording the prefill's K/V peak."""
+    press.post_init_from_model(model)
+    decoder = model.model
+    hooks = []
+    count_peak = peak_counter(layers, peak)
     try:
         for i in layers:
             attn = decoder.layers[i].self_attn
@@ -210,6 +221,40 @@ def kvpress_method(model, name, keep_tokens, layers, token_bytes, question_token
     return run
 
 
+def headwise_press_method(model, policy_path, layers, token_bytes):
+    """The policy through HeadwisePress: kept = the K/V tokens its heads keep after the prompt, held =
+    the layers' tensors (each as long as its largest head's keep), peak = the prefill's most."""
+    from transformers import DynamicCache
+
+    from headwise_kvpress import HeadwisePress
+
+    def run(sample):
+        press = HeadwisePress(policy_path)
+        peak, after = [0], []
+        decoder = model.model
+
+        def prefill(cache, prompt):
+            # Prepended: each runs before the press compresses its layer.
+            hooks = [decoder.layers[i].self_attn.register_forward_hook(peak_counter(layers, peak), with_kwargs=True,
+                                                                        prepend=True) for i in layers]
+            try:
+                token = next_token(model, cache, prompt, 0)
+            finally:
+                for h in hooks:
+                    h.remove()
+            kept = sum(n for per_b in press.kept_tokens().values() for heads in per_b for n in heads)
+            held = sum(cache.layers[i].keys.shape[1] * cache.layers[i].keys.shape[2] for i in layers)
+            after.append((kept, held))
+            return token
+
+        with press(model):
+            right, produced = answer(model, DynamicCache(config=model.config), sample, prefill)
+        (kept, held), = after
+        return right, produced, kept * token_bytes, held * token_bytes, peak[0] * token_bytes
+
+    return run
+
+
 # ---------------------------------------------------------------------------------------------
 # headwise and full KV
 def headwise_method(model, policy_path, chunk):
@@ -219,18 +264,22 @@ def headwise_method(model, policy_path, chunk):
 
     def run(sample):
         cache = HeadwiseCache.from_policy(policy, model)
-        peak = [0]
+        peak, kept = [0], [0]
 
         def prefill(cache, prompt):
             token = None
+            cache.set_prompt_length(len(prompt))  # snap heads choose at its end, not the first chunk's
             for start in range(0, len(prompt), chunk):
                 token = next_token(model, cache, prompt[start:start + chunk], start)
-                # K/V and the h2o heads' positions and scores: the policy's bytes, in its KV dtype.
-                peak[0] = max(peak[0], cache.kv_bytes() + cache.selection_bytes())
+                # K/V, the selecting heads' positions and scores and the snap heads' staged prompt: the
+                # policy's bytes, in its KV dtype.
+                peak[0] = max(peak[0], cache.kv_bytes() + cache.selection_bytes() + cache.staged_bytes())
+            cache.end_prompt()
+            kept[0] = cache.kv_bytes() + cache.selection_bytes()
             return token
 
         right, produced = answer(model, cache, sample, prefill)
-        return right, produced, peak[0], peak[0], peak[0]
+        return right, produced, kept[0], kept[0], peak[0]
 
     return run
 
@@ -293,6 +342,10 @@ def main():
     for m in methods:
         if m in ("full", "full@kvpress"):  # the second names kvpress's environment's run of it
             runners[m] = full_method(model, layers, token_bytes)
+        elif m == "headwise-press":
+            if not args.policy:
+                fail(f"--methods {m} needs --policy")
+            runners[m] = headwise_press_method(model, args.policy, layers, token_bytes)
         elif m in ("headwise", "unconditioned"):
             path = args.policy if m == "headwise" else args.unconditioned_policy
             if not path:
@@ -308,7 +361,7 @@ def main():
                      f"--keep-tokens, got {args.question_tokens}")
             runners[m] = kvpress_method(model, m, args.keep_tokens, layers, token_bytes, args.question_tokens)
         else:
-            fail(f"--methods {m}: unknown method (full, headwise, unconditioned, kvpress:PRESS)")
+            fail(f"--methods {m}: unknown method (full, headwise, unconditioned, headwise-press, kvpress:PRESS)")
 
     tmp = pathlib.Path(args.out + ".tmp")
     with open(tmp, "w") as out, torch.no_grad():

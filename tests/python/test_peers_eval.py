@@ -11,6 +11,9 @@ itself under the venv's). On the gemma3_vllm fixture (sliding, global, sliding, 
 - ExpectedAttention runs on Gemma 3's two rotary tables (kvpress alone raises);
 - --question-tokens compresses the context only (kvpress's pipeline), and tools/press_keeps.py
   finds the needle where the haystack plants it;
+- headwise-press (HeadwisePress, python/headwise_kvpress) keeps each head's slots of a policy mixing
+  window and snap heads, holds each layer as long as its largest head's keep, and peaks at the layer
+  below compressed plus one whole prompt;
 - the greedy answer follows answer_source as headwise's eval does: generated tokens are the model's,
   given ones the answer's, copies repeat the model's own earlier tokens (checked on a stub model).
 Exit 0 on success, 1 on failure, 4 when kvpress cannot be imported, unless HEADWISE_REQUIRE_KVPRESS=1.
@@ -29,6 +32,42 @@ from venv_reexec import reexec_in_venv  # noqa: E402
 
 os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+
+
+def check_headwise_press(check, pe, model, layers, token_bytes, sample, prompt_tokens):
+    """headwise-press on a policy with window and snap heads in both global layers (slots per head
+    round_up(min(w, C), 16) at sinks 0)."""
+    import tempfile
+
+    import yaml
+
+    from headwise_hf.policy import config_sha256
+
+    fixture = pathlib.Path(model.config._name_or_path)
+    windows = {1: [16, 40, 100, 16], 3: [40, 16, 16, 100]}
+    rules = {1: ["snap", "window", "snap", "window"], 3: ["window", "snap", "snap", "window"]}
+    doc = {"schema": "headwise/policy/v1", "model_name": fixture.name, "model_path": str(fixture),
+           "model_fingerprint": {"config_sha256": config_sha256(fixture)}, "budget_gb": 0, "context": 512, "batch": 1,
+           "dtype": "bfloat16", "block_size": 16, "sink_tokens": 0, "window_levels": [16, 40, 100, "full"],
+           "per_layer_policies": [{"layer_id": l, "kv_head_windows": windows[l], "kv_head_rules": rules[l]}
+                                  for l in (1, 3)]}
+    with tempfile.TemporaryDirectory(prefix="headwise-press-") as d:
+        path = pathlib.Path(d) / "policy.yaml"
+        path.write_text(yaml.safe_dump(doc, sort_keys=False))
+        right, produced, kept, held, peak = pe.headwise_press_method(model, str(path), layers, token_bytes)(sample)
+        slots = {l: [min(-(-w // 16) * 16, prompt_tokens) for w in windows[l]] for l in (1, 3)}
+        want = sum(sum(v) for v in slots.values()) * token_bytes
+        longest = {l: max(v) * len(v) for l, v in slots.items()}
+        check(kept == want and held == sum(longest.values()) * token_bytes and len(produced) == 3,
+              f"headwise-press: kept {kept} = {want} bytes (each head its slots), held {held} (each layer its "
+              f"longest head's), answered {produced}")
+        check(peak == (longest[1] + prompt_tokens * len(windows[3])) * token_bytes,
+              f"headwise-press: prefill peak {peak} = layer 1 compressed + one whole prompt")
+        doc["per_layer_policies"][0]["kv_head_rules"] = ["window"] * 4
+        doc["per_layer_policies"][1]["kv_head_rules"] = ["window"] * 4
+        path.write_text(yaml.safe_dump(doc, sort_keys=False))
+        _, _, kept_w, _, _ = pe.headwise_press_method(model, str(path), layers, token_bytes)(sample)
+        check(kept_w == kept, f"headwise-press with every head `window`: the same slots ({kept_w} bytes)")
 
 
 def main():
@@ -102,6 +141,8 @@ def main():
         full = T * kv_heads * len(layers) * token_bytes
         check(kept == keep * kv_heads * len(layers) * token_bytes and held == full and peak == full,
               f"adakv-expected: kept {kept}, held {held} = full {full}, peak {peak}")
+
+    check_headwise_press(check, pe, model, layers, token_bytes, sample, T)
 
     # tools/press_keeps.py finds the needle's value tokens after the planted copy of the question.
     import press_keeps
