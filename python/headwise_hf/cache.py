@@ -492,7 +492,6 @@ class PromptState:
     def __init__(self, schedule: str, staged_total):
         self.begin, self.end = 0, None
         self.schedule = schedule
-        self.calls = 0  # forward calls within the prompt (layer schedule: must be one)
         self._staged_total = staged_total
         self.peak_staged = 0
 
@@ -736,6 +735,9 @@ class HeadwiseH2OLayer(_PolicyLayer):
                 head.held = [0] * len(head.held)
         self.staging = False
         self.snap_ring = 0
+        # A fresh sequence: its prompt is told again or is its first call (the peak is kept: it is a
+        # property of the whole run, as the runtime's).
+        self.prompt.end = None
         self.cumulative_length = 0
         self.pending = None
 
