@@ -172,6 +172,10 @@ TEST_CASE("parsing a request names the flag at fault in one line", "[calib]") {
   CHECK_THAT(error({{"state_dtype", "int8"}}), Catch::Contains("--state-dtype"));
   CHECK_THAT(error({{"activations", "gpu"}}), Catch::Contains("--activations"));
   CHECK_THAT(error({{"budgett", "1"}}), Catch::Contains("'budgett'"));
+  // vLLM's reservation setting without vLLM's engine would be ignored: refused, naming both.
+  CHECK_THAT(error({{"max_num_batched_tokens", "2048"}}),
+             Catch::Contains("--max-num-batched-tokens") && Catch::Contains("--engine vllm"));
+  CHECK(error({{"max_num_batched_tokens", "2048"}, {"engine", "vllm"}}) == "(accepted)");
   CHECK(error({{"seq_len", "auto"}, {"state_dtype", "native"}, {"kv_dtype", "fp8"}}) ==
         "(accepted)");
 }

@@ -229,6 +229,13 @@ CalibrationOptions parse_calibration_options(const CalibrationRequest& request) 
       if (!known) throw_input_error("no calibration option is called '{}'", name);
     }
   }
+  // headwise's bytes have no batched-token reservation: a value given without vllm's engine
+  // would be silently ignored (mem-estimate refuses it the same way).
+  if (request.contains("max_num_batched_tokens") && o.engine != "vllm") {
+    throw_field_error("max_num_batched_tokens",
+                      " is vLLM's reservation setting: it counts only with {} vllm (got {} {})",
+                      field_ref("engine"), field_ref("engine"), o.engine);
+  }
   return o;
 }
 
