@@ -1,10 +1,12 @@
 // The methods eval compares: the policy, full KV, and baselines at the policy's bytes.
 #include <c10/core/InferenceMode.h>
+#include <fmt/ranges.h>
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
 #include <limits>
 #include <optional>
+#include <set>
 #include <tuple>
 
 #include "headwise/arch/attention.hpp"
@@ -314,21 +316,36 @@ memory::MemoryOptions method_options(const MethodWindows& method,
   return o;
 }
 
+// What the policy's heads keep, rule by rule, for the rules it uses (docs/keep-rules.md).
+static std::string keep_rules_description(const std::set<std::string>& used) {
+  static const std::vector<std::pair<std::string, std::string>> kRules{
+      {"h2o",
+       "h2o heads: heavy hitters by accumulated attention plus the most recent tokens, half the "
+       "slots each"},
+      {"snap",
+       "snap heads: at the prompt's end the keys its last 32 queries attend to most (max-pooled, "
+       "kernel 7) plus that window, then a ring of the most recent tokens"},
+      {"window", "window heads: their window, as the grouped cache keeps it"}};
+  std::vector<std::string> parts;
+  for (const auto& [rule, text] : kRules) {
+    if (used.contains(rule)) parts.push_back(text);
+  }
+  return fmt::format("{}", fmt::join(parts, "; "));
+}
+
 MethodWindows policy_method(const std::string& name, const policy::Policy& policy) {
   MethodWindows m{name, policy.head_windows()};
   const auto selection = runtime::policy_selection(policy);
   if (!selection) return m;
   nlohmann::json rules = nlohmann::json::object();
+  std::set<std::string> used;
   for (const auto& layer : policy.per_layer_policies) {
     for (size_t h = 0; h < layer.kv_head_windows.size(); ++h) {
+      used.insert(policy::keep_rule_name(layer.rule(h)));
       rules[std::to_string(layer.layer_id)].push_back(policy::keep_rule_name(layer.rule(h)));
     }
   }
-  m.details = {{"kv_head_rules", rules},
-               {"rule",
-                "h2o heads: heavy hitters by accumulated attention plus the most recent tokens, "
-                "half the slots "
-                "each; window heads: their window, as the grouped cache keeps it"}};
+  m.details = {{"kv_head_rules", rules}, {"rule", keep_rules_description(used)}};
   m.eviction = selection;
   m.selecting_layers = selection->layers;
   return m;
