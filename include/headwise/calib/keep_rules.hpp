@@ -63,9 +63,10 @@ struct KeepRuleOptions {
   // the sequences may be this rank's shard (its evaluations sum over every rank). nullptr: the
   // exact measure on every sequence.
   AnswerSpan* span = nullptr;
-  // --decisions stable (issue 59; span measure, one process): a layer's rules are the first trial,
-  // fewest selecting heads first, that the bootstrap over the sequences does not separate from the
-  // best measured one; false: the least measured value.
+  // --decisions stable (issue 59; span measure, one process): a layer's rules are the trial with
+  // the most selecting heads unless the bootstrap over the sequences (with a minimum effect)
+  // separates it as worse than the best measured one, then the best; false: the least measured
+  // value.
   bool stable_decisions = false;
 };
 

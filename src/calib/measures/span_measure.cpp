@@ -12,6 +12,7 @@
 #include <optional>
 
 #include "calib/measures/measure.hpp"
+#include "calib/noise/stable_choice.hpp"
 #include "calib/walk/joint_descent.hpp"
 #include "calib/walk/seqcalib_completion.hpp"
 #include "calib/walk/seqcalib_cores.hpp"
@@ -162,7 +163,9 @@ void resolve_across_layers_by_walks(const RunInputs& in, Measure& measure, RunSt
   rewalk_above_fixed(in, measure, state, move->lowest, move->windows);
   const double rewalked = state.walk.divergence;
   passes.divergence_by_resolve.push_back(rewalked);
-  if (!(rewalked < walked)) {
+  const bool better = in.options.stable_decisions ? noise::stable_refinement_kept(walked, rewalked)
+                                                  : rewalked < walked;
+  if (!better) {
     spdlog::info("re-solved walk: {} {:.6g}, not below {:.6g}: kept the first walk's policy",
                  in.measured_label(), rewalked, walked);
     roll_back(state, std::move(kept));
@@ -202,7 +205,11 @@ void resolve_across_layers_on_the_span(const RunInputs& in, AnswerSpan& span, Ru
       span.evaluate_policies(move->lowest, stream, {policy, move->windows}, "re-solve");
   const double walked = passes.span_by_resolve.at(0);
   const double resolved = passes.span_by_resolve.at(1);
-  if (!(resolved < walked)) {
+  // --decisions stable: a point comparison of two policies moves with the seed where they are
+  // close, so the re-solve is kept only for a gain of the minimum effect (noise/stable_choice.hpp).
+  const bool better = in.options.stable_decisions ? noise::stable_refinement_kept(walked, resolved)
+                                                  : resolved < walked;
+  if (!better) {
     spdlog::info("re-solved policy: span {} {:.6g}, not below the walk's {:.6g}: kept the walk's",
                  in.measured_label(), resolved, walked);
     return;

@@ -24,14 +24,15 @@ size_t sign_threshold(size_t n) {
   return n + 1;  // never
 }
 
-// Whether candidate c is separated from the best: its measured gap is above 0 by more than t
+// Whether candidate c is separated from the best: its measured gap is at least `least_gap` (the
+// minimum effect, on the layer's scale) and above 0 by more than t
 // standard errors (the replicates' standard deviation, widened by sqrt(N/(N−1))), and it is worse
 // on so many sequences (each sequence's own mean over its answers) that a fair coin would be so
 // lopsided in at most 5% of draws. The second part keeps one or two sequences, whose needles one
 // head happens to hold, from separating heads that the other sequences cannot tell apart.
-bool separated(const StableCandidate& c, const StableCandidate& best, double gap,
+bool separated(const StableCandidate& c, const StableCandidate& best, double gap, double least_gap,
                const std::vector<double>& gaps, size_t sequences) {
-  if (gaps.size() < 2 || sequences < 2) return false;
+  if (gaps.size() < 2 || sequences < 2 || !(gap >= least_gap)) return false;
   double mean = 0.0, squares = 0.0;
   for (double g : gaps) mean += g;
   mean /= static_cast<double>(gaps.size());
@@ -58,8 +59,12 @@ double t_quantile(double z, double df) {
   return z + (z3 + z) / (4.0 * df) + (5.0 * z5 + 16.0 * z3 + 3.0 * z) / (96.0 * df * df);
 }
 
+bool stable_refinement_kept(double before, double after) {
+  return before - after >= kStableRefinementEffect * std::abs(before);
+}
+
 StableChoice stable_choice(const std::vector<StableCandidate>& candidates, uint64_t seed,
-                           size_t replicates) {
+                           size_t replicates, double min_effect) {
   HEADWISE_CHECK(!candidates.empty(), "stable choice: no candidates");
   const size_t sequences = candidates.front().values->sums.size();
   StableChoice out;
@@ -77,6 +82,7 @@ StableChoice stable_choice(const std::vector<StableCandidate>& candidates, uint6
   }
   out.chosen = out.best;
   if (out.best == 0) return out;  // the most preferred is the best itself
+  const double least_gap = min_effect * std::abs(best_j - candidates[out.best].penalty);
   const auto weights = bootstrap_weights(sequences, replicates, seed);
   std::vector<double> best_reps;
   best_reps.reserve(weights.size());
@@ -89,7 +95,8 @@ StableChoice stable_choice(const std::vector<StableCandidate>& candidates, uint6
       if (std::isnan(d) || std::isnan(best_reps[r])) continue;
       gaps.push_back(d + candidates[c].penalty - best_reps[r] - candidates[out.best].penalty);
     }
-    if (!separated(candidates[c], candidates[out.best], point[c] - best_j, gaps, sequences)) {
+    if (!separated(candidates[c], candidates[out.best], point[c] - best_j, least_gap, gaps,
+                   sequences)) {
       out.chosen = c;
       return out;
     }

@@ -16,6 +16,21 @@
 // the layer-3 assignments that cut head 0 and head 1). Candidates that the data tell apart on
 // most sequences are decided by the data; among the others, the order decides, the same under
 // every seed.
+//
+// A third condition, the minimum effect, puts the test's edge where the seeds do not fall: c is
+// separated only if its gap is also at least a set multiple of the best's own measured value (its
+// pooled D, the penalty aside). Both tests above judge the gap against the noise of the same 8
+// sequences, and a real but small gap sits near their threshold: with them alone, layer 1 of the
+// 8K default model at 25% took [512,512,128,128] under seeds 1, 3, 4 and [512,128,128,512] under 0
+// and 2, the gap at 1-3 standard errors each time. The layer's own scale moves far less with the
+// seed than the standard error does. The multiples, from the gaps measured across seeds 0-4 of
+// the evidence configurations (docs/seqcalib.md):
+// - kStableSwapEffect, the walk's choice of which head keeps which level (the bytes settled): the
+//   gaps between such assignments that the seeds disagreed on were 0.003-0.55 of the best's D;
+// - kStableRuleEffect, the keep rules: the trial with every evicting head selecting was within
+//   0.05 of the least where the seeds disagreed (layer 1 above) and 0.44-0.67 worse (seed 0) in
+//   the layers the point rule kept at windows (the 8K default model's layer 3 under every seed,
+//   the 8K Gemma model's layer 5 under four of five).
 #include <cstdint>
 #include <vector>
 
@@ -26,6 +41,8 @@ namespace headwise::calib::noise {
 inline constexpr size_t kStableReplicates = 2000;
 inline constexpr double kStableNormalQuantile = 1.959963984540054;  // two-sided 5%
 inline constexpr double kSignTail = 0.05;  // one-sided: 7 of 8 sequences, 13 of 16
+inline constexpr double kStableSwapEffect = 0.75;
+inline constexpr double kStableRuleEffect = 0.25;
 
 // Student's t quantile for `df` degrees of freedom at the normal quantile z (Cornish-Fisher, within
 // 0.01 of the table from 5 degrees of freedom on).
@@ -44,8 +61,18 @@ struct StableChoice {
 };
 
 // `candidates` in the order of preference (most preferred first; at least one). Deterministic in
-// `seed` (bootstrap.hpp's draws).
+// `seed` (bootstrap.hpp's draws). `min_effect`: the least gap, as a multiple of the best's pooled
+// D, that separates (0: the two tests alone).
 StableChoice stable_choice(const std::vector<StableCandidate>& candidates, uint64_t seed,
-                           size_t replicates = kStableReplicates);
+                           size_t replicates = kStableReplicates, double min_effect = 0.0);
+
+// Whether a refinement that replaces a policy valued `before` by one valued `after` (a point
+// comparison of two whole policies without per-sequence values: the cross-layer re-solve on the
+// span) is taken under --decisions stable: only when it lowers the value by at least
+// kStableRefinementEffect of `before`. On the evidence configurations' seeds 0-4 the re-solves
+// that every seed of a configuration kept alike lowered the span value by 15-42%; the one a
+// single seed kept, by 1.7%.
+inline constexpr double kStableRefinementEffect = 0.10;
+bool stable_refinement_kept(double before, double after);
 
 }  // namespace headwise::calib::noise
