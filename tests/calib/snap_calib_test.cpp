@@ -5,12 +5,17 @@
 #include <catch2/catch.hpp>
 
 #include <cmath>
+#include <filesystem>
 
+#include "../arch/fixture_reference.hpp"
 #include "headwise/arch/ops.hpp"
 #include "headwise/calib/answer_span.hpp"
+#include "headwise/calib/calibration_job.hpp"
+#include "headwise/calib/calibration_options.hpp"
 #include "headwise/calib/keep_rules.hpp"
 #include "headwise/calib/prompt_end.hpp"
 #include "headwise/core/error.hpp"
+#include "headwise/policy/policy.hpp"
 #include "toy_model.hpp"
 
 using namespace headwise;
@@ -226,4 +231,33 @@ TEST_CASE("snap's prompt end: the last run of answers, shared by the sequences o
   CHECK(calib::rules_prompt_end(snap, calib::answers_after_prompt_end(queries)) == 20);
   CHECK(calib::rules_prompt_end({policy::KeepRule::kH2O}, queries) == 0);
   CHECK_THROWS_AS(calib::answers_after_prompt_end({{}}), InputError);
+}
+
+TEST_CASE(
+    "--keep-rules window,h2o,snap end to end on a fixture; the exact measures are refused first",
+    "[calib][keep-rules]") {
+  const auto request = [](const std::string& distortion) {
+    return calib::CalibrationRequest{{"model", testing::fixture_dir("qwen3_next_tiny").string()},
+                                     {"context", "512"},
+                                     {"budget", "24k"},
+                                     {"windows", "8,32,full"},
+                                     {"seq_len", "96"},
+                                     {"samples", "4"},
+                                     {"seed", "3"},
+                                     {"keep_rules", "window,h2o,snap"},
+                                     {"distortion", distortion}};
+  };
+  const auto out = std::filesystem::temp_directory_path() / "snap-calib.yaml";
+  // Refused before the walk runs, in one line naming both flags.
+  CHECK_THROWS_WITH(
+      calib::CalibrationJob(calib::parse_calibration_options(request("answer-tv")), out),
+      Catch::Contains("--keep-rules window,h2o,snap: snap is chosen jointly") &&
+          Catch::Contains("--distortion answer-tv-span"));
+  calib::CalibrationJob job(calib::parse_calibration_options(request("answer-tv-span")), out);
+  const auto outcome = job.run(calib::RunControl{});
+  // The policy records where it measured, and stays within the budget with its bookkeeping.
+  CHECK_THAT(outcome.policy_yaml, Catch::Contains("after the prompt end"));
+  CHECK_THAT(outcome.policy_yaml, Catch::Contains("keep_rules: \"window,h2o,snap\""));
+  const auto policy = policy::from_yaml(outcome.policy_yaml, "snap-calib.yaml");
+  CHECK(policy.memory.total_bytes <= 24 * 1024);
 }

@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <optional>
 
+#include "calib/rules/joint_rules.hpp"
 #include "headwise/arch/context_guard.hpp"
 #include "headwise/arch/model.hpp"
 #include "headwise/calib/activations.hpp"
@@ -297,6 +298,13 @@ CalibrationJob::CalibrationJob(const CalibrationOptions& options, const fs::path
   if (seq_len <= 0) throw_field_error("seq_len", ": '{}' must be positive", seq_len);
   o.seq_len = seq_len;
   check_measure_options(o, !s.rules.empty());
+  // Before the walk: a rule chosen with the levels is measured on the answer span only.
+  if (offered_at_every_level(s.rules) && !measure_traits(o.distortion).runs_on_span) {
+    throw_field_error("keep_rules",
+                      " {}: snap is chosen jointly with the windows on the answer span; use a span "
+                      "measure ({} answer-tv-span or answer-kl-span), not {}",
+                      o.keep_rules, field_ref("distortion"), distortion_measure_name(o.distortion));
+  }
   s.unmeasured = unmeasured_levels(o.windows.levels, seq_len, s.mem.context);
   refuse_unmeasured_levels(s.unmeasured, seq_len, o.extrapolate);
   if (o.samples <= 0) throw_field_error("samples", " must be positive, got {}", o.samples);
