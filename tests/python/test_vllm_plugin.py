@@ -31,7 +31,7 @@ Run with .venv-vllm/bin/python (tools/setup.sh --vllm). Every engine runs in thi
      without a policy runs first: the plugin must take over in a process that built the stock
      class already.
   3. Refusals: a policy with h2o heads (one line naming --keep-rules window, from the check tool
-     and from the plugin's entry point), sink tokens, another model's policy (also a Qwen3-Next
+     and from the plugin's entry point), snap heads (one line naming them), sink tokens, another model's policy (also a Qwen3-Next
      policy on Qwen3.5), a hybrid's policy naming a linear-attention layer, a model family the
      plugin does not serve. (The server's refusals: test_vllm_server.py.) An untested vLLM (its
      version monkeypatched): the entry point and the check tool stop in one line naming the
@@ -132,6 +132,15 @@ def check_refusals(fixtures, tmp):
            f"the plugin's entry point refuses an h2o policy (an exit with one line): {e.code}")
     finally:
         del os.environ["HEADWISE_POLICY"]
+    # snap heads choose at the prompt's end and keep their choice: vLLM cannot compact a request's
+    # pages after prefill, so the check refuses them in one line, before weights load.
+    snap = write_policy(tmp / "snap.yaml", g, POLICIES["gemma3_vllm"],
+                        rules={1: ["window", "snap", "window", "window"], 3: ["window"] * 4})
+    r = run([sys.executable, "-m", "headwise_vllm.check", "--model", g, "--policy", snap, "--max-model-len", 4096,
+             "--tokens", ids, "--json"], expect_ok=False)
+    lines = r.stderr.strip().splitlines()
+    ok(r.returncode == 1 and len(lines) == 1 and "snap" in lines[0] and "layer 1 heads [1]" in lines[0]
+       and not r.stdout, f"check refuses a snap policy in one line naming its heads: {r.stderr.strip()}")
     sinks = write_policy(tmp / "sinks.yaml", g, POLICIES["gemma3_vllm"], sinks=4)
     r = run([sys.executable, "-m", "headwise_vllm.check", "--model", g, "--policy", sinks, "--max-model-len", 4096,
              "--tokens", ids], expect_ok=False)
