@@ -8,6 +8,7 @@
 #include <filesystem>
 
 #include "../arch/fixture_reference.hpp"
+#include "calib/rules/joint_rules.hpp"
 #include "headwise/arch/ops.hpp"
 #include "headwise/calib/answer_span.hpp"
 #include "headwise/calib/calibration_job.hpp"
@@ -165,6 +166,34 @@ std::set<int64_t> selecting_layers(const calib::KeepRuleResult& r) {
   return out;
 }
 
+// A head's measured options for the joint solve (ladder 8, 40, 64, full; snap below the 160
+// tokens), the walk's window 64 at `base`, a full window `full_above` above it. A head with
+// `snap_helps` looks better at snap 40 than at its window alone, and a hair worse at snap 64.
+std::vector<calib::joint::HeadOption> head_options(double base, double full_above,
+                                                   bool snap_helps) {
+  using policy::KeepRule;
+  const double snap = snap_helps ? 0.05 : 0.4;
+  return {{KeepRule::kWindow, 8, 0.4},
+          {KeepRule::kWindow, 40, 0.3},
+          {KeepRule::kWindow, 64, base},
+          {KeepRule::kWindow, kFullWindow, base + full_above},
+          {KeepRule::kSnap, 8, snap_helps ? 0.2 : 0.4},
+          {KeepRule::kSnap, 40, snap},
+          {KeepRule::kSnap, 64, snap_helps ? 0.0505 : 0.4}};
+}
+
+// Global layers 0..layers-1 of two heads each at base 0.1: head 0's full window 0.001 above
+// (within kSpendTolerance of 0.1), head 1's 0.01 (beyond it); snap helps head 1 only with
+// `snap_everywhere`.
+std::vector<calib::joint::LayerOptions> joint_options(int64_t layers, bool snap_everywhere) {
+  std::vector<calib::joint::LayerOptions> out;
+  for (int64_t l = 0; l < layers; ++l) {
+    out.push_back(
+        {l, 0.1, {head_options(0.1, 0.001, true), head_options(0.1, 0.01, snap_everywhere)}, 14});
+  }
+  return out;
+}
+
 }  // namespace
 
 TEST_CASE("snap is chosen, at fewer slots, for the head whose needle only the question finds",
@@ -260,4 +289,109 @@ TEST_CASE(
   CHECK_THAT(outcome.policy_yaml, Catch::Contains("keep_rules: \"window,h2o,snap\""));
   const auto policy = policy::from_yaml(outcome.policy_yaml, "snap-calib.yaml");
   CHECK(policy.memory.total_bytes <= 24 * 1024);
+}
+
+TEST_CASE("the joint check keeps the walk's windows in a layer the solve made worse as a whole",
+          "[calib][keep-rules]") {
+  using policy::KeepRule;
+  const auto spec = test::toy_spec(std::vector(2, std::vector<test::ToyHead>(2)));
+  const auto memory = test::toy_memory_options(kSteps);
+  const std::map<int64_t, std::vector<int64_t>> walk{{0, {64, 64}}, {1, {64, 64}}};
+  const int64_t budget =
+      memory::estimate(spec, walk, memory).total_bytes - memory::fixed_bytes(spec, memory);
+  const auto layers = joint_options(2, /*snap_everywhere=*/true);
+  // Additively every head is better at snap 40, so the solve moves both layers to it.
+  const auto plain = calib::joint::solve(spec, layers, budget, memory, walk, {});
+  const std::vector<int64_t> snap40{40, 40};
+  const std::vector<KeepRule> snap{KeepRule::kSnap, KeepRule::kSnap};
+  REQUIRE(plain.windows.at(0) == snap40);
+  REQUIRE((plain.rules.at(0) == snap));
+  REQUIRE((plain.rules.at(1) == snap));
+  // The joint measure: layer 0 measures worse as a whole than at the walk's windows, layer 1
+  // better (or, in the control, both better).
+  const auto repair = [&](double layer0_chosen, std::vector<std::set<int64_t>>& calls,
+                          std::map<int64_t, calib::joint::JointCheck>& checks,
+                          std::set<int64_t>& kept) {
+    const calib::joint::JointMeasure measure = [&](const calib::joint::Decision& d,
+                                                   const std::set<int64_t>& changed) {
+      calls.push_back(changed);
+      std::map<int64_t, calib::joint::JointCheck> out;
+      for (int64_t l : changed) {
+        CHECK((d.rules.at(l) == snap));
+        out[l] = {l == 0 ? layer0_chosen : 0.08, 0.1};
+      }
+      return out;
+    };
+    return calib::joint::solve_and_repair(spec, layers, budget, memory, walk, measure, checks,
+                                          kept);
+  };
+  std::vector<std::set<int64_t>> calls;
+  std::map<int64_t, calib::joint::JointCheck> checks;
+  std::set<int64_t> kept;
+  const auto repaired = repair(0.3, calls, checks, kept);
+  CHECK(repaired.windows.at(0) == walk.at(0));
+  CHECK((repaired.rules.at(0) == std::vector<KeepRule>(2, KeepRule::kWindow)));
+  CHECK(repaired.windows.at(1) == snap40);
+  CHECK((repaired.rules.at(1) == snap));
+  CHECK(kept == std::set<int64_t>{0});
+  REQUIRE(calls.size() == 2);  // both layers, then layer 1 again after the re-solve
+  CHECK(calls[0] == std::set<int64_t>{0, 1});
+  CHECK(calls[1] == std::set<int64_t>{1});
+  CHECK(checks.at(0).chosen == 0.3);
+  CHECK(checks.at(0).walk == 0.1);
+  CHECK(checks.at(1).chosen == 0.08);
+  CHECK(memory::estimate(spec, repaired.windows, memory, calib::joint::selecting_layers(repaired))
+            .total_bytes <= budget + memory::fixed_bytes(spec, memory));
+  // Control: where the layer measures better as a whole, the solve's choice stays.
+  std::vector<std::set<int64_t>> control_calls;
+  std::map<int64_t, calib::joint::JointCheck> control_checks;
+  std::set<int64_t> control_kept;
+  const auto control = repair(0.09, control_calls, control_checks, control_kept);
+  CHECK(control_kept.empty());
+  CHECK(control_calls.size() == 1);
+  CHECK(control.windows == plain.windows);
+  CHECK((control.rules == plain.rules));
+}
+
+TEST_CASE("the joint pass spends the bytes its solve leaves on upgrades the measure cannot rank",
+          "[calib][keep-rules]") {
+  using policy::KeepRule;
+  const auto spec = test::toy_spec({std::vector<test::ToyHead>(2)});
+  const auto memory = test::toy_memory_options(kSteps);
+  const std::map<int64_t, std::vector<int64_t>> walk{{0, {64, 64}}};
+  const int64_t fixed = memory::fixed_bytes(spec, memory);
+  const auto layers = joint_options(1, /*snap_everywhere=*/false);
+  const auto bytes = [&](const calib::joint::Decision& d) {
+    return memory::estimate(spec, d.windows, memory, calib::joint::selecting_layers(d)).total_bytes;
+  };
+  // The upgrade: head 0 from snap 40 to snap 64 (0.0005 above, within 2% of 0.1), its slots and
+  // their bookkeeping paid exactly.
+  const std::map<int64_t, std::vector<int64_t>> upgraded{{0, {64, 64}}};
+  const int64_t need = memory::estimate(spec, upgraded, memory, {0}).total_bytes;
+  const auto spend = [&](int64_t budget) {
+    const auto solved = calib::joint::solve(spec, layers, budget - fixed, memory, walk, {});
+    // The solve alone leaves head 0 at snap 40 whatever the budget: nothing above lowers the sum.
+    CHECK(solved.windows.at(0) == std::vector<int64_t>{40, 64});
+    CHECK((solved.rules.at(0) == std::vector{KeepRule::kSnap, KeepRule::kWindow}));
+    const auto spent = calib::joint::spend_leftover(spec, layers, solved, {}, budget, memory);
+    CHECK(bytes(spent) <= budget);
+    return spent;
+  };
+  const auto exact = spend(need);
+  CHECK(exact.windows.at(0) == std::vector<int64_t>{64, 64});
+  CHECK((exact.rules.at(0) == std::vector{KeepRule::kSnap, KeepRule::kWindow}));
+  CHECK(bytes(exact) == need);
+  // One byte less: the upgrade does not fit and nothing else is within the tolerance.
+  const auto short_by_one = spend(need - 1);
+  CHECK(short_by_one.windows.at(0) == std::vector<int64_t>{40, 64});
+  // Room for head 1's full window too (below full KV everywhere, which the solver would take):
+  // it is 0.01 above (over the tolerance) and head 0's 0.051 above its snap 40, so neither is
+  // taken; a layer kept at the walk's windows is not touched.
+  const int64_t roomy = need + memory::head_bytes(*spec.layer(0).attention, kFullWindow, memory);
+  REQUIRE(roomy < memory::estimate(spec, {{0, {kFullWindow, kFullWindow}}}, memory).total_bytes);
+  const auto wide = spend(roomy);
+  CHECK(wide.windows.at(0) == std::vector<int64_t>{64, 64});
+  const auto solved = calib::joint::solve(spec, layers, roomy - fixed, memory, walk, {});
+  const auto untouched = calib::joint::spend_leftover(spec, layers, solved, {0}, roomy, memory);
+  CHECK(untouched.windows == solved.windows);
 }

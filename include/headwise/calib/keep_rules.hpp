@@ -77,6 +77,12 @@ struct KeepRuleLayer {
   double divergence_chosen = 0.0;   // with the rules chosen
   int64_t selection_bytes = 0;      // bookkeeping the layer now holds (0: no h2o head)
   int64_t slots_given_up = 0;       // slots the h2o heads gave to pay for it
+  // The joint pass's check (joint_rules.hpp), on the stream at the walk's windows: the layer's
+  // solved assignment measured as a whole and the walk's windows, and whether the layer was
+  // repaired (kept at the walk's windows). Negative: not checked (the solve left it as it was).
+  double joint_chosen = -1.0;
+  double joint_walk = -1.0;
+  bool repaired = false;
 };
 
 struct KeepRuleResult {

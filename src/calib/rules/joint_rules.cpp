@@ -3,10 +3,12 @@
 
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
 #include <bit>
 #include <chrono>
 #include <cmath>
 #include <limits>
+#include <tuple>
 
 #include "calib/walk/finite_checks.hpp"
 #include "headwise/calib/activations.hpp"
@@ -20,20 +22,10 @@ namespace {
 
 using Windows = std::map<int64_t, std::vector<int64_t>>;
 
-// One option of one head: its rule at a level, and the span measure with only this head moved.
-struct HeadOption {
-  policy::KeepRule rule;
-  int64_t level = 0;
-  double divergence = 0.0;
-};
-
-// A global layer's measured options, per KV head.
-struct LayerOptions {
-  int64_t layer = 0;
-  double base = 0.0;  // every head at the walk's window
-  std::vector<std::vector<HeadOption>> heads;
-  int64_t evaluations = 0;  // candidates measured
-};
+using joint::Decision;
+using joint::HeadOption;
+using joint::JointCheck;
+using joint::LayerOptions;
 
 // 2^G sets of selecting layers are solved: at most 4096.
 constexpr size_t kMaxJointLayers = 12;
@@ -124,25 +116,20 @@ int64_t option_bytes(const arch::AttentionShape& attention, int64_t level, bool 
   return bytes;
 }
 
-struct JointChoice {
-  std::set<int64_t> selecting;  // layers with a selecting head
-  std::vector<size_t> option;   // per head (layer order, head order): its option index
-  int64_t global_bytes = 0;     // the heads' bytes and the bookkeeping
-  double distortion = std::numeric_limits<double>::infinity();
-  int64_t layer_sets = 0;  // sets of selecting layers solved
-};
-
-// The solver's groups with the layers of `mask` selecting. A group's options are ordered so that
-// the solver's tie rule (the larger `window` wins) prefers keeping recent tokens, then more slots:
-// the rule options first, then the window options, `window` the index.
+// The solver's groups with the layers of `mask` selecting and the layers of `kept` at the walk's
+// windows. A group's options are ordered so that the solver's tie rule (the larger `window` wins)
+// prefers keeping recent tokens, then more slots: the rule options first, then the window options,
+// `window` the index.
 std::vector<solve::Group> groups_for(const arch::ModelSpec& spec,
                                      const std::vector<LayerOptions>& layers, size_t mask,
-                                     const memory::MemoryOptions& memory,
+                                     const memory::MemoryOptions& memory, const Windows& walk,
+                                     const std::set<int64_t>& kept,
                                      std::vector<std::vector<size_t>>& index) {
   std::vector<solve::Group> groups;
   index.clear();
   for (size_t l = 0; l < layers.size(); ++l) {
     const bool selecting = (mask >> l) & 1U;
+    const bool pinned = kept.contains(layers[l].layer);
     const auto& attention = *spec.layer(layers[l].layer).attention;
     for (size_t h = 0; h < layers[l].heads.size(); ++h) {
       const auto& options = layers[l].heads[h];
@@ -154,6 +141,7 @@ std::vector<solve::Group> groups_for(const arch::ModelSpec& spec,
         for (size_t i = 0; i < options.size(); ++i) {
           const bool window = options[i].rule == policy::KeepRule::kWindow;
           if (window != window_pass || (!window && !selecting)) continue;
+          if (pinned && options[i].level != walk.at(layers[l].layer)[h]) continue;
           order.push_back(i);
         }
       }
@@ -169,35 +157,32 @@ std::vector<solve::Group> groups_for(const arch::ModelSpec& spec,
   return groups;
 }
 
-// Step 2: the least total over every set of selecting layers.
-JointChoice solve_jointly(const arch::ModelSpec& spec, const std::vector<LayerOptions>& layers,
-                          int64_t global_budget, const memory::MemoryOptions& memory) {
-  JointChoice best;
-  // Fewer selecting layers first, so that on a tie the first (fewest) set stays.
-  std::vector<size_t> masks(size_t{1} << layers.size());
-  for (size_t m = 0; m < masks.size(); ++m) masks[m] = m;
-  std::stable_sort(masks.begin(), masks.end(),
-                   [](size_t a, size_t b) { return std::popcount(a) < std::popcount(b); });
-  for (size_t mask : masks) {
-    std::vector<std::vector<size_t>> index;
-    const auto groups = groups_for(spec, layers, mask, memory, index);
-    ++best.layer_sets;
-    if (solve::min_total_bytes(groups) > global_budget) continue;
-    const solve::SolveResult r = solve::solve_exact(groups, global_budget);
-    if (!(r.total_distortion < best.distortion)) continue;
-    best.distortion = r.total_distortion;
-    best.global_bytes = r.total_bytes;
-    best.option.clear();
-    best.selecting.clear();
-    for (size_t g = 0; g < groups.size(); ++g) best.option.push_back(index[g][r.choice[g]]);
-    for (size_t l = 0; l < layers.size(); ++l) {
-      if ((mask >> l) & 1U) best.selecting.insert(layers[l].layer);
+// The decision that picks option `option[l][h]` of every head.
+Decision decision_of(const std::vector<LayerOptions>& layers,
+                     std::vector<std::vector<size_t>> option) {
+  Decision out;
+  for (size_t l = 0; l < layers.size(); ++l) {
+    std::vector<int64_t> levels;
+    std::vector<policy::KeepRule> rules;
+    for (size_t h = 0; h < layers[l].heads.size(); ++h) {
+      const HeadOption& chosen = layers[l].heads[h][option[l][h]];
+      levels.push_back(chosen.level);
+      rules.push_back(chosen.rule);
     }
+    out.windows[layers[l].layer] = levels;
+    out.rules[layers[l].layer] = rules;
   }
-  HEADWISE_CHECK(std::isfinite(best.distortion), "keep rules: no joint choice fits the budget");
-  return best;
+  out.option = std::move(option);
+  return out;
 }
 
+// Whether layer l of `decision` is the walk's: every head a window at the walk's level.
+bool at_walk(const Decision& decision, int64_t layer, const Windows& walk) {
+  const auto& rules = decision.rules.at(layer);
+  return decision.windows.at(layer) == walk.at(layer) &&
+         std::all_of(rules.begin(), rules.end(),
+                     [](const policy::KeepRule& r) { return r == policy::KeepRule::kWindow; });
+}
 // A global layer as the runtime serves it: each head at its level under its rule.
 class JointCore final : public arch::AttentionCore {
  public:
@@ -239,7 +224,183 @@ std::string decision_label(const std::vector<int64_t>& levels,
   return "[" + out + "]";
 }
 
+// Layer i of `model` over the stream, through `core`.
+void run_layer(arch::DecoderModel& model, ActivationStream& stream, int64_t i,
+               arch::AttentionCore& core) {
+  const arch::LayerKind kind = model.spec().layer(i).kind;
+  stream.apply([&](const at::Tensor& h) {
+    return checked_finite(model.run_layer(i, h, {&core, nullptr, 0}), i, kind);
+  });
+}
+
+// Step 3's check: each layer of `layers` at `decision` and at the walk's windows, measured in one
+// batch on step 1's stream (the layers below at the walk's windows when conditioned).
+std::map<int64_t, JointCheck> check_layers(arch::DecoderModel& model,
+                                           const std::vector<std::vector<int64_t>>& sequences,
+                                           const KeepRuleOptions& o, const KeepRuleContext& context,
+                                           const Windows& walk, const Decision& decision,
+                                           const std::set<int64_t>& layers) {
+  const arch::ModelSpec& spec = model.spec();
+  arch::ExactAttentionCore exact(context.attention_chunk);
+  std::map<int64_t, JointCheck> out;
+  ActivationStream stream(model, sequences, o.micro_batch, o.activations);
+  for (int64_t i = 0; i < spec.num_layers(); ++i) {
+    model.prefetch_layer(i + 1);
+    if (layers.contains(i)) {
+      const SpanSite site = o.span->capture(i, stream, /*keep_attention=*/true);
+      JointCore core(context, i, decision.windows.at(i), decision.rules.at(i));
+      SpanOutputs chosen;
+      for (const auto& in : site.attention) {
+        const at::Tensor all = core.attend(in);
+        chosen.push_back(all.slice(1, all.size(1) - site.input.front().size(1), all.size(1)));
+      }
+      const auto values = o.span->evaluate(site, {site.compose(walk.at(i)), chosen},
+                                           fmt::format("layer {}: joint check", i));
+      out[i] = {values[1], values[0]};
+    }
+    if (spec.layer(i).is_global() && o.conditioned) {
+      const auto& base = walk.at(i);
+      JointCore core(context, i, base,
+                     std::vector<policy::KeepRule>(base.size(), policy::KeepRule::kWindow));
+      run_layer(model, stream, i, core);
+    } else {
+      run_layer(model, stream, i, exact);
+    }
+    model.release_layer(i);
+  }
+  return out;
+}
+
 }  // namespace
+
+namespace joint {
+
+std::set<int64_t> selecting_layers(const Decision& decision) {
+  std::set<int64_t> out;
+  for (const auto& [layer, rules] : decision.rules) {
+    for (const auto& rule : rules) {
+      if (rule != policy::KeepRule::kWindow) out.insert(layer);
+    }
+  }
+  return out;
+}
+
+Decision solve(const arch::ModelSpec& spec, const std::vector<LayerOptions>& layers, int64_t budget,
+               const memory::MemoryOptions& memory, const Windows& walk,
+               const std::set<int64_t>& kept) {
+  HEADWISE_CHECK(layers.size() <= kMaxJointLayers, "keep rules: {} global layers is over {}",
+                 layers.size(), kMaxJointLayers);
+  // Fewer selecting layers first, so that on a tie the first (fewest) set stays. A kept layer
+  // selects nothing.
+  size_t kept_mask = 0;
+  for (size_t l = 0; l < layers.size(); ++l) {
+    if (kept.contains(layers[l].layer)) kept_mask |= size_t{1} << l;
+  }
+  std::vector<size_t> masks;
+  for (size_t m = 0; m < (size_t{1} << layers.size()); ++m) {
+    if ((m & kept_mask) == 0) masks.push_back(m);
+  }
+  std::stable_sort(masks.begin(), masks.end(),
+                   [](size_t a, size_t b) { return std::popcount(a) < std::popcount(b); });
+  double best = std::numeric_limits<double>::infinity();
+  std::vector<std::vector<size_t>> best_option;
+  for (size_t mask : masks) {
+    std::vector<std::vector<size_t>> index;
+    const auto groups = groups_for(spec, layers, mask, memory, walk, kept, index);
+    if (solve::min_total_bytes(groups) > budget) continue;
+    const solve::SolveResult r = solve::solve_exact(groups, budget);
+    if (!(r.total_distortion < best)) continue;
+    best = r.total_distortion;
+    best_option.clear();
+    size_t g = 0;
+    for (const auto& layer : layers) {
+      best_option.emplace_back();
+      for (size_t h = 0; h < layer.heads.size(); ++h, ++g)
+        best_option.back().push_back(index[g][r.choice[g]]);
+    }
+  }
+  HEADWISE_CHECK(std::isfinite(best), "keep rules: no joint choice fits the budget");
+  spdlog::debug("keep rules: joint solve over {} sets of selecting layers", masks.size());
+  return decision_of(layers, std::move(best_option));
+}
+
+Decision solve_and_repair(const arch::ModelSpec& spec, const std::vector<LayerOptions>& layers,
+                          int64_t budget, const memory::MemoryOptions& memory, const Windows& walk,
+                          const JointMeasure& measure, std::map<int64_t, JointCheck>& checks,
+                          std::set<int64_t>& kept) {
+  // Each round keeps at least one more layer at the walk's windows or returns: at most G + 1.
+  for (;;) {
+    Decision decision = solve(spec, layers, budget, memory, walk, kept);
+    std::set<int64_t> changed;
+    for (const auto& layer : layers) {
+      if (!kept.contains(layer.layer) && !at_walk(decision, layer.layer, walk))
+        changed.insert(layer.layer);
+    }
+    // A check from an earlier round describes an assignment the decision no longer has.
+    std::erase_if(checks, [&](const auto& c) { return !kept.contains(c.first); });
+    if (changed.empty()) return decision;
+    bool repaired = false;
+    for (const auto& [layer, check] : measure(decision, changed)) {
+      checks[layer] = check;
+      if (check.chosen > check.walk) {
+        kept.insert(layer);
+        repaired = true;
+      }
+    }
+    if (!repaired) return decision;
+  }
+}
+
+Decision spend_leftover(const arch::ModelSpec& spec, const std::vector<LayerOptions>& layers,
+                        const Decision& decision, const std::set<int64_t>& kept, int64_t budget,
+                        const memory::MemoryOptions& memory) {
+  const auto bytes_of = [&](const Decision& d) {
+    return memory::estimate(spec, d.windows, memory, selecting_layers(d)).total_bytes;
+  };
+  HEADWISE_CHECK(bytes_of(decision) <= budget, "keep rules: the joint choice is over the budget");
+  Decision out = decision;
+  struct Upgrade {
+    double increase = 0.0;
+    size_t layer = 0, head = 0;
+    int64_t bytes = 0;
+    size_t option = 0;
+  };
+  for (;;) {
+    std::vector<Upgrade> upgrades;
+    for (size_t l = 0; l < layers.size(); ++l) {
+      if (kept.contains(layers[l].layer)) continue;
+      const auto& attention = *spec.layer(layers[l].layer).attention;
+      const double tolerance = kSpendTolerance * layers[l].base;
+      for (size_t h = 0; h < layers[l].heads.size(); ++h) {
+        const auto& options = layers[l].heads[h];
+        const HeadOption& solved = options[decision.option[l][h]];
+        const int64_t now = memory::head_bytes(attention, options[out.option[l][h]].level, memory);
+        for (size_t i = 0; i < options.size(); ++i) {
+          const int64_t bytes = memory::head_bytes(attention, options[i].level, memory);
+          const double increase = options[i].divergence - solved.divergence;
+          if (bytes > now && increase <= tolerance) upgrades.push_back({increase, l, h, bytes, i});
+        }
+      }
+    }
+    std::sort(upgrades.begin(), upgrades.end(), [](const Upgrade& a, const Upgrade& b) {
+      return std::tie(a.increase, a.layer, a.head, a.bytes, a.option) <
+             std::tie(b.increase, b.layer, b.head, b.bytes, b.option);
+    });
+    bool spent = false;
+    for (const Upgrade& u : upgrades) {
+      auto option = out.option;
+      option[u.layer][u.head] = u.option;
+      Decision next = decision_of(layers, std::move(option));
+      if (bytes_of(next) > budget) continue;
+      out = std::move(next);
+      spent = true;
+      break;
+    }
+    if (!spent) return out;
+  }
+}
+
+}  // namespace joint
 
 bool offered_at_every_level(const std::vector<policy::KeepRule>& rules) {
   return std::any_of(rules.begin(), rules.end(), [](const policy::KeepRule& rule) {
@@ -271,10 +432,8 @@ KeepRuleResult choose_keep_rules_jointly(arch::DecoderModel& model,
   }
   const auto tokens = static_cast<int64_t>(sequences.front().size());
   arch::ExactAttentionCore exact(context.attention_chunk);
-  const auto run_layer = [&](ActivationStream& stream, int64_t i, arch::AttentionCore& core) {
-    stream.apply([&](const at::Tensor& h) {
-      return checked_finite(model.run_layer(i, h, {&core, nullptr, 0}), i, spec.layer(i).kind);
-    });
+  const auto run = [&](ActivationStream& stream, int64_t i, arch::AttentionCore& core) {
+    run_layer(model, stream, i, core);
   };
 
   // Step 1: every head's options, layer by layer, the stream at the walk's windows.
@@ -291,54 +450,73 @@ KeepRuleResult choose_keep_rules_jointly(arch::DecoderModel& model,
         const auto& base = windows.at(i);
         JointCore core(context, i, base,
                        std::vector<policy::KeepRule>(base.size(), policy::KeepRule::kWindow));
-        run_layer(stream, i, core);
+        run(stream, i, core);
       } else {
-        run_layer(stream, i, exact);
+        run(stream, i, exact);
       }
       model.release_layer(i);
     }
   }
 
-  // Step 2: the exact solve.
+  // Steps 2 to 4: the exact solve, repaired where a layer measures worse as a whole, then the
+  // bytes it leaves spent where the measure cannot tell.
   const int64_t fixed = memory::fixed_bytes(spec, o.memory);
-  const JointChoice choice = solve_jointly(spec, measured, o.budget_bytes - fixed, o.memory);
+  std::map<int64_t, JointCheck> checks;
+  std::set<int64_t> kept;
+  int64_t check_evaluations = 0;
+  const joint::JointMeasure measure = [&](const Decision& d, const std::set<int64_t>& layers) {
+    check_evaluations += 2 * static_cast<int64_t>(layers.size());
+    const auto values = check_layers(model, sequences, o, context, windows, d, layers);
+    for (const auto& [l, check] : values) {
+      const std::vector walk_rules(windows.at(l).size(), policy::KeepRule::kWindow);
+      spdlog::info(
+          "layer {}: joint check {} measures {:.6g} as a whole, the walk's windows {} "
+          "{:.6g}",
+          l, decision_label(d.windows.at(l), d.rules.at(l)), check.chosen,
+          decision_label(windows.at(l), walk_rules), check.walk);
+    }
+    return values;
+  };
+  const Decision solved = joint::solve_and_repair(spec, measured, o.budget_bytes - fixed, o.memory,
+                                                  windows, measure, checks, kept);
+  const Decision decision =
+      joint::spend_leftover(spec, measured, solved, kept, o.budget_bytes, o.memory);
+  const std::set<int64_t> selecting = joint::selecting_layers(decision);
+  const auto bytes_of = [&](const Decision& d) {
+    return memory::estimate(spec, d.windows, o.memory, joint::selecting_layers(d)).total_bytes;
+  };
   KeepRuleResult result;
   result.windows = windows;
-  size_t g = 0;
-  std::set<int64_t> selecting;
   for (const auto& layer : measured) {
-    std::vector<int64_t> levels;
-    std::vector<policy::KeepRule> rules;
-    for (const auto& options : layer.heads) {
-      const HeadOption& chosen = options[choice.option[g++]];
-      levels.push_back(chosen.level);
-      rules.push_back(chosen.rule);
-      if (chosen.rule != policy::KeepRule::kWindow) selecting.insert(layer.layer);
+    const int64_t l = layer.layer;
+    result.windows[l] = decision.windows.at(l);
+    result.rules[l] = decision.rules.at(l);
+    const std::vector walk_rules(windows.at(l).size(), policy::KeepRule::kWindow);
+    if (kept.contains(l)) {
+      spdlog::info(
+          "layer {}: repaired: measured worse as a whole than the walk's windows "
+          "({:.6g} against {:.6g}), which it keeps",
+          l, checks.at(l).chosen, checks.at(l).walk);
     }
-    result.windows[layer.layer] = levels;
-    result.rules[layer.layer] = rules;
-    spdlog::info("layer {}: joint keep rules {} (the walk's windows {})", layer.layer,
-                 decision_label(levels, rules),
-                 decision_label(windows.at(layer.layer),
-                                std::vector(levels.size(), policy::KeepRule::kWindow)));
+    spdlog::info("layer {}: joint keep rules {} (the walk's windows {})", l,
+                 decision_label(decision.windows.at(l), decision.rules.at(l)),
+                 decision_label(windows.at(l), walk_rules));
   }
-  // A set whose layer ended with no selecting head paid for bookkeeping it does not hold: the
-  // policy holds only the layers that select, so its bytes are the solve's or fewer.
-  const int64_t total = memory::estimate(spec, result.windows, o.memory, selecting).total_bytes;
+  const int64_t total = bytes_of(decision);
   HEADWISE_CHECK(total <= o.budget_bytes, "keep rules: the joint choice is over the budget");
-  HEADWISE_CHECK(selecting != choice.selecting || total == fixed + choice.global_bytes,
-                 "keep rules: the policy's bytes {} are not the solve's {}", total,
-                 fixed + choice.global_bytes);
   for (const auto& layer : measured) result.evaluations += layer.evaluations;
-  spdlog::info("keep rules: joint solve over {} sets of selecting layers: {} bytes of {}",
-               choice.layer_sets, total, o.budget_bytes);
+  result.evaluations += check_evaluations;
+  spdlog::info(
+      "keep rules: joint solve {} bytes, {} layer(s) repaired, {} bytes after spending "
+      "the leftover (tolerance {} of a layer's measure), of {}",
+      bytes_of(solved), kept.size(), total, joint::kSpendTolerance, o.budget_bytes);
 
   // Step 3: the decision measured, layer by layer, on the stream it produces.
   ActivationStream stream(model, sequences, o.micro_batch, o.activations);
   for (int64_t i = 0; i < spec.num_layers(); ++i) {
     model.prefetch_layer(i + 1);
     if (!spec.layer(i).is_global()) {
-      run_layer(stream, i, exact);
+      run(stream, i, exact);
       model.release_layer(i);
       continue;
     }
@@ -362,11 +540,16 @@ KeepRuleResult choose_keep_rules_jointly(arch::DecoderModel& model,
       report.selection_bytes =
           memory::selection_bytes(*spec.layer(i).attention, result.windows.at(i), o.memory);
     }
+    if (checks.contains(i)) {
+      report.joint_chosen = checks.at(i).chosen;
+      report.joint_walk = checks.at(i).walk;
+      report.repaired = kept.contains(i);
+    }
     result.layers.push_back(report);
     if (o.conditioned) {
-      run_layer(stream, i, core);
+      run(stream, i, core);
     } else {
-      run_layer(stream, i, exact);
+      run(stream, i, exact);
     }
     model.release_layer(i);
   }

@@ -592,6 +592,10 @@ nlohmann::json keep_rules_json(const KeepRuleResult& result) {
                       {"divergence_chosen", l.divergence_chosen},
                       {"selection_bytes", l.selection_bytes},
                       {"slots_given_up", l.slots_given_up}});
+    if (l.joint_chosen >= 0) {
+      layers.back()["joint_check"] = {
+          {"chosen", l.joint_chosen}, {"walk", l.joint_walk}, {"repaired", l.repaired}};
+    }
   }
   nlohmann::json out = {
       {"layers", layers}, {"evaluations", result.evaluations}, {"seconds", result.seconds}};
