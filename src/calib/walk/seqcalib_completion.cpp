@@ -5,7 +5,6 @@
 #include <algorithm>
 #include <cmath>
 #include <functional>
-#include <map>
 
 #include "calib/measures/measure.hpp"
 #include "calib/noise/stable_choice.hpp"
@@ -44,47 +43,45 @@ void fix_layers_up_to(int64_t layer, const Windows& windows, RunState& state) {
   decisions.replay_until = layer;
 }
 
-// --decisions stable (issue 59): which head of a layer takes the completion's upgrade is decided
-// as the walk decides which head keeps which level. Among the heads the walk left at the same
-// level, the completion's levels go to the lower heads first (the walk's order: the lower head
-// keeping the longer window), the layer's bytes unchanged, unless the conditioned curves say that
-// costs at least kStableSwapEffect of the layer's predicted distortion. The curves are point
-// values without per-sequence values, so no noise test: only the minimum effect. Without it, on
-// the gemma3_gqa4 fixture at 256 tokens the walk left both heads at 8 tokens under every seed and
-// the completion gave the 32-token upgrade to head 0 under seeds 0, 2, 3 and to head 1 under 1, 4.
-void order_upgrades_by_head(const Decisions& decisions, solve::SolveResult& solution) {
-  const auto& groups = decisions.groups;
-  std::vector<size_t> choice = solution.choice;
+// --decisions stable (issue 59): which head of a layer ends with which window, after the
+// completion and in the cross-layer re-solve's proposal, is decided as the walk decides it: the
+// layer's windows are sorted onto its heads, the longer on the lower head, the layer's bytes
+// unchanged, unless the conditioned curves say that costs at least kStableSwapEffect of the
+// layer's predicted distortion. The curves are point values without per-sequence values, so no
+// noise test: only the minimum effect. Without it, on the gemma3_gqa4 fixture at 256 tokens the
+// walk left both heads at 8 tokens and the completion gave the 32-token upgrade to head 0 under
+// seeds 0, 2, 3 and to head 1 under 1, 4; on tiny-gemma3-8k at 25% layer 5 ended at {2048,512}
+// under every seed, the 2048 on head 0 under two seeds and on head 1 under three (the walk's
+// bytes differ, the completion fills them), and the re-solve gave layer 2's 512 to either head.
+// Not under tensor parallelism: the heads of a layer sit on different shards.
+bool orders_windows_by_head(const RunInputs& in) {
+  return in.options.stable_decisions && in.world.world_size() == 1 && !constrained_to_shards(in);
+}
+
+void order_windows_by_head(const std::vector<solve::Group>& groups, std::vector<size_t>& choice) {
   for (size_t first = 0; first < groups.size();) {
     size_t end = first;
     while (end < groups.size() && groups[end].layer_id == groups[first].layer_id) ++end;
-    std::map<size_t, std::vector<size_t>> by_walk_level;  // walk level -> the layer's groups
-    for (size_t g = first; g < end; ++g) by_walk_level[decisions.choice[g]].push_back(g);
-    for (const auto& [level, members] : by_walk_level) {
-      std::vector<size_t> levels;
-      for (size_t g : members) levels.push_back(choice[g]);
-      std::sort(levels.begin(), levels.end(), std::greater<>());
-      for (size_t i = 0; i < members.size(); ++i) choice[members[i]] = levels[i];
-    }
+    std::vector<size_t> ordered(choice.begin() + static_cast<std::ptrdiff_t>(first),
+                                choice.begin() + static_cast<std::ptrdiff_t>(end));
+    std::sort(ordered.begin(), ordered.end(), std::greater<>());
     double before = 0.0, after = 0.0;
     int64_t bytes_before = 0, bytes_after = 0;
     for (size_t g = first; g < end; ++g) {
-      before += groups[g].options[solution.choice[g]].distortion;
-      after += groups[g].options[choice[g]].distortion;
-      bytes_before += groups[g].options[solution.choice[g]].bytes;
-      bytes_after += groups[g].options[choice[g]].bytes;
+      const auto& was = groups[g].options[choice[g]];
+      const auto& now = groups[g].options[ordered[g - first]];
+      before += was.distortion;
+      after += now.distortion;
+      bytes_before += was.bytes;
+      bytes_after += now.bytes;
     }
-    const bool kept =
-        bytes_after == bytes_before && after - before < noise::kStableSwapEffect * std::abs(before);
-    for (size_t g = first; g < end; ++g) {
-      if (!kept) choice[g] = solution.choice[g];
+    if (bytes_after == bytes_before &&
+        after - before < noise::kStableSwapEffect * std::abs(before)) {
+      std::copy(ordered.begin(), ordered.end(),
+                choice.begin() + static_cast<std::ptrdiff_t>(first));
     }
     first = end;
   }
-  solution.total_distortion = 0.0;
-  for (size_t g = 0; g < groups.size(); ++g)
-    solution.total_distortion += groups[g].options[choice[g]].distortion;
-  solution.choice = std::move(choice);
 }
 
 struct RewalkOutcome {
@@ -123,9 +120,12 @@ void complete(const RunInputs& in, RunState& state) {
                       ? solve_within_shards(in, decisions.groups, in.options.global_budget_bytes)
                       : solve::solve_upgrade(decisions.groups, decisions.choice,
                                              in.options.global_budget_bytes);
-  // (Under tensor parallelism the heads of a level may sit on different shards: no reordering.)
-  if (in.options.stable_decisions && in.world.world_size() == 1 && !constrained_to_shards(in))
-    order_upgrades_by_head(decisions, solution);
+  if (orders_windows_by_head(in)) {
+    order_windows_by_head(decisions.groups, solution.choice);
+    solution.total_distortion = 0.0;
+    for (size_t g = 0; g < decisions.groups.size(); ++g)
+      solution.total_distortion += decisions.groups[g].options[solution.choice[g]].distortion;
+  }
   policy.proven_optimal = solution.proven_optimal;
   policy.global_bytes = solution.total_bytes;
   policy.total_distortion = solution.total_distortion;
@@ -193,6 +193,7 @@ void rewalk_while_completion_moves_lower_layers(const RunInputs& in, Measure& me
 std::optional<ResolvedMove> propose_resolve(const RunInputs& in, const RunState& state) {
   std::vector<size_t> choice =
       solve_within_shards(in, state.decisions.groups, in.options.global_budget_bytes).choice;
+  if (orders_windows_by_head(in)) order_windows_by_head(state.decisions.groups, choice);
   Windows proposed = decided_windows(state.decisions, choice);
   const std::optional<int64_t> lowest =
       lowest_changed_layer_below_a_global_layer(in, state.completion.windows, proposed);
