@@ -156,18 +156,18 @@ def layer_kinds(text_config) -> list[str]:
 
 def check_servable(policy: Policy) -> None:
     """What the policy asks that no vLLM attention layer can do: refused before the model loads."""
-    snap = policy.snap_heads()
-    if snap:
-        where = ", ".join(f"layer {l} heads {heads}" for l, heads in snap.items())
-        raise PolicyError(f"{policy.path}: kv_head_rules has snap heads ({where}); vLLM cannot compact a request's "
-                          "pages after prefill, so it cannot serve them: headwise's runtime, HeadwiseCache or "
-                          "HeadwisePress can (docs/keep-rules.md)")
-    h2o = policy.h2o_heads()
-    if h2o:
-        where = ", ".join(f"layer {l} heads {heads}" for l, heads in h2o.items())
-        raise PolicyError(f"{policy.path}: kv_head_rules has h2o heads ({where}); vLLM keeps a window per layer and "
-                          "selects no tokens, so it cannot serve them: calibrate with --keep-rules window for a "
-                          "policy vLLM can serve (docs/deploy.md says where an h2o policy runs)")
+    # Why vLLM cannot serve each selecting rule, and where such a policy runs instead.
+    unservable = (
+        ("snap", policy.snap_heads(), "vLLM cannot compact a request's pages after prefill, so it cannot serve "
+         "them: headwise's runtime, HeadwiseCache or HeadwisePress can (docs/keep-rules.md)"),
+        ("h2o", policy.h2o_heads(), "vLLM keeps a window per layer and selects no tokens, so it cannot serve them: "
+         "calibrate with --keep-rules window for a policy vLLM can serve (docs/deploy.md says where an h2o "
+         "policy runs)"),
+    )
+    for rule, heads, why in unservable:
+        if heads:
+            where = ", ".join(f"layer {l} heads {h}" for l, h in heads.items())
+            raise PolicyError(f"{policy.path}: kv_head_rules has {rule} heads ({where}); {why}")
     if policy.sink_tokens:
         raise PolicyError(f"{policy.path}: sink_tokens: {policy.sink_tokens}; vLLM's sliding-window attention keeps no "
                           "sink tokens, so the windowed heads would lose them: calibrate with --sink-tokens 0 to serve "
