@@ -233,6 +233,35 @@ void run_layer(arch::DecoderModel& model, ActivationStream& stream, int64_t i,
   });
 }
 
+// Layer i over the stream as steps 1 and 3 measure the layers above it: a global layer at the
+// walk's windows (every head a window) when conditioned, every other layer at full KV.
+void run_at_walk(arch::DecoderModel& model, ActivationStream& stream, int64_t i,
+                 const KeepRuleContext& context, const Windows& walk, bool conditioned,
+                 arch::AttentionCore& exact) {
+  if (model.spec().layer(i).is_global() && conditioned) {
+    const auto& base = walk.at(i);
+    JointCore core(context, i, base,
+                   std::vector<policy::KeepRule>(base.size(), policy::KeepRule::kWindow));
+    run_layer(model, stream, i, core);
+  } else {
+    run_layer(model, stream, i, exact);
+  }
+}
+
+// A layer as a whole, in one batch on its span site: {at the walk's windows, under `core` (every
+// head at its rule and level at once)}.
+std::pair<double, double> walk_and_chosen(const KeepRuleOptions& o, const SpanSite& site,
+                                          JointCore& core, const std::vector<int64_t>& walk,
+                                          const std::string& label) {
+  SpanOutputs chosen;
+  for (const auto& in : site.attention) {
+    const at::Tensor all = core.attend(in);
+    chosen.push_back(all.slice(1, all.size(1) - site.input.front().size(1), all.size(1)));
+  }
+  const auto values = o.span->evaluate(site, {site.compose(walk), chosen}, label);
+  return {values[0], values[1]};
+}
+
 // Step 3's check: each layer of `layers` at `decision` and at the walk's windows, measured in one
 // batch on step 1's stream (the layers below at the walk's windows when conditioned).
 std::map<int64_t, JointCheck> check_layers(arch::DecoderModel& model,
@@ -249,23 +278,11 @@ std::map<int64_t, JointCheck> check_layers(arch::DecoderModel& model,
     if (layers.contains(i)) {
       const SpanSite site = o.span->capture(i, stream, /*keep_attention=*/true);
       JointCore core(context, i, decision.windows.at(i), decision.rules.at(i));
-      SpanOutputs chosen;
-      for (const auto& in : site.attention) {
-        const at::Tensor all = core.attend(in);
-        chosen.push_back(all.slice(1, all.size(1) - site.input.front().size(1), all.size(1)));
-      }
-      const auto values = o.span->evaluate(site, {site.compose(walk.at(i)), chosen},
-                                           fmt::format("layer {}: joint check", i));
-      out[i] = {values[1], values[0]};
+      const auto [at_walk, chosen] =
+          walk_and_chosen(o, site, core, walk.at(i), fmt::format("layer {}: joint check", i));
+      out[i] = {chosen, at_walk};
     }
-    if (spec.layer(i).is_global() && o.conditioned) {
-      const auto& base = walk.at(i);
-      JointCore core(context, i, base,
-                     std::vector<policy::KeepRule>(base.size(), policy::KeepRule::kWindow));
-      run_layer(model, stream, i, core);
-    } else {
-      run_layer(model, stream, i, exact);
-    }
+    run_at_walk(model, stream, i, context, walk, o.conditioned, exact);
     model.release_layer(i);
   }
   return out;
@@ -432,9 +449,6 @@ KeepRuleResult choose_keep_rules_jointly(arch::DecoderModel& model,
   }
   const auto tokens = static_cast<int64_t>(sequences.front().size());
   arch::ExactAttentionCore exact(context.attention_chunk);
-  const auto run = [&](ActivationStream& stream, int64_t i, arch::AttentionCore& core) {
-    run_layer(model, stream, i, core);
-  };
 
   // Step 1: every head's options, layer by layer, the stream at the walk's windows.
   std::vector<LayerOptions> measured;
@@ -446,14 +460,7 @@ KeepRuleResult choose_keep_rules_jointly(arch::DecoderModel& model,
         const SpanSite site = o.span->capture(i, stream, /*keep_attention=*/true);
         measured.push_back(measure_layer(context, o, site, windows.at(i), tokens));
       }
-      if (spec.layer(i).is_global() && o.conditioned) {
-        const auto& base = windows.at(i);
-        JointCore core(context, i, base,
-                       std::vector<policy::KeepRule>(base.size(), policy::KeepRule::kWindow));
-        run(stream, i, core);
-      } else {
-        run(stream, i, exact);
-      }
+      run_at_walk(model, stream, i, context, windows, o.conditioned, exact);
       model.release_layer(i);
     }
   }
@@ -516,26 +523,21 @@ KeepRuleResult choose_keep_rules_jointly(arch::DecoderModel& model,
   for (int64_t i = 0; i < spec.num_layers(); ++i) {
     model.prefetch_layer(i + 1);
     if (!spec.layer(i).is_global()) {
-      run(stream, i, exact);
+      run_layer(model, stream, i, exact);
       model.release_layer(i);
       continue;
     }
     const SpanSite site = o.span->capture(i, stream, /*keep_attention=*/true);
     JointCore core(context, i, result.windows.at(i), result.rules.at(i));
-    SpanOutputs chosen;
-    for (const auto& in : site.attention) {
-      const at::Tensor all = core.attend(in);
-      chosen.push_back(all.slice(1, all.size(1) - site.input.front().size(1), all.size(1)));
-    }
-    const auto values = o.span->evaluate(site, {site.compose(windows.at(i)), chosen},
-                                         fmt::format("layer {}: joint keep rules", i));
+    const auto [at_walk, chosen] =
+        walk_and_chosen(o, site, core, windows.at(i), fmt::format("layer {}: joint keep rules", i));
     result.evaluations += 2;
     KeepRuleLayer report;
     report.layer_id = i;
     for (int64_t h = 0; h < static_cast<int64_t>(windows.at(i).size()); ++h)
       report.candidates.push_back(h);
-    report.divergence_windows = values[0];
-    report.divergence_chosen = values[1];
+    report.divergence_windows = at_walk;
+    report.divergence_chosen = chosen;
     if (selecting.contains(i)) {
       report.selection_bytes =
           memory::selection_bytes(*spec.layer(i).attention, result.windows.at(i), o.memory);
@@ -547,9 +549,9 @@ KeepRuleResult choose_keep_rules_jointly(arch::DecoderModel& model,
     }
     result.layers.push_back(report);
     if (o.conditioned) {
-      run(stream, i, core);
+      run_layer(model, stream, i, core);
     } else {
-      run(stream, i, exact);
+      run_layer(model, stream, i, exact);
     }
     model.release_layer(i);
   }
