@@ -63,6 +63,15 @@ bool best_joint_move(
 
 }  // namespace
 
+std::vector<std::vector<size_t>> distinct_orderings(std::vector<size_t> levels) {
+  std::sort(levels.begin(), levels.end());
+  std::vector<std::vector<size_t>> out;
+  do {
+    out.push_back(levels);
+  } while (std::next_permutation(levels.begin(), levels.end()));
+  return out;
+}
+
 int64_t layer_bytes(const std::vector<solve::Group>& groups, const std::vector<size_t>& assign) {
   int64_t total = 0;
   for (size_t h = 0; h < groups.size(); ++h) total += groups[h].options[assign[h]].bytes;

@@ -16,6 +16,10 @@ using JointMeasure = std::function<double(const std::vector<size_t>& levels)>;
 // runs candidates in batches (answer_span.hpp) measures them all at once. May be empty.
 using JointPrefetch = std::function<void(const std::vector<std::vector<size_t>>& assignments)>;
 
+// Every distinct ordering of `levels` among the heads, in lexicographic order (the sorted one
+// first): the assignments that give a layer the same levels, for one batch of a prefetch.
+std::vector<std::vector<size_t>> distinct_orderings(std::vector<size_t> levels);
+
 // Bytes of the layer with head h at level assign[h].
 int64_t layer_bytes(const std::vector<solve::Group>& groups, const std::vector<size_t>& assign);
 

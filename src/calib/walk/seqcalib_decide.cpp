@@ -23,16 +23,6 @@ std::vector<solve::Group> future_probe_groups(const RunState& state, int64_t lay
   return future;
 }
 
-// Every permutation of `levels` among the heads, lexicographic (one batch for the prefetch).
-std::vector<std::vector<size_t>> permutations_of(std::vector<size_t> levels) {
-  std::sort(levels.begin(), levels.end());
-  std::vector<std::vector<size_t>> out;
-  do {
-    out.push_back(levels);
-  } while (std::next_permutation(levels.begin(), levels.end()));
-  return out;
-}
-
 struct StableEntry {
   const std::vector<size_t>* levels;
   int64_t bytes;
@@ -80,12 +70,12 @@ std::vector<size_t> stable_assignment(const RunInputs& in, int64_t layer_id, con
   };
   // Which head gets which level must not depend on the descent's path: every permutation of the
   // least J's levels is measured (one batch), as the order may take any of them.
-  if (prefetch) prefetch(permutations_of(assign));
+  if (prefetch) prefetch(distinct_orderings(assign));
   std::vector<StableEntry> entries = stable_entries(memo, source, groups, allowance, lambda);
   if (entries.empty()) return assign;
   std::vector<size_t> best_levels = *least(entries).levels;
   if (prefetch && best_levels != assign) {
-    prefetch(permutations_of(best_levels));
+    prefetch(distinct_orderings(best_levels));
     entries = stable_entries(memo, source, groups, allowance, lambda);
     best_levels = *least(entries).levels;
   }

@@ -20,16 +20,6 @@ double finite_price(double price) {
   return std::isfinite(price) ? price : 0.0;
 }
 
-// Every distinct ordering of `levels` (sorted first), in lexicographic order.
-std::vector<Assignment> orderings(Assignment levels) {
-  std::sort(levels.begin(), levels.end());
-  std::vector<Assignment> out;
-  do {
-    out.push_back(levels);
-  } while (std::next_permutation(levels.begin(), levels.end()));
-  return out;
-}
-
 // Every shard's orderings of its levels in `base`, the other shards as in `base`, within `cap`
 // candidates: which head of a shard takes which of its levels is what the curves decide least
 // reliably (they are measured with the other heads at the descent's windows).
@@ -38,7 +28,7 @@ void add_shard_orderings(const std::vector<std::vector<int64_t>>& shards, const 
   for (const auto& shard : shards) {
     Assignment levels;
     for (int64_t h : shard) levels.push_back(base[static_cast<size_t>(h)]);
-    for (const auto& order : orderings(levels)) {
+    for (const auto& order : distinct_orderings(levels)) {
       if (out.size() >= cap) return;
       Assignment candidate = base;
       for (size_t i = 0; i < shard.size(); ++i) candidate[static_cast<size_t>(shard[i])] = order[i];
@@ -61,7 +51,7 @@ std::optional<std::vector<Assignment>> every_sharded_assignment(
   Assignment multiset(k, 0);
   while (true) {
     // Per shard one ordering of the multiset: the cartesian product over the shards.
-    const std::vector<Assignment> per_shard = orderings(multiset);
+    const std::vector<Assignment> per_shard = distinct_orderings(multiset);
     std::vector<size_t> pick(shards.size(), 0);
     while (true) {
       if (out.size() >= cap) return std::nullopt;
