@@ -40,6 +40,7 @@ struct EvalArgs {
   int64_t jobs = 1;
   int64_t threads_per_job = 0;
   std::string write_samples;
+  std::string write_tokens;
   CommonFlags flags;
 };
 
@@ -139,8 +140,29 @@ void print_tables(const nlohmann::json& document) {
   }
 }
 
+// --write-tokens is written after the whole evaluation: a bad path fails now, in one line, not
+// after the runs.
+void check_write_tokens(const EvalArgs& args) {
+  if (args.write_tokens.empty()) return;
+  if (!args.write_samples.empty()) {
+    throw_input_error(
+        "--write-tokens {}: --write-samples stops before anything is decoded; run the eval once "
+        "with --write-samples and once with --write-tokens",
+        args.write_tokens);
+  }
+  const fs::path path(args.write_tokens);
+  const fs::path parent = path.has_parent_path() ? path.parent_path() : fs::path(".");
+  if (!fs::is_directory(parent)) {
+    throw_input_error("--write-tokens {}: output folder {} does not exist", args.write_tokens,
+                      parent.string());
+  }
+  if (fs::is_directory(path))
+    throw_input_error("--write-tokens {}: is a folder, not a file", args.write_tokens);
+}
+
 void run_eval(const EvalArgs& args) {
   apply_logging(args.flags);
+  check_write_tokens(args);
   const eval::EvaluationRequest request = evaluation_request(args);
   if (!args.write_samples.empty()) {
     // The samples as JSON lines, so that another runtime (transformers with kvpress's presses,
@@ -151,11 +173,15 @@ void run_eval(const EvalArgs& args) {
                  args.write_samples);
     return;
   }
-  const nlohmann::json document = eval::run_evaluation(request);
+  const eval::Evaluation evaluation = eval::evaluate(request);
+  if (!args.write_tokens.empty()) {
+    write_file_atomically(args.write_tokens, evaluation.tokens_jsonl);
+    spdlog::info("eval: wrote every method's decoded answer tokens to {}", args.write_tokens);
+  }
   if (args.flags.json) {
-    std::cout << document.dump(2) << "\n";
+    std::cout << evaluation.document.dump(2) << "\n";
   } else {
-    print_tables(document);
+    print_tables(evaluation.document);
   }
 }
 
@@ -227,6 +253,12 @@ const RegisterCommand kRegister{
                       "Write the samples this eval would answer (JSON lines: task, prompt, answer, "
                       "answer_source) to FILE and stop; another runtime can then answer the same "
                       "samples (tools/peers_eval.py)");
+      cmd->add_option("--write-tokens", args.write_tokens,
+                      "Also write what every method that ran decoded on every sample to FILE "
+                      "(JSON lines: policy, method, task, index within the task, sample, "
+                      "prompt_tokens, prompt_sha256, generated token ids, right), so another "
+                      "runtime's tokens can be compared token by token "
+                      "(tests/python/test_snap_serving.py)");
       add_runtime_attention_option(cmd, args.runtime_attention);
       add_common_flags(cmd, args.flags, /*with_json=*/true);
       cmd->callback([] { run_eval(args); });

@@ -2,14 +2,17 @@
 // policy's methods built in report order and run on the scheduler's jobs, and the document.
 #include "headwise/eval/evaluation.hpp"
 
+#include <fmt/ranges.h>
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <map>
 #include <memory>
 
 #include "headwise/arch/context_guard.hpp"
 #include "headwise/arch/registry.hpp"
 #include "headwise/core/error.hpp"
+#include "headwise/core/files.hpp"
 #include "headwise/eval/schedule.hpp"
 
 namespace headwise::eval {
@@ -224,7 +227,48 @@ nlohmann::json evaluation_document(const EvaluationRequest& r, const PolicyUnder
       {"paired_vs_headwise", paired}};
 }
 
+// Appends one policy's methods' decoded answers (Evaluation::tokens_jsonl) to `out`, in report
+// order and then sample order. Methods that did not fit ran nothing and write nothing.
+void append_tokens(std::string& out, const PolicyUnderTest& p,
+                   const std::vector<EvalSample>& samples,
+                   const std::vector<MethodWindows>& methods,
+                   const std::vector<MethodResult>& results) {
+  // Each sample's place within its task: the key tools/peers_eval.py writes its answers under.
+  std::vector<int64_t> index_in_task;
+  std::vector<std::string> sha;
+  std::map<std::string, int64_t> seen;
+  for (const auto& s : samples) {
+    index_in_task.push_back(seen[s.task]++);
+    sha.push_back(prompt_sha256(s.prompt));
+  }
+  for (size_t m = 0; m < results.size(); ++m) {
+    if (methods[m].does_not_fit) continue;
+    const MethodResult& r = results[m];
+    HEADWISE_CHECK(r.answer_per_sample.size() == samples.size() &&
+                       r.correct_per_sample.size() == samples.size(),
+                   "{}: {} answers for {} samples", r.name, r.answer_per_sample.size(),
+                   samples.size());
+    for (size_t n = 0; n < samples.size(); ++n) {
+      out += nlohmann::json{{"policy", p.path},
+                            {"method", r.name},
+                            {"task", samples[n].task},
+                            {"index", index_in_task[n]},
+                            {"sample", n},
+                            {"prompt_tokens", samples[n].prompt.size()},
+                            {"prompt_sha256", sha[n]},
+                            {"generated", r.answer_per_sample[n]},
+                            {"right", r.correct_per_sample[n] != 0}}
+                 .dump();
+      out += "\n";
+    }
+  }
+}
+
 }  // namespace
+
+std::string prompt_sha256(const std::vector<int64_t>& prompt) {
+  return sha256_hex(fmt::format("{}", fmt::join(prompt, ",")));
+}
 
 std::vector<EvalSample> evaluation_samples(const EvaluationRequest& request) {
   return prepare(request).samples;
@@ -243,7 +287,7 @@ std::string samples_jsonl(const std::vector<EvalSample>& samples) {
   return out;
 }
 
-nlohmann::json run_evaluation(const EvaluationRequest& r) {
+Evaluation evaluate(const EvaluationRequest& r) {
   const Prepared prepared = prepare(r);
   TaskRequest calib_request = prepared.tasks;
   calib_request.samples = r.calib_samples;
@@ -268,15 +312,23 @@ nlohmann::json run_evaluation(const EvaluationRequest& r) {
                                            prepared.options, prepared.samples, r.run, schedule);
   spdlog::info("eval: {} decoder runs (full KV included), {} methods answered by an identical run",
                runs.runs_executed, runs.runs_reused);
+  Evaluation out;
   nlohmann::json evaluations = nlohmann::json::array();
   for (size_t i = 0; i < r.policies.size(); ++i) {
     warn_full_in_effect(runs.methods[i], prepared.seq_len);
     evaluations.push_back(
         evaluation_document(r, r.policies[i], prepared, tasks, runs.methods[i], runs.results[i]));
+    append_tokens(out.tokens_jsonl, r.policies[i], prepared.samples, runs.methods[i],
+                  runs.results[i]);
   }
   // One policy: its evaluation is the document (the format scripts read); several: in order.
-  if (evaluations.size() == 1) return evaluations.front();
-  return {{"evaluations", evaluations}};
+  out.document =
+      evaluations.size() == 1 ? evaluations.front() : nlohmann::json{{"evaluations", evaluations}};
+  return out;
+}
+
+nlohmann::json run_evaluation(const EvaluationRequest& r) {
+  return evaluate(r).document;
 }
 
 }  // namespace headwise::eval

@@ -53,9 +53,29 @@ std::vector<EvalSample> evaluation_samples(const EvaluationRequest& request);
 // `samples` as JSON lines ({"task", "prompt", "answer", "answer_source"} each).
 std::string samples_jsonl(const std::vector<EvalSample>& samples);
 
-// Runs every policy against its baselines. One policy: its evaluation (model, policy, serving
-// shape, samples, methods in report order, methods_not_fitting, paired_vs_headwise); several:
-// {"evaluations": [...]}, one each in the request's order.
+// What one evaluation gives: the document, and what every method decoded on every sample.
+struct Evaluation {
+  // One policy: its evaluation (model, policy, serving shape, samples, methods in report order,
+  // methods_not_fitting, paired_vs_headwise); several: {"evaluations": [...]}, one each in the
+  // request's order. What `eval --json` prints.
+  nlohmann::json document;
+  // One JSON line per (policy, method that ran, sample), in the document's order and then sample
+  // order: {"policy", "method", "task", "index" (within its task), "sample" (the line of
+  // --write-samples), "prompt_tokens", "prompt_sha256" (prompt_sha256 below), "generated" (the
+  // answer tokens the greedy harness produced: greedy_answer), "right"}. What `eval
+  // --write-tokens` writes, so another runtime's tokens can be compared with these token by token.
+  std::string tokens_jsonl;
+};
+
+// Runs every policy against its baselines.
+Evaluation evaluate(const EvaluationRequest& request);
+
+// evaluate(request).document.
 nlohmann::json run_evaluation(const EvaluationRequest& request);
+
+// SHA-256 (lowercase hex) of the prompt's token ids written in decimal and joined by commas
+// ("12,7,301"): names a prompt in --write-tokens without repeating it; in Python,
+// hashlib.sha256(",".join(map(str, prompt)).encode()).hexdigest().
+std::string prompt_sha256(const std::vector<int64_t>& prompt);
 
 }  // namespace headwise::eval
