@@ -7,11 +7,12 @@ The policy comes from the committed policies/tiny-gemma3-8k-peers-4k-25.yaml (co
 never edited in place): every global head 128 slots, kv_head_rules mixing window and snap heads in
 layers 2, 8 and 11 (h2o left out: a press cannot serve it). On the samples `eval --write-samples`
 writes for it (needles 1024 tokens back, outside every window), greedy answers:
-- the runtime decoder answers every sample right (eval's counts), and so does HeadwiseCache, so both
-  produced the answers' tokens;
+- the runtime decoder answers every sample right, and HeadwiseCache gives its tokens on every sample,
+  token by token (`eval --write-tokens`: each sample's decoded tokens, named by its prompt's SHA-256);
 - HeadwisePress produces HeadwiseCache's tokens on every sample, and every snap head holds the
   positions HeadwiseCache's holds after the answer (the choice at the prompt's end and the ring);
-- the same policy with layer 8's snap head turned `window` loses a needle (other tokens) in both;
+- the same policy with layer 8's snap head turned `window` loses a needle in the runtime decoder, and
+  all three give the same (wrong) tokens there too;
 - the press refuses h2o heads and another model's policy in one line.
 Exit 0 on success, 1 on failure, 4 when kvpress cannot be imported from --venv, unless
 HEADWISE_REQUIRE_KVPRESS=1.
@@ -166,6 +167,23 @@ def cache_answers(model, policy, samples):
     return rows
 
 
+def runtime_tokens(path, policy, samples):
+    """The runtime decoder's answers (`eval --write-tokens`) for `policy`, in sample order, each checked to
+    answer the --write-samples sample of its line: the same prompt (its SHA-256) and task."""
+    import hashlib
+
+    rows = [r for r in map(json.loads, path.read_text().splitlines())
+            if r["policy"] == str(policy) and r["method"] == "headwise"]
+    if [r["sample"] for r in rows] != list(range(len(samples))):
+        raise SystemExit(f"FAIL {path}: policy {policy}: samples {[r['sample'] for r in rows]}, want "
+                         f"0..{len(samples) - 1}")
+    for r, s in zip(rows, samples):
+        sha = hashlib.sha256(",".join(map(str, s["prompt"])).encode()).hexdigest()
+        if (r["task"], r["prompt_tokens"], r["prompt_sha256"]) != (s["task"], len(s["prompt"]), sha):
+            raise SystemExit(f"FAIL {path}: sample {r['sample']} is not the prompt of --write-samples' line")
+    return rows
+
+
 def run(cli, *args):
     r = subprocess.run([cli, *map(str, args)], capture_output=True, text=True,
                        env={**os.environ, "OMP_NUM_THREADS": "1"})
@@ -215,19 +233,22 @@ def main():
         samples_path = tmp / "samples.jsonl"
         run(args.cli, "eval", "--model", MODEL, "--policy", policy, *SAMPLES, "--write-samples", samples_path, "-q")
         samples = [json.loads(line) for line in samples_path.read_text().splitlines()]
-        runtime = json.loads(run(args.cli, "eval", "--model", MODEL, "--policy", policy, *SAMPLES, "--baselines", "",
-                                 "--json", "-q"))
-        counts = next(m for m in runtime["methods"] if m["name"] == "headwise")["tasks_counts"]
-        check(all(c["right"] == c["total"] for c in counts.values()) and sum(c["total"] for c in counts.values()) ==
-              len(samples), f"the runtime decoder answers every one of the {len(samples)} samples: {counts}")
+        # Both policies in one eval (one model load; they share the samples): the tokens it decoded.
+        tokens_path = tmp / "tokens.jsonl"
+        run(args.cli, "eval", "--model", MODEL, "--policy", policy, "--policy", swapped, *SAMPLES, "--baselines", "",
+            "--write-tokens", tokens_path, "-q")
+        runtime, runtime_w = (runtime_tokens(tokens_path, p, samples) for p in (policy, swapped))
+        check(all(r["right"] for r in runtime),
+              f"the runtime decoder answers every one of the {len(samples)} samples "
+              f"({sum(r['right'] for r in runtime)}/{len(runtime)})")
 
         # The press first (another process, its own model): it runs while nothing else here does.
         (press, press_w), refusals = run_press(venv, tmp, [policy, swapped], samples_path)
         model = load_model()
         cache = cache_answers(model, policy, samples)
-        check(all(r["right"] for r in cache),
-              f"HeadwiseCache answers every sample ({sum(r['right'] for r in cache)}/{len(cache)}), so its tokens are "
-              "the runtime decoder's")
+        same = sum(c["generated"] == r["generated"] for c, r in zip(cache, runtime))
+        check(same == len(samples), f"HeadwiseCache gives the runtime decoder's tokens on {same}/{len(samples)} "
+              f"samples, token by token ({sum(r['right'] for r in cache)} answered right)")
         same = sum(p["generated"] == c["generated"] for p, c in zip(press, cache))
         check(same == len(samples), f"HeadwisePress gives HeadwiseCache's tokens on {same}/{len(samples)} samples")
         held = sum(snap_positions(p["held"]) == snap_positions(c["held"]) for p, c in zip(press, cache))
@@ -235,12 +256,14 @@ def main():
               f"after the answer every snap head holds HeadwiseCache's positions in the press ({held}/{len(samples)} "
               f"samples, {len(cache[0]['held'])} snap heads)")
 
-        # The rule matters: layer 8's head as a window loses a needle, in both.
+        # The rule matters: layer 8's head as a window loses a needle, in all three, with the same wrong tokens
+        # (so the equality above is not that of three servings failing alike).
         cache_w = cache_answers(model, swapped, samples)
-        differ = sum(p["generated"] != c["generated"] for p, c in zip(press_w, cache))
-        check(differ > 0 and [p["generated"] for p in press_w] == [c["generated"] for c in cache_w],
-              f"layer 8 head 0 as `window`: other tokens on {differ}/{len(samples)} samples (press == HeadwiseCache "
-              f"there too: {sum(p['generated'] == c['generated'] for p, c in zip(press_w, cache_w))}/{len(samples)})")
+        lost = sum(not r["right"] for r in runtime_w)
+        agree = sum(r["generated"] == c["generated"] == p["generated"] for r, c, p in zip(runtime_w, cache_w, press_w))
+        check(0 < lost and agree == len(samples),
+              f"layer 8 head 0 as `window`: the runtime decoder loses the needle on {lost}/{len(samples)} samples, and "
+              f"it, HeadwiseCache and HeadwisePress give the same tokens on {agree}/{len(samples)}")
         h2o, other = refusals.get("h2o", ""), refusals.get("other", "")
         check("h2o" in h2o and "layer 2 head 0" in h2o and "\n" not in h2o, f"the press refuses h2o heads: {h2o}")
         check("layers" in other and "\n" not in other, f"the press refuses another model's policy: {other}")
