@@ -82,6 +82,8 @@ def run_sample(model, tokens, queries, make_cache, chunk, global_layers):
     ids = torch.tensor([tokens], device=model.device)
     prompt_end = queries[-1][0] + 1  # up to the last query's separator
     cache = make_cache()
+    if isinstance(cache, HeadwiseCache):
+        cache.set_prompt_length(prompt_end)  # snap heads choose at the prompt's end, not the first chunk's
     logits = []
     # Chunked prefill of all but the separator; generate() feeds that and continues.
     with torch.no_grad():

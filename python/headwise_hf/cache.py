@@ -40,7 +40,8 @@ stages the prompt's K/V in the KV dtype with a float32 score per key, which the 
 queries (the prompt's last 32) accumulate chunk by chunk; at the prompt's end it keeps the window
 and the prefix keys with the highest max-pooled score (selection.py), and while decoding rotates the
 window and the new tokens in a ring after the selected keys. The prompt is the first forward call
-unless HeadwiseCache.set_prompt_length says how long it is (a chunked prefill). staged_bytes() and
+unless HeadwiseCache.set_prompt_length says how long it is (a chunked prefill; prompt.py: generate's
+chunked prefill tells it, an untold chunk after the first is refused). staged_bytes() and
 peak_bytes() measure the staging as mem-estimate's prefill figures count it.
 """
 from __future__ import annotations
@@ -59,7 +60,8 @@ from transformers.cache_utils import CacheLayerMixin
 LinearAttentionCacheLayerMixin = getattr(cache_utils, "LinearAttentionCacheLayerMixin", ())
 
 from .policy import FULL, H2O, SNAP, WINDOW, Policy, PolicyError, config_sha256, head_slots, read_policy
-from .selection import attention_probs, keep_indices, observed_begin, ring_insert, snap_choice
+from .prompt import PromptState, follow_generate
+from .selection import attention_probs, keep_indices, ring_insert, snap_choice
 
 
 class _Group:
@@ -478,30 +480,6 @@ class _Head:
         return sum(t.untyped_storage().nbytes() for t in tensors if t is not None)
 
 
-class PromptState:
-    """Where the prompt ends, shared by a cache's layers: snap heads stage the prompt and choose at
-    its end (runtime::EvictionAttentionCore::begin_prompt). Unless HeadwiseCache.set_prompt_length
-    says otherwise, the prompt is the cache's first forward call (what generate() prefills).
-
-    schedule `whole`: every layer's snap heads stage the whole prompt and each layer chooses at its
-    first step past the prompt (or HeadwiseCache.end_prompt()), so the prefill peak is the
-    whole-prompt figure; `layer`: each layer chooses right after attending the prompt's last token,
-    which with the prompt in one forward call is kvpress's layer-by-layer schedule (only one
-    layer's staging at a time)."""
-
-    def __init__(self, schedule: str, staged_total):
-        self.begin, self.end = 0, None
-        self.schedule = schedule
-        self._staged_total = staged_total
-        self.peak_staged = 0
-
-    def note_staged(self) -> None:
-        self.peak_staged = max(self.peak_staged, self._staged_total())
-
-    def observed_begin(self) -> int:
-        return observed_begin(self.end, self.begin)
-
-
 class HeadwiseH2OLayer(_PolicyLayer):
     """A global layer with selecting heads (h2o, snap), as headwise's runtime serves it (its
     eviction cache, runtime/eviction_attention.cpp and snap_attention.cpp)."""
@@ -520,6 +498,11 @@ class HeadwiseH2OLayer(_PolicyLayer):
 
     def _unfinished_plan(self) -> None:
         raise RuntimeError(f"HeadwiseCache layer {self.layer_id}: the last step's attention never ran")
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
+        if any(h.snap for h in self.heads):  # before this call changes anything in the layer
+            self.prompt.refuse_untold_chunk(self.layer_id, self.cumulative_length, key_states.shape[2])
+        return super().update(key_states, value_states, *args, **kwargs)
 
     def _slots(self, head: _Head, length: int) -> int:
         # Storage grows with the cached length as the grouped layers' does; it never needs more
@@ -645,8 +628,7 @@ class HeadwiseH2OLayer(_PolicyLayer):
             new_k, new_v = new_k.to(self.kv_dtype).to(dtype), new_v.to(self.kv_dtype).to(dtype)
         new_pos = torch.arange(first, first + steps, device=query.device)
         sink_logits = None if s_aux is None else s_aux.reshape(num_kv, group)
-        if self.prompt.end is None and first == 0:
-            self.prompt.end = steps  # no prompt length given: the first forward call is the prompt
+        self.prompt.take_first_call(first, steps)
         in_prompt = self._in_prompt(first, steps)
         if in_prompt and self.prompt.schedule == "layer" and steps != self.prompt.end - self.prompt.begin:
             raise ValueError(f"HeadwiseCache: prefill_schedule='layer' needs the prompt of "
@@ -735,9 +717,7 @@ class HeadwiseH2OLayer(_PolicyLayer):
                 head.held = [0] * len(head.held)
         self.staging = False
         self.snap_ring = 0
-        # A fresh sequence: its prompt is told again or is its first call (the peak is kept: it is a
-        # property of the whole run, as the runtime's).
-        self.prompt.end = None
+        self.prompt.forget()
         self.cumulative_length = 0
         self.pending = None
 
@@ -860,6 +840,9 @@ class HeadwiseCache(DynamicCache):
                 raise PolicyError(f"{policy.path}: model_fingerprint.config_sha256 does not match "
                                   f"{os.path.join(model_dir, 'config.json')} (a policy for another model)")
         install(model)
+        if (why := follow_generate(model)) is not None:
+            warnings.warn(f"HeadwiseCache: generate(prefill_chunk_size=...) cannot tell snap heads the prompt's "
+                          f"length ({why}); call cache.set_prompt_length(P) before a chunked prefill")
         return cls(policy, model.config, preallocate=preallocate, allow_beyond_context=allow_beyond_context,
                    prefill_schedule=prefill_schedule, checkpoint_dtype=_declared_dtype(model_dir, model.config.get_text_config(decoder=True)))
 
@@ -879,14 +862,21 @@ class HeadwiseCache(DynamicCache):
     # --- snap heads: the prompt ----------------------------------------------------------------
     def set_prompt_length(self, tokens: int) -> None:
         """The prompt is the first `tokens` positions: snap heads stage them and choose at their end.
-        Needed only when the prompt is prefilled in several forward calls; without it the first
-        forward call is the prompt (what model.generate() prefills)."""
+        Needed only when the prompt is prefilled in several forward calls of your own
+        (generate(prefill_chunk_size=...) on the model from_policy set up tells it itself); without it
+        the first forward call is the prompt, and a call of several tokens right after it is refused."""
         if isinstance(tokens, bool) or not isinstance(tokens, int) or tokens <= 0:
             raise ValueError(f"HeadwiseCache.set_prompt_length: a positive token count, got {tokens!r}")
         if self.get_seq_length() > 0:
             raise ValueError("HeadwiseCache.set_prompt_length: the cache already holds tokens (set it before the "
                              "prompt's first forward call)")
-        self.prompt.end = tokens
+        self.prompt.tell(tokens)
+
+    def tell_generate_prompt(self, tokens: int) -> None:
+        """generate(prefill_chunk_size=...) prefills `tokens` in chunks (prompt.follow_generate):
+        the prompt's length, unless the cache already holds tokens or was told."""
+        if self.get_seq_length() == 0 and self.prompt.end is None:
+            self.set_prompt_length(tokens)
 
     def end_prompt(self) -> None:
         """The prompt is in: every snap head chooses now (else each layer does at its next step)."""

@@ -229,6 +229,40 @@ def check_snap(cli, fixture, model, ids, ids_path, tmp, mixed, chunk):
     check(out.shape[1] == 108 and head.held[0] == head.capacity and held[-ring:] == list(range(107 - ring, 107)),
           f"{fixture.name}: generate() through a snap layer (prompt = the first call, 100 tokens; head 0 holds "
           f"{head.held[0]} of {head.capacity} slots, its {ring}-slot ring the latest tokens)")
+    check_chunked_generate(fixture, model, ids, policy, layers[0])
+
+
+def check_chunked_generate(fixture, model, ids, policy, layer):
+    """A prompt prefilled in chunks reaches the snap heads whole (headwise_hf/prompt.py): generate's
+    chunked prefill tells the cache the prompt's length, even when its last chunk is one token (which
+    looks like a decoded token); an untold chunk after the first, in a user's own calls, is refused."""
+
+    def generate(chunk, new, told):
+        cache = HeadwiseCache.from_policy(policy, model)
+        if told:
+            cache.set_prompt_length(100)
+        try:
+            with torch.no_grad():
+                out = model.generate(ids[:, :100], past_key_values=cache, max_new_tokens=new, min_new_tokens=new,
+                                     do_sample=False, pad_token_id=0, prefill_chunk_size=chunk)
+        except ValueError as e:  # refused: the cache was not told
+            return None, None, str(e)
+        heads = cache.layers[layer].heads
+        return out[0, 100:].tolist(), [h.position[0, :h.held[0]].tolist() for h in heads if h.snap], cache.prompt.end
+
+    for chunk, new in ((33, 8), (99, 2)):  # 33+33+33+1 and 99+1: a one-token last chunk
+        got, told = generate(chunk, new, False), generate(chunk, new, True)
+        check(got[2] == 100 and got == told,
+              f"{fixture.name}: generate(prefill_chunk_size={chunk}) through snap heads: the prompt ends at "
+              f"{got[2]} of 100 tokens, tokens and snap positions as with set_prompt_length(100): {got[:2] == told[:2]}")
+    cache = HeadwiseCache.from_policy(policy, model)
+    try:
+        hf_logits(model, ids[:, :100], cache, [50, 50])
+        refused = ""
+    except ValueError as e:
+        refused = str(e)
+    check("set_prompt_length" in refused and "50 tokens" in refused and "\n" not in refused,
+          f"{fixture.name}: a second prompt chunk without set_prompt_length refused: {refused}")
 
 
 def check_fixture(cli, fixture, tmp, seq_len, chunk, mixed_levels):
