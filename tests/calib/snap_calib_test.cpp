@@ -262,6 +262,29 @@ TEST_CASE("snap's prompt end: the last run of answers, shared by the sequences o
   CHECK_THROWS_AS(calib::answers_after_prompt_end({{}}), InputError);
 }
 
+TEST_CASE("snap's prompt end with follow-ups: the question's run and the runs after it",
+          "[calib][keep-rules]") {
+  // Three queries: with one follow-up the prompt ends at the second query's run, and the second
+  // (the question in the prompt) and third (asked after the snap heads chose) are measured.
+  const std::vector<std::vector<int64_t>> queries{{10, 11, 12, 20, 21, 22, 30, 31, 32}};
+  CHECK(calib::answers_after_prompt_end(queries, 1) ==
+        std::vector<std::vector<int64_t>>{{20, 21, 22, 30, 31, 32}});
+  CHECK(calib::shared_prompt_end(queries, 1) == 20);
+  CHECK(calib::answers_after_prompt_end(queries, 2) == queries);
+  CHECK(calib::shared_prompt_end(queries, 2) == 10);
+  // Trimming is idempotent: the pass is given the trimmed answers and finds the same prompt end.
+  const std::vector<policy::KeepRule> snap{policy::KeepRule::kSnap};
+  CHECK(calib::rules_prompt_end(snap, calib::answers_after_prompt_end(queries, 1), 1) == 20);
+  // Without the follow-up the trimmed answers' own last run would be taken for the question.
+  CHECK_THROWS_WITH(calib::rules_prompt_end(snap, calib::answers_after_prompt_end(queries, 1)),
+                    Catch::Contains("scores answer position 20 before its prompt end 30"));
+  CHECK_THROWS_WITH(calib::answers_after_prompt_end(queries, 3),
+                    Catch::Contains("sequence 0 has 3 run(s) of answer positions, fewer than the "
+                                    "question and --follow-ups 3 need (4)"));
+  CHECK_THROWS_WITH(calib::answers_after_prompt_end(queries, -1),
+                    Catch::Contains("--follow-ups must be 0 or more, got -1"));
+}
+
 TEST_CASE(
     "--keep-rules window,h2o,snap end to end on a fixture; the exact measures are refused first",
     "[calib][keep-rules]") {
@@ -282,6 +305,17 @@ TEST_CASE(
       calib::CalibrationJob(calib::parse_calibration_options(request("answer-tv")), out),
       Catch::Contains("--keep-rules window,h2o,snap: snap is chosen jointly") &&
           Catch::Contains("--distortion answer-tv-span"));
+  // Follow-ups: the fixture's sequences hold one query, so there is none to ask after the prompt;
+  // and without snap nothing chooses at the prompt's end.
+  auto follow_up = request("answer-tv-span");
+  follow_up["follow_ups"] = "1";
+  CHECK_THROWS_WITH(calib::CalibrationJob(calib::parse_calibration_options(follow_up), out),
+                    Catch::Contains("has 1 run(s) of answer positions, fewer than the question "
+                                    "and --follow-ups 1 need (2)"));
+  follow_up["keep_rules"] = "window,h2o";
+  CHECK_THROWS_WITH(calib::CalibrationJob(calib::parse_calibration_options(follow_up), out),
+                    Catch::Contains("--follow-ups 1 needs a rule that chooses at the prompt's end "
+                                    "(snap) in --keep-rules"));
   calib::CalibrationJob job(calib::parse_calibration_options(request("answer-tv-span")), out);
   const auto outcome = job.run(calib::RunControl{});
   // The policy records where it measured, and stays within the budget with its bookkeeping.

@@ -115,6 +115,8 @@ struct CalibrationOptions {
   // "point" (the least measured value decides) or "stable" (issue 59: where the sequences do not
   // separate the candidates, a fixed order of preference does; docs/seqcalib.md).
   std::string decisions = "point";
+  // With snap: answer runs measured as questions asked after the snap heads chose (prompt_end.hpp).
+  int64_t follow_ups = 0;
   int64_t prefill_chunk = 256;  // with h2o: the runtime's prefill chunk (H2O evicts after each)
   int64_t block_size = 16;
   int64_t batch = 1;
@@ -245,6 +247,16 @@ void visit_fields(Options& o, Visitor&& visit) {
          .use = kHashed | kRecorded,
          // window-only policies keep the hash they were made with
          .when = c::selecting_keep_rules});
+  // Hashed and recorded only when not 0, so that every other policy keeps its hash.
+  visit(o.follow_ups,
+        {.name = "follow_ups",
+         .help = "With snap in --keep-rules: questions asked after the snap heads chose (a "
+                 "chain's next hop, a user's next turn) measured beside the one in the prompt: "
+                 "each sequence's prompt ends at the first of its last 1 + N runs of answer "
+                 "positions, and all of them are measured (0: the question in the prompt only; "
+                 "docs/keep-rules.md)",
+         .use = kHashed | kRecorded,
+         .when = [](const CalibrationOptions& r) { return r.follow_ups != 0; }});
   // Hashed and recorded only when not point, so that every other policy keeps its hash.
   visit(o.decisions,
         {.name = "decisions",

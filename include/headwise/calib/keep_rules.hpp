@@ -68,6 +68,8 @@ struct KeepRuleOptions {
   // separates it as worse than the best measured one, then the best; false: the least measured
   // value.
   bool stable_decisions = false;
+  // With snap: the answers hold the question's run and this many follow-ups' (prompt_end.hpp).
+  int64_t follow_ups = 0;
 };
 
 struct KeepRuleLayer {

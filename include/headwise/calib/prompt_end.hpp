@@ -13,6 +13,11 @@
 // before the last query's separator (the question's marker and key are observed; its separator is
 // the first decoded position). A user calibration file's tail answers are one run: the prompt
 // ends at the first answer position and the whole tail is measured.
+//
+// Follow-ups (`--follow-ups N`): a question asked after the snap heads chose (a chain's next hop,
+// a user's next turn) names a needle the prompt's question did not, so only a head that kept it
+// without the question answers it. With N follow-ups the prompt ends at the first of the LAST
+// N + 1 runs, and all N + 1 are measured: the question in the prompt and N asked after it.
 #include <cstdint>
 #include <vector>
 
@@ -20,15 +25,15 @@
 
 namespace headwise::calib {
 
-// Per sequence, its last run of consecutive answer positions (the ones after its prompt end).
-// InputError naming the sequence when one has no answer positions.
+// Per sequence, its last 1 + follow_ups runs of consecutive answer positions (the ones after its
+// prompt end). InputError naming the sequence when one has fewer runs, and for follow_ups < 0.
 std::vector<std::vector<int64_t>> answers_after_prompt_end(
-    const std::vector<std::vector<int64_t>>& answers);
+    const std::vector<std::vector<int64_t>>& answers, int64_t follow_ups = 0);
 
 // The prompt end every sequence shares: the first of its answers_after_prompt_end. A rule that
 // chooses at the prompt's end is run on a whole batch with one prompt end, so sequences whose
 // prompt ends differ are an InputError naming the first two.
-int64_t shared_prompt_end(const std::vector<std::vector<int64_t>>& answers);
+int64_t shared_prompt_end(const std::vector<std::vector<int64_t>>& answers, int64_t follow_ups = 0);
 
 // Whether any of `rules` chooses at the prompt's end (KeepRuleMethod::chooses_at_prompt_end).
 bool chooses_at_prompt_end(const std::vector<policy::KeepRule>& rules);
@@ -37,6 +42,6 @@ bool chooses_at_prompt_end(const std::vector<policy::KeepRule>& rules);
 // prompt end of `answers`, which must hold no position before it (an InputError: such a position
 // would score a snap head while it still attends like full KV).
 int64_t rules_prompt_end(const std::vector<policy::KeepRule>& rules,
-                         const std::vector<std::vector<int64_t>>& answers);
+                         const std::vector<std::vector<int64_t>>& answers, int64_t follow_ups = 0);
 
 }  // namespace headwise::calib

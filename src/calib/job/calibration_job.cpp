@@ -186,6 +186,19 @@ struct CalibrationJob::State {
 
 namespace {
 
+// Follow-ups are questions asked after a rule chose at the prompt's end: without such a rule
+// nothing chooses there, and the option would silently measure nothing different.
+void refuse_follow_ups_without_choice(const CalibrationOptions& o,
+                                      const std::vector<policy::KeepRule>& rules) {
+  if (o.follow_ups < 0) throw_field_error("follow_ups", " must be 0 or more, got {}", o.follow_ups);
+  if (o.follow_ups != 0 && !chooses_at_prompt_end(rules)) {
+    throw_field_error("follow_ups",
+                      " {} needs a rule that chooses at the prompt's end (snap) in {}, which is "
+                      "'{}'",
+                      o.follow_ups, field_ref("keep_rules"), o.keep_rules);
+  }
+}
+
 void check_measure_options(const CalibrationOptions& o, bool selecting_rules) {
   const MeasureTraits& measure = measure_traits(o.distortion);
   if (o.validate_measure && !measure.can_validate) {
@@ -298,6 +311,7 @@ CalibrationJob::CalibrationJob(const CalibrationOptions& options, const fs::path
   if (seq_len <= 0) throw_field_error("seq_len", ": '{}' must be positive", seq_len);
   o.seq_len = seq_len;
   check_measure_options(o, !s.rules.empty());
+  refuse_follow_ups_without_choice(o, s.rules);
   // Before the walk: a rule chosen with the levels is measured on the answer span only.
   if (offered_at_every_level(s.rules) && !measure_traits(o.distortion).runs_on_span) {
     throw_field_error("keep_rules",
@@ -319,8 +333,14 @@ CalibrationJob::CalibrationJob(const CalibrationOptions& options, const fs::path
   // A rule that chooses at the prompt's end is measured after it, and so is every trial of the
   // run, the walk's included: all are compared on the same positions (prompt_end.hpp).
   if (chooses_at_prompt_end(s.rules)) {
-    s.data.answer_positions = answers_after_prompt_end(s.data.answer_positions);
-    s.data.answer_rule += ", after the prompt end (each sequence's last run of answer positions)";
+    s.data.answer_positions = answers_after_prompt_end(s.data.answer_positions, o.follow_ups);
+    s.data.answer_rule +=
+        o.follow_ups == 0
+            ? ", after the prompt end (each sequence's last run of answer positions)"
+            : fmt::format(
+                  ", after the prompt end (each sequence's last {} runs of answer positions: the "
+                  "question in the prompt and {} asked after it)",
+                  o.follow_ups + 1, o.follow_ups);
   }
   o.samples = static_cast<int64_t>(s.data.sequences.size());
   s.fingerprint = policy::fingerprint_model(s.dir);
@@ -577,6 +597,7 @@ CalibrationOutcome CalibrationJob::run(const RunControl& control) {
     ko.divergence = measure_traits(r.distortion).divergence;
     ko.span = shard.span.get();
     ko.stable_decisions = options.stable_decisions && world.world_size() == 1;
+    ko.follow_ups = r.follow_ups;
     rules = shard.span
                 ? choose_keep_rules(*model, shard.sequences, shard.answers, result.windows, ko)
                 : choose_keep_rules(*model, s.data.sequences, s.data.answer_positions,

@@ -519,7 +519,7 @@ KeepRuleResult choose_keep_rules(arch::DecoderModel& model,
   }
   const auto tokens = static_cast<int64_t>(sequences.front().size());
   const KeepRuleContext context{spec, o.memory, o.prefill_chunk, model.attention_chunk(),
-                                rules_prompt_end(o.rules, answers)};
+                                rules_prompt_end(o.rules, answers, o.follow_ups)};
   // A rule offered at every level is chosen with the levels, across the layers (joint_rules.hpp).
   if (offered_at_every_level(o.rules))
     return choose_keep_rules_jointly(model, sequences, windows, o, context);
