@@ -69,10 +69,10 @@ class PromptState:
 
 
 def _prefill_telling_prompt(original):
-    """generate()'s prefill (GenerationMixin._prefill, transformers 5.2 and 5.17), which with
-    prefill_chunk_size splits the prompt into forward calls of that many tokens: a HeadwiseCache is
-    first told the prompt's length (the whole input_ids; transformers' chunked prefill starts from an
-    empty cache)."""
+    """generate()'s prefill (GenerationMixin._prefill(input_ids, generation_config, model_kwargs, ...)
+    in transformers 5.17, HeadwiseCache's pin), which with prefill_chunk_size splits the prompt into
+    forward calls of that many tokens: a HeadwiseCache is first told the prompt's length (the whole
+    input_ids; transformers' chunked prefill starts from an empty cache)."""
 
     def _prefill(input_ids, generation_config, model_kwargs, *args, **kwargs):
         cache = model_kwargs.get("past_key_values")
