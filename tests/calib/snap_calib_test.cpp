@@ -323,6 +323,20 @@ TEST_CASE(
   CHECK_THAT(outcome.policy_yaml, Catch::Contains("keep_rules: \"window,h2o,snap\""));
   const auto policy = policy::from_yaml(outcome.policy_yaml, "snap-calib.yaml");
   CHECK(policy.memory.total_bytes <= 24 * 1024);
+  // The joint check measures each changed layer on the stream its decision produces: here nothing
+  // is repaired and nothing left over is spent, so the check's two values are the final report's,
+  // bit for bit. Layer 3 sits above layer 1, which the solve changed (on the walk's stream, before
+  // cc47258, its check gave 0.0092 and 0.0134 against the report's 6.2e-08 and 0.0087).
+  REQUIRE(outcome.record.keep_rules);
+  int64_t checked = 0;
+  for (const auto& layer : outcome.record.keep_rules->layers) {
+    if (layer.joint_walk < 0) continue;
+    ++checked;
+    CHECK_FALSE(layer.repaired);
+    CHECK(layer.joint_chosen == layer.divergence_chosen);
+    CHECK(layer.joint_walk == layer.divergence_windows);
+  }
+  CHECK(checked == 2);
 }
 
 TEST_CASE("the joint check keeps the walk's windows in a layer the solve made worse as a whole",
