@@ -9,6 +9,12 @@
 
 namespace headwise::memory {
 
+int64_t snap_staging_bytes_per_token(const arch::AttentionShape& attention,
+                                     const MemoryOptions& options) {
+  return checked_add(checked_mul(2 * attention.head_dim, element_size(options.kv_dtype)),
+                     int64_t{sizeof(float)});
+}
+
 PrefillPeak prefill_peak(const arch::ModelSpec& spec, const HeadWindows& windows,
                          const MemoryOptions& options, const std::set<int64_t>& selecting,
                          const SnapHeads& snap_heads, int64_t prompt_tokens) {
@@ -27,9 +33,8 @@ PrefillPeak prefill_peak(const arch::ModelSpec& spec, const HeadWindows& windows
       throw_input_error("snap head {} of layer {} is not a KV head of a selecting global layer",
                         head, layer);
     }
-    const int64_t kv =
-        checked_mul(2 * spec.layer(layer).attention->head_dim, element_size(options.kv_dtype));
-    per_layer[layer] = checked_add(per_layer[layer], checked_add(kv, int64_t{sizeof(float)}));
+    per_layer[layer] = checked_add(
+        per_layer[layer], snap_staging_bytes_per_token(*spec.layer(layer).attention, options));
   }
   int64_t all = 0, largest = 0;
   for (const auto& [layer, bytes] : per_layer) {

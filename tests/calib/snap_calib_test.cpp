@@ -16,6 +16,7 @@
 #include "headwise/calib/keep_rules.hpp"
 #include "headwise/calib/prompt_end.hpp"
 #include "headwise/core/error.hpp"
+#include "headwise/memory/prefill_peak.hpp"
 #include "headwise/policy/policy.hpp"
 #include "toy_model.hpp"
 
@@ -132,8 +133,10 @@ struct SnapRun {
 
 // The joint pass on the question model from the walk's windows {64, 64}, ladder 8, 40, 64, full,
 // at the windows' bytes plus `budget_over_windows` (or at `budget`).
+// With `prefill_peak`, the policy's prefill peak under `schedule` is bounded (a 160-token prompt).
 SnapRun run_pass(arch::DecoderModel& model, int64_t budget_over_windows,
-                 std::vector<policy::KeepRule> rules, int64_t budget = 0) {
+                 std::vector<policy::KeepRule> rules, int64_t budget = 0, int64_t prefill_peak = 0,
+                 runtime::PrefillSchedule schedule = runtime::PrefillSchedule::kWholePrompt) {
   const auto seqs = question_sequences(3);
   std::vector<int64_t> answers;
   for (int64_t t = kFirstAnswer; t < kSteps - 1; ++t) answers.push_back(t);
@@ -152,6 +155,8 @@ SnapRun run_pass(arch::DecoderModel& model, int64_t budget_over_windows,
                        budget_over_windows;
   r.options.prefill_chunk = 8;
   r.options.span = &span;
+  r.options.prefill_peak = prefill_peak;
+  r.options.prefill_schedule = schedule;
   r.result = calib::choose_keep_rules(model, seqs, all, windows, r.options);
   return r;
 }
@@ -442,4 +447,53 @@ TEST_CASE("the joint pass spends the bytes its solve leaves on upgrades the meas
   const auto solved = calib::joint::solve(spec, layers, roomy - fixed, memory, walk, {});
   const auto untouched = calib::joint::spend_leftover(spec, layers, solved, {0}, roomy, memory);
   CHECK(untouched.windows == solved.windows);
+}
+
+TEST_CASE(
+    "--prefill-peak on the question model: at the policy's peak the same policy, one byte "
+    "below another whose peak is within it",
+    "[calib][keep-rules]") {
+  c10::InferenceMode inference;
+  QuestionModel model(/*question_retrieves=*/true);
+  const std::vector rules{policy::KeepRule::kH2O, policy::KeepRule::kSnap};
+  const auto unbounded = run_pass(model, 0, rules);
+  REQUIRE((unbounded.result.rules.at(0)[0] == policy::KeepRule::kSnap));
+  CHECK(!unbounded.result.prefill_peak);
+  const auto& memory = unbounded.options.memory;
+  // mem-estimate's figure for a policy: memory::prefill_peak with its snap heads, the context as
+  // the prompt.
+  const auto peak_of = [&](const calib::KeepRuleResult& r, runtime::PrefillSchedule schedule) {
+    memory::SnapHeads snap;
+    for (const auto& [layer, heads] : r.rules) {
+      for (size_t h = 0; h < heads.size(); ++h) {
+        if (heads[h] == policy::KeepRule::kSnap) snap.insert({layer, static_cast<int64_t>(h)});
+      }
+    }
+    const auto p =
+        memory::prefill_peak(model.spec(), r.windows, memory, selecting_layers(r), snap, kSteps);
+    return schedule == runtime::PrefillSchedule::kWholePrompt ? p.whole_prompt_peak_bytes
+                                                              : p.layer_by_layer_peak_bytes;
+  };
+  for (auto schedule :
+       {runtime::PrefillSchedule::kWholePrompt, runtime::PrefillSchedule::kLayerByLayer}) {
+    const int64_t peak = peak_of(unbounded.result, schedule);
+    REQUIRE(peak > memory::estimate(model.spec(), unbounded.result.windows, memory,
+                                    selecting_layers(unbounded.result))
+                       .total_bytes);  // the snap head stages
+    const auto same = run_pass(model, 0, rules, 0, peak, schedule);
+    CHECK(same.result.windows == unbounded.result.windows);
+    CHECK((same.result.rules == unbounded.result.rules));
+    REQUIRE(same.result.prefill_peak);
+    CHECK(same.result.prefill_peak->peak == peak);
+    CHECK(same.result.prefill_peak->bound == peak);
+    CHECK(same.result.prefill_peak->prompt_tokens == kSteps);
+    const auto below = run_pass(model, 0, rules, 0, peak - 1, schedule);
+    CHECK((below.result.windows != unbounded.result.windows ||
+           below.result.rules != unbounded.result.rules));
+    CHECK(peak_of(below.result, schedule) <= peak - 1);
+    CHECK(below.result.prefill_peak->peak == peak_of(below.result, schedule));
+    CHECK(
+        memory::estimate(model.spec(), below.result.windows, memory, selecting_layers(below.result))
+            .total_bytes <= below.options.budget_bytes);
+  }
 }

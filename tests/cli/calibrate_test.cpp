@@ -232,6 +232,12 @@ TEST_CASE("calibrate refuses bad input with one line and writes nothing", "[cli]
       {with({{"--keep-rules", "window,h2o"}, {"--distortion", "block-mse"}, {"-o", out}}), 1,
        "--keep-rules"},
       {with({{"--prefill-chunk", "0"}, {"-o", out}}), 1, "--prefill-chunk"},
+      // Nothing staged to bound without snap; a bound below the budget; a schedule alone.
+      {with({{"--keep-rules", "window,h2o"}, {"--prefill-peak", "1m"}, {"-o", out}}), 1,
+       "--prefill-peak bounds what snap heads stage"},
+      {with({{"--keep-rules", "window,h2o,snap"}, {"--prefill-peak", "299k"}, {"-o", out}}), 1,
+       "--prefill-peak 306176 is below --budget 307200"},
+      {with({{"--prefill-schedule", "layer"}, {"-o", out}}), 1, "--prefill-schedule"},
       {with({{"--state-dtype", "int8"}, {"-o", out}}), 1, "--state-dtype"},
       {with({{"--state-dtype", "fp8"}, {"-o", out}}), 1, "--state-dtype"},
   };

@@ -112,6 +112,10 @@ struct CalibrationOptions {
   // "auto", or a list of registered keep rules with window ("window", "window,h2o") as written;
   // the job resolves it (keep_rules.hpp: resolve_keep_rules) before anything reads it.
   std::string keep_rules = "auto";
+  // With snap: the most bytes the policy may hold during prefill (nullopt: no bound), and the
+  // schedule of that prefill, "whole" or "layer" (runtime/decoder.hpp: PrefillSchedule).
+  std::optional<int64_t> prefill_peak;
+  std::string prefill_schedule = "whole";
   // "point" (the least measured value decides) or "stable" (issue 59: where the sequences do not
   // separate the candidates, a fixed order of preference does; docs/seqcalib.md).
   std::string decisions = "point";
@@ -247,6 +251,28 @@ void visit_fields(Options& o, Visitor&& visit) {
          .use = kHashed | kRecorded,
          // window-only policies keep the hash they were made with
          .when = c::selecting_keep_rules});
+  // Hashed and recorded only with a bound, so that every other policy keeps its hash.
+  visit(o.prefill_peak,
+        {.name = "prefill_peak",
+         .help = "With snap in --keep-rules: the most bytes the policy may hold during prefill "
+                 "(m = MiB: 3m), as mem-estimate states its prefill peak under "
+                 "--prefill-schedule with a --context-token prompt: the steady bytes plus what "
+                 "its snap heads stage until they choose. The joint solve keeps it exactly, and "
+                 "the budget too (at least --budget; none: no bound; docs/keep-rules.md)",
+         .use = kHashed | kRecorded,
+         .syntax = Syntax::kBytes,
+         .unset = "none",
+         .record_key = "prefill_peak/bound_bytes",
+         .when = [](const CalibrationOptions& r) { return r.prefill_peak.has_value(); }});
+  visit(o.prefill_schedule,
+        {.name = "prefill_schedule",
+         .help = "The prefill --prefill-peak bounds: whole (the prompt chunk by chunk through "
+                 "every layer, every snap head staging it at once: headwise's runtime and "
+                 "HeadwiseCache) or layer (each layer's snap heads choose right after it, one "
+                 "layer's staging at a time: kvpress)",
+         .use = kHashed | kRecorded,
+         .record_key = "prefill_peak/schedule",
+         .when = [](const CalibrationOptions& r) { return r.prefill_peak.has_value(); }});
   // Hashed and recorded only when not 0, so that every other policy keeps its hash.
   visit(o.follow_ups,
         {.name = "follow_ups",

@@ -25,6 +25,8 @@
 
 #include <cstdint>
 #include <map>
+#include <optional>
+#include <string>
 #include <vector>
 
 #include "headwise/arch/model.hpp"
@@ -33,6 +35,7 @@
 #include "headwise/calib/seqcalib.hpp"
 #include "headwise/memory/memory_model.hpp"
 #include "headwise/policy/policy.hpp"
+#include "headwise/runtime/decoder.hpp"
 
 namespace headwise::calib {
 
@@ -68,8 +71,21 @@ struct KeepRuleOptions {
   // separates it as worse than the best measured one, then the best; false: the least measured
   // value.
   bool stable_decisions = false;
+  // --prefill-peak (joint_rules.hpp): the policy's prefill peak under `prefill_schedule`, the
+  // memory's context as the prompt, stays within these bytes; 0: no bound.
+  int64_t prefill_peak = 0;
+  runtime::PrefillSchedule prefill_schedule = runtime::PrefillSchedule::kWholePrompt;
   // With snap: the answers hold the question's run and this many follow-ups' (prompt_end.hpp).
   int64_t follow_ups = 0;
+};
+
+// --prefill-peak in the report: the bound, its schedule, the prompt it assumes and the policy's
+// peak under it.
+struct PrefillPeakBound {
+  int64_t bound = 0;
+  std::string schedule;
+  int64_t prompt_tokens = 0;
+  int64_t peak = 0;
 };
 
 struct KeepRuleLayer {
@@ -96,6 +112,7 @@ struct KeepRuleResult {
   // The policy's end-to-end answer divergence (windows and rules) on the calibration sequences,
   // read off the pass's final stream; -1 when not measured (the exact measure's pass).
   double divergence_final = -1.0;
+  std::optional<PrefillPeakBound> prefill_peak;  // with --prefill-peak
 };
 
 // `windows`: SeqCalib's decision (global layers). `answers[s]`: the answer positions of sequence s.

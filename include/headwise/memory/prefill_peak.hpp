@@ -35,6 +35,12 @@ struct PrefillPeak {
   int64_t transfer_bytes_per_request = 0;  // the request's cache at batch 1
 };
 
+// What one snap head of a layer shaped `attention` stages per prompt token of one sequence: its key
+// and value (2 * head_dim * s) and its float32 score (4). The peak's staging is this times the
+// prompt's tokens and the batch, summed over the snap heads (of one layer, layer by layer).
+int64_t snap_staging_bytes_per_token(const arch::AttentionShape& attention,
+                                     const MemoryOptions& options);
+
 // Throws InputError for a prompt outside 1..context or a snap head that is not a KV head of a
 // selecting global layer.
 PrefillPeak prefill_peak(const arch::ModelSpec& spec, const HeadWindows& windows,

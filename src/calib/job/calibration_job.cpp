@@ -4,6 +4,7 @@
 
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <optional>
 
@@ -199,6 +200,33 @@ void refuse_follow_ups_without_choice(const CalibrationOptions& o,
   }
 }
 
+// --prefill-peak bounds what snap heads stage before they choose (joint_rules.hpp). Refused before
+// any heavy work: without snap there is nothing staged to bound (the policy's peak is its steady
+// bytes, which --budget bounds), and a bound below the budget would bound the steady bytes too.
+void check_prefill_peak(const CalibrationOptions& o, const std::vector<policy::KeepRule>& rules) {
+  if (o.prefill_schedule != "whole" && o.prefill_schedule != "layer")
+    throw_field_error("prefill_schedule", ": expected whole or layer, got '{}'",
+                      o.prefill_schedule);
+  if (!o.prefill_peak) {
+    if (o.prefill_schedule != "whole")
+      throw_field_error("prefill_schedule", " {}: only with {}", o.prefill_schedule,
+                        field_ref("prefill_peak"));
+    return;
+  }
+  if (std::find(rules.begin(), rules.end(), policy::KeepRule::kSnap) == rules.end()) {
+    throw_field_error("prefill_peak",
+                      " bounds what snap heads stage during prefill, and {} '{}' has none (the "
+                      "policy's peak is then its steady bytes, which {} bounds)",
+                      field_ref("keep_rules"), o.keep_rules, field_ref("budget"));
+  }
+  if (*o.prefill_peak < o.budget) {
+    throw_field_error("prefill_peak",
+                      " {} is below {} {}: the peak holds the steady bytes; to hold fewer in "
+                      "decode, lower {}",
+                      *o.prefill_peak, field_ref("budget"), o.budget, field_ref("budget"));
+  }
+}
+
 void check_measure_options(const CalibrationOptions& o, bool selecting_rules) {
   const MeasureTraits& measure = measure_traits(o.distortion);
   if (o.validate_measure && !measure.can_validate) {
@@ -311,6 +339,7 @@ CalibrationJob::CalibrationJob(const CalibrationOptions& options, const fs::path
   if (seq_len <= 0) throw_field_error("seq_len", ": '{}' must be positive", seq_len);
   o.seq_len = seq_len;
   check_measure_options(o, !s.rules.empty());
+  check_prefill_peak(o, s.rules);
   refuse_follow_ups_without_choice(o, s.rules);
   // Before the walk: a rule chosen with the levels is measured on the answer span only.
   if (offered_at_every_level(s.rules) && !measure_traits(o.distortion).runs_on_span) {
@@ -597,6 +626,9 @@ CalibrationOutcome CalibrationJob::run(const RunControl& control) {
     ko.divergence = measure_traits(r.distortion).divergence;
     ko.span = shard.span.get();
     ko.stable_decisions = options.stable_decisions && world.world_size() == 1;
+    ko.prefill_peak = r.prefill_peak.value_or(0);
+    ko.prefill_schedule =
+        runtime::prefill_schedule_from_name(r.prefill_schedule, "--prefill-schedule");
     ko.follow_ups = r.follow_ups;
     rules = shard.span
                 ? choose_keep_rules(*model, shard.sequences, shard.answers, result.windows, ko)

@@ -8,6 +8,7 @@
 #include <chrono>
 #include <cmath>
 #include <limits>
+#include <optional>
 #include <tuple>
 
 #include "calib/walk/finite_checks.hpp"
@@ -155,6 +156,20 @@ std::vector<solve::Group> groups_for(const arch::ModelSpec& spec,
     }
   }
   return groups;
+}
+
+// Per group of groups_for, per option: whether it is a snap head's (it stages the prompt).
+std::vector<std::vector<bool>> snap_options(const std::vector<LayerOptions>& layers,
+                                            const std::vector<std::vector<size_t>>& index) {
+  std::vector<std::vector<bool>> out;
+  size_t g = 0;
+  for (const auto& layer : layers) {
+    for (const auto& options : layer.heads) {
+      out.emplace_back();
+      for (size_t i : index[g++]) out.back().push_back(options[i].rule == policy::KeepRule::kSnap);
+    }
+  }
+  return out;
 }
 
 // The decision that picks option `option[l][h]` of every head.
@@ -314,7 +329,7 @@ std::set<int64_t> selecting_layers(const Decision& decision) {
 
 Decision solve(const arch::ModelSpec& spec, const std::vector<LayerOptions>& layers, int64_t budget,
                const memory::MemoryOptions& memory, const Windows& walk,
-               const std::set<int64_t>& kept) {
+               const std::set<int64_t>& kept, const PeakBound& peak) {
   HEADWISE_CHECK(layers.size() <= kMaxJointLayers, "keep rules: {} global layers is over {}",
                  layers.size(), kMaxJointLayers);
   // Fewer selecting layers first, so that on a tie the first (fewest) set stays. A kept layer
@@ -336,14 +351,21 @@ Decision solve(const arch::ModelSpec& spec, const std::vector<LayerOptions>& lay
     const auto groups = groups_for(spec, layers, mask, memory, walk, kept, index);
     if (solve::min_total_bytes(groups) > budget) continue;
     const solve::SolveResult r = solve::solve_exact(groups, budget);
-    if (!(r.total_distortion < best)) continue;
-    best = r.total_distortion;
+    std::optional<BoundedChoice> within =
+        BoundedChoice{r.choice, r.total_distortion, r.total_bytes, 0};
+    if (peak.active()) {
+      const auto staged = staged_groups(spec, groups, snap_options(layers, index), memory, peak);
+      within = keep_within_peak(staged, r, budget, peak.bytes - memory::fixed_bytes(spec, memory),
+                                peak.schedule, best);
+    }
+    if (!within || !(within->distortion < best)) continue;
+    best = within->distortion;
     best_option.clear();
     size_t g = 0;
     for (const auto& layer : layers) {
       best_option.emplace_back();
       for (size_t h = 0; h < layer.heads.size(); ++h, ++g)
-        best_option.back().push_back(index[g][r.choice[g]]);
+        best_option.back().push_back(index[g][within->choice[g]]);
     }
   }
   HEADWISE_CHECK(std::isfinite(best), "keep rules: no joint choice fits the budget");
@@ -354,10 +376,10 @@ Decision solve(const arch::ModelSpec& spec, const std::vector<LayerOptions>& lay
 Decision solve_and_repair(const arch::ModelSpec& spec, const std::vector<LayerOptions>& layers,
                           int64_t budget, const memory::MemoryOptions& memory, const Windows& walk,
                           const JointMeasure& measure, std::map<int64_t, JointCheck>& checks,
-                          std::set<int64_t>& kept) {
+                          std::set<int64_t>& kept, const PeakBound& peak) {
   // Each round keeps at least one more layer at the walk's windows or returns: at most G + 1.
   for (;;) {
-    Decision decision = solve(spec, layers, budget, memory, walk, kept);
+    Decision decision = solve(spec, layers, budget, memory, walk, kept, peak);
     std::set<int64_t> changed;
     for (const auto& layer : layers) {
       if (!kept.contains(layer.layer) && !at_walk(decision, layer.layer, walk))
@@ -380,11 +402,15 @@ Decision solve_and_repair(const arch::ModelSpec& spec, const std::vector<LayerOp
 
 Decision spend_leftover(const arch::ModelSpec& spec, const std::vector<LayerOptions>& layers,
                         const Decision& decision, const std::set<int64_t>& kept, int64_t budget,
-                        const memory::MemoryOptions& memory) {
+                        const memory::MemoryOptions& memory, const PeakBound& peak) {
   const auto bytes_of = [&](const Decision& d) {
     return memory::estimate(spec, d.windows, memory, selecting_layers(d)).total_bytes;
   };
+  const auto within_peak = [&](const Decision& d) {
+    return !peak.active() || policy_peak(spec, d.windows, d.rules, memory, peak) <= peak.bytes;
+  };
   HEADWISE_CHECK(bytes_of(decision) <= budget, "keep rules: the joint choice is over the budget");
+  HEADWISE_CHECK(within_peak(decision), "keep rules: the joint choice is over --prefill-peak");
   Decision out = decision;
   struct Upgrade {
     double increase = 0.0;
@@ -418,7 +444,7 @@ Decision spend_leftover(const arch::ModelSpec& spec, const std::vector<LayerOpti
       auto option = out.option;
       option[u.layer][u.head] = u.option;
       Decision next = decision_of(layers, std::move(option));
-      if (bytes_of(next) > budget) continue;
+      if (bytes_of(next) > budget || !within_peak(next)) continue;
       out = std::move(next);
       spent = true;
       break;
@@ -459,6 +485,7 @@ KeepRuleResult choose_keep_rules_jointly(arch::DecoderModel& model,
   }
   const auto tokens = static_cast<int64_t>(sequences.front().size());
   arch::ExactAttentionCore exact(context.attention_chunk);
+  const joint::PeakBound peak = joint::peak_bound(spec, windows, o);
 
   // Step 1: every head's options, layer by layer, the stream at the walk's windows.
   std::vector<LayerOptions> measured;
@@ -495,9 +522,9 @@ KeepRuleResult choose_keep_rules_jointly(arch::DecoderModel& model,
     return values;
   };
   const Decision solved = joint::solve_and_repair(spec, measured, o.budget_bytes - fixed, o.memory,
-                                                  windows, measure, checks, kept);
+                                                  windows, measure, checks, kept, peak);
   const Decision decision =
-      joint::spend_leftover(spec, measured, solved, kept, o.budget_bytes, o.memory);
+      joint::spend_leftover(spec, measured, solved, kept, o.budget_bytes, o.memory, peak);
   const std::set<int64_t> selecting = joint::selecting_layers(decision);
   const auto bytes_of = [&](const Decision& d) {
     return memory::estimate(spec, d.windows, o.memory, joint::selecting_layers(d)).total_bytes;
@@ -521,6 +548,9 @@ KeepRuleResult choose_keep_rules_jointly(arch::DecoderModel& model,
   }
   const int64_t total = bytes_of(decision);
   HEADWISE_CHECK(total <= o.budget_bytes, "keep rules: the joint choice is over the budget");
+  if (peak.active())
+    result.prefill_peak =
+        joint::checked_peak(spec, decision.windows, decision.rules, o.memory, peak);
   for (const auto& layer : measured) result.evaluations += layer.evaluations;
   result.evaluations += check_evaluations;
   spdlog::info(

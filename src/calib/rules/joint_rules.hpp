@@ -19,7 +19,8 @@
 //    the heads' options are solved exactly (solve::solve_exact, the walk's solver, distortions
 //    added over heads as the walk's curves are); the least total wins, fewer selecting layers on a
 //    tie. The walk's own decision is one of the feasible points, so the solve never predicts
-//    worse than it.
+//    worse than it. With --prefill-peak the solve also keeps the policy's prefill peak within the
+//    bound, exactly (peak_bound.hpp); the walk's decision stages nothing, so it stays feasible.
 // 3. Joint check and repair. Each head was measured with the others at the walk's windows, so
 //    heads that hold the same thing each look free to move, and the solve moves them together
 //    (tiny-qwen3-next-8k at 50%: layer 3 all snap, span TV 0.0086 against the walk's 0.0081).
@@ -35,7 +36,8 @@
 //    head with more slots (a higher level under its rule, or a window at a level that fits), whose
 //    measured value is within kSpendTolerance of the layer's measure at the walk's windows above
 //    the head's solved value; the smallest such increase first (then layer, head, fewer bytes), the
-//    policy's bytes recomputed exactly (bookkeeping included) before each step.
+//    policy's bytes recomputed exactly (bookkeeping included) before each step, and its prefill
+//    peak too under --prefill-peak (an upgrade that would raise it over the bound is not taken).
 // 5. Report. The layers run again under the chosen rules and levels (conditioned): each layer's
 //    measure with the walk's windows and with its decision, and the end-to-end measure; per layer
 //    the joint check's two values and whether it was repaired.
@@ -46,6 +48,7 @@
 #include <map>
 #include <set>
 
+#include "calib/rules/peak_bound.hpp"
 #include "headwise/calib/keep_rules.hpp"
 
 namespace headwise::calib {
@@ -91,10 +94,12 @@ using JointMeasure =
 inline constexpr double kSpendTolerance = 0.02;
 
 // The exact solve (step 2) with the layers in `kept` at `walk`'s windows and rules; `budget` is the
-// global layers' bytes (the policy's less its fixed bytes).
+// global layers' bytes (the policy's less its fixed bytes); `peak`, when active, bounds the whole
+// policy's prefill peak (fixed bytes included).
 Decision solve(const arch::ModelSpec& spec, const std::vector<LayerOptions>& layers, int64_t budget,
                const memory::MemoryOptions& memory,
-               const std::map<int64_t, std::vector<int64_t>>& walk, const std::set<int64_t>& kept);
+               const std::map<int64_t, std::vector<int64_t>>& walk, const std::set<int64_t>& kept,
+               const PeakBound& peak = {});
 
 // Steps 2 and 3: solve, check the changed layers with `measure`, keep the worse ones at the walk's
 // windows and solve the rest again, until none measures worse. `checks` gets each layer's last
@@ -103,14 +108,15 @@ Decision solve_and_repair(const arch::ModelSpec& spec, const std::vector<LayerOp
                           int64_t budget, const memory::MemoryOptions& memory,
                           const std::map<int64_t, std::vector<int64_t>>& walk,
                           const JointMeasure& measure, std::map<int64_t, JointCheck>& checks,
-                          std::set<int64_t>& kept);
+                          std::set<int64_t>& kept, const PeakBound& peak = {});
 
 // Step 4: `decision` with the bytes it leaves of `budget` (the whole policy's, fixed bytes
 // included) spent on upgrades the measure cannot tell from the solve's choice; layers in `kept`
-// stay as they are. The result's bytes (memory::estimate, bookkeeping included) are within budget.
+// stay as they are. The result's bytes (memory::estimate, bookkeeping included) are within budget,
+// and its prefill peak (policy_peak) within `peak` when that is active.
 Decision spend_leftover(const arch::ModelSpec& spec, const std::vector<LayerOptions>& layers,
                         const Decision& decision, const std::set<int64_t>& kept, int64_t budget,
-                        const memory::MemoryOptions& memory);
+                        const memory::MemoryOptions& memory, const PeakBound& peak = {});
 
 // The layers of `decision` with a selecting head.
 std::set<int64_t> selecting_layers(const Decision& decision);

@@ -600,6 +600,12 @@ nlohmann::json keep_rules_json(const KeepRuleResult& result) {
   nlohmann::json out = {
       {"layers", layers}, {"evaluations", result.evaluations}, {"seconds", result.seconds}};
   if (result.divergence_final >= 0) out["end_to_end"] = result.divergence_final;
+  if (const auto& p = result.prefill_peak) {
+    out["prefill_peak"] = {{"bound_bytes", p->bound},
+                           {"schedule", p->schedule},
+                           {"prompt_tokens", p->prompt_tokens},
+                           {"peak_bytes", p->peak}};
+  }
   return out;
 }
 
