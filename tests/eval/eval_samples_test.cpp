@@ -18,16 +18,28 @@
 using namespace headwise;
 namespace fs = std::filesystem;
 
-TEST_CASE("eval --write-samples writes eval's own samples, one JSON line each, and stops",
-          "[eval]") {
-  headwise::testing::TempDir tmp;
-  const auto dir = headwise::testing::fixture_dir("qwen3_next_tiny");
+namespace {
+
+// A policy of random windows for the fixture in `dir`, written into `folder`: what both eval runs
+// below answer with.
+fs::path write_random_policy(const fs::path& dir, const fs::path& folder) {
   std::mt19937_64 rng(7);
   const auto spec = arch::load_model_spec(dir);
   const auto p = headwise::testing::fixture_policy(
       dir, headwise::testing::random_policy_windows(spec, {8, 32, policy::kFull}, rng));
-  const fs::path policy_path = tmp.path() / "policy.yaml";
-  policy::write_policy(policy_path, p);
+  const fs::path path = folder / "policy.yaml";
+  policy::write_policy(path, p);
+  return path;
+}
+
+}  // namespace
+
+TEST_CASE("eval --write-samples writes eval's own samples, one JSON line each, and stops",
+          "[eval]") {
+  headwise::testing::TempDir tmp;
+  const auto dir = headwise::testing::fixture_dir("qwen3_next_tiny");
+  const auto spec = arch::load_model_spec(dir);
+  const fs::path policy_path = write_random_policy(dir, tmp.path());
   const fs::path out = tmp.path() / "samples.jsonl";
   const auto r = headwise::testing::run_cli("eval --model " + dir.string() + " --policy " +
                                                 policy_path.string() +
@@ -87,12 +99,7 @@ TEST_CASE("eval --write-tokens writes each method's decoded tokens per sample, a
           "[eval]") {
   headwise::testing::TempDir tmp;
   const auto dir = headwise::testing::fixture_dir("qwen3_next_tiny");
-  std::mt19937_64 rng(7);
-  const auto spec = arch::load_model_spec(dir);
-  const auto p = headwise::testing::fixture_policy(
-      dir, headwise::testing::random_policy_windows(spec, {8, 32, policy::kFull}, rng));
-  const fs::path policy_path = tmp.path() / "policy.yaml";
-  policy::write_policy(policy_path, p);
+  const fs::path policy_path = write_random_policy(dir, tmp.path());
   const std::string common = "eval --model " + dir.string() + " --policy " + policy_path.string() +
                              " --samples 2 --seed 11 --seq-len 200 --tasks "
                              "needle_single,needle_chain --baselines full,streamingllm --quiet";
