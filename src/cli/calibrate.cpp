@@ -37,11 +37,7 @@ struct CalibrateArgs {
 
 void check_outputs_writable(const CalibrateArgs& args) {
   for (const auto& path : {args.output, args.report, args.plot}) {
-    if (path.empty()) continue;
-    const fs::path parent =
-        fs::path(path).has_parent_path() ? fs::path(path).parent_path() : fs::path(".");
-    if (!fs::is_directory(parent))
-      throw_input_error("{}: output folder {} does not exist", path, parent.string());
+    if (!path.empty()) require_output_folder(path, path);
   }
 }
 

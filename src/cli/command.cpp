@@ -3,6 +3,8 @@
 #include <spdlog/sinks/stdout_color_sinks.h>
 #include <spdlog/spdlog.h>
 
+#include <filesystem>
+
 #include "headwise/core/error.hpp"
 
 namespace headwise::cli {
@@ -53,6 +55,14 @@ arch::AttentionKernel runtime_attention_kernel(const std::string& name) {
   if (name == "fused") return arch::AttentionKernel::kFused;
   if (name == "explicit") return arch::AttentionKernel::kExplicit;
   throw_input_error("--runtime-attention: '{}' is not one of fused, explicit", name);
+}
+
+void require_output_folder(const std::string& path, std::string_view label) {
+  const std::filesystem::path file(path);
+  const std::filesystem::path folder =
+      file.has_parent_path() ? file.parent_path() : std::filesystem::path(".");
+  if (!std::filesystem::is_directory(folder))
+    throw_input_error("{}: output folder {} does not exist", label, folder.string());
 }
 
 void apply_logging(const CommonFlags& flags) {

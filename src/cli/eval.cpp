@@ -150,13 +150,8 @@ void check_write_tokens(const EvalArgs& args) {
         "with --write-samples and once with --write-tokens",
         args.write_tokens);
   }
-  const fs::path path(args.write_tokens);
-  const fs::path parent = path.has_parent_path() ? path.parent_path() : fs::path(".");
-  if (!fs::is_directory(parent)) {
-    throw_input_error("--write-tokens {}: output folder {} does not exist", args.write_tokens,
-                      parent.string());
-  }
-  if (fs::is_directory(path))
+  require_output_folder(args.write_tokens, "--write-tokens " + args.write_tokens);
+  if (fs::is_directory(args.write_tokens))
     throw_input_error("--write-tokens {}: is a folder, not a file", args.write_tokens);
 }
 

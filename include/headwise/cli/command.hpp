@@ -43,6 +43,9 @@ CLI::Option* add_runtime_attention_option(CLI::App* app, std::string& name);
 arch::AttentionKernel runtime_attention_kernel(const std::string& name);
 // Sets spdlog's level from the flags; logs go to stderr so stdout stays machine-readable.
 void apply_logging(const CommonFlags& flags);
+// An output written when the work ends fails before the work, in one line, when the folder it goes
+// into does not exist: "<label>: output folder <folder> does not exist".
+void require_output_folder(const std::string& path, std::string_view label);
 
 // The flag the user writes for a library field ("threads_per_worker": --threads-per-job); a
 // field without an entry in cli/command.cpp's table is the option convention (seq_len: --seq-len).
