@@ -317,14 +317,23 @@ std::map<int64_t, JointCheck> check_layers(arch::DecoderModel& model,
 
 namespace joint {
 
-std::set<int64_t> selecting_layers(const Decision& decision) {
+std::set<int64_t> selecting_layers(const std::map<int64_t, std::vector<policy::KeepRule>>& rules) {
   std::set<int64_t> out;
-  for (const auto& [layer, rules] : decision.rules) {
-    for (const auto& rule : rules) {
+  for (const auto& [layer, heads] : rules) {
+    for (const auto& rule : heads) {
       if (rule != policy::KeepRule::kWindow) out.insert(layer);
     }
   }
   return out;
+}
+
+std::set<int64_t> selecting_layers(const Decision& decision) {
+  return selecting_layers(decision.rules);
+}
+
+int64_t decision_bytes(const arch::ModelSpec& spec, const Decision& decision,
+                       const memory::MemoryOptions& memory) {
+  return memory::estimate(spec, decision.windows, memory, selecting_layers(decision)).total_bytes;
 }
 
 Decision solve(const arch::ModelSpec& spec, const std::vector<LayerOptions>& layers, int64_t budget,
@@ -403,9 +412,7 @@ Decision solve_and_repair(const arch::ModelSpec& spec, const std::vector<LayerOp
 Decision spend_leftover(const arch::ModelSpec& spec, const std::vector<LayerOptions>& layers,
                         const Decision& decision, const std::set<int64_t>& kept, int64_t budget,
                         const memory::MemoryOptions& memory, const PeakBound& peak) {
-  const auto bytes_of = [&](const Decision& d) {
-    return memory::estimate(spec, d.windows, memory, selecting_layers(d)).total_bytes;
-  };
+  const auto bytes_of = [&](const Decision& d) { return decision_bytes(spec, d, memory); };
   const auto within_peak = [&](const Decision& d) {
     return !peak.active() || policy_peak(spec, d.windows, d.rules, memory, peak) <= peak.bytes;
   };
@@ -526,9 +533,7 @@ KeepRuleResult choose_keep_rules_jointly(arch::DecoderModel& model,
   const Decision decision =
       joint::spend_leftover(spec, measured, solved, kept, o.budget_bytes, o.memory, peak);
   const std::set<int64_t> selecting = joint::selecting_layers(decision);
-  const auto bytes_of = [&](const Decision& d) {
-    return memory::estimate(spec, d.windows, o.memory, joint::selecting_layers(d)).total_bytes;
-  };
+  const auto bytes_of = [&](const Decision& d) { return joint::decision_bytes(spec, d, o.memory); };
   KeepRuleResult result;
   result.windows = windows;
   for (const auto& layer : measured) {

@@ -118,8 +118,14 @@ Decision spend_leftover(const arch::ModelSpec& spec, const std::vector<LayerOpti
                         const Decision& decision, const std::set<int64_t>& kept, int64_t budget,
                         const memory::MemoryOptions& memory, const PeakBound& peak = {});
 
-// The layers of `decision` with a selecting head.
+// The layers with a selecting head (a rule other than window), of `rules` or of `decision`.
+std::set<int64_t> selecting_layers(const std::map<int64_t, std::vector<policy::KeepRule>>& rules);
 std::set<int64_t> selecting_layers(const Decision& decision);
+
+// The whole policy's bytes under `decision`: memory::estimate, its selecting layers' bookkeeping
+// included (what the budget bounds).
+int64_t decision_bytes(const arch::ModelSpec& spec, const Decision& decision,
+                       const memory::MemoryOptions& memory);
 
 }  // namespace joint
 

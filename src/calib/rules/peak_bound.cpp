@@ -8,6 +8,7 @@
 #include <set>
 #include <tuple>
 
+#include "calib/rules/joint_rules.hpp"
 #include "headwise/core/error.hpp"
 #include "headwise/memory/prefill_peak.hpp"
 
@@ -167,16 +168,14 @@ std::optional<BoundedChoice> keep_within_peak(const std::vector<StagedGroup>& gr
 int64_t policy_peak(const arch::ModelSpec& spec, const memory::HeadWindows& windows,
                     const std::map<int64_t, std::vector<policy::KeepRule>>& rules,
                     const memory::MemoryOptions& memory, const PeakBound& bound) {
-  std::set<int64_t> selecting;
   memory::SnapHeads snap;
   for (const auto& [layer, heads] : rules) {
     for (size_t h = 0; h < heads.size(); ++h) {
-      if (heads[h] != policy::KeepRule::kWindow) selecting.insert(layer);
       if (heads[h] == policy::KeepRule::kSnap) snap.insert({layer, static_cast<int64_t>(h)});
     }
   }
-  const memory::PrefillPeak peak =
-      memory::prefill_peak(spec, windows, memory, selecting, snap, bound.prompt_tokens);
+  const memory::PrefillPeak peak = memory::prefill_peak(
+      spec, windows, memory, selecting_layers(rules), snap, bound.prompt_tokens);
   return bound.schedule == PrefillSchedule::kWholePrompt ? peak.whole_prompt_peak_bytes
                                                          : peak.layer_by_layer_peak_bytes;
 }
