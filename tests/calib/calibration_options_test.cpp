@@ -33,7 +33,7 @@ json legacy_hashed(const CalibrationOptions& o) {
       {"context", o.context},
       {"budget_bytes", o.budget},
       {"windows", o.windows.levels},
-      {"samples", o.samples},
+      {"samples", *o.samples},
       {"seq_len", *o.seq_len},
       {"block_size", o.block_size},
       {"batch", o.batch},
@@ -100,6 +100,27 @@ TEST_CASE("the inputs hash covers the options it covered before the field list",
     INFO(json(request).dump());
     CHECK(calib::hashed_options(o).dump() == legacy_hashed(o).dump());
   }
+}
+
+TEST_CASE("samples auto hashes its cap instead of the sequences; fixed runs keep their hash",
+          "[calib]") {
+  const calib::CalibrationRequest base = {{"model", "m"}, {"context", "4k"}, {"budget", "1m"}};
+  calib::CalibrationRequest request = base;
+  request["samples"] = "auto";
+  json hashed = calib::hashed_options(resolved(request));
+  CHECK_FALSE(hashed.contains("samples"));
+  CHECK(hashed["samples_cap"] == 32);
+  request["samples_cap"] = "48";
+  hashed = calib::hashed_options(resolved(request));
+  CHECK(hashed["samples_cap"] == 48);
+  // Without auto the cap is neither hashed nor recorded, and the default stays 8.
+  const CalibrationOptions fixed = resolved(base);
+  CHECK(fixed.samples == 8);
+  CHECK_FALSE(calib::hashed_options(fixed).contains("samples_cap"));
+  json recorded = json::object();
+  calib::record_options(fixed, recorded);
+  CHECK_FALSE(recorded.contains("samples_cap"));
+  CHECK_FALSE(recorded.contains("samples_auto"));
 }
 
 TEST_CASE("policy.calibration records the options it recorded before the field list", "[calib]") {

@@ -85,6 +85,7 @@ bool on_span(const CalibrationOptions& o);               // an answer-span measu
 bool scores_answers(const CalibrationOptions& o);        // an answer measure
 bool selecting_keep_rules(const CalibrationOptions& o);  // a rule besides window (resolved)
 bool extrapolates(const CalibrationOptions& o);          // some ladder level is left unmeasured
+bool auto_samples(const CalibrationOptions& o);          // --samples auto
 nlohmann::json effective_probe_samples(const CalibrationOptions& o);
 nlohmann::json measure_provenance(const CalibrationOptions& o);
 nlohmann::json method(const CalibrationOptions& o);  // seqcalib or unconditioned
@@ -98,7 +99,9 @@ struct CalibrationOptions {
   int64_t budget = 0;   // bytes, for the whole request batch
   measure::WindowLadder windows = default_windows();
   std::string calib;  // empty: the built-in synthetic set
-  int64_t samples = 8;
+  // nullopt: auto, the sequential rule (calib/job/auto_samples.hpp) chooses it, up to samples_cap.
+  std::optional<int64_t> samples = 8;
+  int64_t samples_cap = 32;        // with samples auto: the most sequences the rule may draw
   std::optional<int64_t> seq_len;  // nullopt: auto_calibration_length
   // answer-tv-span: answer TV (what wins on retrieval accuracy, see AnswerDivergence) measured on
   // the answer span, at a cost flat in depth (answer_span.hpp); answer-tv is the exact measure.
@@ -176,8 +179,20 @@ void visit_fields(Options& o, Visitor&& visit) {
          .help = "Calibration JSONL ({\"text\": ...} or {\"input_ids\": [...]}); default: built-in "
                  "synthetic retrieval set",
          .use = kPath | kHideDefault});  // hashed as the data's description and sha256
-  visit(o.samples,
-        {.name = "samples", .help = "Calibration sequences", .use = kHashed | kRecorded});
+  visit(o.samples, {.name = "samples",
+                    .help = "Calibration sequences; auto: 8, then more (the whole calibration "
+                            "again, up to --samples-cap) while a layer's decision is not separated "
+                            "and would be within the cap (docs/seqcalib.md)",
+                    .use = kHashed | kRecorded,
+                    .unset = "auto"});
+  // Hashed only with --samples auto, so that every other policy keeps its hash; the policy
+  // records it beside the rounds (calibration_job.cpp: provenance).
+  visit(o.samples_cap,
+        {.name = "samples_cap",
+         .help = "With --samples auto: the most calibration sequences the rule may draw (8 or "
+                 "more)",
+         .use = kHashed,
+         .when = c::auto_samples});
   visit(o.seq_len, {.name = "seq_len",
                     .help = "Tokens per calibration sequence; auto: the largest finite --windows "
                             "level below --context plus a quarter (at least 2k), so every level "

@@ -8,6 +8,7 @@
 #include <cstdlib>
 #include <optional>
 
+#include "calib/job/auto_samples.hpp"
 #include "calib/rules/joint_rules.hpp"
 #include "headwise/arch/context_guard.hpp"
 #include "headwise/arch/model.hpp"
@@ -182,7 +183,9 @@ struct CalibrationJob::State {
   std::string model_path;
   CheckpointInputs inputs;  // inputs_sha256 and the options it covers
   std::optional<std::string>
-      context_warning;  // the context exceeds the config's max_position_embeddings
+      context_warning;          // the context exceeds the config's max_position_embeddings
+  bool auto_samples = false;    // --samples auto: options.samples is the round's (run_auto)
+  std::vector<int64_t> rounds;  // --samples auto: each round's sequences, so far
 };
 
 namespace {
@@ -246,6 +249,42 @@ void check_measure_options(const CalibrationOptions& o, bool selecting_rules) {
   }
   if (o.prefill_chunk <= 0)
     throw_field_error("prefill_chunk", " must be positive, got {}", o.prefill_chunk);
+}
+
+// --samples auto reads each walked layer's decision noise, which only the span measures keep
+// (per-sequence values); with another measure the rule would have nothing to read.
+void check_samples(const CalibrationOptions& o) {
+  if (o.samples && *o.samples <= 0)
+    throw_field_error("samples", " must be positive, got {}", *o.samples);
+  if (!o.samples && !measure_traits(o.distortion).runs_on_span) {
+    throw_field_error("samples",
+                      " auto reads the decision noise of the answer-span measures; use {} "
+                      "answer-tv-span or answer-kl-span, not {}",
+                      field_ref("distortion"), distortion_measure_name(o.distortion));
+  }
+}
+
+// The calibration data of `samples` sequences, with the answer positions every trial of the run
+// is measured at. The built-in set draws its sequences one after another from the seed, and a file
+// is packed in its records' order, so fewer sequences are a prefix of more: a round of
+// --samples auto adds sequences to the ones before, and draws the fixed-N run's sequences.
+CalibrationData load_job_data(const CalibrationJob::State& s, int64_t samples) {
+  const CalibrationOptions& o = s.options;
+  CalibrationData data =
+      load_calibration_data(o.calib, s.dir, s.spec.vocab_size, samples, *o.seq_len, o.seed);
+  // A rule that chooses at the prompt's end is measured after it, and so is every trial of the
+  // run, the walk's included: all are compared on the same positions (prompt_end.hpp).
+  if (chooses_at_prompt_end(s.rules)) {
+    data.answer_positions = answers_after_prompt_end(data.answer_positions, o.follow_ups);
+    data.answer_rule +=
+        o.follow_ups == 0
+            ? ", after the prompt end (each sequence's last run of answer positions)"
+            : fmt::format(
+                  ", after the prompt end (each sequence's last {} runs of answer positions: the "
+                  "question in the prompt and {} asked after it)",
+                  o.follow_ups + 1, o.follow_ups);
+  }
+  return data;
 }
 
 // Feasibility before any heavy work: fixed bytes plus the smallest level everywhere.
@@ -350,7 +389,7 @@ CalibrationJob::CalibrationJob(const CalibrationOptions& options, const fs::path
   }
   s.unmeasured = unmeasured_levels(o.windows.levels, seq_len, s.mem.context);
   refuse_unmeasured_levels(s.unmeasured, seq_len, o.extrapolate);
-  if (o.samples <= 0) throw_field_error("samples", " must be positive, got {}", o.samples);
+  check_samples(o);
   if (o.decisions != "point" && o.decisions != "stable")
     throw_field_error("decisions", ": '{}' is not point or stable", o.decisions);
   s.fixed = s.engine->fixed();
@@ -358,20 +397,11 @@ CalibrationJob::CalibrationJob(const CalibrationOptions& options, const fs::path
     refuse_budget_below_engine_minimum(*s.engine, o.windows.levels, o.budget);
   else
     refuse_budget_below_minimum(s.spec, s.mem, s.fixed, o);
-  s.data = load_calibration_data(o.calib, s.dir, s.spec.vocab_size, o.samples, seq_len, o.seed);
-  // A rule that chooses at the prompt's end is measured after it, and so is every trial of the
-  // run, the walk's included: all are compared on the same positions (prompt_end.hpp).
-  if (chooses_at_prompt_end(s.rules)) {
-    s.data.answer_positions = answers_after_prompt_end(s.data.answer_positions, o.follow_ups);
-    s.data.answer_rule +=
-        o.follow_ups == 0
-            ? ", after the prompt end (each sequence's last run of answer positions)"
-            : fmt::format(
-                  ", after the prompt end (each sequence's last {} runs of answer positions: the "
-                  "question in the prompt and {} asked after it)",
-                  o.follow_ups + 1, o.follow_ups);
-  }
-  o.samples = static_cast<int64_t>(s.data.sequences.size());
+  // auto: the cap's sequences, so that data too short for the cap is refused before any round;
+  // the hash covers that stream (and the cap), each round a prefix of it (run_auto).
+  s.auto_samples = !o.samples;
+  s.data = load_job_data(s, o.samples.value_or(o.samples_cap));
+  if (o.samples) o.samples = static_cast<int64_t>(s.data.sequences.size());
   s.fingerprint = policy::fingerprint_model(s.dir);
   s.model_path = model_path_for(s.dir, output);
   s.inputs.options = hashed_options(o);
@@ -501,6 +531,8 @@ nlohmann::json provenance(const CalibrationJob::State& s, const AnswerSpan* span
         arch::context_limit(s.spec).max_position_embeddings;
   }
   if (!s.unmeasured.empty()) calibration["extrapolated_levels"] = s.unmeasured;
+  // samples is the last round's; these say the rule chose it.
+  if (s.auto_samples) calibration["samples_auto"] = {{"cap", r.samples_cap}, {"rounds", s.rounds}};
   return calibration;
 }
 
@@ -538,122 +570,211 @@ policy::Policy assemble_policy(const CalibrationJob::State& s, const SeqCalibRes
   return policy;
 }
 
-}  // namespace
+// What a round measured on this rank: the walk, with the fits to the engine and to tensor
+// parallelism that follow it. The keep rules and the policy come after (finish).
+struct Walked {
+  RankShare share;
+  nlohmann::json memory_plan;
+  SeqCalibOptions options;
+  ShardSpan shard;
+  SeqCalibResult result;
+  std::optional<TensorParallelFit> tensor_parallel;
+};
 
-CalibrationOutcome CalibrationJob::run(const RunControl& control) {
-  const State& s = *state_;
+// The walk's checkpoint after each global layer, written by rank 0 where the caller asked for one.
+void write_checkpoints(const CalibrationJob::State& s, const RunControl& control,
+                       const dist::Collective& world, SeqCalibOptions& options) {
+  if (world.rank() != 0 || control.checkpoint.empty()) return;
+  options.checkpoint = [&s, path = control.checkpoint](const ResumeCheckpoint& state) {
+    write_file_atomically(path, checkpoint_file_text(s.inputs, state));
+  };
+}
+
+// vLLM's reservation couples the heads the walk priced one by one (calib/engine.hpp).
+void fit_to_vllm(const CalibrationJob::State& s, SeqCalibResult& result) {
+  const EngineFit fit = fit_to_engine(*s.engine, result.curves, result.windows,
+                                      result.expected_distortion, s.options.budget);
+  spdlog::info("vLLM's reservation: {} of {} budget (full KV {}), {} heads moved by the fit",
+               format_bytes(fit.total_bytes), format_bytes(s.options.budget),
+               format_bytes(s.engine->full()), fit.heads_moved);
+  result.windows = fit.windows;
+  result.expected_distortion = fit.expected_distortion;
+  result.global_bytes = fit.total_bytes - s.fixed;
+}
+
+// vLLM builds one cache layout for every rank: re-solve under the shard constraint.
+TensorParallelFit fit_to_shards(const CalibrationJob::State& s, SeqCalibResult& result) {
   const CalibrationOptions& r = s.options;
-  dist::Collective& world =
-      control.collective != nullptr ? *control.collective : dist::single_process();
-  refuse_ranks_with_other_inputs(world, s.inputs.hash);
-  const bool writer = world.rank() == 0;
-  const RankShare share = rank_share(s, world);
-  std::optional<ResumeCheckpoint> resume;
-  if (control.resume && !control.checkpoint.empty())
-    resume = shared_checkpoint(world, control.checkpoint, s.inputs);
-  if (writer && !control.resume && !control.checkpoint.empty() && fs::exists(control.checkpoint)) {
-    spdlog::warn("{} exists and will be replaced: pass {} to continue that run instead",
-                 control.checkpoint.string(), option_spelling("resume"));
-  }
+  TensorParallelFit tp =
+      fit_tensor_parallel(result.curves, result.windows, result.expected_distortion,
+                          r.tensor_parallel_size, r.budget - s.fixed);
+  spdlog::info(
+      "tensor parallel {}: {} (curves' distortion {:.6g}; unconstrained optimum {:.6g} at the "
+      "same budget: {:.6g} lost), {} heads moved",
+      tp.tensor_parallel_size,
+      tp.walk_already_shards && tp.heads_moved == 0 ? "the walk's windows shard"
+                                                    : "windows re-solved to shard",
+      tp.distortion, tp.unconstrained_distortion, tp.distortion_lost(), tp.heads_moved);
+  result.windows = tp.windows;
+  result.expected_distortion = tp.expected_distortion;
+  result.global_bytes = tp.global_bytes;
+  result.total_distortion = tp.distortion;
+  return tp;
+}
 
-  const int64_t rss_before_model = current_rss_bytes();
-  auto model = load_job_model(s, world, control.local_rank);
-  const MemoryPlan plan = plan_memory(s, *model, share);
-  nlohmann::json memory_plan = plan.to_json();
-  memory_plan["rss_before_model_bytes"] = rss_before_model;
+Walked walk(const CalibrationJob::State& s, arch::DecoderModel& model, const RunControl& control,
+            ResumeCheckpoint* resume, dist::Collective& world, int64_t rss_before_model) {
+  const CalibrationOptions& r = s.options;
+  Walked w;
+  w.share = rank_share(s, world);
+  const MemoryPlan plan = plan_memory(s, model, w.share);
+  w.memory_plan = plan.to_json();
+  w.memory_plan["rss_before_model_bytes"] = rss_before_model;
   spdlog::info(
       "calibrating {} ({} layers, {} global) on {} sequences x {} tokens, ladder {}, budget {} ({} "
       "fixed)",
       s.dir.string(), s.spec.num_layers(), s.spec.global_layer_ids().size(),
       s.data.sequences.size(), *r.seq_len, r.windows.to_string(), format_bytes(r.budget),
       format_bytes(s.fixed));
-
-  SeqCalibOptions options = seqcalib_options(s, plan, share);
-  options.resume = resume ? &*resume : nullptr;
-  options.collective = &world;
-  if (writer && !control.checkpoint.empty()) {
-    options.checkpoint = [&](const ResumeCheckpoint& state) {
-      write_file_atomically(control.checkpoint, checkpoint_file_text(s.inputs, state));
-    };
-  }
-  ShardSpan shard;
+  w.options = seqcalib_options(s, plan, w.share);
+  w.options.resume = resume;
+  w.options.collective = &world;
+  write_checkpoints(s, control, world, w.options);
   if (measure_traits(r.distortion).runs_on_span) {
-    shard = answer_span_on_shard(s, *model, options, share, world);
-    options.span = shard.span.get();
+    w.shard = answer_span_on_shard(s, model, w.options, w.share, world);
+    w.options.span = w.shard.span.get();
   }
-  SeqCalibResult result = run_seqcalib(*model, s.data.sequences, options);
-  if (s.engine->engine() == ServingEngine::kVllm) {
-    // The walk priced each head on its own; vLLM's reservation couples them (calib/engine.hpp).
-    const EngineFit fit = fit_to_engine(*s.engine, result.curves, result.windows,
-                                        result.expected_distortion, r.budget);
-    spdlog::info("vLLM's reservation: {} of {} budget (full KV {}), {} heads moved by the fit",
-                 format_bytes(fit.total_bytes), format_bytes(r.budget),
-                 format_bytes(s.engine->full()), fit.heads_moved);
-    result.windows = fit.windows;
-    result.expected_distortion = fit.expected_distortion;
-    result.global_bytes = fit.total_bytes - s.fixed;
-  }
+  w.result = run_seqcalib(model, s.data.sequences, w.options);
+  if (s.engine->engine() == ServingEngine::kVllm) fit_to_vllm(s, w.result);
+  if (r.tensor_parallel_size > 1) w.tensor_parallel = fit_to_shards(s, w.result);
+  return w;
+}
 
-  std::optional<TensorParallelFit> tensor_parallel;
-  if (r.tensor_parallel_size > 1) {
-    // vLLM builds one cache layout for every rank: re-solve under the shard constraint.
-    tensor_parallel = fit_tensor_parallel(result.curves, result.windows, result.expected_distortion,
-                                          r.tensor_parallel_size, r.budget - s.fixed);
-    const TensorParallelFit& tp = *tensor_parallel;
-    spdlog::info(
-        "tensor parallel {}: {} (curves' distortion {:.6g}; unconstrained optimum {:.6g} at the "
-        "same budget: {:.6g} lost), {} heads moved",
-        tp.tensor_parallel_size,
-        tp.walk_already_shards && tp.heads_moved == 0 ? "the walk's windows shard"
-                                                      : "windows re-solved to shard",
-        tp.distortion, tp.unconstrained_distortion, tp.distortion_lost(), tp.heads_moved);
-    result.windows = tp.windows;
-    result.expected_distortion = tp.expected_distortion;
-    result.global_bytes = tp.global_bytes;
-    result.total_distortion = tp.distortion;
-  }
+std::optional<KeepRuleResult> keep_rules(const CalibrationJob::State& s, arch::DecoderModel& model,
+                                         const Walked& w, const dist::Collective& world) {
+  if (s.rules.empty()) return std::nullopt;
+  const CalibrationOptions& r = s.options;
+  KeepRuleOptions ko;
+  ko.rules = s.rules;
+  ko.memory = s.mem;
+  ko.budget_bytes = r.budget;
+  ko.prefill_chunk = r.prefill_chunk;
+  ko.micro_batch = w.share.micro_batch;
+  ko.activations = w.options.activations;
+  ko.conditioned = w.options.conditioned;
+  ko.divergence = measure_traits(r.distortion).divergence;
+  ko.span = w.shard.span.get();
+  ko.stable_decisions = w.options.stable_decisions && world.world_size() == 1;
+  ko.decision_noise = world.world_size() == 1;  // the bootstrap needs every sequence's values
+  ko.prefill_peak = r.prefill_peak.value_or(0);
+  ko.prefill_schedule =
+      runtime::prefill_schedule_from_name(r.prefill_schedule, "--prefill-schedule");
+  ko.follow_ups = r.follow_ups;
+  return w.shard.span
+             ? choose_keep_rules(model, w.shard.sequences, w.shard.answers, w.result.windows, ko)
+             : choose_keep_rules(model, s.data.sequences, s.data.answer_positions, w.result.windows,
+                                 ko);
+}
 
-  std::optional<KeepRuleResult> rules;
-  if (!s.rules.empty()) {
-    KeepRuleOptions ko;
-    ko.rules = s.rules;
-    ko.memory = s.mem;
-    ko.budget_bytes = r.budget;
-    ko.prefill_chunk = r.prefill_chunk;
-    ko.micro_batch = share.micro_batch;
-    ko.activations = options.activations;
-    ko.conditioned = options.conditioned;
-    ko.divergence = measure_traits(r.distortion).divergence;
-    ko.span = shard.span.get();
-    ko.stable_decisions = options.stable_decisions && world.world_size() == 1;
-    ko.prefill_peak = r.prefill_peak.value_or(0);
-    ko.prefill_schedule =
-        runtime::prefill_schedule_from_name(r.prefill_schedule, "--prefill-schedule");
-    ko.follow_ups = r.follow_ups;
-    rules = shard.span
-                ? choose_keep_rules(*model, shard.sequences, shard.answers, result.windows, ko)
-                : choose_keep_rules(*model, s.data.sequences, s.data.answer_positions,
-                                    result.windows, ko);
-  }
+// The keep rules over the walk's windows, then the policy and what the report shows.
+CalibrationOutcome finish(const CalibrationJob::State& s, arch::DecoderModel& model, Walked w,
+                          const dist::Collective& world) {
+  std::optional<KeepRuleResult> rules = keep_rules(s, model, w, world);
   CalibrationOutcome out;
-  out.policy = assemble_policy(s, result, rules, shard.span.get());
+  out.policy = assemble_policy(s, w.result, rules, w.shard.span.get());
   out.policy_yaml = policy::to_yaml(out.policy);
-  out.seconds = result.total_seconds;
+  out.seconds = w.result.total_seconds;
 
   CalibrationRecord& record = out.record;
   record.spec = s.spec;
-  record.ladder = r.windows;
+  record.ladder = s.options.windows;
   record.context = s.mem.context;
-  record.budget_bytes = r.budget;
+  record.budget_bytes = s.options.budget;
   record.fixed_bytes = s.fixed;
-  record.result = result;
+  record.result = std::move(w.result);
   record.keep_rules = std::move(rules);
-  record.memory_plan = std::move(memory_plan);
+  record.memory_plan = std::move(w.memory_plan);
   record.world_size = world.world_size();
   record.backend = world.backend();
-  record.micro_batch = share.micro_batch;
-  record.tensor_parallel = std::move(tensor_parallel);
+  record.micro_batch = w.share.micro_batch;
+  record.tensor_parallel = std::move(w.tensor_parallel);
   return out;
+}
+
+// --samples auto reads every walked layer's decision noise after a round and re-runs the whole
+// calibration, not the unseparated layers alone: a layer's walk is conditioned on the layers below
+// and prices the layers above, so every layer must see the same sequences for the stream to stay
+// one calibration (and the policy to be the fixed-N run's). A distributed run computes no
+// decision noise (each rank holds its shard's values), and the rounds keep no checkpoint (a
+// resumed run could not tell which round it stopped in).
+void refuse_auto_samples_where_unsupported(const RunControl& control,
+                                           const dist::Collective& world) {
+  if (world.world_size() > 1) {
+    throw_field_error("samples",
+                      " auto reads each layer's decision noise, which a distributed run does not "
+                      "compute; give {} N",
+                      field_ref("samples"));
+  }
+  if (control.resume) {
+    throw_input_error("{}: not with {} auto (its rounds keep no checkpoint)",
+                      option_spelling("resume"), option_spelling("samples"));
+  }
+}
+
+// Points the job's data and options at a round of `samples` sequences (a prefix of the cap's).
+void use_samples(CalibrationJob::State& s, int64_t samples) {
+  s.data = load_job_data(s, samples);
+  s.options.samples = samples;
+  s.rounds.push_back(samples);
+}
+
+// The rounds of --samples auto (auto_samples.hpp); the keep rules run on the last round's walk.
+CalibrationOutcome run_auto(CalibrationJob::State& s, arch::DecoderModel& model,
+                            dist::Collective& world, int64_t rss_before_model) {
+  s.rounds.clear();
+  double seconds = 0.0;
+  for (int64_t samples = kAutoFirstSamples;;) {
+    use_samples(s, samples);
+    Walked w = walk(s, model, RunControl{}, nullptr, world, rss_before_model);
+    seconds += w.result.total_seconds;
+    const std::optional<int64_t> next =
+        next_samples(w.result.decision_noise, samples, s.options.samples_cap);
+    spdlog::info("{} auto: round {} at {} sequences: {}; {}", option_spelling("samples"),
+                 s.rounds.size(), samples, unseparated_summary(w.result.decision_noise),
+                 next ? fmt::format("next round at {} (cap {})", *next, s.options.samples_cap)
+                      : fmt::format("keeping {} (cap {})", samples, s.options.samples_cap));
+    if (next) {
+      samples = *next;
+      continue;
+    }
+    CalibrationOutcome out = finish(s, model, std::move(w), world);
+    out.seconds = seconds;  // every round's walk
+    return out;
+  }
+}
+
+}  // namespace
+
+CalibrationOutcome CalibrationJob::run(const RunControl& control) {
+  State& s = *state_;
+  dist::Collective& world =
+      control.collective != nullptr ? *control.collective : dist::single_process();
+  refuse_ranks_with_other_inputs(world, s.inputs.hash);
+  if (s.auto_samples) refuse_auto_samples_where_unsupported(control, world);
+  std::optional<ResumeCheckpoint> resume;
+  if (control.resume && !control.checkpoint.empty())
+    resume = shared_checkpoint(world, control.checkpoint, s.inputs);
+  if (world.rank() == 0 && !control.resume && !control.checkpoint.empty() &&
+      fs::exists(control.checkpoint)) {
+    spdlog::warn("{} exists and will be replaced: pass {} to continue that run instead",
+                 control.checkpoint.string(), option_spelling("resume"));
+  }
+
+  const int64_t rss_before_model = current_rss_bytes();
+  auto model = load_job_model(s, world, control.local_rank);
+  if (s.auto_samples) return run_auto(s, *model, world, rss_before_model);
+  Walked w = walk(s, *model, control, resume ? &*resume : nullptr, world, rss_before_model);
+  return finish(s, *model, std::move(w), world);
 }
 
 }  // namespace headwise::calib

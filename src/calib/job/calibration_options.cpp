@@ -3,6 +3,7 @@
 
 #include <charconv>
 
+#include "calib/job/auto_samples.hpp"
 #include "headwise/calib/measure_traits.hpp"
 #include "headwise/core/error.hpp"
 #include "headwise/core/units.hpp"
@@ -82,6 +83,20 @@ void put(json& into, std::string_view at, json value) {
   (*node)[std::string(at)] = std::move(value);
 }
 
+// --samples-cap bounds the auto rule, which starts at the default's 8 sequences: a cap given
+// without the rule, or one the first round already exceeds, would be silently ignored.
+void check_auto_samples(const CalibrationOptions& o, const CalibrationRequest& request) {
+  if (!request.contains("samples_cap")) return;
+  if (o.samples) {
+    throw_field_error("samples_cap", " bounds {} auto only (got {} {})", field_ref("samples"),
+                      field_ref("samples"), *o.samples);
+  }
+  if (o.samples_cap < kAutoFirstSamples) {
+    throw_field_error("samples_cap", " must be at least {} (the rule's first round), got {}",
+                      kAutoFirstSamples, o.samples_cap);
+  }
+}
+
 }  // namespace
 
 measure::WindowLadder CalibrationOptions::default_windows() {
@@ -104,8 +119,11 @@ bool extrapolates(const CalibrationOptions& o) {
   }
   return false;
 }
+bool auto_samples(const CalibrationOptions& o) {
+  return !o.samples.has_value();
+}
 json effective_probe_samples(const CalibrationOptions& o) {
-  return calib::effective_probe_samples(o.probe_samples, o.samples);
+  return o.samples ? json(calib::effective_probe_samples(o.probe_samples, *o.samples)) : json();
 }
 json measure_provenance(const CalibrationOptions& o) {
   return measure_traits(o.distortion).provenance_name;
@@ -236,6 +254,7 @@ CalibrationOptions parse_calibration_options(const CalibrationRequest& request) 
                       " is vLLM's reservation setting: it counts only with {} vllm (got {} {})",
                       field_ref("engine"), field_ref("engine"), o.engine);
   }
+  check_auto_samples(o, request);
   return o;
 }
 
