@@ -5,6 +5,7 @@
 #include <iterator>
 #include <set>
 
+#include "calib/noise/noise_json.hpp"
 #include "headwise/calib/curve_groups.hpp"
 #include "headwise/core/units.hpp"
 #include "headwise/core/window.hpp"
@@ -88,53 +89,6 @@ nlohmann::json rate_distortion_curve(const std::vector<calib::HeadCurve>& probe_
   return curve;
 }
 
-// How sure each walked layer's decision is (issue 59): the bootstrap over the calibration
-// sequences of DecisionNoise, and a summary. Absent for measures that keep no per-sequence values.
-static nlohmann::json decision_noise_json(const std::vector<calib::DecisionNoise>& noise) {
-  const auto windows_json = [](const std::vector<int64_t>& windows) {
-    nlohmann::json out = nlohmann::json::array();
-    for (int64_t w : windows) out.push_back(window_json(w));
-    return out;
-  };
-  const auto finite = [](double x) {
-    return std::isfinite(x) ? nlohmann::json(x) : nlohmann::json(nullptr);
-  };
-  nlohmann::json layers = nlohmann::json::array();
-  int64_t separated = 0;
-  for (const auto& n : noise) {
-    separated += n.separated ? 1 : 0;
-    nlohmann::json entry{{"layer_id", n.layer_id},
-                         {"kv_head_windows", windows_json(n.windows)},
-                         {"price", n.price},
-                         {"allowance_bytes", n.allowance},
-                         {"value", n.value},
-                         {"value_interval", {finite(n.value_lower), finite(n.value_upper)}},
-                         {"alternatives", n.alternatives},
-                         {"chosen_best_share", finite(n.chosen_best_share)},
-                         {"separated", n.separated}};
-    if (!n.runner_up_windows.empty()) {
-      entry["runner_up_windows"] = windows_json(n.runner_up_windows);
-      entry["runner_up_value"] = n.runner_up_value;
-      entry["gap"] = n.gap;
-      entry["gap_interval"] = {finite(n.gap_lower), finite(n.gap_upper)};
-      entry["gap_positive_share"] = finite(n.gap_positive_share);
-      entry["gap_sd"] = finite(n.gap_sd);
-      entry["sequences_to_separate"] = finite(n.sequences_to_separate);
-    }
-    layers.push_back(std::move(entry));
-  }
-  return {{"method",
-           "bootstrap over the calibration sequences of the walk's decision (before the completion "
-           "and any re-solve); objective J = value + price * bytes; runner-up: the other measured "
-           "assignment within the layer's allowance with the least J; gap = J(runner-up) - "
-           "J(chosen); intervals: 95% percentile; separated: the gap's lower bound above 0"},
-          {"replicates", noise.empty() ? 0 : noise.front().replicates},
-          {"sequences", noise.empty() ? 0 : noise.front().sequences},
-          {"layers_separated", separated},
-          {"layers_decided", static_cast<int64_t>(noise.size())},
-          {"layers", layers}};
-}
-
 nlohmann::json calibration_report(const calib::SeqCalibResult& r, const ReportContext& c) {
   nlohmann::json layers = nlohmann::json::array();
   for (const auto& l : r.layers) {
@@ -209,7 +163,10 @@ nlohmann::json calibration_report(const calib::SeqCalibResult& r, const ReportCo
         {"activations", r.activations},
         {"plan", c.memory_plan}}},
   };
-  if (!r.decision_noise.empty()) report["decision_noise"] = decision_noise_json(r.decision_noise);
+  // How sure each walked layer's decision is (issue 59); absent for measures that keep no
+  // per-sequence values.
+  if (!r.decision_noise.empty())
+    report["decision_noise"] = calib::noise::decision_noise_json(r.decision_noise, {});
   return report;
 }
 
@@ -341,6 +298,10 @@ nlohmann::json calibration_report(const calib::CalibrationOutcome& outcome) {
   nlohmann::json report = calibration_report(r.result, context);
   report["world_size"] = r.world_size;
   if (r.keep_rules) report["keep_rules"] = calib::keep_rules_json(*r.keep_rules);
+  if (r.keep_rules && !r.keep_rules->noise.empty()) {
+    report["decision_noise"] =
+        calib::noise::decision_noise_json(r.result.decision_noise, r.keep_rules->noise);
+  }
   if (r.tensor_parallel) {
     const auto& tp = *r.tensor_parallel;
     report["tensor_parallel"] = {{"size", tp.tensor_parallel_size},

@@ -6,15 +6,24 @@
 
 #include <algorithm>
 #include <cmath>
+#include <filesystem>
+#include <fstream>
 #include <map>
 #include <random>
+#include <set>
+#include <string>
 
 #include "../arch/fixture_reference.hpp"
 #include "calib/noise/bootstrap.hpp"
 #include "calib/noise/decision_noise.hpp"
+#include "calib/noise/noise_json.hpp"
 #include "headwise/arch/model.hpp"
 #include "headwise/calib/answer_span.hpp"
+#include "headwise/calib/calibration_job.hpp"
+#include "headwise/calib/calibration_options.hpp"
 #include "headwise/core/window.hpp"
+#include "headwise/policy/policy.hpp"
+#include "headwise/report/calib_report.hpp"
 
 using namespace headwise;
 using calib::SequenceValues;
@@ -240,4 +249,209 @@ TEST_CASE("decision noise: the span measure's per-sequence values are each seque
       CHECK(per_sequence[c].sums[s] == Approx(expected).epsilon(1e-5).margin(1e-7));
     }
   }
+}
+
+namespace {
+
+// One calibration of the qwen3_next_tiny fixture as the stable-decisions test runs it (8
+// sequences, ladder 8,32,full, 20k, the default answer-tv-span and window,h2o keep rules).
+calib::CalibrationOutcome calibrate_fixture(const std::string& decisions) {
+  calib::CalibrationRequest request{{"model", testing::fixture_dir("qwen3_next_tiny").string()},
+                                    {"context", "512"},
+                                    {"budget", "20k"},
+                                    {"windows", "8,32,full"},
+                                    {"samples", "8"},
+                                    {"seq_len", "96"},
+                                    {"seed", "0"},
+                                    {"decisions", decisions}};
+  calib::CalibrationJob job(calib::parse_calibration_options(request),
+                            std::filesystem::temp_directory_path() / "decision-noise.yaml");
+  return job.run(calib::RunControl{});
+}
+
+// A report entry's gap fields agree with each other: the interval holds the point gap, separated
+// is its lower bound above 0, the shares are shares, and a separated gap is positive in at least
+// 97.5% of the replicates (its 2.5% quantile is above 0).
+void check_gap_fields(const nlohmann::json& entry) {
+  const double gap = entry.at("gap").get<double>();
+  const double lower = entry.at("gap_interval")[0].get<double>();
+  const double upper = entry.at("gap_interval")[1].get<double>();
+  CHECK(lower <= gap);
+  CHECK(gap <= upper);
+  CHECK(entry.at("separated").get<bool>() == (lower > 0.0));
+  for (const char* share : {"gap_positive_share", "chosen_best_share"}) {
+    CHECK(entry.at(share).get<double>() >= 0.0);
+    CHECK(entry.at(share).get<double>() <= 1.0);
+  }
+  if (entry.at("separated").get<bool>())
+    CHECK(entry.at("gap_positive_share").get<double>() >= 0.975);
+  if (gap > 0.0) CHECK(entry.at("sequences_to_separate").get<double>() >= 8.0);  // at least N
+  const double value = entry.at("value").get<double>();
+  CHECK(entry.at("value_interval")[0].get<double>() <= value);
+  CHECK(value <= entry.at("value_interval")[1].get<double>());
+}
+
+}  // namespace
+
+TEST_CASE("decision noise: the keep rules' decisions in the report, their chosen trial the pass's",
+          "[calib][decision-noise]") {
+  c10::InferenceMode inference;
+  const calib::CalibrationOutcome outcome = calibrate_fixture("point");
+  const nlohmann::json report = report::calibration_report(outcome);
+  REQUIRE(report.contains("decision_noise"));
+  const nlohmann::json& noise = report["decision_noise"];
+  REQUIRE(noise["layers"].size() == 2);  // the walk's entries stay where other tools read them
+  REQUIRE(noise.contains("keep_rules"));
+  const nlohmann::json& keep = noise["keep_rules"];
+  CHECK(keep["sequences"] == 8);
+  CHECK(keep["replicates"] == 2000);
+  // Both global layers have evicting heads at 20k: each has a keep-rule decision.
+  REQUIRE(keep["layers"].size() == 2);
+  CHECK(keep["layers_decided"] == 2);
+  int64_t separated = 0;
+  for (const auto& entry : keep["layers"]) {
+    const int64_t layer = entry["layer_id"].get<int64_t>();
+    INFO("layer " << layer);
+    check_gap_fields(entry);
+    separated += entry["separated"].get<bool>() ? 1 : 0;
+    // The chosen trial is the one the pass took: the policy's windows and rules, and the pass's
+    // measured value.
+    const auto& pass = outcome.record.keep_rules->layers;
+    const auto it = std::find_if(pass.begin(), pass.end(), [&](const calib::KeepRuleLayer& l) {
+      return l.layer_id == layer;
+    });
+    REQUIRE(it != pass.end());
+    CHECK(entry["value"].get<double>() == it->divergence_chosen);
+    const policy::LayerPolicy* served = nullptr;
+    for (const auto& l : outcome.policy.per_layer_policies)
+      if (l.layer_id == layer) served = &l;
+    REQUIRE(served != nullptr);
+    REQUIRE(served->kv_head_rules.size() == served->kv_head_windows.size());
+    for (size_t h = 0; h < served->kv_head_windows.size(); ++h) {
+      const int64_t w = served->kv_head_windows[h];
+      CHECK(entry["kv_head_windows"][h] ==
+            (w == kFullWindow ? nlohmann::json("full") : nlohmann::json(w)));
+      CHECK(entry["kv_head_rules"][h] == policy::keep_rule_name(served->kv_head_rules[h]));
+    }
+    // Under point the pass takes the least measured trial: no other trial measured less.
+    CHECK(entry["runner_up_value"].get<double>() >= entry["value"].get<double>());
+    CHECK(entry["gap"].get<double>() >= 0.0);
+    CHECK((entry["runner_up_rules"] != entry["kv_head_rules"] ||
+           entry["runner_up_windows"] != entry["kv_head_windows"]));
+  }
+  CHECK(keep["layers_separated"] == separated);
+  // The default policy does not carry it (every committed policy's bytes would change).
+  CHECK_FALSE(outcome.policy.calibration.contains("decision_noise"));
+  CHECK(outcome.policy_yaml.find("decision_noise") == std::string::npos);
+}
+
+TEST_CASE("decision noise: --decisions stable records how sure each decision is in the policy",
+          "[calib][decision-noise]") {
+  c10::InferenceMode inference;
+  const calib::CalibrationOutcome outcome = calibrate_fixture("stable");
+  const nlohmann::json report = report::calibration_report(outcome);
+  const nlohmann::json& recorded = outcome.policy.calibration.at("decision_noise");
+  CHECK(recorded["sequences"] == 8);
+  CHECK(recorded["replicates"] == 2000);
+  REQUIRE(recorded["layers"].size() == 2);
+  // Per layer, the walk's and the keep rules' summaries are the report's entries' fields.
+  const auto summary_of = [](const nlohmann::json& entry) {
+    return nlohmann::json{{"separated", entry["separated"]},
+                          {"gap", entry["gap"]},
+                          {"gap_interval", entry["gap_interval"]},
+                          {"sequences_to_separate", entry["sequences_to_separate"]}};
+  };
+  const nlohmann::json& noise = report["decision_noise"];
+  for (const auto& [section, key] : {std::pair{&noise["layers"], "walk"},
+                                     std::pair{&noise["keep_rules"]["layers"], "keep_rules"}}) {
+    REQUIRE(section->size() == 2);
+    for (const auto& entry : *section) {
+      const std::string layer = std::to_string(entry["layer_id"].get<int64_t>());
+      INFO(key << " layer " << layer);
+      check_gap_fields(entry);
+      CHECK(recorded["layers"][layer][key] == summary_of(entry));
+    }
+  }
+  // The policy's readers take it back as written.
+  const auto path = std::filesystem::temp_directory_path() / "decision-noise-stable.yaml";
+  { std::ofstream(path) << outcome.policy_yaml; }
+  const policy::Policy read = policy::read_policy(path);
+  CHECK(read.calibration == outcome.policy.calibration);
+  CHECK(policy::to_yaml(read) == outcome.policy_yaml);
+  std::filesystem::remove(path);
+}
+
+TEST_CASE("decision noise: a gap the bootstrap does not separate, as the report and policy say it",
+          "[calib][decision-noise]") {
+  // The chosen trial is better on the pooled mean (0.2100 against 0.2175) but each is better on
+  // half the sequences: not separated. A third trial is worse on every sequence.
+  const std::vector<int64_t> ones(8, 1);
+  const SequenceValues chosen{{0.30, 0.10, 0.32, 0.12, 0.31, 0.11, 0.29, 0.13}, ones};
+  const SequenceValues runner{{0.12, 0.31, 0.13, 0.33, 0.10, 0.31, 0.14, 0.30}, ones};
+  const SequenceValues worse{std::vector<double>(8, 0.5), ones};
+  const calib::DecisionGap gap =
+      calib::noise::decision_gap({{&chosen, calib::noise::pooled_mean(chosen)},
+                                  {&worse, calib::noise::pooled_mean(worse)},
+                                  {&runner, calib::noise::pooled_mean(runner)}},
+                                 11);
+  CHECK(calib::noise::runner_up({{&chosen, 0.21}, {&worse, 0.5}, {&runner, 0.2175}}) == 2);
+  REQUIRE(gap.has_runner_up);
+  CHECK(gap.alternatives == 2);
+  CHECK(gap.runner_up_value == Approx(0.2175));
+  CHECK(gap.gap == Approx(0.0075));
+  CHECK(gap.gap_lower < 0.0);
+  CHECK(gap.gap_upper > 0.0);
+  CHECK_FALSE(gap.separated);
+  CHECK(gap.gap_positive_share > 0.3);
+  CHECK(gap.gap_positive_share < 0.975);
+  CHECK(gap.sequences_to_separate > 8.0);
+
+  calib::KeepRuleNoise keep;
+  static_cast<calib::DecisionGap&>(keep) = gap;
+  keep.layer_id = 5;
+  keep.windows = {2000, 512};
+  keep.rules = {policy::KeepRule::kH2O, policy::KeepRule::kH2O};
+  keep.runner_up_windows = {2000, 512};
+  keep.runner_up_rules = {policy::KeepRule::kH2O, policy::KeepRule::kWindow};
+  calib::DecisionNoise walk;
+  static_cast<calib::DecisionGap&>(walk) = gap;
+  walk.layer_id = 5;
+  walk.windows = {2048, kFullWindow};
+  walk.runner_up_windows = {kFullWindow, 2048};
+  const nlohmann::json report = calib::noise::decision_noise_json({walk}, {keep});
+  // The walk's keys exactly as before the keep rules had any: other tools read them.
+  std::set<std::string> keys;
+  for (const auto& [key, _] : report.items()) keys.insert(key);
+  CHECK(keys == std::set<std::string>{"method", "replicates", "sequences", "layers_separated",
+                                      "layers_decided", "layers", "keep_rules"});
+  keys.clear();
+  for (const auto& [key, _] : report["layers"][0].items()) keys.insert(key);
+  CHECK(keys == std::set<std::string>{"layer_id", "kv_head_windows", "price", "allowance_bytes",
+                                      "value", "value_interval", "alternatives",
+                                      "chosen_best_share", "separated", "runner_up_windows",
+                                      "runner_up_value", "gap", "gap_interval",
+                                      "gap_positive_share", "gap_sd", "sequences_to_separate"});
+  CHECK(report["layers"][0]["runner_up_windows"] == nlohmann::json{"full", 2048});
+  const nlohmann::json& entry = report["keep_rules"]["layers"][0];
+  CHECK(report["keep_rules"]["layers_separated"] == 0);
+  CHECK(report["keep_rules"]["layers_decided"] == 1);
+  CHECK(entry["kv_head_rules"] == nlohmann::json{"h2o", "h2o"});
+  CHECK(entry["runner_up_rules"] == nlohmann::json{"h2o", "window"});
+  CHECK(entry["kv_head_windows"] == nlohmann::json{2000, 512});
+  CHECK(entry["separated"] == false);
+  CHECK(entry["gap"] == gap.gap);
+  CHECK(entry["gap_interval"] == nlohmann::json{gap.gap_lower, gap.gap_upper});
+  CHECK(entry["gap_positive_share"] == gap.gap_positive_share);
+  CHECK(entry["sequences_to_separate"] == gap.sequences_to_separate);
+  check_gap_fields(entry);
+
+  const nlohmann::json summary = calib::noise::decision_noise_summary({walk}, {keep});
+  const nlohmann::json expected{{"separated", false},
+                                {"gap", gap.gap},
+                                {"gap_interval", {gap.gap_lower, gap.gap_upper}},
+                                {"sequences_to_separate", gap.sequences_to_separate}};
+  CHECK(summary["layers"]["5"]["keep_rules"] == expected);
+  CHECK(summary["layers"]["5"]["walk"] == expected);
+  CHECK(calib::noise::decision_noise_summary({}, {}).empty());
+  CHECK(calib::noise::decision_noise_json({}, {}).empty());
 }

@@ -71,6 +71,9 @@ struct KeepRuleOptions {
   // separates it as worse than the best measured one, then the best; false: the least measured
   // value.
   bool stable_decisions = false;
+  // How sure each layer's decision is (issue 59; span measure): per-sequence values kept for every
+  // trial and bootstrapped (KeepRuleResult::noise). Needs every sequence's values: one process.
+  bool decision_noise = true;
   // --prefill-peak (joint_rules.hpp): the policy's prefill peak under `prefill_schedule`, the
   // memory's context as the prompt, stays within these bytes; 0: no bound.
   int64_t prefill_peak = 0;
@@ -103,6 +106,18 @@ struct KeepRuleLayer {
   bool repaired = false;
 };
 
+// How sure one layer's keep-rule decision is (issue 59): the bootstrap of DecisionGap over every
+// trial the pass measured on the span. Every trial fits the budget and the pass compares their
+// measured values alone, so J = D (no price). Chosen: the trial the pass took (the least D under
+// --decisions point; the stable rule's choice under stable, whose gap may then be negative).
+struct KeepRuleNoise : DecisionGap {
+  int64_t layer_id = 0;
+  std::vector<int64_t> windows;  // the chosen trial's, its selecting heads' slots paid for
+  std::vector<policy::KeepRule> rules;
+  std::vector<int64_t> runner_up_windows;  // empty when there is no other trial
+  std::vector<policy::KeepRule> runner_up_rules;
+};
+
 struct KeepRuleResult {
   std::map<int64_t, std::vector<int64_t>> windows;         // the h2o heads' shrunk where they paid
   std::map<int64_t, std::vector<policy::KeepRule>> rules;  // per global layer, per KV head
@@ -113,6 +128,7 @@ struct KeepRuleResult {
   // read off the pass's final stream; -1 when not measured (the exact measure's pass).
   double divergence_final = -1.0;
   std::optional<PrefillPeakBound> prefill_peak;  // with --prefill-peak
+  std::vector<KeepRuleNoise> noise;  // per layer decided with per-sequence values, in layer order
 };
 
 // `windows`: SeqCalib's decision (global layers). `answers[s]`: the answer positions of sequence s.

@@ -146,6 +146,28 @@ struct MeasureValidation {
   double seconds = 0.0;                       // the exact measurements' time
 };
 
+// What a bootstrap says of one decision among measured candidates (noise/decision_noise.hpp): the
+// chosen candidate's value and its interval, and its gap to the runner-up. The walk's decisions
+// (DecisionNoise) and the keep rules' (KeepRuleNoise, keep_rules.hpp) each add what they chose.
+struct DecisionGap {
+  int64_t sequences = 0;                        // calibration sequences resampled
+  int64_t replicates = 0;                       // bootstrap replicates
+  double value = 0.0;                           // D(chosen), as measured
+  double value_lower = 0.0, value_upper = 0.0;  // its 95% percentile interval
+  int64_t alternatives = 0;                     // other measured candidates it was weighed against
+  bool has_runner_up = false;                   // false when there is no alternative
+  double runner_up_value = 0.0;                 // D(runner-up)
+  double gap = 0.0;                             // J(runner-up) − J(chosen)
+  double gap_lower = 0.0, gap_upper = 0.0;      // its 95% percentile interval
+  double gap_sd = 0.0;                          // the replicates' standard deviation of the gap
+  // The sequences a normal approximation says would separate this gap (N·(1.96·gap_sd/gap)², at
+  // least N; NaN when the gap is not positive): what a sequential rule's cap must allow.
+  double sequences_to_separate = 0.0;
+  double gap_positive_share = 0.0;  // replicates in which the chosen one beats the runner-up
+  double chosen_best_share = 0.0;   // replicates in which it beats every measured alternative
+  bool separated = false;           // gap_lower > 0 (true when there is no alternative)
+};
+
 // How sure one global layer's walk decision is (issue 59; src/calib/noise/): a bootstrap over the
 // calibration sequences of the values the decision measured. Only the answer-span measures keep the
 // per-sequence values it needs, in one process.
@@ -157,27 +179,12 @@ struct MeasureValidation {
 // other assignment the decision measured that fits the allowance; the gap is J(runner-up) −
 // J(chosen) (positive: the chosen one is better on the calibration sequences). Each bootstrap
 // replicate recomputes D of every such assignment on the same resampled sequences.
-struct DecisionNoise {
+struct DecisionNoise : DecisionGap {
   int64_t layer_id = 0;
   std::vector<int64_t> windows;  // the walk's decision (before the completion and any re-solve)
   double price = 0.0;            // λ
   int64_t allowance = 0;         // bytes the layer might spend
-  int64_t sequences = 0;         // calibration sequences resampled
-  int64_t replicates = 0;        // bootstrap replicates
-  double value = 0.0;            // D(chosen), as measured
-  double value_lower = 0.0, value_upper = 0.0;  // its 95% percentile interval
-  int64_t alternatives = 0;                     // other measured assignments within the allowance
-  std::vector<int64_t> runner_up_windows;       // empty when there is no alternative
-  double runner_up_value = 0.0;                 // D(runner-up)
-  double gap = 0.0;                             // J(runner-up) − J(chosen)
-  double gap_lower = 0.0, gap_upper = 0.0;      // its 95% percentile interval
-  double gap_sd = 0.0;                          // the replicates' standard deviation of the gap
-  // The sequences a normal approximation says would separate this gap (N·(1.96·gap_sd/gap)², at
-  // least N; NaN when the gap is not positive): what a sequential rule's cap must allow.
-  double sequences_to_separate = 0.0;
-  double gap_positive_share = 0.0;  // replicates in which the chosen one beats the runner-up
-  double chosen_best_share = 0.0;   // replicates in which it beats every measured alternative
-  bool separated = false;           // gap_lower > 0
+  std::vector<int64_t> runner_up_windows;  // empty when there is no alternative
 };
 
 struct SeqCalibResult {

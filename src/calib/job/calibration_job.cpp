@@ -9,6 +9,7 @@
 #include <optional>
 
 #include "calib/job/auto_samples.hpp"
+#include "calib/noise/noise_json.hpp"
 #include "calib/rules/joint_rules.hpp"
 #include "headwise/arch/context_guard.hpp"
 #include "headwise/arch/model.hpp"
@@ -536,6 +537,17 @@ nlohmann::json provenance(const CalibrationJob::State& s, const AnswerSpan* span
   return calibration;
 }
 
+// --decisions stable: per layer, how sure the walk's and the keep rules' decisions are
+// (noise/noise_json.hpp), where the user reads the policy. Not under point: the key would change
+// the bytes of every policy calibrated before it, the committed ones included (regen --check
+// compares them), and the report has the whole bootstrap for any run.
+void record_decision_noise(const SeqCalibResult& result, const std::optional<KeepRuleResult>& rules,
+                           nlohmann::json& calibration) {
+  nlohmann::json summary = noise::decision_noise_summary(
+      result.decision_noise, rules ? rules->noise : std::vector<KeepRuleNoise>{});
+  if (!summary.empty()) calibration["decision_noise"] = std::move(summary);
+}
+
 policy::Policy assemble_policy(const CalibrationJob::State& s, const SeqCalibResult& result,
                                const std::optional<KeepRuleResult>& rules, const AnswerSpan* span) {
   const CalibrationOptions& r = s.options;
@@ -552,6 +564,7 @@ policy::Policy assemble_policy(const CalibrationJob::State& s, const SeqCalibRes
   policy.sink_tokens = s.mem.sink_tokens;
   policy.window_levels = r.windows.levels;
   policy.calibration = provenance(s, span);
+  if (r.decisions == "stable") record_decision_noise(result, rules, policy.calibration);
   if (r.tensor_parallel_size > 1) policy.tensor_parallel_size = r.tensor_parallel_size;
   for (const auto& [layer_id, windows] : result.windows) {
     if (rules) {

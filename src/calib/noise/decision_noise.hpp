@@ -1,6 +1,7 @@
 #pragma once
-// One global layer's decision and how sure it is (DecisionNoise, headwise/calib/seqcalib.hpp): the
-// bootstrap of bootstrap.hpp over the candidates the decision measured.
+// How sure a decision among measured candidates is (DecisionGap, headwise/calib/seqcalib.hpp): the
+// bootstrap of bootstrap.hpp over the candidates the decision measured. decision_gap serves any
+// decision (the walk's, the keep rules'); decision_noise gathers a walked layer's candidates.
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -14,6 +15,24 @@
 namespace headwise::calib::noise {
 
 inline constexpr size_t kDecisionReplicates = 2000;
+
+// One measured candidate of a decision: its per-sequence values (never nullptr), its measured value
+// D and what its objective J = D + penalty adds (λ·bytes, or 0).
+struct Contender {
+  const SequenceValues* values = nullptr;
+  double value = 0.0;
+  double penalty = 0.0;
+};
+
+// The runner-up among `contenders` (the chosen one first): the index of the least J among the
+// others (ties: the first); 0 when there is no other.
+size_t runner_up(const std::vector<Contender>& contenders);
+
+// The bootstrap of one decision: `contenders` the chosen candidate first, then every alternative.
+// Each replicate recomputes every contender's D on the same resampled sequences. Deterministic in
+// `seed`.
+DecisionGap decision_gap(const std::vector<Contender>& contenders, uint64_t seed,
+                         size_t replicates = kDecisionReplicates);
 
 struct DecisionCandidates {
   int64_t layer_id = 0;

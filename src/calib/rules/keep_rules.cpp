@@ -8,6 +8,7 @@
 #include <ranges>
 
 #include "calib/noise/bootstrap.hpp"
+#include "calib/noise/decision_noise.hpp"
 #include "calib/noise/stable_choice.hpp"
 #include "calib/rules/joint_rules.hpp"
 #include "calib/walk/finite_checks.hpp"
@@ -232,6 +233,12 @@ std::vector<int64_t> evicting_heads(const std::vector<int64_t>& base, int64_t to
   return out;
 }
 
+std::vector<policy::KeepRule> rules_of(const Trial& chosen, size_t heads) {
+  std::vector<policy::KeepRule> rules(heads, policy::KeepRule::kWindow);
+  for (const auto& [h, rule] : chosen) rules[static_cast<size_t>(h)] = rule;
+  return rules;
+}
+
 // One global layer's pass: measures its trials (on the answer span, or exactly on every token)
 // and keeps the best. Everything it reads lives in the pass; the layer's decision is its result.
 class LayerPass {
@@ -240,6 +247,7 @@ class LayerPass {
     Trial chosen;
     std::vector<int64_t> windows;  // the layer's, its selecting heads' slots paid for
     KeepRuleLayer report;
+    std::optional<KeepRuleNoise> noise;  // how sure it is (per-sequence values kept)
   };
 
   LayerPass(const KeepRuleContext& context, const KeepRuleOptions& o, int64_t layer,
@@ -278,6 +286,7 @@ class LayerPass {
       }
     }
     decision_.report.divergence_chosen = best_;
+    decision_.noise = noise();
     return decision_;
   }
 
@@ -311,7 +320,7 @@ class LayerPass {
     std::vector<SequenceValues> per_sequence;
     const auto values =
         o_.span->evaluate(*site_, outputs, fmt::format("layer {}: keep rules", layer_),
-                          o_.stable_decisions ? &per_sequence : nullptr);
+                          keeps_sequences() ? &per_sequence : nullptr);
     for (size_t t = 0; t < batch.size(); ++t) span_memo_.emplace(batch[t], values[t]);
     for (size_t t = 0; t < per_sequence.size(); ++t)
       span_sequences_.emplace(batch[t], per_sequence[t]);
@@ -326,7 +335,7 @@ class LayerPass {
           o_.span
               ->evaluate(*site_, {trials_->compose(paid, trial)},
                          fmt::format("layer {}: {}", layer_, rules_label(paid, trial)),
-                         o_.stable_decisions ? &per_sequence : nullptr)
+                         keeps_sequences() ? &per_sequence : nullptr)
               .front();
       if (!per_sequence.empty()) span_sequences_.emplace(trial, std::move(per_sequence.front()));
     }
@@ -380,6 +389,40 @@ class LayerPass {
       return;
     }
     keep_if_better(trial, *paid, given_up, divergence);
+  }
+
+  // Per-sequence values for the trials: the stable rule's and the decision noise's (the pooled
+  // values do not change with them).
+  bool keeps_sequences() const { return o_.stable_decisions || o_.decision_noise; }
+
+  // The layer's trial windows: its selecting heads' slots paid for (a measured trial always fits).
+  std::vector<int64_t> trial_windows(const Trial& trial) const {
+    int64_t given_up = 0;
+    return trial.empty() ? base_ : *paid_for(trial, given_up);
+  }
+
+  // How sure the decision is: the chosen trial against every other trial measured, bootstrapped
+  // over the sequences (noise::decision_gap; J = D: every measured trial fits the budget).
+  std::optional<KeepRuleNoise> noise() const {
+    if (!o_.decision_noise || !span_sequences_.contains(decision_.chosen)) return std::nullopt;
+    std::vector<const Trial*> trials{&decision_.chosen};
+    std::vector<noise::Contender> contenders{
+        {&span_sequences_.at(decision_.chosen), span_memo_.at(decision_.chosen)}};
+    for (const auto& [trial, values] : span_sequences_) {
+      if (trial == decision_.chosen) continue;
+      trials.push_back(&trial);
+      contenders.push_back({&values, span_memo_.at(trial)});
+    }
+    KeepRuleNoise out;
+    static_cast<DecisionGap&>(out) = noise::decision_gap(contenders, seed_);
+    out.layer_id = layer_;
+    out.windows = decision_.windows;
+    out.rules = rules_of(decision_.chosen, base_.size());
+    if (const size_t runner = noise::runner_up(contenders); runner > 0) {
+      out.runner_up_windows = trial_windows(*trials[runner]);
+      out.runner_up_rules = rules_of(*trials[runner], base_.size());
+    }
+    return out;
   }
 
   // --decisions stable: per-sequence values for every trial measured (the span measure).
@@ -455,12 +498,6 @@ class LayerPass {
   double best_ = 0.0;
   Decision decision_;
 };
-
-std::vector<policy::KeepRule> rules_of(const Trial& chosen, size_t heads) {
-  std::vector<policy::KeepRule> rules(heads, policy::KeepRule::kWindow);
-  for (const auto& [h, rule] : chosen) rules[static_cast<size_t>(h)] = rule;
-  return rules;
-}
 
 }  // namespace
 
@@ -556,6 +593,7 @@ KeepRuleResult choose_keep_rules(arch::DecoderModel& model,
       }
       result.rules[i] = rules_of(chosen, decision.windows.size());
       result.layers.push_back(std::move(decision.report));
+      if (decision.noise) result.noise.push_back(std::move(*decision.noise));
     }
     // The stream the layers above see: this layer as decided (conditioned) or at full KV.
     if (global && o.conditioned) {
