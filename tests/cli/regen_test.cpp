@@ -316,3 +316,41 @@ TEST_CASE(
   CHECK_THAT(manifest_error(entries + "recalibrate_on_check: a\n"),
              Catch::Contains("must be a list of entry names"));
 }
+
+TEST_CASE("regen replays a --decisions stable entry with how sure its decisions are", "[cli]") {
+  testing::TempDir dir;
+  const fs::path manifest = dir.path() / "manifest.yaml", policy_file = dir.path() / "stable.yaml";
+  write_file_atomically(manifest,
+                        "policies:\n  - name: stable\n    model: " +
+                            (fs::path(HEADWISE_FIXTURES_DIR) / "qwen3_next_tiny").string() +
+                            "\n    context: 512\n    budget: 20k\n"
+                            "    windows: [8, 32, full]\n    samples: 8\n"
+                            "    seq_len: 96\n    seed: 0\n    decisions: stable\n"
+                            "    output: stable.yaml\n");
+  const std::string regen = "regen --manifest " + manifest.string() + " --quiet";
+  CliRun r = run_cli_with(regen);
+  INFO(r.err);
+  REQUIRE(r.status == 0);
+  const std::string written = read_text_file(policy_file);
+  // Both global layers: the walk's decision and the keep rules'.
+  const policy::Policy policy = policy::read_policy(policy_file);
+  const nlohmann::json& layers = policy.calibration.at("decision_noise").at("layers");
+  for (const char* layer : {"1", "3"}) {
+    INFO("layer " << layer);
+    CHECK(layers.at(layer).contains("walk"));
+    CHECK(layers.at(layer).contains("keep_rules"));
+  }
+  r = run_cli_with(regen + " --check --all");
+  CHECK(r.status == 0);  // recalibrated, the same bytes
+  CHECK(read_text_file(policy_file) == written);
+
+  // The summary is part of what --check compares: an edited gap is caught.
+  policy::Policy edited = policy;
+  auto& gap = edited.calibration["decision_noise"]["layers"]["1"]["walk"]["gap"];
+  gap = std::nextafter(gap.get<double>(), 1.0);
+  policy::write_policy(policy_file, edited);
+  r = run_cli_with(regen + " --check --all");
+  INFO(r.out);
+  CHECK(r.status == 1);
+  CHECK(r.out.find("calibration.decision_noise: ") != std::string::npos);
+}
