@@ -13,7 +13,9 @@
 #include "../support/temp_dir.hpp"
 #include "../support/test_paths.hpp"
 #include "calib/job/auto_samples.hpp"
+#include "headwise/calib/calibration_file.hpp"
 #include "headwise/core/files.hpp"
+#include "headwise/tasks/synthetic.hpp"
 
 using namespace headwise;
 using testing::run_cli;
@@ -105,6 +107,35 @@ TEST_CASE("samples auto: the next round's sequences", "[calib]") {
   CHECK_FALSE(next_samples({}, 8, 32));
   CHECK(calib::unseparated_summary({noise(1, true, 8), noise(3, false, 85.2)}) ==
         "layer 3 needs 86");
+}
+
+// A round of the rule must add sequences to the ones before, not draw others: the built-in set
+// draws them one after another from the seed, a file is packed in its records' order.
+TEST_CASE("samples auto: fewer sequences are the first of more, built-in or from a file",
+          "[calib]") {
+  const tasks::SyntheticOptions eight{128, 8, 256, 6};
+  tasks::SyntheticOptions twenty_four = eight;
+  twenty_four.samples = 24;
+  const auto few = tasks::synthetic_retrieval_set(eight);
+  const auto more = tasks::synthetic_retrieval_set(twenty_four);
+  REQUIRE(more.size() == 24);
+  CHECK(std::equal(few.begin(), few.end(), more.begin()));
+  CHECK(few != std::vector<std::vector<int64_t>>(more.begin() + 8, more.begin() + 16));
+
+  // Records longer than a sequence are cut to one, shorter ones packed together: the order holds.
+  TempDir dir("samples-auto");
+  std::string jsonl;
+  for (int r = 0; r < 12; ++r) {
+    std::string ids;
+    for (int t = 0; t < (r % 3 == 0 ? 40 : 7 + r); ++t)
+      ids += (t ? "," : "") + std::to_string(16 + (r * 7 + t) % 100);
+    jsonl += "{\"input_ids\": [" + ids + "]}\n";
+  }
+  const fs::path file = dir.write("data.jsonl", jsonl);
+  const auto three = calib::load_calibration_set(file, nullptr, 16, 3, 128).sequences;
+  const auto six = calib::load_calibration_set(file, nullptr, 16, 6, 128).sequences;
+  REQUIRE(six.size() == 6);
+  CHECK(std::equal(three.begin(), three.end(), six.begin()));
 }
 
 TEST_CASE("samples auto refuses bad input with one line and writes nothing", "[cli]") {
