@@ -741,9 +741,18 @@ void use_samples(CalibrationJob::State& s, int64_t samples) {
   s.rounds.push_back(samples);
 }
 
+// The largest round the cap allows must fit in memory: refused before the first round, not after
+// a round that fit.
+void refuse_cap_beyond_memory(CalibrationJob::State& s, arch::DecoderModel& model,
+                              const dist::Collective& world) {
+  s.data = load_job_data(s, s.options.samples_cap);
+  plan_memory(s, model, rank_share(s, world));
+}
+
 // The rounds of --samples auto (auto_samples.hpp); the keep rules run on the last round's walk.
 CalibrationOutcome run_auto(CalibrationJob::State& s, arch::DecoderModel& model,
                             dist::Collective& world, int64_t rss_before_model) {
+  refuse_cap_beyond_memory(s, model, world);
   s.rounds.clear();
   double seconds = 0.0;
   for (int64_t samples = kAutoFirstSamples;;) {
