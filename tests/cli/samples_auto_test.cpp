@@ -219,6 +219,10 @@ TEST_CASE("regen replays a --samples auto entry and checks it", "[cli]") {
   TempDir elsewhere("samples-auto");
   CHECK(calibrate(elsewhere, "cli", gemma("66k", 6) + " --samples auto --samples-cap 32") ==
         regenerated);
+  // The inputs hash covers auto and its cap, not the rounds' outcome: a second regen skips it.
+  const auto again = run_cli("regen --manifest " + manifest.string());
+  CHECK(again.status == 0);
+  CHECK_THAT(again.out, Catch::Contains("skipped: inputs unchanged"));
   const auto check = run_cli("regen --manifest " + manifest.string() + " --check --all --quiet");
   INFO(check.err);
   CHECK(check.status == 0);
