@@ -13,7 +13,9 @@ writes for it (needles 1024 tokens back, outside every window), greedy answers:
   positions HeadwiseCache's holds after the answer (the choice at the prompt's end and the ring);
 - the same policy with layer 8's snap head turned `window` loses a needle in the runtime decoder, and
   all three give the same (wrong) tokens there too;
-- the press refuses h2o heads and another model's policy in one line.
+- the press refuses h2o heads and another model's policy in one line;
+- tools/paired_answers.py pairs the two policies' runtime answers (snap minus swapped: the share of
+  samples only the snap policy answers) and refuses a row whose prompt is not its sample's.
 Exit 0 on success, 1 on failure, 4 when kvpress cannot be imported from --venv, unless
 HEADWISE_REQUIRE_KVPRESS=1.
 
@@ -184,6 +186,29 @@ def runtime_tokens(path, policy, samples):
     return rows
 
 
+def check_paired_answers(check, tmp, samples_path, tokens_path, runtime, runtime_w):
+    """tools/paired_answers.py on these files: the snap policy against its swapped copy is the share of samples
+    only the snap policy answers, and a tokens file whose prompt is not its sample's is refused in one line."""
+    tool = [sys.executable, str(ROOT / "tools" / "paired_answers.py"), "--samples", str(samples_path)]
+    r = subprocess.run(tool + ["--tokens", str(tokens_path), "--against", "snap:headwise"], capture_output=True,
+                       text=True)
+    row = next((line for line in r.stdout.splitlines() if line.startswith("| swapped:headwise |")), "")
+    n = len(runtime)
+    diff = (sum(a["right"] and not b["right"] for a, b in zip(runtime, runtime_w))
+            - sum(b["right"] and not a["right"] for a, b in zip(runtime, runtime_w))) / n
+    check(r.returncode == 0 and f"| {diff:+.3f} [" in row,
+          f"tools/paired_answers.py pairs the two policies: snap - swapped {diff:+.3f} ({row or r.stderr.strip()})")
+    rows = tokens_path.read_text().splitlines()
+    first = json.loads(rows[0])
+    first["prompt_sha256"] = "0" * 64
+    bad = tmp / "tokens-bad.jsonl"
+    bad.write_text("\n".join([json.dumps(first)] + rows[1:]) + "\n")
+    r = subprocess.run(tool + ["--tokens", str(bad), "--against", "snap:headwise"], capture_output=True, text=True)
+    err = r.stderr.strip()
+    check(r.returncode == 2 and not r.stdout and "\n" not in err and "did not answer that sample's prompt" in err,
+          f"tools/paired_answers.py refuses a row whose prompt is not its sample's, in one line: {err}")
+
+
 def run(cli, *args):
     r = subprocess.run([cli, *map(str, args)], capture_output=True, text=True,
                        env={**os.environ, "OMP_NUM_THREADS": "1"})
@@ -241,6 +266,8 @@ def main():
         check(all(r["right"] for r in runtime),
               f"the runtime decoder answers every one of the {len(samples)} samples "
               f"({sum(r['right'] for r in runtime)}/{len(runtime)})")
+
+        check_paired_answers(check, tmp, samples_path, tokens_path, runtime, runtime_w)
 
         # The press first (another process, its own model): it runs while nothing else here does.
         (press, press_w), refusals = run_press(venv, tmp, [policy, swapped], samples_path)
