@@ -53,6 +53,15 @@ std::vector<std::vector<uint32_t>> bootstrap_weights(size_t sequences, size_t re
   return out;
 }
 
+double sample_variance(const std::vector<double>& samples) {
+  if (samples.size() < 2) return kNaN;
+  double mean = 0.0, squares = 0.0;
+  for (double v : samples) mean += v;
+  mean /= static_cast<double>(samples.size());
+  for (double v : samples) squares += (v - mean) * (v - mean);
+  return squares / static_cast<double>(samples.size() - 1);
+}
+
 double quantile(std::vector<double> samples, double q) {
   std::erase_if(samples, [](double x) { return std::isnan(x); });
   if (samples.empty()) return kNaN;

@@ -34,6 +34,10 @@ std::vector<std::vector<uint32_t>> bootstrap_weights(size_t sequences, size_t re
 // empty.
 double quantile(std::vector<double> samples, double q);
 
+// The unbiased variance of `samples` (the squares about their mean over n − 1); NaN with fewer than
+// two. The bootstrap's spread of a gap, for the decision noise and the stable rule alike.
+double sample_variance(const std::vector<double>& samples);
+
 // A seed for one layer's bootstrap: FNV-1a over the calibration tokens, mixed with the layer id.
 uint64_t decision_seed(const std::vector<std::vector<int64_t>>& sequences, int64_t layer_id);
 

@@ -17,15 +17,6 @@ std::vector<int64_t> windows_of(const std::vector<solve::Group>& groups,
   return out;
 }
 
-double standard_deviation(const std::vector<double>& x) {
-  if (x.size() < 2) return std::nan("");
-  double mean = 0.0, squares = 0.0;
-  for (double v : x) mean += v;
-  mean /= static_cast<double>(x.size());
-  for (double v : x) squares += (v - mean) * (v - mean);
-  return std::sqrt(squares / static_cast<double>(x.size() - 1));
-}
-
 // The gap's statistics from its replicates (`positive`: those in which the chosen one wins).
 void gap_statistics(const std::vector<double>& gaps, int64_t positive, double counted,
                     DecisionGap& out) {
@@ -33,7 +24,7 @@ void gap_statistics(const std::vector<double>& gaps, int64_t positive, double co
   out.gap_upper = quantile(gaps, 0.975);
   out.gap_positive_share = static_cast<double>(positive) / counted;
   out.separated = out.gap_lower > 0.0;
-  out.gap_sd = standard_deviation(gaps);
+  out.gap_sd = std::sqrt(sample_variance(gaps));
   const double z = 1.96 * out.gap_sd / out.gap;
   out.sequences_to_separate =
       out.gap > 0.0 ? std::max(1.0, z * z) * static_cast<double>(out.sequences) : std::nan("");

@@ -33,12 +33,8 @@ size_t sign_threshold(size_t n) {
 bool separated(const StableCandidate& c, const StableCandidate& best, double gap, double least_gap,
                const std::vector<double>& gaps, size_t sequences) {
   if (gaps.size() < 2 || sequences < 2 || !(gap >= least_gap)) return false;
-  double mean = 0.0, squares = 0.0;
-  for (double g : gaps) mean += g;
-  mean /= static_cast<double>(gaps.size());
-  for (double g : gaps) squares += (g - mean) * (g - mean);
   const double n = static_cast<double>(sequences);
-  const double se = std::sqrt(squares / static_cast<double>(gaps.size() - 1) * n / (n - 1.0));
+  const double se = std::sqrt(sample_variance(gaps) * n / (n - 1.0));
   if (!(gap > t_quantile(kStableNormalQuantile, n - 1.0) * se)) return false;
   size_t counted = 0, worse = 0;
   for (size_t s = 0; s < sequences; ++s) {
