@@ -12,6 +12,10 @@
 #   RESULTS=docs/results-2k (writes RESULTS.md and RESULTS.svg; default docs/results)
 #   CALIB_SAMPLES=8 (the main command's default)  HEADWISE_CALC=path (default build/bin/headwise-calc)
 #   KEEP_RULES=window (passed as --keep-rules; default: the main command's, auto = window,h2o)
+#   FOLLOW_UPS=1 (passed as --follow-ups to every calibration; only with snap in KEEP_RULES)
+#   TAG=snap (policies/NAME-eval-CONTEXT-SHARE-TAG.yaml, so that another rule set's policies sit
+#   beside the default ones instead of replacing them; docs/results-snap.md is made with
+#   RESULTS=docs/results-snap TAG=snap KEEP_RULES=window,h2o,snap FOLLOW_UPS=1)
 #   STATE_DTYPE=native (passed as --state-dtype to mem-estimate and every calibration: native, the
 #   default, keeps the recurrent/conv states as the architecture does, as every policy of
 #   policies/manifest.yaml pins it, so the shares' bytes and the table stay comparable across
@@ -38,6 +42,8 @@ results=${RESULTS:-docs/results}
 eval_seed=${EVAL_SEED:-23}
 calib_samples=${CALIB_SAMPLES:-8}
 keep_rules=${KEEP_RULES:-}
+follow_ups=${FOLLOW_UPS:-}
+tag=${TAG:+-$TAG}
 state_dtype=${STATE_DTYPE:-native}
 bin=${HEADWISE_CALC:-build/bin/headwise-calc}
 [ -x "$bin" ] || tools/build.sh
@@ -62,11 +68,11 @@ share_list=()
 for share in ${shares//,/ }; do
   budget=$(python3 -c "import json,sys; j=json.load(open('out/results-full-kv.json')); c=j['components']
 print(j['full_kv_total_bytes'] - c['global_kv_bytes'] + c['global_kv_bytes'] * int(sys.argv[1]) // 100)" "$share")
-  policy=policies/$name-eval-$context-$share.yaml
-  ablation=policies/$name-eval-$context-$share-unconditioned.yaml
+  policy=policies/$name-eval-$context-$share$tag.yaml
+  ablation=policies/$name-eval-$context-$share$tag-unconditioned.yaml
   calibrate=("$bin" --model "$model" --context "$context" --budget "$budget" --windows "$windows"
              --samples "$calib_samples" --seed 0 --state-dtype "$state_dtype"
-             ${keep_rules:+--keep-rules "$keep_rules"} -o "$policy" --quiet)
+             ${keep_rules:+--keep-rules "$keep_rules"} ${follow_ups:+--follow-ups "$follow_ups"} -o "$policy" --quiet)
   ablate=("${calibrate[@]/#$policy/$ablation}" --no-conditioning)
   policies+=(--policy "$policy")
   ablations+=(--unconditioned-policy "$ablation")

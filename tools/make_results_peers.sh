@@ -12,6 +12,11 @@
 #   MODEL=models/tiny-gemma3-8k CONTEXT=4k SHARES=25,50 SAMPLES=50 EVAL_SEED=23 WINDOWS=128,512,2k,full
 #   PRESSES=snapkv,adakv-expected,pyramidkv,streamingllm,tova,knorm  PRESSES_PER_JOB=2  JOBS=2
 #   OUT=docs/results-peers.md
+#   KEEP_RULES=window,h2o,snap (--keep-rules; default: the main command's)  FOLLOW_UPS=1 (--follow-ups)
+#   TAG=snap (policies/NAME-peers-CONTEXT-SHARE-TAG.yaml, beside the default rule set's policies)
+#   ABLATION=snapkv-headwise-slots (default; empty: none): eval's baseline of that name, SnapKV's rule
+#   on the policy's own slots per head, run by headwise's runtime on the same samples (`eval
+#   --write-tokens`, each answer checked against its sample's prompt) and reported as one more row
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
@@ -25,6 +30,10 @@ windows=${WINDOWS:-128,512,2k,full}
 presses=${PRESSES:-snapkv,adakv-expected,pyramidkv,streamingllm,tova,knorm}
 jobs_max=${JOBS:-2}
 report=${OUT:-docs/results-peers.md}
+keep_rules=${KEEP_RULES:-}
+follow_ups=${FOLLOW_UPS:-}
+tag=${TAG:+-$TAG}
+ablation=${ABLATION-snapkv-headwise-slots}
 bin=${HEADWISE_CALC:-build/bin/headwise-calc}
 [ -x "$bin" ] || tools/build.sh headwise-calc
 tools/setup.sh --kvpress >/dev/null
@@ -48,9 +57,10 @@ commands=()
 for share in ${shares//,/ }; do
   budget=$(python3 -c "import json,sys; j=json.load(open(sys.argv[1])); c=j['components']
 print(j['full_kv_total_bytes'] - c['global_kv_bytes'] + c['global_kv_bytes'] * int(sys.argv[2]) // 100)" "$work/full-kv.json" "$share")
-  policy=policies/$name-peers-$context-$share.yaml
+  policy=policies/$name-peers-$context-$share$tag.yaml
   calibrate=("$bin" --model "$model" --context "$context" --budget "$budget" --windows "$windows"
-             --seed 0 --state-dtype native -o "$policy" --quiet)
+             --seed 0 --state-dtype native ${keep_rules:+--keep-rules "$keep_rules"}
+             ${follow_ups:+--follow-ups "$follow_ups"} -o "$policy" --quiet)
   ablate=("${calibrate[@]/#$policy/${policy%.yaml}-unconditioned.yaml}" --no-conditioning)
   commands+=("${calibrate[*]}" "${ablate[*]}")
   spawn "${calibrate[@]}"
@@ -58,14 +68,25 @@ print(j['full_kv_total_bytes'] - c['global_kv_bytes'] + c['global_kv_bytes'] * i
 done
 wait_all
 
-first=policies/$name-peers-$context-${shares%%,*}.yaml
+first=policies/$name-peers-$context-${shares%%,*}$tag.yaml
 write=("$bin" eval --model "$model" --policy "$first" --samples "$samples" --seed "$eval_seed"
        --write-samples "$work/samples.jsonl" --quiet)
 "${write[@]}"
 commands+=("${write[*]}")
 
+# The ablation in headwise's runtime, every budget's policy in one eval (one full-KV reference),
+# on the samples just written (same seed and count; the export checks every prompt's SHA-256).
+if [[ -n $ablation ]]; then
+  runtime_policies=()
+  for share in ${shares//,/ }; do runtime_policies+=(--policy "policies/$name-peers-$context-$share$tag.yaml"); done
+  run_ablation=("$bin" eval --model "$model" "${runtime_policies[@]}" --baselines "$ablation" --samples "$samples"
+                --seed "$eval_seed" --calib-samples 4 --json --quiet --write-tokens "$work/tokens-ablation.jsonl")
+  commands+=("${run_ablation[*]} > $work/eval-ablation.json")
+  spawn bash -c '"$@" > "'"$work"'/eval-ablation.json"' _ "${run_ablation[@]}"
+fi
+
 for share in ${shares//,/ }; do
-  policy=policies/$name-peers-$context-$share.yaml
+  policy=policies/$name-peers-$context-$share$tag.yaml
   "$bin" mem-estimate --config "$policy" --context "$context" --json > "$work/policy-$share.json"
   # The presses' budget: the K/V tokens per KV head and global layer the policy's bytes (its
   # bookkeeping included) pay for, in bf16, with the geometry the report counts bytes by.
@@ -103,10 +124,17 @@ PY
   done
 done
 wait_all
+if [[ -n $ablation ]]; then
+  for share in ${shares//,/ }; do
+    python3 tools/paired_answers.py --samples "$work/samples.jsonl" --tokens "$work/tokens-ablation.jsonl" \
+      --export "$ablation" --policy "policies/$name-peers-$context-$share$tag.yaml" \
+      --eval-json "$work/eval-ablation.json" --out "$work/answers-$share-ablation.jsonl"
+  done
+fi
 
-python3 - "$work" "$model" "$context" "$shares" "$samples" "$eval_seed" "${commands[@]}" <<'PY'
+python3 - "$work" "$model" "$context" "$shares" "$samples" "$eval_seed" "$tag" "${commands[@]}" <<'PY'
 import glob, json, subprocess, sys
-work, model, context, shares, samples, seed, *commands = sys.argv[1:]
+work, model, context, shares, samples, seed, tag, *commands = sys.argv[1:]
 full = json.load(open(f"{work}/full-kv.json"))
 kvpress_version, kv_tf = subprocess.run(
     [".venv-kvpress/bin/python", "-c", "import importlib.metadata as m; print(m.version('kvpress'), m.version('transformers'))"],
@@ -115,7 +143,7 @@ budgets = {}
 first = shares.split(",")[0]
 for share in shares.split(","):
     est = json.load(open(f"{work}/policy-{share}.json"))["components"]
-    b = {"policy": f"policies/{model.rstrip('/').split('/')[-1]}-peers-{context}-{share}.yaml",
+    b = {"policy": f"policies/{model.rstrip('/').split('/')[-1]}-peers-{context}-{share}{tag}.yaml",
          "policy_kv_bytes": est["global_kv_bytes"], "policy_selection_bytes": est.get("selection_state_bytes", 0),
          "full_kv_bytes": full["components"]["global_kv_bytes"], "context": context,
          **json.load(open(f"{work}/keep-{share}.json")),

@@ -11,6 +11,17 @@ exact two-sided McNemar p), as docs/results-peers.md computes them.
 A runtime row is labelled `<policy file stem>:<method>` (full KV: `full`); a peers row by its
 method. Every runtime row must answer the prompt of its sample (its SHA-256 and length), so the
 pairing is checked, not assumed.
+
+With --export METHOD it writes instead one runtime method's answers for one policy as the peers
+harness writes its own (tools/peers_eval.py --out), so that docs/results-peers.md reports a method
+only headwise's runtime runs (an eval baseline such as `snapkv-headwise-slots`) beside the peers:
+
+    python3 tools/paired_answers.py --samples S.jsonl --tokens T.jsonl --export snapkv-headwise-slots \
+        --policy P.yaml --eval-json E.json --out A.jsonl
+
+Its bytes are the global layers' (as the harness counts them), from the eval's JSON: kept and held =
+the method's global K/V plus its measured bookkeeping, prefill peak = that plus the prompt K/V it
+staged at once.
 """
 import argparse
 import hashlib
@@ -60,14 +71,59 @@ def runtime_rows(path, keys):
     return rows
 
 
+def global_bytes(eval_json, policy, method):
+    """(kept, peak) bytes of the global layers for one method of one policy's evaluation."""
+    try:
+        doc = json.loads(pathlib.Path(eval_json).read_text())
+    except (OSError, json.JSONDecodeError) as e:
+        fail(f"{eval_json}: {e}")
+    evaluations = doc.get("evaluations", [doc])
+    evaluation = next((e for e in evaluations if e.get("policy") == policy), None)
+    if evaluation is None:
+        fail(f"{eval_json}: no evaluation of --policy {policy}")
+    m = next((m for m in evaluation["methods"] if m["name"] == method), None)
+    if m is None:
+        fail(f"{eval_json}: {policy} has no method {method} (not run, or not fitting its bytes)")
+    details = m.get("details", {})
+    kept = m["global_kv_bytes"] + details.get("auxiliary_bytes_measured", 0)
+    return kept, kept + details.get("prefill_staged_peak_bytes_measured", 0)
+
+
+def export(args, keys):
+    """One runtime method's answers for one policy, in the peers harness's format."""
+    label = f"{pathlib.Path(args.policy).stem}:{args.export}"
+    rows = runtime_rows(args.tokens, keys).get(label, {})
+    if set(rows) != set(keys):
+        fail(f"{args.tokens}: {label} answered {len(rows)} samples, not the {len(keys)} of {args.samples}")
+    kept, peak = global_bytes(args.eval_json, args.policy, args.export)
+    lines = [json.dumps({"method": args.export, "task": task, "index": index, "right": rows[(task, index)]["right"],
+                         "generated": rows[(task, index)]["generated"], "kept_bytes": kept, "held_bytes": kept,
+                         "prefill_peak_bytes": peak}) for task, index in sorted(rows)]
+    tmp = pathlib.Path(args.out + ".tmp")
+    tmp.write_text("\n".join(lines) + "\n")
+    tmp.replace(args.out)
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--samples", required=True, help="eval --write-samples' file")
     p.add_argument("--tokens", required=True, help="eval --write-tokens' file")
     p.add_argument("--answers", action="append", default=[], help="tools/peers_eval.py --out files")
-    p.add_argument("--against", required=True, help="the label every other method is paired with")
+    p.add_argument("--against", help="the label every other method is paired with")
+    p.add_argument("--export", help="write this runtime method's answers in the peers harness's format")
+    p.add_argument("--policy", help="with --export: the policy file whose method is written, as eval named it")
+    p.add_argument("--eval-json", help="with --export: eval --json's output of the same run")
+    p.add_argument("--out", help="with --export: the answers file to write")
     args = p.parse_args()
     keys = sample_keys(read_jsonl(args.samples))
+    if args.export:
+        missing = [f"--{n.replace('_', '-')}" for n in ("policy", "eval_json", "out") if not getattr(args, n)]
+        if missing:
+            fail(f"--export needs {', '.join(missing)}")
+        export(args, keys)
+        return
+    if not args.against:
+        fail("--against (or --export) is required")
     rows = runtime_rows(args.tokens, keys)
     for path in args.answers:
         for r in read_jsonl(path):

@@ -16,7 +16,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from results_report import Z, wilson, write_atomically  # noqa: E402
+from results_report import Z, decisions, wilson, write_atomically  # noqa: E402
 
 # What each press selects by: why it wins or loses against static windows on a retrieval task.
 SELECTS_BY = {
@@ -37,6 +37,9 @@ SELECTS_BY = {
                               "prefill)",
     "kvpress:knorm": "it selects without the question: by the keys' norms",
     "kvpress:streamingllm": "it keeps by position only (4 sinks and the most recent tokens)",
+    "snapkv-headwise-slots": "the ablation: SnapKV's selection as published (the prompt's last 32 queries, the "
+                             "question among them) on every head, each with the policy's own slots, in headwise's "
+                             "runtime",
 }
 NOT_RUN = [
     ("DuoAttention (kvpress `DuoAttentionPress`)",
@@ -91,13 +94,21 @@ def intro(meta):
         "answer token is therefore computed before anything is compressed (column \"first answer "
         "token\"); every later one needs what the press kept.",
         "- **headwise** in transformers through `HeadwiseCache` (python/headwise_hf, transformers as pinned), "
-        "prefilled in 256-token chunks as a serving engine prefills: at no moment more than the policy's "
-        "bytes (measured after every chunk; a chunk's own keys are activations, for every method).",
+        "prefilled in 256-token chunks as a serving engine prefills, its bytes measured after every chunk (a "
+        "chunk's own keys are activations, for every method): its window and h2o heads never hold more than "
+        "their slots; its snap heads (docs/keep-rules.md) stage the prompt's K/V until the prompt's end and then "
+        "keep their slots, so a policy with snap heads peaks above its bytes during prefill (column \"prefill "
+        "peak\").",
+        "- **Ablations**, marked so: `unconditioned`, the policy's calibration rerun with `--no-conditioning`; "
+        "`snapkv-headwise-slots`, SnapKV's rule on the policy's own slots per head, run by headwise's runtime "
+        "decoder (`headwise-calc eval --baselines snapkv-headwise-slots --write-tokens`) on the same samples, "
+        "every answer checked against its sample's prompt (tools/paired_answers.py --export); its bytes are "
+        "the runtime's measured ones, its bookkeeping on top of the policy's slots.",
         "- **Equal bytes.** Every byte is counted in bfloat16, the policy's KV dtype (all methods compute in "
         "float32; headwise's rings store bfloat16 K/V as its policy says, the others keep float32 "
         "tensors). A press keeps, per KV head and global layer, the policy's bytes divided by one token's "
         "K and V, rounded down, its bookkeeping included: the press gets the bytes the policy spends on "
-        "its h2o heads' positions and scores as K/V, since it keeps no bookkeeping after prefill.",
+        "its selecting (h2o, snap) heads' positions and scores as K/V, since it keeps no bookkeeping after prefill.",
         "- **Peaks.** A pruning press holds, while it prefills, the compressed caches of the layers below "
         "plus the whole prompt's K/V of the layer it compresses (its prefill peak, measured). "
         "**kvpress masks keys rather than freeing them** for the presses that give heads different "
@@ -117,6 +128,17 @@ def intro(meta):
         "- headwise's own re-implementations of these methods on the default model are in "
         "docs/results.md; this page runs the peers' code.",
     ]
+
+
+def keep_rules_asked(policy_path):
+    """The calibration's keep-rule options, as the policy records them."""
+    import yaml
+
+    with open(policy_path) as f:
+        calibration = yaml.safe_load(f).get("calibration", {})
+    asked = f"`--keep-rules {calibration.get('keep_rules', 'window')}`"
+    follow_ups = calibration.get("follow_ups")
+    return asked + (f", `--follow-ups {follow_ups}`" if follow_ups else "")
 
 
 def paired(a, b, keys):
@@ -154,8 +176,9 @@ def budget_section(share, b, answers, tasks, samples):
     keys = sorted(head)
     lines = [f"## Budget {share}% of full KV's global-KV bytes", ""]
     lines.append(
-        f"Policy `{b['policy']}`: global K/V {b['policy_kv_bytes']:,} bytes plus {b['policy_selection_bytes']:,} "
-        f"bytes of its h2o heads' positions and scores = **{policy_bytes:,} bytes** of {b['full_kv_bytes']:,} "
+        f"Policy `{b['policy']}` ({keep_rules_asked(b['policy'])}: {decisions(b['policy'])}): global K/V {b['policy_kv_bytes']:,} bytes plus "
+        f"{b['policy_selection_bytes']:,} bytes of its selecting heads' positions and scores = **{policy_bytes:,} "
+        f"bytes** of {b['full_kv_bytes']:,} "
         f"for full KV (bfloat16, context {b['context']}). Each press keeps {b['keep_tokens']:,} K/V tokens per KV "
         f"head and global layer ({b['keep_tokens'] * b['token_bytes'] * b['global_kv_heads']:,} bytes: at most the "
         f"policy's bytes, its bookkeeping included). {len(keys) // len(tasks)} samples per task.")
@@ -163,7 +186,8 @@ def budget_section(share, b, answers, tasks, samples):
     header = "| method | kept after prefill | held by the cache | prefill peak | " + " | ".join(tasks) + \
              " | mean | first answer token | headwise − method (95% CI) | McNemar p |"
     lines += [header, "|" + "---|" * (header.count("|") - 1)]
-    order = ["headwise", "full"] + sorted(m for m in answers if m.startswith("kvpress:")) + ["unconditioned"]
+    order = (["headwise", "full"] + sorted(m for m in answers if m.startswith("kvpress:")) + ["unconditioned"]
+             + sorted(m for m in answers if m.endswith("-headwise-slots")))
     verdicts = []
     for m in order:
         if m not in answers:
@@ -181,7 +205,8 @@ def budget_section(share, b, answers, tasks, samples):
             diff, dci, p, _, _ = paired(head, rows, keys)
             cmp, p_text = f"{diff:+.3f} [{dci[0]:+.3f}, {dci[1]:+.3f}]", f"{p:.3g}"
             verdicts.append((m, acc, diff, dci, p, kept, held, peak))
-        name = m + (" (ablation: --no-conditioning)" if m == "unconditioned" else "")
+        name = m + (" (ablation: --no-conditioning)" if m == "unconditioned" else
+                    " (ablation)" if m.endswith("-headwise-slots") else "")
         lines.append(f"| {name} | {kept:,} | {over(held)} | {over(peak)} | " + " | ".join(per_task) +
                      f" | **{acc:.3f}** [{ci[0]:.2f}, {ci[1]:.2f}] | {first_token_right(rows, keys, samples):.2f} "
                      f"| {cmp} | {p_text} |")
@@ -208,8 +233,9 @@ def budget_section(share, b, answers, tasks, samples):
         if held > kept:
             where = "it keeps every prompt key in memory (masked, not freed), so it holds full KV from prefill on"
         elif peak > policy_bytes:
-            where = (f"its prefill peak is {peak:,} bytes ({peak / policy_bytes:.2f}x the policy's: the whole prompt's "
-                     "K/V of the layer it compresses)")
+            staged = ("every global layer's whole prompt K/V, staged until the prompt's end" if not m.startswith("kvpress:")
+                      else "the whole prompt's K/V of the layer it compresses")
+            where = f"its prefill peak is {peak:,} bytes ({peak / policy_bytes:.2f}x the policy's: {staged})"
         else:
             where = "it holds the policy's bytes at every moment"
         scores = f"headwise {head_acc:.3f}, {m} {acc:.3f} ({diff:+.3f} [{dci[0]:+.3f}, {dci[1]:+.3f}], p = {p:.3g})"

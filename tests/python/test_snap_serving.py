@@ -207,6 +207,35 @@ def check_paired_answers(check, tmp, samples_path, tokens_path, runtime, runtime
     err = r.stderr.strip()
     check(r.returncode == 2 and not r.stdout and "\n" not in err and "did not answer that sample's prompt" in err,
           f"tools/paired_answers.py refuses a row whose prompt is not its sample's, in one line: {err}")
+    check_export(check, tool, tmp, tokens_path, runtime)
+
+
+def check_export(check, tool, tmp, tokens_path, runtime):
+    """--export writes the snap policy's runtime answers as the peers harness writes its own (docs/results-peers.md
+    reports a runtime-only ablation so), with the eval JSON's global bytes, and refuses a policy eval did not run."""
+    policy = str(tmp / "snap.yaml")
+    out = tmp / "answers-export.jsonl"
+    export = tool + ["--tokens", str(tokens_path), "--export", "headwise", "--policy", policy,
+                     "--eval-json", str(tmp / "eval.json"), "--out", str(out)]
+    r = subprocess.run(export, capture_output=True, text=True)
+    rows = [json.loads(line) for line in out.read_text().splitlines()] if out.exists() else []
+    evaluation = next(e for e in json.loads((tmp / "eval.json").read_text())["evaluations"] if e["policy"] == policy)
+    m = next(m for m in evaluation["methods"] if m["name"] == "headwise")
+    kept = m["global_kv_bytes"] + m["details"]["auxiliary_bytes_measured"]
+    peak = kept + m["details"]["prefill_staged_peak_bytes_measured"]
+    by_key = {(x["task"], x["index"]): x for x in rows}
+    same = sum(by_key.get((x["task"], x["index"]), {}).get("generated") == x["generated"]
+               and by_key[(x["task"], x["index"])]["right"] == x["right"] for x in runtime)
+    check(r.returncode == 0 and len(rows) == len(runtime) and same == len(runtime)
+          and all((x["kept_bytes"], x["held_bytes"], x["prefill_peak_bytes"]) == (kept, kept, peak) for x in rows)
+          and peak > kept,
+          f"tools/paired_answers.py --export writes the runtime's answers for the peers report: {same}/{len(runtime)} "
+          f"rows, kept {kept:,} B, prefill peak {peak:,} B ({r.stderr.strip()})")
+    r = subprocess.run(export[:-6] + ["--policy", str(tmp / "other.yaml")] + export[-4:], capture_output=True,
+                       text=True)
+    err = r.stderr.strip()
+    check(r.returncode == 2 and "\n" not in err and "answered 0 samples" in err,
+          f"--export refuses a policy the eval did not run, in one line: {err}")
 
 
 def run(cli, *args):
@@ -260,8 +289,8 @@ def main():
         samples = [json.loads(line) for line in samples_path.read_text().splitlines()]
         # Both policies in one eval (one model load; they share the samples): the tokens it decoded.
         tokens_path = tmp / "tokens.jsonl"
-        run(args.cli, "eval", "--model", MODEL, "--policy", policy, "--policy", swapped, *SAMPLES, "--baselines", "",
-            "--write-tokens", tokens_path, "-q")
+        (tmp / "eval.json").write_text(run(args.cli, "eval", "--model", MODEL, "--policy", policy, "--policy", swapped,
+                                           *SAMPLES, "--baselines", "", "--write-tokens", tokens_path, "--json", "-q"))
         runtime, runtime_w = (runtime_tokens(tokens_path, p, samples) for p in (policy, swapped))
         check(all(r["right"] for r in runtime),
               f"the runtime decoder answers every one of the {len(samples)} samples "
