@@ -132,6 +132,8 @@ if [[ -n $ablation ]]; then
   done
 fi
 
+# The commands as the report shows them: with the repository's binary, whatever ran them.
+commands=("${commands[@]//"$bin"/build/bin/headwise-calc}")
 python3 - "$work" "$model" "$context" "$shares" "$samples" "$eval_seed" "$tag" "${commands[@]}" <<'PY'
 import glob, json, subprocess, sys
 work, model, context, shares, samples, seed, tag, *commands = sys.argv[1:]
