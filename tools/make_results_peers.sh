@@ -27,7 +27,8 @@ shares=${SHARES:-25,50}
 samples=${SAMPLES:-50}
 eval_seed=${EVAL_SEED:-23}
 windows=${WINDOWS:-128,512,2k,full}
-presses=${PRESSES:-snapkv,adakv-expected,pyramidkv,streamingllm,tova,knorm}
+default_presses=snapkv,adakv-expected,pyramidkv,streamingllm,tova,knorm
+presses=${PRESSES:-$default_presses}
 jobs_max=${JOBS:-2}
 report=${OUT:-docs/results-peers.md}
 keep_rules=${KEEP_RULES:-}
@@ -36,6 +37,7 @@ tag=${TAG:+-$TAG}
 ablation=${ABLATION-snapkv-headwise-slots}
 bin=${HEADWISE_CALC:-build/bin/headwise-calc}
 [ -x "$bin" ] || tools/build.sh headwise-calc
+policy_of() { echo "policies/$name-peers-$context-$1$tag.yaml"; }  # one budget's policy (a share)
 tools/setup.sh --kvpress >/dev/null
 [ -f "$model/config.json" ] || { echo "make_results_peers: $model/config.json: no such model (tools/train_gemma3_model.py makes it)" >&2; exit 2; }
 work=out/peers
@@ -57,7 +59,7 @@ commands=()
 for share in ${shares//,/ }; do
   budget=$(python3 -c "import json,sys; j=json.load(open(sys.argv[1])); c=j['components']
 print(j['full_kv_total_bytes'] - c['global_kv_bytes'] + c['global_kv_bytes'] * int(sys.argv[2]) // 100)" "$work/full-kv.json" "$share")
-  policy=policies/$name-peers-$context-$share$tag.yaml
+  policy=$(policy_of "$share")
   calibrate=("$bin" --model "$model" --context "$context" --budget "$budget" --windows "$windows"
              --seed 0 --state-dtype native ${keep_rules:+--keep-rules "$keep_rules"}
              ${follow_ups:+--follow-ups "$follow_ups"} -o "$policy" --quiet)
@@ -68,7 +70,7 @@ print(j['full_kv_total_bytes'] - c['global_kv_bytes'] + c['global_kv_bytes'] * i
 done
 wait_all
 
-first=policies/$name-peers-$context-${shares%%,*}$tag.yaml
+first=$(policy_of "${shares%%,*}")
 write=("$bin" eval --model "$model" --policy "$first" --samples "$samples" --seed "$eval_seed"
        --write-samples "$work/samples.jsonl" --quiet)
 "${write[@]}"
@@ -78,7 +80,7 @@ commands+=("${write[*]}")
 # on the samples just written (same seed and count; the export checks every prompt's SHA-256).
 if [[ -n $ablation ]]; then
   runtime_policies=()
-  for share in ${shares//,/ }; do runtime_policies+=(--policy "policies/$name-peers-$context-$share$tag.yaml"); done
+  for share in ${shares//,/ }; do runtime_policies+=(--policy "$(policy_of "$share")"); done
   run_ablation=("$bin" eval --model "$model" "${runtime_policies[@]}" --baselines "$ablation" --samples "$samples"
                 --seed "$eval_seed" --calib-samples 4 --json --quiet --write-tokens "$work/tokens-ablation.jsonl")
   commands+=("${run_ablation[*]} > $work/eval-ablation.json")
@@ -86,7 +88,7 @@ if [[ -n $ablation ]]; then
 fi
 
 for share in ${shares//,/ }; do
-  policy=policies/$name-peers-$context-$share$tag.yaml
+  policy=$(policy_of "$share")
   "$bin" mem-estimate --config "$policy" --context "$context" --json > "$work/policy-$share.json"
   # The presses' budget: the K/V tokens per KV head and global layer the policy's bytes (its
   # bookkeeping included) pay for, in bf16, with the geometry the report counts bytes by.
@@ -127,25 +129,29 @@ wait_all
 if [[ -n $ablation ]]; then
   for share in ${shares//,/ }; do
     python3 tools/paired_answers.py --samples "$work/samples.jsonl" --tokens "$work/tokens-ablation.jsonl" \
-      --export "$ablation" --policy "policies/$name-peers-$context-$share$tag.yaml" \
+      --export "$ablation" --policy "$(policy_of "$share")" \
       --eval-json "$work/eval-ablation.json" --out "$work/answers-$share-ablation.jsonl"
   done
 fi
 
 # The commands as the report shows them: with the repository's binary, whatever ran them.
 commands=("${commands[@]//"$bin"/build/bin/headwise-calc}")
-python3 - "$work" "$model" "$context" "$shares" "$samples" "$eval_seed" "$tag" "${commands[@]}" <<'PY'
+policies=()
+for share in ${shares//,/ }; do policies+=("$(policy_of "$share")"); done
+python3 - "$work" "$model" "$context" "$shares" "$samples" "$eval_seed" "$default_presses" "${#policies[@]}" \
+  "${policies[@]}" "${commands[@]}" <<'PY'
 import glob, json, subprocess, sys
-work, model, context, shares, samples, seed, tag, *commands = sys.argv[1:]
+work, model, context, shares, samples, seed, default_presses, count, *rest = sys.argv[1:]
+policies, commands = rest[:int(count)], rest[int(count):]
 full = json.load(open(f"{work}/full-kv.json"))
 kvpress_version, kv_tf = subprocess.run(
     [".venv-kvpress/bin/python", "-c", "import importlib.metadata as m; print(m.version('kvpress'), m.version('transformers'))"],
     capture_output=True, text=True, check=True).stdout.split()
 budgets = {}
 first = shares.split(",")[0]
-for share in shares.split(","):
+for share, policy in zip(shares.split(","), policies):
     est = json.load(open(f"{work}/policy-{share}.json"))["components"]
-    b = {"policy": f"policies/{model.rstrip('/').split('/')[-1]}-peers-{context}-{share}{tag}.yaml",
+    b = {"policy": policy,
          "policy_kv_bytes": est["global_kv_bytes"], "policy_selection_bytes": est.get("selection_state_bytes", 0),
          "full_kv_bytes": full["components"]["global_kv_bytes"], "context": context,
          **json.load(open(f"{work}/keep-{share}.json")),
@@ -156,7 +162,8 @@ for share in shares.split(","):
     budgets[share] = b
 json.dump({"samples": f"{work}/samples.jsonl", "model": model, "model_name": model.rstrip("/").split("/")[-1], "budgets": budgets,
            "commands": commands, "samples_per_task": int(samples), "seed": int(seed), "context": context,
-           "kvpress_version": kvpress_version, "kvpress_transformers": kv_tf}, open(f"{work}/meta.json", "w"), indent=1)
+           "kvpress_version": kvpress_version, "kvpress_transformers": kv_tf,
+           "default_presses": default_presses}, open(f"{work}/meta.json", "w"), indent=1)
 PY
 python3 tools/peers_report.py --meta "$work/meta.json" --out "$report"
 echo "wrote $report"

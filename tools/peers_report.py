@@ -16,7 +16,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from results_report import Z, decisions, wilson, write_atomically  # noqa: E402
+from results_report import Z, decisions, keep_rules_asked, read_policy, wilson, write_atomically  # noqa: E402
 
 # What each press selects by: why it wins or loses against static windows on a retrieval task.
 SELECTS_BY = {
@@ -41,8 +41,6 @@ SELECTS_BY = {
                              "question among them) on every head, each with the policy's own slots, in headwise's "
                              "runtime",
 }
-# tools/make_results_peers.sh's default PRESSES, as the methods peers_eval.py names them.
-DEFAULT_PRESSES = ["kvpress:" + p for p in ("snapkv", "adakv-expected", "pyramidkv", "streamingllm", "tova", "knorm")]
 NOT_RUN = [
     ("DuoAttention (kvpress `DuoAttentionPress`)",
      "its head patterns are downloaded from the authors' repository for the models they trained, and its "
@@ -132,17 +130,6 @@ def intro(meta):
     ]
 
 
-def keep_rules_asked(policy_path):
-    """The calibration's keep-rule options, as the policy records them."""
-    import yaml
-
-    with open(policy_path) as f:
-        calibration = yaml.safe_load(f).get("calibration", {})
-    asked = f"`--keep-rules {calibration.get('keep_rules', 'window')}`"
-    follow_ups = calibration.get("follow_ups")
-    return asked + (f", `--follow-ups {follow_ups}`" if follow_ups else "")
-
-
 def paired(a, b, keys):
     only_a = sum(a[k]["right"] and not b[k]["right"] for k in keys)
     only_b = sum(b[k]["right"] and not a[k]["right"] for k in keys)
@@ -177,8 +164,9 @@ def budget_section(share, b, answers, tasks, samples, absent=()):
     head = answers["headwise"]
     keys = sorted(head)
     lines = [f"## Budget {share}% of full KV's global-KV bytes", ""]
+    policy = read_policy(b["policy"])
     lines.append(
-        f"Policy `{b['policy']}` ({keep_rules_asked(b['policy'])}: {decisions(b['policy'])}): global K/V {b['policy_kv_bytes']:,} bytes plus "
+        f"Policy `{b['policy']}` ({keep_rules_asked(policy)}: {decisions(policy)}): global K/V {b['policy_kv_bytes']:,} bytes plus "
         f"{b['policy_selection_bytes']:,} bytes of its selecting heads' positions and scores = **{policy_bytes:,} "
         f"bytes** of {b['full_kv_bytes']:,} "
         f"for full KV (bfloat16, context {b['context']}). Each press keeps {b['keep_tokens']:,} K/V tokens per KV "
@@ -284,7 +272,9 @@ def main():
         absent = everywhere - set(answers)
         answers.update(read_answers(b["full_answers"], only=("full", "full@kvpress")))
         out += budget_section(share, b, answers, tasks, samples, absent)
-    left_out = [m for m in DEFAULT_PRESSES if not any(m in a for a in answered.values())]
+    # The presses tools/make_results_peers.sh runs by default (meta.json), as peers_eval.py names them.
+    default_presses = ["kvpress:" + p for p in meta.get("default_presses", "").split(",") if p]
+    left_out = [m for m in default_presses if not any(m in a for a in answered.values())]
     out += ["## Not run, and why", ""] + [f"- {name}: {why}." for name, why in NOT_RUN]
     if left_out:
         out.append("- Left out of this regeneration (`PRESSES`), though tools/make_results_peers.sh runs them by "

@@ -259,12 +259,15 @@ def svg(results):
     return "\n".join(out) + "\n"
 
 
-def decisions(policy_path):
-    """The policy's windows and keep rules per global layer: `L2 [512:snap, full]` (a bare level is a window)."""
+def read_policy(policy_path):
     import yaml  # PyYAML: the main environment's, where the reports run
 
     with open(policy_path) as f:
-        policy = yaml.safe_load(f)
+        return yaml.safe_load(f)
+
+
+def decisions(policy):
+    """The policy's windows and keep rules per global layer: `L2 [512:snap, full]` (a bare level is a window)."""
     layers = []
     for layer in policy["per_layer_policies"]:
         rules = layer.get("kv_head_rules", ["window"] * len(layer["kv_head_windows"]))
@@ -273,16 +276,22 @@ def decisions(policy_path):
     return "; ".join(layers)
 
 
-def keep_rules_note(r, policy, calibrate):
+def keep_rules_asked(policy):
+    """The calibration's keep-rule options, as the policy records them: `--keep-rules ...`, `--follow-ups N`."""
+    calibration = policy.get("calibration", {})
+    asked = f"`--keep-rules {calibration.get('keep_rules', 'window')}`"
+    follow_ups = calibration.get("follow_ups")
+    return asked + (f", `--follow-ups {follow_ups}`" if follow_ups else "")
+
+
+def keep_rules_note(r, policy_path):
     """The headwise policy's decisions and their bookkeeping, when some heads select tokens."""
     hw = next(m for m in r["methods"] if m["name"] == "headwise")
     rules = hw.get("details", {}).get("kv_head_rules")
     if not rules:
         return ""
-    found = re.search(r"selection_state_bytes: (\d+)", open(policy).read())
-    bookkeeping = int(found.group(1)) if found else 0
-    allowed = re.search(r"--keep-rules (\S+)", calibrate)
-    follow_ups = re.search(r"--follow-ups (\d+)", calibrate)
+    policy = read_policy(policy_path)
+    bookkeeping = policy.get("memory", {}).get("selection_state_bytes", 0)
     used = {rule for heads in rules.values() for rule in heads}
     what = []
     if "h2o" in used:
@@ -291,11 +300,9 @@ def keep_rules_note(r, policy, calibrate):
         what.append("a snap head stages the prompt's K/V and at the prompt's end keeps the keys its last 32 "
                     "queries (the question among them) attend to most, SnapKV's selection on its own slots, then "
                     "decodes into a recency ring (docs/keep-rules.md)")
-    asked = f"`--keep-rules {allowed.group(1) if allowed else 'auto'}`"
-    if follow_ups:
-        asked += f", `--follow-ups {follow_ups.group(1)}`"
     said = "; ".join(what)
-    return (f"Decisions ({asked}; a bare level is a window): {decisions(policy)}. " + said[:1].upper() + said[1:] +
+    return (f"Decisions ({keep_rules_asked(policy)}; a bare level is a window): {decisions(policy)}. "
+            + said[:1].upper() + said[1:] +
             f". The policy's cache bytes include its selection bookkeeping, {bookkeeping:,} bytes (positions and "
             f"scores of the layers with a selecting head), paid from the same budget.\n\n")
 
@@ -337,7 +344,7 @@ Policy `{policy}`: context {r["context"]}, KV {r["kv_dtype"]}, batch {r["batch"]
 {r["policy_global_kv_bytes"]:,} bytes of {full["global_kv_bytes"]:,} for full KV. Evaluated on {r["samples_per_task"]}
 samples per task of {r["seq_len"]} tokens (the policy's context), seed {r["seed"]}.
 
-{keep_rules_note(r, policy, calibrate)}{table(r)}
+{keep_rules_note(r, policy)}{table(r)}
 
 {eviction_bookkeeping(r)}
 {within_budget_summary(r)}
