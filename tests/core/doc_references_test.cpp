@@ -47,7 +47,7 @@ std::vector<std::string> doc_references(const std::string& text) {
 
 TEST_CASE("every docs/ page the repository mentions exists", "[core]") {
   std::vector<fs::path> files{kRoot / "README.md"};
-  for (const char* dir : {"docs", "src", "include", "tests", "tools"}) {
+  for (const char* dir : {"docs", "src", "include", "tests", "tools", "policies"}) {
     for (const auto& entry : fs::recursive_directory_iterator(kRoot / dir)) {
       const std::string path = entry.path().string();
       if (entry.is_regular_file() && is_text_source(entry.path()) &&
