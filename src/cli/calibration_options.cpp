@@ -1,10 +1,28 @@
 #include "calibration_options.hpp"
 
+#include <optional>
+#include <string>
 #include <type_traits>
 
 #include "headwise/core/error.hpp"
 
 namespace headwise::cli {
+
+namespace {
+
+// What --help calls a number written in `syntax` (160k tokens, 48g bytes).
+std::string number_kind(calib::Syntax syntax) {
+  switch (syntax) {
+    case calib::Syntax::kTokens:
+      return "TOKENS";
+    case calib::Syntax::kBytes:
+      return "SIZE";
+    default:
+      return "INT";
+  }
+}
+
+}  // namespace
 
 void CalibrationFlags::add_to(CLI::App& app,
                               const std::function<void(std::string_view field)>& after) {
@@ -23,8 +41,14 @@ void CalibrationFlags::add_to(CLI::App& app,
       using T = std::decay_t<decltype(value)>;
       flag.text = calib::field_text(value, f);
       flag.option = app.add_option(flag.flag, flag.text, std::string(f.help));
-      if (std::is_integral_v<T> && f.syntax == calib::Syntax::kPlain)  // not 160k, 48g
-        flag.option->type_name(std::is_signed_v<T> ? "INT" : "UINT");
+      if (std::is_integral_v<T>) {
+        flag.option->type_name(f.syntax != calib::Syntax::kPlain ? number_kind(f.syntax)
+                               : std::is_signed_v<T>             ? "INT"
+                                                                 : "UINT");
+      }
+      // An optional number takes a number or the word that leaves it unset (--samples INT|auto).
+      if (std::is_same_v<T, std::optional<int64_t>> && !f.unset.empty())
+        flag.option->type_name(number_kind(f.syntax) + "|" + std::string(f.unset));
       if (!(f.use & calib::kHideDefault)) flag.option->capture_default_str();
     }
     if (after) after(f.name);

@@ -146,7 +146,17 @@ TEST_CASE("samples auto refuses bad input with one line and writes nothing", "[c
     std::string fragment;
   };
   const std::string base = gemma("66k", 6) + " -o " + out;
+  // Three records, each cut to one sequence: fewer than --samples 8, and than auto's cap.
+  std::string ids;
+  for (int t = 0; t < 4096; ++t) ids += (t ? "," : "") + std::to_string(16 + t % 100);
+  std::string records;
+  for (int r = 0; r < 3; ++r) records += "{\"input_ids\": [" + ids + "]}\n";
+  const std::string short_file = dir.write("short.jsonl", records).string();
   const std::vector<Case> cases{
+      {base + " --samples auto --calib " + short_file,
+       "gives 3 sequence(s) of 256 tokens, 32 asked for (--samples-cap); use a shorter sequence "
+       "length, a smaller --samples-cap or more data"},
+      {base + " --samples 8 --calib " + short_file, "8 asked for (--samples); use"},
       {base + " --samples 8 --samples-cap 16", "--samples-cap bounds --samples auto only"},
       {base + " --samples-cap 16", "--samples-cap bounds --samples auto only"},
       {base + " --samples auto --samples-cap 4", "--samples-cap must be at least 8"},
@@ -154,6 +164,8 @@ TEST_CASE("samples auto refuses bad input with one line and writes nothing", "[c
       {base + " --samples auto --samples-cap many", "--samples-cap"},
       {base + " --samples many", "--samples"},
       {base + " --samples 0", "--samples must be positive"},
+      {base + " --memory-limit 0", "--memory-limit: '0' must be positive"},
+      {base + " --memory-limit lots", "--memory-limit"},
       {base + " --samples auto --distortion answer-tv", "--samples auto reads the decision noise"},
       {base + " --samples auto --resume", "--resume: not with --samples auto"},
   };
@@ -226,4 +238,25 @@ TEST_CASE("regen replays a --samples auto entry and checks it", "[cli]") {
   const auto check = run_cli("regen --manifest " + manifest.string() + " --check --all --quiet");
   INFO(check.err);
   CHECK(check.status == 0);
+}
+
+// The rule's largest round is planned before its first: under a --memory-limit that the first
+// round's 8 sequences fit and the cap's 32 do not, the auto run is refused at once, although this
+// configuration's rule would keep 8 (above). The refusal names the cap and the limit.
+TEST_CASE("samples auto plans the cap's memory before its first round", "[cli]") {
+  TempDir dir("samples-auto");
+  const std::string args = gemma("62k", 0);
+  const fs::path report = dir / "fixed.json";
+  calibrate(dir, "fixed", args + " --samples 8 --report " + report.string());
+  const auto plan = nlohmann::json::parse(read_text_file(report))["memory"]["plan"];
+  const auto eight = plan["planned_peak_bytes"].get<int64_t>();
+  const std::string limit = " --memory-limit " + std::to_string(eight);
+  calibrate(dir, "limited", args + " --samples 8" + limit);  // the first round's plan fits
+  const fs::path out = dir / "auto.yaml";
+  const auto run = run_cli(args + " --samples auto" + limit + " -o " + out.string());
+  INFO(run.err);
+  CHECK(run.status == 3);  // infeasible, as a budget below the minimum
+  CHECK_THAT(run.err, Catch::Contains("is available (--memory-limit); lower --samples-cap,"));
+  CHECK(std::count(run.err.begin(), run.err.end(), '\n') == 1);
+  CHECK(!fs::exists(out));
 }

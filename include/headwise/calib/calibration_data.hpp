@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <filesystem>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace headwise::calib {
@@ -29,7 +30,8 @@ std::vector<std::vector<int64_t>> tail_answer_positions(
 
 CalibrationData load_calibration_data(const std::string& calib_path,
                                       const std::filesystem::path& model_dir, int64_t vocab_size,
-                                      int64_t samples, int64_t seq_len, uint64_t seed);
+                                      int64_t samples, int64_t seq_len, uint64_t seed,
+                                      std::string_view samples_flag = "--samples");
 
 // sha256 over the ids as little-endian int64, sequence after sequence.
 std::string token_ids_sha256(const std::vector<std::vector<int64_t>>& sequences);

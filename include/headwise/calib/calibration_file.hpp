@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <filesystem>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace headwise::tokenize {
@@ -30,9 +31,11 @@ struct CalibrationSet {
 // tokens. Text records are encoded with add_special_tokens (BOS where the model has one).
 // Errors (InputError naming file and line): empty file, malformed JSON, a record with
 // neither or both fields, text with no tokenizer, ids outside [0, vocab_size), fewer
-// tokens than asked for.
+// tokens than asked for (naming `samples_flag`, the option that asked: --samples, or
+// --samples-cap under --samples auto).
 CalibrationSet load_calibration_set(const std::filesystem::path& path,
                                     const tokenize::Tokenizer* tokenizer, int64_t seq_len,
-                                    int64_t samples, int64_t vocab_size);
+                                    int64_t samples, int64_t vocab_size,
+                                    std::string_view samples_flag = "--samples");
 
 }  // namespace headwise::calib

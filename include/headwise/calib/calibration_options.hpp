@@ -147,6 +147,9 @@ struct CalibrationOptions {
   int64_t probe_samples = 0;
   int64_t attention_chunk = 512;
   ActivationPlacement activations = ActivationPlacement::kAuto;
+  // The most memory the run may plan for (host on CPU, the device's on CUDA); nullopt: what is
+  // free (the cgroup's limit included). A shared machine's user leaves room for other jobs.
+  std::optional<int64_t> memory_limit;
   bool conditioned = true;  // false: --no-conditioning, the ablation baseline
   // vLLM's tensor_parallel_size the windows must shard over (calib/tensor_parallel.hpp); 1: none.
   int64_t tensor_parallel_size = 1;
@@ -372,6 +375,15 @@ void visit_fields(Options& o, Visitor&& visit) {
   // Not hashed: it only moves the same tensors between device and host memory.
   visit(o.activations,
         {.name = "activations", .help = "Where calibration activations live: auto, device, host"});
+  // Not hashed: it decides whether the run may start, and whether the measured layer stays
+  // resident (a reload of the same weights), not what it computes.
+  visit(o.memory_limit,
+        {.name = "memory_limit",
+         .help = "The most memory the run may plan for (g = GiB: 12g; host memory on cpu, the "
+                 "device's on cuda); it refuses at once when its plan exceeds it. available: what "
+                 "is free (under a memory cgroup, its limit)",
+         .syntax = Syntax::kBytes,
+         .unset = "available"});
   visit(o.conditioned, {.name = "conditioning",
                         .help = "Decide from curves measured with full KV below (the ablation "
                                 "baseline)",

@@ -34,7 +34,8 @@ std::vector<std::vector<int64_t>> tail_answer_positions(
 
 CalibrationData load_calibration_data(const std::string& calib_path,
                                       const std::filesystem::path& model_dir, int64_t vocab_size,
-                                      int64_t samples, int64_t seq_len, uint64_t seed) {
+                                      int64_t samples, int64_t seq_len, uint64_t seed,
+                                      std::string_view samples_flag) {
   CalibrationData data;
   if (calib_path.empty()) {
     tasks::SyntheticOptions options{vocab_size, samples, seq_len, seed};
@@ -52,7 +53,7 @@ CalibrationData load_calibration_data(const std::string& calib_path,
   if (std::filesystem::exists(tokenizer_path, ec))
     tokenizer.emplace(tokenize::Tokenizer::from_file(tokenizer_path));
   CalibrationSet set = load_calibration_set(calib_path, tokenizer ? &*tokenizer : nullptr, seq_len,
-                                            samples, vocab_size);
+                                            samples, vocab_size, samples_flag);
   data.sequences = std::move(set.sequences);
   data.description =
       fmt::format("{} ({} records, format {})", calib_path, set.records_used, set.format);

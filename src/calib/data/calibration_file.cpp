@@ -118,7 +118,8 @@ class Packer {
 
 CalibrationSet load_calibration_set(const std::filesystem::path& path,
                                     const tokenize::Tokenizer* tokenizer, int64_t seq_len,
-                                    int64_t samples, int64_t vocab_size) {
+                                    int64_t samples, int64_t vocab_size,
+                                    std::string_view samples_flag) {
   const std::string file = path.string();
   if (seq_len <= 0)
     throw_input_error("{}: sequence length must be positive, got {}", file, seq_len);
@@ -153,9 +154,9 @@ CalibrationSet load_calibration_set(const std::filesystem::path& path,
   const auto got = static_cast<int64_t>(set.sequences.size());
   if (got == 0 || (samples > 0 && got < samples)) {
     throw_input_error(
-        "{}: gives {} sequence(s) of {} tokens, {} asked for; use a shorter sequence length, fewer "
-        "samples or more data",
-        file, got, seq_len, samples > 0 ? samples : 1);
+        "{}: gives {} sequence(s) of {} tokens, {} asked for ({}); use a shorter sequence length, "
+        "a smaller {} or more data",
+        file, got, seq_len, samples > 0 ? samples : 1, samples_flag, samples_flag);
   }
   spdlog::info("calibration set {}: {} sequences x {} tokens from {} of {} records ({}), sha256 {}",
                file, got, seq_len, set.records_used, set.records_in_file, set.format,

@@ -58,15 +58,18 @@ std::string model_path_for(const fs::path& model_dir, const fs::path& policy_pat
       .string();
 }
 
-void refuse_if_it_cannot_fit(const MemoryPlan& plan) {
+// `samples_field`: what sets the planned sequences (samples, or samples_cap under auto, whose
+// largest round is planned before the first); `limited`: --memory-limit set what is available.
+void refuse_if_it_cannot_fit(const MemoryPlan& plan, std::string_view samples_field, bool limited) {
   spdlog::info("calibration memory: {}", plan.describe());
   if (plan.available_bytes && plan.device_peak_bytes() > *plan.available_bytes) {
     throw InfeasibleFieldError(
-        "samples",
-        fmt::format("calibration needs about {} but only {} is available; lower {}, {} "
+        std::string(samples_field),
+        fmt::format("calibration needs about {} but only {} is available{}; lower {}, {} "
                     "or {}, or use {} host",
                     format_bytes(plan.device_peak_bytes()), format_bytes(*plan.available_bytes),
-                    field_ref("samples"), field_ref("seq_len"), field_ref("micro_batch"),
+                    limited ? fmt::format(" ({})", field_ref("memory_limit")) : "",
+                    field_ref(samples_field), field_ref("seq_len"), field_ref("micro_batch"),
                     field_ref("activations")));
   }
 }
@@ -271,8 +274,10 @@ void check_samples(const CalibrationOptions& o) {
 // --samples auto adds sequences to the ones before, and draws the fixed-N run's sequences.
 CalibrationData load_job_data(const CalibrationJob::State& s, int64_t samples) {
   const CalibrationOptions& o = s.options;
-  CalibrationData data =
-      load_calibration_data(o.calib, s.dir, s.spec.vocab_size, samples, *o.seq_len, o.seed);
+  // Under --samples auto the cap asks for the most sequences, and is what the user can lower.
+  const std::string asked_by = option_spelling(s.auto_samples ? "samples_cap" : "samples");
+  CalibrationData data = load_calibration_data(o.calib, s.dir, s.spec.vocab_size, samples,
+                                               *o.seq_len, o.seed, asked_by);
   // A rule that chooses at the prompt's end is measured after it, and so is every trial of the
   // run, the walk's included: all are compared on the same positions (prompt_end.hpp).
   if (chooses_at_prompt_end(s.rules)) {
@@ -458,10 +463,14 @@ MemoryPlan plan_memory(const CalibrationJob::State& s, arch::DecoderModel& model
   shape.answer_span = measure_traits(r.distortion).runs_on_span;
   if (r.conditioned) shape.stream_checkpoint_limit_bytes = kStreamCheckpointLimitBytes;
   const bool cpu = model.device().is_cpu();
-  const MemoryPlan plan = plan_calibration_memory(
-      s.spec, model.checkpoint(), shape, cpu || r.activations != ActivationPlacement::kHost,
-      cpu ? available_host_bytes() : free_device_bytes(model.device()));
-  refuse_if_it_cannot_fit(plan);
+  std::optional<int64_t> available =
+      cpu ? available_host_bytes() : free_device_bytes(model.device());
+  if (r.memory_limit) available = std::min(available.value_or(*r.memory_limit), *r.memory_limit);
+  const MemoryPlan plan =
+      plan_calibration_memory(s.spec, model.checkpoint(), shape,
+                              cpu || r.activations != ActivationPlacement::kHost, available);
+  refuse_if_it_cannot_fit(plan, s.auto_samples ? "samples_cap" : "samples",
+                          r.memory_limit && available == r.memory_limit);
   return plan;
 }
 
