@@ -14,7 +14,7 @@
 #   KEEP_RULES=window (passed as --keep-rules; default: the main command's, auto = window,h2o)
 #   FOLLOW_UPS=1 (passed as --follow-ups to every calibration; only with snap in KEEP_RULES)
 #   TAG=snap (policies/NAME-eval-CONTEXT-SHARE-TAG.yaml, so that another rule set's policies sit
-#   beside the default ones instead of replacing them; the snap-allowed results page is made with
+#   beside the default ones instead of replacing them; docs/results-snap.md is made with
 #   RESULTS=docs/results-snap TAG=snap KEEP_RULES=window,h2o,snap FOLLOW_UPS=1)
 #   STATE_DTYPE=native (passed as --state-dtype to mem-estimate and every calibration: native, the
 #   default, keeps the recurrent/conv states as the architecture does, as every policy of
