@@ -9,6 +9,7 @@
 #include <optional>
 
 #include "calib/job/auto_samples.hpp"
+#include "calib/job/input_checks.hpp"
 #include "calib/noise/noise_json.hpp"
 #include "calib/rules/joint_rules.hpp"
 #include "headwise/arch/context_guard.hpp"
@@ -56,72 +57,6 @@ std::string model_path_for(const fs::path& model_dir, const fs::path& policy_pat
       .lexically_normal()
       .lexically_relative(policy_dir.lexically_normal())
       .string();
-}
-
-// `samples_field`: what sets the planned sequences (samples, or samples_cap under auto, whose
-// largest round is planned before the first); `limited`: --memory-limit set what is available.
-void refuse_if_it_cannot_fit(const MemoryPlan& plan, std::string_view samples_field, bool limited) {
-  spdlog::info("calibration memory: {}", plan.describe());
-  if (plan.available_bytes && plan.device_peak_bytes() > *plan.available_bytes) {
-    throw InfeasibleFieldError(
-        std::string(samples_field),
-        fmt::format("calibration needs about {} but only {} is available{}; lower {}, {} "
-                    "or {}, or use {} host",
-                    format_bytes(plan.device_peak_bytes()), format_bytes(*plan.available_bytes),
-                    limited ? fmt::format(" ({})", field_ref("memory_limit")) : "",
-                    field_ref(samples_field), field_ref("seq_len"), field_ref("micro_batch"),
-                    field_ref("activations")));
-  }
-}
-
-// Says which levels the sequences cannot tell from full KV, and what the chosen rule does.
-void refuse_unmeasured_levels(const std::vector<int64_t>& blind, int64_t seq_len,
-                              Extrapolation rule) {
-  if (blind.empty()) return;
-  std::vector<std::string> names;
-  for (int64_t w : blind) names.push_back(format_tokens(w));
-  const std::string seq_len_name = option_spelling("seq_len"),
-                    extrapolate_name = option_spelling("extrapolate");
-  switch (rule) {
-    case Extrapolation::kNone:
-      throw_field_error(
-          "windows",
-          " levels {} are >= {} {}: calibration sequences that short cannot measure them; use {} "
-          "auto (or "
-          "longer than {}), drop them from {}, or choose a rule with {} power-law or as-full",
-          fmt::join(names, ","), field_ref("seq_len"), seq_len, field_ref("seq_len"),
-          format_tokens(blind.back()), field_ref("windows"), field_ref("extrapolate"));
-    case Extrapolation::kAsFull:
-      spdlog::warn(
-          "window levels {} are >= {} {}: not measured; {} as-full gives them full KV's distortion "
-          "(0): the "
-          "solver prefers them to full KV",
-          fmt::join(names, ","), seq_len_name, seq_len, extrapolate_name);
-      return;
-    case Extrapolation::kPowerLaw:
-      spdlog::warn(
-          "window levels {} are >= {} {}: not measured; {} {} reads each head's cost there off a "
-          "power law "
-          "fitted to its measured levels",
-          fmt::join(names, ","), seq_len_name, seq_len, extrapolate_name, extrapolation_name(rule));
-      return;
-  }
-}
-
-// Ranks that were given other flags or files would measure different things and deadlock or,
-// worse, agree on a policy nobody asked for.
-void refuse_ranks_with_other_inputs(dist::Collective& world, const std::string& inputs_hash) {
-  if (world.world_size() == 1) return;
-  const auto hashes = world.all_gather(inputs_hash, "the job's inputs");
-  for (size_t r = 1; r < hashes.size(); ++r) {
-    if (hashes[r] != hashes[0]) {
-      throw_input_error(
-          "rank {} was started with other inputs than rank 0 (inputs_sha256 {} against {}): every "
-          "rank "
-          "needs the same flags, model and calibration data",
-          r, hashes[r].substr(0, 12), hashes[0].substr(0, 12));
-    }
-  }
 }
 
 // `--device cuda` on rank r of a node is cuda:<LOCAL_RANK>, as torchrun's processes expect.
@@ -194,80 +129,6 @@ struct CalibrationJob::State {
 
 namespace {
 
-// Follow-ups are questions asked after a rule chose at the prompt's end: without such a rule
-// nothing chooses there, and the option would silently measure nothing different.
-void refuse_follow_ups_without_choice(const CalibrationOptions& o,
-                                      const std::vector<policy::KeepRule>& rules) {
-  if (o.follow_ups < 0) throw_field_error("follow_ups", " must be 0 or more, got {}", o.follow_ups);
-  if (o.follow_ups != 0 && !chooses_at_prompt_end(rules)) {
-    throw_field_error("follow_ups",
-                      " {} needs a rule that chooses at the prompt's end (snap) in {}, which is "
-                      "'{}'",
-                      o.follow_ups, field_ref("keep_rules"), o.keep_rules);
-  }
-}
-
-// --prefill-peak bounds what snap heads stage before they choose (joint_rules.hpp). Refused before
-// any heavy work: without snap there is nothing staged to bound (the policy's peak is its steady
-// bytes, which --budget bounds), and a bound below the budget would bound the steady bytes too.
-void check_prefill_peak(const CalibrationOptions& o, const std::vector<policy::KeepRule>& rules) {
-  if (o.prefill_schedule != "whole" && o.prefill_schedule != "layer")
-    throw_field_error("prefill_schedule", ": expected whole or layer, got '{}'",
-                      o.prefill_schedule);
-  if (!o.prefill_peak) {
-    if (o.prefill_schedule != "whole")
-      throw_field_error("prefill_schedule", " {}: only with {}", o.prefill_schedule,
-                        field_ref("prefill_peak"));
-    return;
-  }
-  if (std::find(rules.begin(), rules.end(), policy::KeepRule::kSnap) == rules.end()) {
-    throw_field_error("prefill_peak",
-                      " bounds what snap heads stage during prefill, and {} '{}' has none (the "
-                      "policy's peak is then its steady bytes, which {} bounds)",
-                      field_ref("keep_rules"), o.keep_rules, field_ref("budget"));
-  }
-  if (*o.prefill_peak < o.budget) {
-    throw_field_error("prefill_peak",
-                      " {} is below {} {}: the peak holds the steady bytes; to hold fewer in "
-                      "decode, lower {}",
-                      *o.prefill_peak, field_ref("budget"), o.budget, field_ref("budget"));
-  }
-}
-
-void check_measure_options(const CalibrationOptions& o, bool selecting_rules) {
-  const MeasureTraits& measure = measure_traits(o.distortion);
-  if (o.validate_measure && !measure.can_validate) {
-    throw_field_error("validate_measure",
-                      " checks {} answer-grad, answer-tv-span or answer-kl-span against the exact "
-                      "measure; got {} {}",
-                      field_ref("distortion"), field_ref("distortion"),
-                      distortion_measure_name(o.distortion));
-  }
-  if (o.span_margin < 0)
-    throw_field_error("span_margin", " must not be negative, got {}", o.span_margin);
-  if (selecting_rules && !measure.scores_answers) {
-    throw_field_error("keep_rules",
-                      " {}: the rules are measured at the answers; use an answer measure "
-                      "({} answer-tv or answer-kl), not {}",
-                      o.keep_rules, field_ref("distortion"), distortion_measure_name(o.distortion));
-  }
-  if (o.prefill_chunk <= 0)
-    throw_field_error("prefill_chunk", " must be positive, got {}", o.prefill_chunk);
-}
-
-// --samples auto reads each walked layer's decision noise, which only the span measures keep
-// (per-sequence values); with another measure the rule would have nothing to read.
-void check_samples(const CalibrationOptions& o) {
-  if (o.samples && *o.samples <= 0)
-    throw_field_error("samples", " must be positive, got {}", *o.samples);
-  if (!o.samples && !measure_traits(o.distortion).runs_on_span) {
-    throw_field_error("samples",
-                      " auto reads the decision noise of the answer-span measures; use {} "
-                      "answer-tv-span or answer-kl-span, not {}",
-                      field_ref("distortion"), distortion_measure_name(o.distortion));
-  }
-}
-
 // The calibration data of `samples` sequences, with the answer positions every trial of the run
 // is measured at. The built-in set draws its sequences one after another from the seed, and a file
 // is packed in its records' order, so fewer sequences are a prefix of more: a round of
@@ -291,23 +152,6 @@ CalibrationData load_job_data(const CalibrationJob::State& s, int64_t samples) {
                   o.follow_ups + 1, o.follow_ups);
   }
   return data;
-}
-
-// Feasibility before any heavy work: fixed bytes plus the smallest level everywhere.
-void refuse_budget_below_minimum(const arch::ModelSpec& spec, const memory::MemoryOptions& mem,
-                                 int64_t fixed, const CalibrationOptions& o) {
-  int64_t minimum = fixed;
-  for (int64_t id : spec.global_layer_ids()) {
-    const auto& att = *spec.layer(id).attention;
-    minimum += att.num_kv_heads * memory::head_bytes(att, o.windows.levels.front(), mem);
-  }
-  if (o.budget >= minimum) return;
-  throw InfeasibleFieldError(
-      "budget", fmt::format("{} {} is below the minimum {} ({} bytes: {} fixed for non-global "
-                            "layers + every global KV "
-                            "head at {} tokens) at context {}",
-                            field_ref("budget"), format_bytes(o.budget), format_bytes(minimum),
-                            minimum, format_bytes(fixed), o.windows.levels.front(), mem.context));
 }
 
 // Everything that can change a byte of the policy: the options' kHashed fields
