@@ -9,10 +9,10 @@
 
 #include "headwise/arch/model_spec.hpp"
 #include "headwise/calib/calibration_options.hpp"
+#include "headwise/calib/extrapolation.hpp"
 #include "headwise/calib/memory_plan.hpp"
 #include "headwise/dist/collective.hpp"
 #include "headwise/memory/memory_model.hpp"
-#include "headwise/calib/extrapolation.hpp"
 #include "headwise/policy/keep_rule.hpp"
 
 namespace headwise::calib {
