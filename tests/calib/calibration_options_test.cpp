@@ -4,6 +4,7 @@
 
 #include <set>
 
+#include "headwise/calib/calibration_job.hpp"
 #include "headwise/calib/calibration_options.hpp"
 #include "headwise/calib/keep_rules.hpp"
 #include "headwise/calib/measure_traits.hpp"
@@ -121,6 +122,19 @@ TEST_CASE("samples auto hashes its cap instead of the sequences; fixed runs keep
   calib::record_options(fixed, recorded);
   CHECK_FALSE(recorded.contains("samples_cap"));
   CHECK_FALSE(recorded.contains("samples_auto"));
+}
+
+// The revisions in inputs_sha256: every run keeps revision 2 alone (so every policy written since
+// keeps its hash), and only a tensor-parallel run adds its walk's own, so that a plain regen
+// recalibrates a TP policy written before that walk changed.
+TEST_CASE("the inputs hash has the tensor-parallel walk's revision only for TP runs", "[calib]") {
+  const calib::CalibrationRequest base = {{"model", "m"}, {"context", "4k"}, {"budget", "1m"}};
+  CHECK(calib::calibration_revisions(resolved(base)) == json{{"calibration_revision", 2}});
+  calib::CalibrationRequest tp = base;
+  tp["tensor_parallel_size"] = "2";
+  tp["engine"] = "vllm";
+  CHECK(calib::calibration_revisions(resolved(tp)) ==
+        json{{"calibration_revision", 2}, {"tensor_parallel_revision", 1}});
 }
 
 TEST_CASE("policy.calibration records the options it recorded before the field list", "[calib]") {

@@ -39,10 +39,14 @@ namespace {
 namespace fs = std::filesystem;
 
 // Bumped whenever the same inputs can give another policy (the measure, the descent, the
-// completion changed): it is part of inputs_sha256, so a plain `regen` recalibrates policies an
-// older calibration wrote instead of skipping them as unchanged.
+// completion changed): see calibration_revisions.
 //   2: lambda-priced joint descent, re-walks after the completion (2026-12-01).
 constexpr int64_t kCalibrationRevision = 2;
+// The same for the walk under --tensor-parallel-size > 1, hashed only there.
+//   1: the shard-constrained walk and fit (calib/tensor_parallel.hpp), which changed the TP
+//      policies after revision 2 without a bump (2026-12-06: a TP policy written before this is
+//      recalibrated by a plain regen; no committed policy is TP).
+constexpr int64_t kTensorParallelRevision = 1;
 
 std::string model_name_of(const fs::path& dir, const arch::ModelSpec& spec) {
   const fs::path clean = dir.filename().empty() ? dir.parent_path() : dir;
@@ -103,6 +107,12 @@ std::vector<int64_t> unmeasured_levels(const std::vector<int64_t>& levels, int64
   return blind;
 }
 
+nlohmann::json calibration_revisions(const CalibrationOptions& resolved) {
+  nlohmann::json out{{"calibration_revision", kCalibrationRevision}};
+  if (resolved.tensor_parallel_size > 1) out["tensor_parallel_revision"] = kTensorParallelRevision;
+  return out;
+}
+
 fs::path checkpoint_path_for(const fs::path& output) {
   return fs::path(output.string() + ".ckpt.json");
 }
@@ -159,7 +169,7 @@ CalibrationData load_job_data(const CalibrationJob::State& s, int64_t samples) {
 nlohmann::json hashed_inputs(const CalibrationJob::State& s, const nlohmann::json& options) {
   nlohmann::json inputs = options;
   inputs["tool"] = fmt::format("headwise-calc {}", HEADWISE_VERSION);
-  inputs["calibration_revision"] = kCalibrationRevision;
+  inputs.update(calibration_revisions(s.options));
   inputs["model_config_sha256"] = s.fingerprint.config_sha256;
   inputs["model_weights_headers_sha256"] = s.fingerprint.weights_headers_sha256.value_or("");
   inputs["model_path"] = s.model_path;
