@@ -139,16 +139,22 @@ struct CalibrationJob::State {
 
 namespace {
 
+// The field that sets how many sequences the run loads and plans for, as a refusal names it: the
+// cap under --samples auto (its largest round is loaded and planned before the first, and is what
+// the user can lower), --samples otherwise.
+std::string_view samples_field(const CalibrationJob::State& s) {
+  return s.auto_samples ? "samples_cap" : "samples";
+}
+
 // The calibration data of `samples` sequences, with the answer positions every trial of the run
 // is measured at. The built-in set draws its sequences one after another from the seed, and a file
 // is packed in its records' order, so fewer sequences are a prefix of more: a round of
 // --samples auto adds sequences to the ones before, and draws the fixed-N run's sequences.
 CalibrationData load_job_data(const CalibrationJob::State& s, int64_t samples) {
   const CalibrationOptions& o = s.options;
-  // Under --samples auto the cap asks for the most sequences, and is what the user can lower.
-  const std::string asked_by = option_spelling(s.auto_samples ? "samples_cap" : "samples");
-  CalibrationData data = load_calibration_data(o.calib, s.dir, s.spec.vocab_size, samples,
-                                               *o.seq_len, o.seed, asked_by);
+  CalibrationData data =
+      load_calibration_data(o.calib, s.dir, s.spec.vocab_size, samples, *o.seq_len, o.seed,
+                            option_spelling(samples_field(s)));
   // A rule that chooses at the prompt's end is measured after it, and so is every trial of the
   // run, the walk's included: all are compared on the same positions (prompt_end.hpp).
   if (chooses_at_prompt_end(s.rules)) {
@@ -323,8 +329,7 @@ MemoryPlan plan_memory(const CalibrationJob::State& s, arch::DecoderModel& model
   const MemoryPlan plan =
       plan_calibration_memory(s.spec, model.checkpoint(), shape,
                               cpu || r.activations != ActivationPlacement::kHost, available);
-  refuse_if_it_cannot_fit(plan, s.auto_samples ? "samples_cap" : "samples",
-                          r.memory_limit && available == r.memory_limit);
+  refuse_if_it_cannot_fit(plan, samples_field(s), r.memory_limit && available == r.memory_limit);
   return plan;
 }
 
