@@ -125,8 +125,8 @@ TEST_CASE("samples auto hashes its cap instead of the sequences; fixed runs keep
 }
 
 // The revisions in inputs_sha256: every run keeps revision 2 alone (so every policy written since
-// keeps its hash), and only a tensor-parallel run adds its walk's own, so that a plain regen
-// recalibrates a TP policy written before that walk changed.
+// keeps its hash), and only a tensor-parallel run (a --decisions stable run) adds its walk's
+// (its rule's) own, so that a plain regen recalibrates such a policy written before it changed.
 TEST_CASE("the inputs hash has the tensor-parallel walk's revision only for TP runs", "[calib]") {
   const calib::CalibrationRequest base = {{"model", "m"}, {"context", "4k"}, {"budget", "1m"}};
   CHECK(calib::calibration_revisions(resolved(base)) == json{{"calibration_revision", 2}});
@@ -135,6 +135,10 @@ TEST_CASE("the inputs hash has the tensor-parallel walk's revision only for TP r
   tp["engine"] = "vllm";
   CHECK(calib::calibration_revisions(resolved(tp)) ==
         json{{"calibration_revision", 2}, {"tensor_parallel_revision", 1}});
+  calib::CalibrationRequest stable = base;
+  stable["decisions"] = "stable";
+  CHECK(calib::calibration_revisions(resolved(stable)) ==
+        json{{"calibration_revision", 2}, {"stable_decisions_revision", 1}});
 }
 
 TEST_CASE("policy.calibration records the options it recorded before the field list", "[calib]") {

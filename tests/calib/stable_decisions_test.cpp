@@ -139,6 +139,19 @@ TEST_CASE("stable choice: a gap below the minimum effect is not separated", "[ca
   CHECK_FALSE(calib::noise::stable_refinement_kept(0.10, 0.10));
 }
 
+TEST_CASE("stable keep rules: a trial is worse by its effect alone, relative to the least",
+          "[calib]") {
+  using calib::noise::worse_by_effect;
+  CHECK(worse_by_effect(0.2301, 0.20, calib::noise::kStableRuleEffect));
+  CHECK_FALSE(worse_by_effect(0.229, 0.20, calib::noise::kStableRuleEffect));
+  CHECK_FALSE(worse_by_effect(0.20, 0.20, 0.0));  // the least itself is never worse, even at 0
+  CHECK_FALSE(worse_by_effect(0.0, 0.0, calib::noise::kStableRuleEffect));
+  CHECK(worse_by_effect(1e-9, 0.0, calib::noise::kStableRuleEffect));
+  CHECK(worse_by_effect(-0.8, -1.0, calib::noise::kStableRuleEffect));  // scaled by |least|
+  CHECK_FALSE(worse_by_effect(-0.9, -1.0, calib::noise::kStableRuleEffect));
+  CHECK_THROWS(worse_by_effect(0.3, 0.2, -0.1));
+}
+
 TEST_CASE("decisions stable: five seeds give one policy on fixtures not in the manifest",
           "[calib]") {
   for (const FixtureRun& run : {kGemma, kQwen}) {

@@ -306,10 +306,12 @@ void visit_fields(Options& o, Visitor&& visit) {
         {.name = "decisions",
          .help = "How a layer's windows and its heads' keep rules are chosen among the measured "
                  "candidates: point (the least measured divergence) or stable (answer-*-span: "
-                 "where a bootstrap over the calibration sequences does not separate a candidate "
-                 "from the least, a fixed order of preference decides, the same under every "
-                 "--seed: more of a layer's bytes first, a lower head's longer window next, and a "
-                 "head's window before a selecting rule; docs/seqcalib.md)",
+                 "a fixed order of preference decides what the data do not, the same under every "
+                 "--seed: a layer's windows are the first candidate that a bootstrap over the "
+                 "calibration sequences does not separate from the least, more of the layer's "
+                 "bytes first and a lower head's longer window next; its keep rules are every "
+                 "evicting head selecting, else every head at its window, whichever first "
+                 "measures within 15% of the least trial, else the least; docs/seqcalib.md)",
          .use = kHashed | kRecorded,
          .when = [](const CalibrationOptions& r) { return r.decisions != "point"; }});
   visit(o.prefill_chunk, {.name = "prefill_chunk",

@@ -47,6 +47,12 @@ constexpr int64_t kCalibrationRevision = 2;
 //      policies after revision 2 without a bump (2026-12-06: a TP policy written before this is
 //      recalibrated by a plain regen; no committed policy is TP).
 constexpr int64_t kTensorParallelRevision = 1;
+// The same for --decisions stable, hashed only there.
+//   1: the keep rules decided by their effect alone, the windows second in the order
+//      (noise::worse_by_effect, 2026-12-06: a stable policy written before, whose keep rules the
+//      t- and sign tests decided and which has no decision_noise key, is recalibrated by a
+//      plain regen; no committed policy is stable).
+constexpr int64_t kStableDecisionsRevision = 1;
 
 std::string model_name_of(const fs::path& dir, const arch::ModelSpec& spec) {
   const fs::path clean = dir.filename().empty() ? dir.parent_path() : dir;
@@ -110,6 +116,7 @@ std::vector<int64_t> unmeasured_levels(const std::vector<int64_t>& levels, int64
 nlohmann::json calibration_revisions(const CalibrationOptions& resolved) {
   nlohmann::json out{{"calibration_revision", kCalibrationRevision}};
   if (resolved.tensor_parallel_size > 1) out["tensor_parallel_revision"] = kTensorParallelRevision;
+  if (resolved.decisions == "stable") out["stable_decisions_revision"] = kStableDecisionsRevision;
   return out;
 }
 

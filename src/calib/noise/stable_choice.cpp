@@ -55,6 +55,11 @@ double t_quantile(double z, double df) {
   return z + (z3 + z) / (4.0 * df) + (5.0 * z5 + 16.0 * z3 + 3.0 * z) / (96.0 * df * df);
 }
 
+bool worse_by_effect(double value, double least, double min_effect) {
+  HEADWISE_CHECK(min_effect >= 0.0, "stable choice: minimum effect {} below 0", min_effect);
+  return value - least > min_effect * std::abs(least);
+}
+
 bool stable_refinement_kept(double before, double after) {
   return before - after >= kStableRefinementEffect * std::abs(before);
 }
