@@ -11,6 +11,7 @@
 #include <optional>
 #include <tuple>
 
+#include "calib/rules/layer_trials.hpp"
 #include "calib/walk/finite_checks.hpp"
 #include "headwise/calib/activations.hpp"
 #include "headwise/calib/keep_rule_method.hpp"
@@ -27,15 +28,10 @@ using joint::Decision;
 using joint::HeadOption;
 using joint::JointCheck;
 using joint::LayerOptions;
+using trials::copy_head;
 
 // 2^G sets of selecting layers are solved: at most 4096.
 constexpr size_t kMaxJointLayers = 12;
-
-// Heads [h*group, (h+1)*group) of `from` into `into` ([batch, tokens, heads, head_dim]).
-void copy_head(at::Tensor& into, const at::Tensor& from, int64_t h, int64_t kv_heads) {
-  const int64_t group = from.size(2) / kv_heads;
-  into.slice(2, h * group, (h + 1) * group).copy_(from.slice(2, h * group, (h + 1) * group));
-}
 
 // `base` with head h's group taken from `from`, per micro-batch.
 SpanOutputs with_head(const SpanOutputs& base, const SpanOutputs& from, int64_t h, int64_t kv) {

@@ -11,6 +11,7 @@
 #include "calib/noise/decision_noise.hpp"
 #include "calib/noise/stable_choice.hpp"
 #include "calib/rules/joint_rules.hpp"
+#include "calib/rules/layer_trials.hpp"
 #include "calib/walk/finite_checks.hpp"
 #include "headwise/arch/attention.hpp"
 #include "headwise/calib/activations.hpp"
@@ -23,135 +24,8 @@
 namespace headwise::calib {
 namespace {
 
+using namespace trials;
 using Windows = std::map<int64_t, std::vector<int64_t>>;
-// A trial of one layer: the rule of each head that does not keep its window.
-using Trial = std::map<int64_t, policy::KeepRule>;
-
-std::map<policy::KeepRule, std::set<int64_t>> heads_by_rule(const Trial& trial) {
-  std::map<policy::KeepRule, std::set<int64_t>> out;
-  for (const auto& [head, rule] : trial) out[rule].insert(head);
-  return out;
-}
-
-std::set<int64_t> trial_heads(const Trial& trial) {
-  std::set<int64_t> out;
-  for (const auto& entry : trial) out.insert(entry.first);
-  return out;
-}
-
-// Heads [h*group, (h+1)*group) of `from` into `into` ([batch, tokens, heads, head_dim]).
-void copy_head(at::Tensor& into, const at::Tensor& from, int64_t h, int64_t kv_heads) {
-  const int64_t group = from.size(2) / kv_heads;
-  into.slice(2, h * group, (h + 1) * group).copy_(from.slice(2, h * group, (h + 1) * group));
-}
-
-// One global layer as the runtime runs it under `trial`: one run per rule the trial uses (each
-// head's output depends only on its own keys, keep_rule_method.hpp), its heads composed; every
-// head keeps its window when the trial is empty.
-at::Tensor run_trial(const KeepRuleContext& context, const arch::AttentionInputs& in,
-                     const std::vector<int64_t>& windows, const Trial& trial) {
-  const auto by_rule = heads_by_rule(trial);
-  if (by_rule.empty()) {
-    return keep_rule_method(policy::KeepRule::kWindow).attend(context, in, windows, {});
-  }
-  at::Tensor out;
-  for (const auto& [rule, heads] : by_rule) {
-    const at::Tensor run = keep_rule_method(rule).attend(context, in, windows, heads);
-    if (!out.defined()) {
-      out = by_rule.size() == 1 ? run : run.clone();  // its other heads keep their windows
-      continue;
-    }
-    for (int64_t h : heads) copy_head(out, run, h, static_cast<int64_t>(windows.size()));
-  }
-  return out;
-}
-
-// One global layer under `trial`, every other layer exact.
-class RuleCore final : public arch::AttentionCore {
- public:
-  RuleCore(const KeepRuleContext& context, int64_t layer, const std::vector<int64_t>& windows,
-           Trial trial)
-      : context_(context),
-        layer_(layer),
-        windows_(windows),
-        trial_(std::move(trial)),
-        exact_(context.attention_chunk) {}
-
-  at::Tensor attend(const arch::AttentionInputs& in) override {
-    if (in.layer_id != layer_) return exact_.attend(in);
-    return run_trial(context_, in, windows_, trial_);
-  }
-
- private:
-  const KeepRuleContext& context_;
-  int64_t layer_;
-  std::vector<int64_t> windows_;
-  Trial trial_;
-  arch::ExactAttentionCore exact_;
-};
-
-// The answer-span measure's trials of one layer: each KV head's attention output at the span,
-// from the site's window outputs or from its rule at the head's slots. A rule chooses each head's
-// tokens from that head's own scores, so one run with every candidate head under a rule at a
-// given window gives every candidate's output under it: a layer runs each rule once per distinct
-// window its trials give that rule's heads, not once per trial.
-class SpanTrials {
- public:
-  SpanTrials(const KeepRuleContext& context, const SpanSite& site,
-             const std::vector<int64_t>& candidates, const std::vector<int64_t>& base)
-      : context_(context),
-        site_(site),
-        candidates_(candidates.begin(), candidates.end()),
-        base_(base) {}
-
-  SpanOutputs compose(const std::vector<int64_t>& windows, const Trial& trial) {
-    SpanOutputs out;
-    const auto kv = static_cast<int64_t>(windows.size());
-    for (size_t m = 0; m < site_.input.size(); ++m) {
-      at::Tensor composed;
-      for (int64_t h = 0; h < kv; ++h) {
-        const int64_t w = windows[static_cast<size_t>(h)];
-        const auto rule = trial.find(h);
-        const at::Tensor& source = rule != trial.end()
-                                       ? under(rule->second, w)[m]
-                                       : site_.levels.at(w)[m];  // [Bm, S, heads, hd]
-        if (!composed.defined()) composed = at::empty_like(source);
-        copy_head(composed, source, h, kv);
-      }
-      out.push_back(composed);
-    }
-    return out;
-  }
-
- private:
-  // Every candidate head's output at the span under `rule` with `window`'s slots.
-  const SpanOutputs& under(const policy::KeepRule& rule, int64_t window) {
-    const auto key = std::make_pair(rule, window);
-    auto it = runs_.find(key);
-    if (it != runs_.end()) return it->second;
-    std::vector<int64_t> windows = base_;
-    for (int64_t h : candidates_) windows[static_cast<size_t>(h)] = window;
-    SpanOutputs outputs;
-    for (const auto& in : site_.attention) {
-      HEADWISE_CHECK(in.layer_id == site_.layer, "span site of layer {} holds layer {}'s inputs",
-                     site_.layer, in.layer_id);
-      const at::Tensor all = keep_rule_method(rule).attend(context_, in, windows, candidates_);
-      outputs.push_back(all.slice(1, all.size(1) - site_.input.front().size(1), all.size(1)));
-    }
-    return runs_.emplace(key, std::move(outputs)).first->second;
-  }
-
-  const KeepRuleContext& context_;
-  const SpanSite& site_;
-  std::set<int64_t> candidates_;
-  std::vector<int64_t> base_;
-  std::map<std::pair<policy::KeepRule, int64_t>, SpanOutputs> runs_;  // (rule, window) → outputs
-};
-
-// With the span measure, a layer whose trials (every assignment of its candidate heads to their
-// window or an allowed rule) are at most this many measures them all in one batch; above it,
-// each trial runs when the pass reaches it. 16: four candidates with h2o alone.
-constexpr size_t kBatchedTrials = 16;
 
 // The policy's total bytes with `windows` and the layers in `selecting` holding bookkeeping.
 int64_t total_bytes(const arch::ModelSpec& spec, const Windows& windows,
@@ -184,59 +58,6 @@ std::optional<std::vector<int64_t>> pay_for_bookkeeping(
     slots_given_up += o.memory.block_size;
   }
   return heads;
-}
-
-std::string rules_label(const std::vector<int64_t>& windows, const Trial& trial) {
-  std::string out;
-  for (size_t h = 0; h < windows.size(); ++h) {
-    const auto rule = trial.find(static_cast<int64_t>(h));
-    out += fmt::format("{}{}{}", h == 0 ? "" : ",", window_label(windows[h]),
-                       rule == trial.end() ? "" : ":" + rule->second.name());
-  }
-  return "[" + out + "]";
-}
-
-// Every trial of a layer's candidates, the empty one (every head at its window) first: each
-// assignment of a candidate to its window or one of `rules`, candidate c as digit c of a number in
-// base rules+1 (so with h2o alone, the sets of candidates in bit-mask order). Only the empty trial
-// when there are more than kBatchedTrials.
-std::vector<Trial> every_trial(const std::vector<int64_t>& candidates,
-                               const std::vector<policy::KeepRule>& rules) {
-  const size_t choices = rules.size() + 1;
-  size_t count = 1;
-  for (size_t c = 0; c < candidates.size(); ++c) {
-    count *= choices;
-    if (count > kBatchedTrials) return {Trial{}};
-  }
-  std::vector<Trial> out;
-  for (size_t code = 0; code < count; ++code) {
-    Trial trial;
-    size_t rest = code;
-    for (int64_t head : candidates) {
-      const size_t digit = rest % choices;
-      rest /= choices;
-      if (digit > 0) trial.emplace(head, rules[digit - 1]);
-    }
-    out.push_back(std::move(trial));
-  }
-  return out;
-}
-
-// The heads of layer `base` whose slots are fewer than the calibration tokens: only they evict,
-// so only their rule can be told apart.
-std::vector<int64_t> evicting_heads(const std::vector<int64_t>& base, int64_t tokens,
-                                    const memory::MemoryOptions& memory) {
-  std::vector<int64_t> out;
-  for (int64_t h = 0; h < static_cast<int64_t>(base.size()); ++h) {
-    if (memory::global_head_slots(base[static_cast<size_t>(h)], memory) < tokens) out.push_back(h);
-  }
-  return out;
-}
-
-std::vector<policy::KeepRule> rules_of(const Trial& chosen, size_t heads) {
-  std::vector<policy::KeepRule> rules(heads, policy::KeepRule::kWindow);
-  for (const auto& [h, rule] : chosen) rules[static_cast<size_t>(h)] = rule;
-  return rules;
 }
 
 // One global layer's pass: measures its trials (on the answer span, or exactly on every token)
