@@ -127,7 +127,8 @@ TEST_CASE("samples auto hashes its cap instead of the sequences; fixed runs keep
 // The revisions in inputs_sha256: every run keeps revision 2 alone (so every policy written since
 // keeps its hash), and only a tensor-parallel run (a --decisions stable run) adds its walk's
 // (its rule's) own, so that a plain regen recalibrates such a policy written before it changed.
-TEST_CASE("the inputs hash has the tensor-parallel walk's revision only for TP runs", "[calib]") {
+TEST_CASE("the inputs hash has the TP walk's and the stable rule's revisions only for their runs",
+          "[calib]") {
   const calib::CalibrationRequest base = {{"model", "m"}, {"context", "4k"}, {"budget", "1m"}};
   CHECK(calib::calibration_revisions(resolved(base)) == json{{"calibration_revision", 2}});
   calib::CalibrationRequest tp = base;

@@ -74,8 +74,9 @@ std::vector<int64_t> unmeasured_levels(const std::vector<int64_t>& levels, int64
 // The calibration's revisions that inputs_sha256 covers, for `resolved` options: bumped whenever
 // the same inputs can give another policy, so that a plain `regen` recalibrates what an older
 // calibration wrote instead of skipping it as unchanged. `calibration_revision` for every run;
-// `tensor_parallel_revision` only for --tensor-parallel-size above 1 (its walk changed on its
-// own, and every other policy keeps its hash).
+// `tensor_parallel_revision` only for --tensor-parallel-size above 1 and
+// `stable_decisions_revision` only for --decisions stable (each changed on its own, and every
+// other policy keeps its hash).
 nlohmann::json calibration_revisions(const CalibrationOptions& resolved);
 
 // `<output>.ckpt.json`: where a run writing `output` keeps its resume checkpoint.

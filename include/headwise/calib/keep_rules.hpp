@@ -67,9 +67,9 @@ struct KeepRuleOptions {
   // exact measure on every sequence.
   AnswerSpan* span = nullptr;
   // --decisions stable (issue 59; span measure, one process): a layer's rules are the trial with
-  // the most selecting heads unless the bootstrap over the sequences (with a minimum effect)
-  // separates it as worse than the best measured one, then the best; false: the least measured
-  // value.
+  // every evicting head selecting, else every head at its window, whichever first measures within
+  // noise::kStableRuleEffect of the least measured trial, else the least; false: the least
+  // measured value.
   bool stable_decisions = false;
   // How sure each layer's decision is (issue 59; span measure): per-sequence values kept for every
   // trial and bootstrapped (KeepRuleResult::noise). Needs every sequence's values: one process.

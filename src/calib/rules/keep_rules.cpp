@@ -211,9 +211,9 @@ class LayerPass {
     keep_if_better(trial, *paid, given_up, divergence);
   }
 
-  // Per-sequence values for the trials: the stable rule's and the decision noise's (the pooled
-  // values do not change with them).
-  bool keeps_sequences() const { return o_.stable_decisions || o_.decision_noise; }
+  // Per-sequence values for the trials, for the decision noise (the pooled values do not change
+  // with them; the stable rule reads the pooled values alone).
+  bool keeps_sequences() const { return o_.decision_noise; }
 
   // The layer's trial windows: its selecting heads' slots paid for (a measured trial always fits).
   std::vector<int64_t> trial_windows(const Trial& trial) const {
@@ -245,10 +245,8 @@ class LayerPass {
     return out;
   }
 
-  // --decisions stable: per-sequence values for every trial measured (the span measure).
-  bool stable() const {
-    return o_.stable_decisions && site_ && span_sequences_.size() == span_memo_.size();
-  }
+  // --decisions stable, with the span measure.
+  bool stable() const { return o_.stable_decisions && site_.has_value(); }
 
   // The first trial of a fixed order that does not measure worse than the least measured trial by
   // the minimum effect kStableRuleEffect (noise::worse_by_effect), else the least: first the
