@@ -315,6 +315,14 @@ nlohmann::json calibration_report(const calib::CalibrationOutcome& outcome) {
                                  {"global_bytes", tp.global_bytes},
                                  {"proven_optimal", tp.proven_optimal}};
   }
+  if (r.engine_fit) {
+    const auto& fit = *r.engine_fit;
+    report["engine_fit"] = {{"engine", "vllm"},
+                            {"heads_moved", fit.heads_moved},
+                            {"total_bytes", fit.total_bytes},
+                            {"walk_distortion", fit.walk_distortion},
+                            {"distortion", fit.distortion}};
+  }
   report["backend"] = r.backend;
   if (r.world_size > 1) {
     report["distributed"] = {{"rank_sequences", r.result.local_sequences},

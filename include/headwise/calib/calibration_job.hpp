@@ -38,6 +38,16 @@ struct RunControl {
 };
 
 // What a run measured and decided besides the policy: what the report and the heat map show.
+// --engine vllm: the walk's completed windows fitted to vLLM's exact reservation
+// (calib/engine.hpp). The report's windows, bytes and total_distortion are the fitted policy's;
+// this says what the fit moved.
+struct EngineFitRecord {
+  int64_t heads_moved = 0;
+  int64_t total_bytes = 0;       // vLLM's reservation for the fitted policy
+  double walk_distortion = 0.0;  // the completion's total distortion, before the fit
+  double distortion = 0.0;       // the fitted windows' (the report's total_distortion)
+};
+
 struct CalibrationRecord {
   arch::ModelSpec spec;
   measure::WindowLadder ladder;
@@ -52,6 +62,7 @@ struct CalibrationRecord {
   std::string backend;
   int64_t micro_batch = 0;
   std::optional<TensorParallelFit> tensor_parallel;  // --tensor-parallel-size above 1
+  std::optional<EngineFitRecord> engine_fit;         // --engine vllm
 };
 
 struct CalibrationOutcome {

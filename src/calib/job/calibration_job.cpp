@@ -373,6 +373,7 @@ struct Walked {
   ShardSpan shard;
   SeqCalibResult result;
   std::optional<TensorParallelFit> tensor_parallel;
+  std::optional<EngineFitRecord> engine_fit;
 };
 
 // The walk's checkpoint after each global layer, written by rank 0 where the caller asked for one.
@@ -384,16 +385,40 @@ void write_checkpoints(const CalibrationJob::State& s, const RunControl& control
   };
 }
 
+// A fit after the walk (vLLM's reservation, the shard constraint) is the policy from then on: the
+// result's windows, their distortions, bytes and total all say what the fit chose, so the report
+// states the policy that is written.
+void take_fit(SeqCalibResult& result, std::map<int64_t, std::vector<int64_t>> windows,
+              std::map<int64_t, std::vector<double>> expected_distortion, int64_t global_bytes,
+              double total_distortion) {
+  result.windows = std::move(windows);
+  result.expected_distortion = std::move(expected_distortion);
+  result.global_bytes = global_bytes;
+  result.total_distortion = total_distortion;
+}
+
+double summed_distortion(const std::map<int64_t, std::vector<double>>& expected_distortion) {
+  double total = 0.0;
+  for (const auto& [layer, heads] : expected_distortion) {
+    for (double d : heads) total += d;
+  }
+  return total;
+}
+
 // vLLM's reservation couples the heads the walk priced one by one (calib/engine.hpp).
-void fit_to_vllm(const CalibrationJob::State& s, SeqCalibResult& result) {
-  const EngineFit fit = fit_to_engine(*s.engine, result.curves, result.windows,
-                                      result.expected_distortion, s.options.budget);
+EngineFitRecord fit_to_vllm(const CalibrationJob::State& s, SeqCalibResult& result) {
+  EngineFit fit = fit_to_engine(*s.engine, result.curves, result.windows,
+                                result.expected_distortion, s.options.budget);
   spdlog::info("vLLM's reservation: {} of {} budget (full KV {}), {} heads moved by the fit",
                format_bytes(fit.total_bytes), format_bytes(s.options.budget),
                format_bytes(s.engine->full()), fit.heads_moved);
-  result.windows = fit.windows;
-  result.expected_distortion = fit.expected_distortion;
-  result.global_bytes = fit.total_bytes - s.fixed;
+  // A fit that moves no head keeps the completion's total as the solver summed it.
+  const double total =
+      fit.heads_moved == 0 ? result.total_distortion : summed_distortion(fit.expected_distortion);
+  const EngineFitRecord record{fit.heads_moved, fit.total_bytes, result.total_distortion, total};
+  take_fit(result, std::move(fit.windows), std::move(fit.expected_distortion),
+           fit.total_bytes - s.fixed, total);
+  return record;
 }
 
 // vLLM builds one cache layout for every rank: re-solve under the shard constraint.
@@ -409,10 +434,7 @@ TensorParallelFit fit_to_shards(const CalibrationJob::State& s, SeqCalibResult& 
       tp.walk_already_shards && tp.heads_moved == 0 ? "the walk's windows shard"
                                                     : "windows re-solved to shard",
       tp.distortion, tp.unconstrained_distortion, tp.distortion_lost(), tp.heads_moved);
-  result.windows = tp.windows;
-  result.expected_distortion = tp.expected_distortion;
-  result.global_bytes = tp.global_bytes;
-  result.total_distortion = tp.distortion;
+  take_fit(result, tp.windows, tp.expected_distortion, tp.global_bytes, tp.distortion);
   return tp;
 }
 
@@ -439,7 +461,7 @@ Walked walk(const CalibrationJob::State& s, arch::DecoderModel& model, const Run
     w.options.span = w.shard.span.get();
   }
   w.result = run_seqcalib(model, s.data.sequences, w.options);
-  if (s.engine->engine() == ServingEngine::kVllm) fit_to_vllm(s, w.result);
+  if (s.engine->engine() == ServingEngine::kVllm) w.engine_fit = fit_to_vllm(s, w.result);
   if (r.tensor_parallel_size > 1) w.tensor_parallel = fit_to_shards(s, w.result);
   return w;
 }
@@ -492,6 +514,7 @@ CalibrationOutcome finish(const CalibrationJob::State& s, arch::DecoderModel& mo
   record.backend = world.backend();
   record.micro_batch = w.share.micro_batch;
   record.tensor_parallel = std::move(w.tensor_parallel);
+  record.engine_fit = w.engine_fit;
   return out;
 }
 
