@@ -1,11 +1,12 @@
 #pragma once
-// What the eval tests share: headwise-calc run as a child process, and fixture policies as
-// `calibrate` would write them (windows given).
+// What the eval tests share: headwise-calc run as a child process, fixture policies as `calibrate`
+// would write them (windows given), and reading the rows of eval --json.
 #include <sys/wait.h>
 #include <catch2/catch.hpp>
 
 #include <cstdio>
 #include <filesystem>
+#include <nlohmann/json.hpp>
 #include <random>
 #include <string>
 
@@ -68,6 +69,21 @@ inline policy::Policy fixture_policy(const std::filesystem::path& dir,
   for (const auto& [layer, heads] : windows) p.per_layer_policies.push_back({layer, heads, {}, {}});
   policy::fill_memory(p, spec);
   return p;
+}
+
+// An online eviction method's row (h2o, snapkv, adakv, pyramidkv, the chunked variants and the
+// *-headwise-slots ablations): only those report the measured bookkeeping of the eviction cache.
+inline bool is_eviction_row(const nlohmann::json& m) {
+  return m.contains("details") && m["details"].contains("auxiliary_bytes_measured");
+}
+
+// The row of method `name` in eval --json's output; fails the test when there is none.
+inline const nlohmann::json& method_row(const nlohmann::json& j, const std::string& name) {
+  for (const auto& m : j.at("methods")) {
+    if (m.at("name") == name) return m;
+  }
+  FAIL("no method " << name);
+  return j;
 }
 
 }  // namespace headwise::testing
