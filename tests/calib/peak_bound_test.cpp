@@ -7,6 +7,7 @@
 #include <random>
 
 #include "../arch/fixture_reference.hpp"
+#include "calib/job/input_checks.hpp"
 #include "calib/rules/joint_rules.hpp"
 #include "calib/rules/peak_bound.hpp"
 #include "headwise/calib/calibration_job.hpp"
@@ -323,6 +324,22 @@ TEST_CASE(
   CHECK_THROWS_WITH(calib::parse_calibration_options(with(snap, {{"prefill_peak", "0"}})),
                     Catch::Contains("--prefill-peak"));
   CHECK(!std::filesystem::exists(out));
+}
+
+TEST_CASE("--prefill-peak is refused up front on more global layers than the bounded solve tries",
+          "[calib][keep-rules]") {
+  // The bounded solve tries every set of selecting layers (joint::solve_by_selecting_sets); without
+  // --prefill-peak the solve over the layers' frontiers has no such limit.
+  calib::CalibrationOptions o = calib::parse_calibration_options(
+      with(fixture_request("window,h2o,snap"), {{"prefill_peak", "30k"}}));
+  const std::vector rules{policy::KeepRule::kH2O, policy::KeepRule::kSnap};
+  const size_t limit = calib::joint::kMaxPeakBoundLayers;
+  CHECK_NOTHROW(calib::check_prefill_peak(o, rules, limit));
+  CHECK_THROWS_WITH(calib::check_prefill_peak(o, rules, limit + 1),
+                    Catch::Contains("--prefill-peak: the bounded joint solve tries every set of "
+                                    "selecting layers, and 13 global layers is over 12"));
+  o.prefill_peak.reset();
+  CHECK_NOTHROW(calib::check_prefill_peak(o, rules, 48));
 }
 
 TEST_CASE(

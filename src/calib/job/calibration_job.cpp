@@ -227,7 +227,7 @@ CalibrationJob::CalibrationJob(const CalibrationOptions& options, const fs::path
   if (seq_len <= 0) throw_field_error("seq_len", ": '{}' must be positive", seq_len);
   o.seq_len = seq_len;
   check_measure_options(o, !s.rules.empty());
-  check_prefill_peak(o, s.rules);
+  check_prefill_peak(o, s.rules, s.spec.global_layer_ids().size());
   refuse_follow_ups_without_choice(o, s.rules);
   // Before the walk: a rule chosen with the levels is measured on the answer span only.
   if (offered_at_every_level(s.rules) && !measure_traits(o.distortion).runs_on_span) {

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 
+#include "calib/rules/joint_rules.hpp"
 #include "headwise/calib/measure_traits.hpp"
 #include "headwise/calib/prompt_end.hpp"
 #include "headwise/core/error.hpp"
@@ -85,7 +86,8 @@ void refuse_follow_ups_without_choice(const CalibrationOptions& o,
   }
 }
 
-void check_prefill_peak(const CalibrationOptions& o, const std::vector<policy::KeepRule>& rules) {
+void check_prefill_peak(const CalibrationOptions& o, const std::vector<policy::KeepRule>& rules,
+                        size_t global_layers) {
   if (o.prefill_schedule != "whole" && o.prefill_schedule != "layer")
     throw_field_error("prefill_schedule", ": expected whole or layer, got '{}'",
                       o.prefill_schedule);
@@ -106,6 +108,12 @@ void check_prefill_peak(const CalibrationOptions& o, const std::vector<policy::K
                       " {} is below {} {}: the peak holds the steady bytes; to hold fewer in "
                       "decode, lower {}",
                       *o.prefill_peak, field_ref("budget"), o.budget, field_ref("budget"));
+  }
+  if (global_layers > joint::kMaxPeakBoundLayers) {
+    throw_field_error("prefill_peak",
+                      ": the bounded joint solve tries every set of selecting layers, and {} "
+                      "global layers is over {} (without {} the solve has no such limit)",
+                      global_layers, joint::kMaxPeakBoundLayers, field_ref("prefill_peak"));
   }
 }
 

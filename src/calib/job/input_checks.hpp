@@ -38,8 +38,10 @@ void refuse_follow_ups_without_choice(const CalibrationOptions& o,
 
 // --prefill-peak bounds what snap heads stage before they choose (joint_rules.hpp). Refused before
 // any heavy work: without snap there is nothing staged to bound (the policy's peak is its steady
-// bytes, which --budget bounds), and a bound below the budget would bound the steady bytes too.
-void check_prefill_peak(const CalibrationOptions& o, const std::vector<policy::KeepRule>& rules);
+// bytes, which --budget bounds), a bound below the budget would bound the steady bytes too, and a
+// model with more global layers than the bounded solve enumerates (joint::kMaxPeakBoundLayers).
+void check_prefill_peak(const CalibrationOptions& o, const std::vector<policy::KeepRule>& rules,
+                        size_t global_layers);
 
 // The measure's own options, and keep rules only with a measure that scores the answers.
 void check_measure_options(const CalibrationOptions& o, bool selecting_rules);

@@ -4,12 +4,7 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
-#include <bit>
 #include <chrono>
-#include <cmath>
-#include <limits>
-#include <optional>
-#include <tuple>
 
 #include "calib/rules/layer_trials.hpp"
 #include "calib/walk/finite_checks.hpp"
@@ -17,7 +12,6 @@
 #include "headwise/calib/keep_rule_method.hpp"
 #include "headwise/calib/measure_traits.hpp"
 #include "headwise/core/error.hpp"
-#include "headwise/solve/mckp.hpp"
 
 namespace headwise::calib {
 namespace {
@@ -29,9 +23,6 @@ using joint::HeadOption;
 using joint::JointCheck;
 using joint::LayerOptions;
 using trials::copy_head;
-
-// 2^G sets of selecting layers are solved: at most 4096.
-constexpr size_t kMaxJointLayers = 12;
 
 // `base` with head h's group taken from `from`, per micro-batch.
 SpanOutputs with_head(const SpanOutputs& base, const SpanOutputs& from, int64_t h, int64_t kv) {
@@ -100,100 +91,6 @@ LayerOptions measure_layer(const KeepRuleContext& context, const KeepRuleOptions
   return out;
 }
 
-// Bytes of one head's option; with `selecting`, its exact share of the layer's bookkeeping
-// (memory::selection_bytes: 12 B per slot and 24 B per head, times batch).
-int64_t option_bytes(const arch::AttentionShape& attention, int64_t level, bool selecting,
-                     const memory::MemoryOptions& memory) {
-  int64_t bytes = memory::head_bytes(attention, level, memory);
-  if (selecting) {
-    const int64_t kv = attention.num_kv_heads;
-    const std::vector<int64_t> every_head(static_cast<size_t>(kv), level);
-    bytes += memory::selection_bytes(attention, every_head, memory) / kv;  // divides exactly
-  }
-  return bytes;
-}
-
-// The solver's groups with the layers of `mask` selecting and the layers of `kept` at the walk's
-// windows. A group's options are ordered so that the solver's tie rule (the larger `window` wins)
-// prefers keeping recent tokens, then more slots: the rule options first, then the window options,
-// `window` the index.
-std::vector<solve::Group> groups_for(const arch::ModelSpec& spec,
-                                     const std::vector<LayerOptions>& layers, size_t mask,
-                                     const memory::MemoryOptions& memory, const Windows& walk,
-                                     const std::set<int64_t>& kept,
-                                     std::vector<std::vector<size_t>>& index) {
-  std::vector<solve::Group> groups;
-  index.clear();
-  for (size_t l = 0; l < layers.size(); ++l) {
-    const bool selecting = (mask >> l) & 1U;
-    const bool pinned = kept.contains(layers[l].layer);
-    const auto& attention = *spec.layer(layers[l].layer).attention;
-    for (size_t h = 0; h < layers[l].heads.size(); ++h) {
-      const auto& options = layers[l].heads[h];
-      solve::Group group;
-      group.layer_id = layers[l].layer;
-      group.kv_head = static_cast<int64_t>(h);
-      std::vector<size_t> order;
-      for (bool window_pass : {false, true}) {
-        for (size_t i = 0; i < options.size(); ++i) {
-          const bool window = options[i].rule == policy::KeepRule::kWindow;
-          if (window != window_pass || (!window && !selecting)) continue;
-          if (pinned && options[i].level != walk.at(layers[l].layer)[h]) continue;
-          order.push_back(i);
-        }
-      }
-      for (size_t i : order) {
-        group.options.push_back({static_cast<int64_t>(group.options.size()),
-                                 option_bytes(attention, options[i].level, selecting, memory),
-                                 options[i].divergence});
-      }
-      index.push_back(std::move(order));
-      groups.push_back(std::move(group));
-    }
-  }
-  return groups;
-}
-
-// Per group of groups_for, per option: whether it is a snap head's (it stages the prompt).
-std::vector<std::vector<bool>> snap_options(const std::vector<LayerOptions>& layers,
-                                            const std::vector<std::vector<size_t>>& index) {
-  std::vector<std::vector<bool>> out;
-  size_t g = 0;
-  for (const auto& layer : layers) {
-    for (const auto& options : layer.heads) {
-      out.emplace_back();
-      for (size_t i : index[g++]) out.back().push_back(options[i].rule == policy::KeepRule::kSnap);
-    }
-  }
-  return out;
-}
-
-// The decision that picks option `option[l][h]` of every head.
-Decision decision_of(const std::vector<LayerOptions>& layers,
-                     std::vector<std::vector<size_t>> option) {
-  Decision out;
-  for (size_t l = 0; l < layers.size(); ++l) {
-    std::vector<int64_t> levels;
-    std::vector<policy::KeepRule> rules;
-    for (size_t h = 0; h < layers[l].heads.size(); ++h) {
-      const HeadOption& chosen = layers[l].heads[h][option[l][h]];
-      levels.push_back(chosen.level);
-      rules.push_back(chosen.rule);
-    }
-    out.windows[layers[l].layer] = levels;
-    out.rules[layers[l].layer] = rules;
-  }
-  out.option = std::move(option);
-  return out;
-}
-
-// Whether layer l of `decision` is the walk's: every head a window at the walk's level.
-bool at_walk(const Decision& decision, int64_t layer, const Windows& walk) {
-  const auto& rules = decision.rules.at(layer);
-  return decision.windows.at(layer) == walk.at(layer) &&
-         std::all_of(rules.begin(), rules.end(),
-                     [](const policy::KeepRule& r) { return r == policy::KeepRule::kWindow; });
-}
 // A global layer as the runtime serves it: each head at its level under its rule.
 class JointCore final : public arch::AttentionCore {
  public:
@@ -311,153 +208,6 @@ std::map<int64_t, JointCheck> check_layers(arch::DecoderModel& model,
 
 }  // namespace
 
-namespace joint {
-
-std::set<int64_t> selecting_layers(const std::map<int64_t, std::vector<policy::KeepRule>>& rules) {
-  std::set<int64_t> out;
-  for (const auto& [layer, heads] : rules) {
-    for (const auto& rule : heads) {
-      if (rule != policy::KeepRule::kWindow) out.insert(layer);
-    }
-  }
-  return out;
-}
-
-std::set<int64_t> selecting_layers(const Decision& decision) {
-  return selecting_layers(decision.rules);
-}
-
-int64_t decision_bytes(const arch::ModelSpec& spec, const Decision& decision,
-                       const memory::MemoryOptions& memory) {
-  return memory::estimate(spec, decision.windows, memory, selecting_layers(decision)).total_bytes;
-}
-
-Decision solve(const arch::ModelSpec& spec, const std::vector<LayerOptions>& layers, int64_t budget,
-               const memory::MemoryOptions& memory, const Windows& walk,
-               const std::set<int64_t>& kept, const PeakBound& peak) {
-  HEADWISE_CHECK(layers.size() <= kMaxJointLayers, "keep rules: {} global layers is over {}",
-                 layers.size(), kMaxJointLayers);
-  // Fewer selecting layers first, so that on a tie the first (fewest) set stays. A kept layer
-  // selects nothing.
-  size_t kept_mask = 0;
-  for (size_t l = 0; l < layers.size(); ++l) {
-    if (kept.contains(layers[l].layer)) kept_mask |= size_t{1} << l;
-  }
-  std::vector<size_t> masks;
-  for (size_t m = 0; m < (size_t{1} << layers.size()); ++m) {
-    if ((m & kept_mask) == 0) masks.push_back(m);
-  }
-  std::stable_sort(masks.begin(), masks.end(),
-                   [](size_t a, size_t b) { return std::popcount(a) < std::popcount(b); });
-  double best = std::numeric_limits<double>::infinity();
-  std::vector<std::vector<size_t>> best_option;
-  for (size_t mask : masks) {
-    std::vector<std::vector<size_t>> index;
-    const auto groups = groups_for(spec, layers, mask, memory, walk, kept, index);
-    if (solve::min_total_bytes(groups) > budget) continue;
-    const solve::SolveResult r = solve::solve_exact(groups, budget);
-    std::optional<BoundedChoice> within =
-        BoundedChoice{r.choice, r.total_distortion, r.total_bytes, 0};
-    if (peak.active()) {
-      const auto staged = staged_groups(spec, groups, snap_options(layers, index), memory, peak);
-      within = keep_within_peak(staged, r, budget, peak.bytes - memory::fixed_bytes(spec, memory),
-                                peak.schedule, best);
-    }
-    if (!within || !(within->distortion < best)) continue;
-    best = within->distortion;
-    best_option.clear();
-    size_t g = 0;
-    for (const auto& layer : layers) {
-      best_option.emplace_back();
-      for (size_t h = 0; h < layer.heads.size(); ++h, ++g)
-        best_option.back().push_back(index[g][within->choice[g]]);
-    }
-  }
-  HEADWISE_CHECK(std::isfinite(best), "keep rules: no joint choice fits the budget");
-  spdlog::debug("keep rules: joint solve over {} sets of selecting layers", masks.size());
-  return decision_of(layers, std::move(best_option));
-}
-
-Decision solve_and_repair(const arch::ModelSpec& spec, const std::vector<LayerOptions>& layers,
-                          int64_t budget, const memory::MemoryOptions& memory, const Windows& walk,
-                          const JointMeasure& measure, std::map<int64_t, JointCheck>& checks,
-                          std::set<int64_t>& kept, const PeakBound& peak) {
-  // Each round keeps at least one more layer at the walk's windows or returns: at most G + 1.
-  for (;;) {
-    Decision decision = solve(spec, layers, budget, memory, walk, kept, peak);
-    std::set<int64_t> changed;
-    for (const auto& layer : layers) {
-      if (!kept.contains(layer.layer) && !at_walk(decision, layer.layer, walk))
-        changed.insert(layer.layer);
-    }
-    // A check from an earlier round describes an assignment the decision no longer has.
-    std::erase_if(checks, [&](const auto& c) { return !kept.contains(c.first); });
-    if (changed.empty()) return decision;
-    bool repaired = false;
-    for (const auto& [layer, check] : measure(decision, changed)) {
-      checks[layer] = check;
-      if (check.chosen > check.walk) {
-        kept.insert(layer);
-        repaired = true;
-      }
-    }
-    if (!repaired) return decision;
-  }
-}
-
-Decision spend_leftover(const arch::ModelSpec& spec, const std::vector<LayerOptions>& layers,
-                        const Decision& decision, const std::set<int64_t>& kept, int64_t budget,
-                        const memory::MemoryOptions& memory, const PeakBound& peak) {
-  const auto bytes_of = [&](const Decision& d) { return decision_bytes(spec, d, memory); };
-  const auto within_peak = [&](const Decision& d) {
-    return !peak.active() || policy_peak(spec, d.windows, d.rules, memory, peak) <= peak.bytes;
-  };
-  HEADWISE_CHECK(bytes_of(decision) <= budget, "keep rules: the joint choice is over the budget");
-  HEADWISE_CHECK(within_peak(decision), "keep rules: the joint choice is over --prefill-peak");
-  Decision out = decision;
-  struct Upgrade {
-    double increase = 0.0;
-    size_t layer = 0, head = 0;
-    int64_t bytes = 0;
-    size_t option = 0;
-  };
-  for (;;) {
-    std::vector<Upgrade> upgrades;
-    for (size_t l = 0; l < layers.size(); ++l) {
-      if (kept.contains(layers[l].layer)) continue;
-      const auto& attention = *spec.layer(layers[l].layer).attention;
-      const double tolerance = kSpendTolerance * layers[l].base;
-      for (size_t h = 0; h < layers[l].heads.size(); ++h) {
-        const auto& options = layers[l].heads[h];
-        const HeadOption& solved = options[decision.option[l][h]];
-        const int64_t now = memory::head_bytes(attention, options[out.option[l][h]].level, memory);
-        for (size_t i = 0; i < options.size(); ++i) {
-          const int64_t bytes = memory::head_bytes(attention, options[i].level, memory);
-          const double increase = options[i].divergence - solved.divergence;
-          if (bytes > now && increase <= tolerance) upgrades.push_back({increase, l, h, bytes, i});
-        }
-      }
-    }
-    std::sort(upgrades.begin(), upgrades.end(), [](const Upgrade& a, const Upgrade& b) {
-      return std::tie(a.increase, a.layer, a.head, a.bytes, a.option) <
-             std::tie(b.increase, b.layer, b.head, b.bytes, b.option);
-    });
-    bool spent = false;
-    for (const Upgrade& u : upgrades) {
-      auto option = out.option;
-      option[u.layer][u.head] = u.option;
-      Decision next = decision_of(layers, std::move(option));
-      if (bytes_of(next) > budget || !within_peak(next)) continue;
-      out = std::move(next);
-      spent = true;
-      break;
-    }
-    if (!spent) return out;
-  }
-}
-
-}  // namespace joint
-
 bool offered_at_every_level(const std::vector<policy::KeepRule>& rules) {
   return std::any_of(rules.begin(), rules.end(), [](const policy::KeepRule& rule) {
     return rule != policy::KeepRule::kWindow && keep_rule_method(rule).offered_at_every_level();
@@ -480,11 +230,11 @@ KeepRuleResult choose_keep_rules_jointly(arch::DecoderModel& model,
   for (int64_t i = 0; i < spec.num_layers(); ++i) {
     if (spec.layer(i).is_global()) global.push_back(i);
   }
-  if (global.size() > kMaxJointLayers) {
-    throw_field_error("keep_rules",
-                      ": snap's joint solve tries every set of selecting layers; {} global layers "
-                      "is over {}",
-                      global.size(), kMaxJointLayers);
+  if (o.prefill_peak > 0 && global.size() > joint::kMaxPeakBoundLayers) {
+    throw_field_error("prefill_peak",
+                      ": the bounded joint solve tries every set of selecting layers; {} global "
+                      "layers is over {}",
+                      global.size(), joint::kMaxPeakBoundLayers);
   }
   const auto tokens = static_cast<int64_t>(sequences.front().size());
   arch::ExactAttentionCore exact(context.attention_chunk);

@@ -15,10 +15,13 @@
 // 2. Solve. A head's option costs its slots' bytes (memory::head_bytes); a layer with any
 //    selecting head also holds the bookkeeping of memory::selection_bytes (12 B per slot of every
 //    head of the layer, 24 B per head, times batch), which is split exactly into each head's
-//    options in that layer. For every set of selecting layers (2^G of G global layers, G <= 12)
-//    the heads' options are solved exactly (solve::solve_exact, the walk's solver, distortions
-//    added over heads as the walk's curves are); the least total wins, fewer selecting layers on a
-//    tie. The walk's own decision is one of the feasible points, so the solve never predicts
+//    options in that layer. Each layer's assignments under both regimes (selecting, paying the
+//    bookkeeping; or windows only) are reduced to their exact Pareto frontier in (bytes, summed
+//    distortion) by a DP over the heads, and one exact solve over the layers' frontiers
+//    (solve::solve_exact, the walk's solver, distortions added over heads as the walk's curves are)
+//    chooses every layer's regime and heads together: the least total, fewer selecting layers on an
+//    exact tie. With --prefill-peak, every set of selecting layers is solved instead (2^G,
+//    G <= 12). The walk's own decision is one of the feasible points, so the solve never predicts
 //    worse than it. With --prefill-peak the solve also keeps the policy's prefill peak within the
 //    bound, exactly (peak_bound.hpp); the walk's decision stages nothing, so it stays feasible.
 // 3. Joint check and repair. Each head was measured with the others at the walk's windows, so
@@ -89,17 +92,33 @@ struct JointCheck {
 using JointMeasure =
     std::function<std::map<int64_t, JointCheck>(const Decision&, const std::set<int64_t>& layers)>;
 
+// Under --prefill-peak the solve tries every set of selecting layers one by one (the peak is a
+// second bound that one exact solve over the layers' frontiers does not carry): 2^G solves, G at
+// most this. Without it, one solve over every layer (no limit).
+inline constexpr size_t kMaxPeakBoundLayers = 12;
+
 // An upgrade is spent when its measured value exceeds the head's solved one by at most this
 // fraction of its layer's measure at the walk's windows (spend_leftover).
 inline constexpr double kSpendTolerance = 0.02;
 
 // The exact solve (step 2) with the layers in `kept` at `walk`'s windows and rules; `budget` is the
 // global layers' bytes (the policy's less its fixed bytes); `peak`, when active, bounds the whole
-// policy's prefill peak (fixed bytes included).
+// policy's prefill peak (fixed bytes included). Without a peak, one exact solve whose groups are
+// the layers' Pareto-optimal assignments under both regimes (selecting or not); with one,
+// solve_by_selecting_sets.
 Decision solve(const arch::ModelSpec& spec, const std::vector<LayerOptions>& layers, int64_t budget,
                const memory::MemoryOptions& memory,
                const std::map<int64_t, std::vector<int64_t>>& walk, const std::set<int64_t>& kept,
                const PeakBound& peak = {});
+
+// Step 2 by enumeration: for every set of selecting layers (at most kMaxPeakBoundLayers layers),
+// the heads' options solved exactly, the least total kept, fewer selecting layers on a tie. What
+// `solve` does under a peak bound; without one, the same optimum as `solve` (the tests compare).
+Decision solve_by_selecting_sets(const arch::ModelSpec& spec,
+                                 const std::vector<LayerOptions>& layers, int64_t budget,
+                                 const memory::MemoryOptions& memory,
+                                 const std::map<int64_t, std::vector<int64_t>>& walk,
+                                 const std::set<int64_t>& kept, const PeakBound& peak = {});
 
 // Steps 2 and 3: solve, check the changed layers with `measure`, keep the worse ones at the walk's
 // windows and solve the rest again, until none measures worse. `checks` gets each layer's last
