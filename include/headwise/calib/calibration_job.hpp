@@ -37,7 +37,6 @@ struct RunControl {
   int local_rank = 0;  // `--device cuda` becomes cuda:<local_rank>
 };
 
-// What a run measured and decided besides the policy: what the report and the heat map show.
 // --engine vllm: the walk's completed windows fitted to vLLM's exact reservation
 // (calib/engine.hpp). The report's windows, bytes and total_distortion are the fitted policy's;
 // this says what the fit moved.
@@ -48,6 +47,7 @@ struct EngineFitRecord {
   double distortion = 0.0;       // the fitted windows' (the report's total_distortion)
 };
 
+// What a run measured and decided besides the policy: what the report and the heat map show.
 struct CalibrationRecord {
   arch::ModelSpec spec;
   measure::WindowLadder ladder;

@@ -155,6 +155,21 @@ struct LayerAssignment {
   bool selecting = false;      // the layer pays the bookkeeping
 };
 
+// A solve's choice over groups_for's groups (one per head, layer by layer) as each head's index
+// in LayerOptions, per layer.
+std::vector<std::vector<size_t>> chosen_options(const std::vector<LayerOptions>& layers,
+                                                const std::vector<std::vector<size_t>>& index,
+                                                const std::vector<size_t>& choice) {
+  std::vector<std::vector<size_t>> option;
+  size_t g = 0;
+  for (const auto& layer : layers) {
+    option.emplace_back();
+    for (size_t h = 0; h < layer.heads.size(); ++h, ++g)
+      option.back().push_back(index[g][choice[g]]);
+  }
+  return option;
+}
+
 // The heads' options solved exactly with the layers of `selecting` paying the bookkeeping (one set
 // of the enumeration).
 Decision solve_selecting(const arch::ModelSpec& spec, const std::vector<LayerOptions>& layers,
@@ -163,15 +178,8 @@ Decision solve_selecting(const arch::ModelSpec& spec, const std::vector<LayerOpt
                          const std::set<int64_t>& kept) {
   std::vector<std::vector<size_t>> index;
   const auto groups = groups_for(spec, layers, selecting, memory, walk, kept, index);
-  const solve::SolveResult r = solve::solve_exact(groups, budget);
-  std::vector<std::vector<size_t>> option;
-  size_t g = 0;
-  for (const auto& layer : layers) {
-    option.emplace_back();
-    for (size_t h = 0; h < layer.heads.size(); ++h, ++g)
-      option.back().push_back(index[g][r.choice[g]]);
-  }
-  return decision_of(layers, std::move(option));
+  return decision_of(layers,
+                     chosen_options(layers, index, solve::solve_exact(groups, budget).choice));
 }
 
 // Of `states`, those whose distortion is below that of every state with fewer or as many bytes:
@@ -234,8 +242,10 @@ Decision solve_by_layer_frontiers(const arch::ModelSpec& spec,
     std::vector<std::vector<size_t>> index;
     const std::vector<bool> none(layers.size(), false);
     const auto windows_only = groups_for(spec, layers, none, memory, walk, kept, index);
-    if (budget >= solve::max_window_total_bytes(windows_only))
-      return solve_selecting(spec, layers, none, budget, memory, walk, kept);
+    if (budget >= solve::max_window_total_bytes(windows_only)) {
+      return decision_of(
+          layers, chosen_options(layers, index, solve::solve_exact(windows_only, budget).choice));
+    }
   }
   std::vector<solve::Group> groups;
   std::vector<std::vector<LayerAssignment>> assignments;
@@ -318,13 +328,7 @@ Decision solve_by_selecting_sets(const arch::ModelSpec& spec,
     }
     if (!within || !(within->distortion < best)) continue;
     best = within->distortion;
-    best_option.clear();
-    size_t g = 0;
-    for (const auto& layer : layers) {
-      best_option.emplace_back();
-      for (size_t h = 0; h < layer.heads.size(); ++h, ++g)
-        best_option.back().push_back(index[g][within->choice[g]]);
-    }
+    best_option = chosen_options(layers, index, within->choice);
   }
   HEADWISE_CHECK(std::isfinite(best), "keep rules: no joint choice fits the budget");
   spdlog::debug("keep rules: joint solve over {} sets of selecting layers", masks.size());
