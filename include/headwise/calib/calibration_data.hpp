@@ -28,10 +28,13 @@ inline constexpr int64_t kAnswerTailPositions = 32;
 std::vector<std::vector<int64_t>> tail_answer_positions(
     const std::vector<std::vector<int64_t>>& sequences, int64_t tail);
 
+// `needles`: the built-in set's needles per sequence (0: its own default, one per 512 tokens, 1 to
+// 8); a file takes none.
 CalibrationData load_calibration_data(const std::string& calib_path,
                                       const std::filesystem::path& model_dir, int64_t vocab_size,
                                       int64_t samples, int64_t seq_len, uint64_t seed,
-                                      std::string_view samples_flag = "--samples");
+                                      std::string_view samples_flag = "--samples",
+                                      int64_t needles = 0);
 
 // sha256 over the ids as little-endian int64, sequence after sequence.
 std::string token_ids_sha256(const std::vector<std::vector<int64_t>>& sequences);

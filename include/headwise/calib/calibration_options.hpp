@@ -103,6 +103,9 @@ struct CalibrationOptions {
   std::optional<int64_t> samples = 8;
   int64_t samples_cap = 32;        // with samples auto: the most sequences the rule may draw
   std::optional<int64_t> seq_len;  // nullopt: auto_calibration_length
+  // The built-in set's needles per sequence; nullopt: the set's own default (one per 512 tokens,
+  // 1 to 8). The data's description and sha256 carry it into the hash.
+  std::optional<int64_t> needles;
   // answer-tv-span: answer TV (what wins on retrieval accuracy, see AnswerDivergence) measured on
   // the answer span, at a cost flat in depth (answer_span.hpp); answer-tv is the exact measure.
   DistortionMeasure distortion = DistortionMeasure::kAnswerTvSpan;
@@ -202,6 +205,15 @@ void visit_fields(Options& o, Visitor&& visit) {
                             "is measured",
                     .use = kHashed | kRecorded,
                     .syntax = Syntax::kTokens,
+                    .unset = "auto"});
+  // Not hashed: the data's description and sha256 are (hashed_inputs), so an explicit --needles
+  // equal to the auto value keeps the policy's hash.
+  visit(o.needles, {.name = "needles",
+                    .help = "Needles (key-value pairs, each queried at the sequence's end) per "
+                            "sequence of the built-in calibration set; auto: one per 512 tokens, 1 "
+                            "to 8. More needles average each sequence over more depths at no "
+                            "extra forward, and change what the calibration measures "
+                            "(docs/seqcalib.md: \"More needles per sequence\")",
                     .unset = "auto"});
   visit(o.distortion,
         {.name = "distortion",

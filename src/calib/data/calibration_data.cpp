@@ -35,10 +35,10 @@ std::vector<std::vector<int64_t>> tail_answer_positions(
 CalibrationData load_calibration_data(const std::string& calib_path,
                                       const std::filesystem::path& model_dir, int64_t vocab_size,
                                       int64_t samples, int64_t seq_len, uint64_t seed,
-                                      std::string_view samples_flag) {
+                                      std::string_view samples_flag, int64_t needles) {
   CalibrationData data;
   if (calib_path.empty()) {
-    tasks::SyntheticOptions options{vocab_size, samples, seq_len, seed};
+    tasks::SyntheticOptions options{vocab_size, samples, seq_len, seed, needles};
     data.sequences = tasks::synthetic_retrieval_set(options);
     data.description = tasks::synthetic_set_description(options);
     data.sha256 = token_ids_sha256(data.sequences);

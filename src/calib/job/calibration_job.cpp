@@ -138,7 +138,7 @@ CalibrationData load_job_data(const CalibrationJob::State& s, int64_t samples) {
   const CalibrationOptions& o = s.options;
   CalibrationData data =
       load_calibration_data(o.calib, s.dir, s.spec.vocab_size, samples, *o.seq_len, o.seed,
-                            option_spelling(samples_field(s)));
+                            option_spelling(samples_field(s)), o.needles.value_or(0));
   // A rule that chooses at the prompt's end is measured after it, and so is every trial of the
   // run, the walk's included: all are compared on the same positions (prompt_end.hpp).
   if (chooses_at_prompt_end(s.rules)) {
@@ -227,6 +227,7 @@ CalibrationJob::CalibrationJob(const CalibrationOptions& options, const fs::path
       o.seq_len ? *o.seq_len : auto_calibration_length(o.windows.levels, s.mem.context);
   if (seq_len <= 0) throw_field_error("seq_len", ": '{}' must be positive", seq_len);
   o.seq_len = seq_len;
+  check_needles(o);
   check_measure_options(o, !s.rules.empty());
   check_prefill_peak(o, s.rules, s.spec.global_layer_ids().size());
   refuse_follow_ups_without_choice(o, s.rules);

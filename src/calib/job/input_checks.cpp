@@ -11,6 +11,7 @@
 #include "headwise/calib/prompt_end.hpp"
 #include "headwise/core/error.hpp"
 #include "headwise/core/units.hpp"
+#include "headwise/tasks/synthetic.hpp"
 
 namespace headwise::calib {
 
@@ -146,6 +147,27 @@ void check_samples(const CalibrationOptions& o) {
                       " auto reads the decision noise of the answer-span measures; use {} "
                       "answer-tv-span or answer-kl-span, not {}",
                       field_ref("distortion"), distortion_measure_name(o.distortion));
+  }
+}
+
+void check_needles(const CalibrationOptions& o) {
+  if (!o.calib.empty()) {
+    if (o.needles) {
+      throw_field_error("needles", " {} applies to the built-in calibration set, not to {} {}",
+                        *o.needles, field_ref("calib"), o.calib);
+    }
+    return;
+  }
+  if (!o.needles) return;
+  if (*o.needles <= 0) throw_field_error("needles", " must be positive, got {}", *o.needles);
+  // The built-in set's own floor: the haystack at least three times the queries' tokens.
+  const int64_t needle_tokens = 2 + tasks::kSyntheticKeyLen + tasks::kSyntheticValueLen;
+  const int64_t shortest = 4 * *o.needles * needle_tokens;
+  if (*o.seq_len < shortest) {
+    throw_field_error("needles",
+                      " {} do not fit calibration sequences of {} tokens (they need at least {}: "
+                      "lower {} or raise {})",
+                      *o.needles, *o.seq_len, shortest, field_ref("needles"), field_ref("seq_len"));
   }
 }
 

@@ -50,6 +50,10 @@ void check_measure_options(const CalibrationOptions& o, bool selecting_rules);
 // (per-sequence values); with another measure the rule would have nothing to read.
 void check_samples(const CalibrationOptions& o);
 
+// --needles: refused with a --calib file (its records have no needles) and where the built-in
+// set's sequences cannot hold them. After seq_len is resolved.
+void check_needles(const CalibrationOptions& o);
+
 // Feasibility before any heavy work: `fixed` bytes plus the smallest level everywhere.
 void refuse_budget_below_minimum(const arch::ModelSpec& spec, const memory::MemoryOptions& mem,
                                  int64_t fixed, const CalibrationOptions& o);
