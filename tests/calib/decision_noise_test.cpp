@@ -298,6 +298,10 @@ TEST_CASE("decision noise: the keep rules' decisions in the report, their chosen
   c10::InferenceMode inference;
   const calib::CalibrationOutcome outcome = calibrate_fixture("point");
   const nlohmann::json report = report::calibration_report(outcome);
+  // The policy's end-to-end value is the keep-rule pass's, which ran its windows and rules.
+  REQUIRE(outcome.record.keep_rules.has_value());
+  CHECK(report["answer_kl"]["end_to_end_policy"].get<double>() ==
+        outcome.record.keep_rules->divergence_final);
   REQUIRE(report.contains("decision_noise"));
   const nlohmann::json& noise = report["decision_noise"];
   REQUIRE(noise["layers"].size() == 2);  // the walk's entries stay where other tools read them
