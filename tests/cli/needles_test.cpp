@@ -8,11 +8,12 @@
 #include <string>
 #include <vector>
 
+#include "../support/cli_calibrate.hpp"
 #include "../support/temp_dir.hpp"
 #include "../support/test_paths.hpp"
-#include "headwise/core/files.hpp"
 
 using namespace headwise;
+using testing::calibrate;
 using testing::run_cli;
 using testing::TempDir;
 namespace fs = std::filesystem;
@@ -24,14 +25,6 @@ namespace {
 const std::string kModel = std::string(HEADWISE_FIXTURES_DIR) + "/gemma3_gqa4";
 const std::string kArgs =
     "--model " + kModel + " --context 256 --windows 8,32,full --budget 62k --seed 0 -q";
-
-std::string calibrate(const TempDir& dir, const std::string& name, const std::string& args) {
-  const fs::path out = dir / (name + ".yaml");
-  const auto run = run_cli(args + " -o " + out.string());
-  INFO(args << "\n" << run.err);
-  REQUIRE(run.status == 0);
-  return read_text_file(out);
-}
 
 // The value of the first line holding `key` (its text after the key), or "" without one.
 std::string line_value(const std::string& yaml, const std::string& key) {
@@ -70,10 +63,7 @@ TEST_CASE("--needles is refused where the set cannot take it, in one line", "[cl
     ids += std::to_string(16 + t % 100);
   }
   const std::string file = dir.write("data.jsonl", "{\"input_ids\": [" + ids + "]}\n").string();
-  struct Case {
-    std::string args, fragment;
-  };
-  const std::vector<Case> cases{
+  const std::vector<testing::Refusal> cases{
       {base + " --needles 0", "--needles must be positive, got 0"},
       {base + " --needles -2", "--needles must be positive, got -2"},
       {base + " --needles many", "--needles"},
@@ -84,12 +74,5 @@ TEST_CASE("--needles is refused where the set cannot take it, in one line", "[cl
       {base + " --needles 2 --samples 1 --calib " + file,
        "--needles 2 applies to the built-in calibration set, not to --calib "},
   };
-  for (const auto& c : cases) {
-    INFO(c.args);
-    const auto run = run_cli(c.args);
-    CHECK(run.status == 1);
-    CHECK_THAT(run.err, Catch::Contains(c.fragment));
-    CHECK(std::count(run.err.begin(), run.err.end(), '\n') == 1);
-    CHECK(!fs::exists(out));
-  }
+  testing::check_refusals(cases, out);
 }

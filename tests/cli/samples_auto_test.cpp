@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "../support/cli_calibrate.hpp"
 #include "../support/temp_dir.hpp"
 #include "../support/test_paths.hpp"
 #include "calib/job/auto_samples.hpp"
@@ -18,6 +19,7 @@
 #include "headwise/tasks/synthetic.hpp"
 
 using namespace headwise;
+using testing::calibrate;
 using testing::run_cli;
 using testing::TempDir;
 namespace fs = std::filesystem;
@@ -60,15 +62,6 @@ std::string without_auto_lines(const std::string& yaml) {
     if (line.find("inputs_sha256") == std::string::npos) out += line + "\n";
   }
   return out;
-}
-
-// Calibrates into `dir`/`name`.yaml with `args` and returns the policy's text.
-std::string calibrate(const TempDir& dir, const std::string& name, const std::string& args) {
-  const fs::path out = dir / (name + ".yaml");
-  const auto run = run_cli(args + " -o " + out.string());
-  INFO(args << "\n" << run.err);
-  REQUIRE(run.status == 0);
-  return read_text_file(out);
 }
 
 // policy.calibration's samples key and samples_auto block, as written.
@@ -127,8 +120,10 @@ TEST_CASE("samples auto: fewer sequences are the first of more, built-in or from
   std::string jsonl;
   for (int r = 0; r < 12; ++r) {
     std::string ids;
-    for (int t = 0; t < (r % 3 == 0 ? 40 : 7 + r); ++t)
-      ids += (t ? "," : "") + std::to_string(16 + (r * 7 + t) % 100);
+    for (int t = 0; t < (r % 3 == 0 ? 40 : 7 + r); ++t) {
+      if (t > 0) ids += ',';
+      ids += std::to_string(16 + (r * 7 + t) % 100);
+    }
     jsonl += "{\"input_ids\": [" + ids + "]}\n";
   }
   const fs::path file = dir.write("data.jsonl", jsonl);
@@ -141,18 +136,17 @@ TEST_CASE("samples auto: fewer sequences are the first of more, built-in or from
 TEST_CASE("samples auto refuses bad input with one line and writes nothing", "[cli]") {
   TempDir dir("samples-auto");
   const auto out = (dir / "p.yaml").string();
-  struct Case {
-    std::string args;
-    std::string fragment;
-  };
   const std::string base = gemma("66k", 6) + " -o " + out;
   // Three records, each cut to one sequence: fewer than --samples 8, and than auto's cap.
   std::string ids;
-  for (int t = 0; t < 4096; ++t) ids += (t ? "," : "") + std::to_string(16 + t % 100);
+  for (int t = 0; t < 4096; ++t) {
+    if (t > 0) ids += ',';
+    ids += std::to_string(16 + t % 100);
+  }
   std::string records;
   for (int r = 0; r < 3; ++r) records += "{\"input_ids\": [" + ids + "]}\n";
   const std::string short_file = dir.write("short.jsonl", records).string();
-  const std::vector<Case> cases{
+  const std::vector<testing::Refusal> cases{
       {base + " --samples auto --calib " + short_file,
        "gives 3 sequence(s) of 256 tokens, 32 asked for (--samples-cap); use a shorter sequence "
        "length, a smaller --samples-cap or more data"},
@@ -169,14 +163,7 @@ TEST_CASE("samples auto refuses bad input with one line and writes nothing", "[c
       {base + " --samples auto --distortion answer-tv", "--samples auto reads the decision noise"},
       {base + " --samples auto --resume", "--resume: not with --samples auto"},
   };
-  for (const auto& c : cases) {
-    INFO(c.args);
-    const auto run = run_cli(c.args);
-    CHECK(run.status == 1);
-    CHECK_THAT(run.err, Catch::Contains(c.fragment));
-    CHECK(std::count(run.err.begin(), run.err.end(), '\n') == 1);
-    CHECK(!fs::exists(out));
-  }
+  testing::check_refusals(cases, out);
 }
 
 TEST_CASE("samples auto draws more where a decision needs it and gives the fixed run's policy",

@@ -9,12 +9,14 @@
 #include <catch2/catch.hpp>
 #include "test_paths.hpp"
 
+#include <algorithm>
 #include <array>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <memory>
 #include <string>
+#include <vector>
 
 namespace headwise::testing {
 
@@ -81,6 +83,25 @@ inline CliRun run_cli_with(const std::string& arguments, const std::string& env 
 
 inline CliRun run_cli(const std::string& arguments) {
   return run_cli_with(arguments);
+}
+
+// A command line the CLI must refuse, and a fragment its one-line error holds.
+struct Refusal {
+  std::string args;
+  std::string fragment;
+};
+
+// Each refusal exits 1 with one line on stderr holding its fragment, and writes nothing to `out`
+// (the -o its arguments give): bad input gets no half-written output.
+inline void check_refusals(const std::vector<Refusal>& refusals, const std::filesystem::path& out) {
+  for (const auto& r : refusals) {
+    INFO(r.args);
+    const auto run = run_cli(r.args);
+    CHECK(run.status == 1);
+    CHECK_THAT(run.err, Catch::Contains(r.fragment));
+    CHECK(std::count(run.err.begin(), run.err.end(), '\n') == 1);
+    CHECK(!std::filesystem::exists(out));
+  }
 }
 
 }  // namespace headwise::testing
