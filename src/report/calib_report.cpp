@@ -89,18 +89,6 @@ nlohmann::json rate_distortion_curve(const std::vector<calib::HeadCurve>& probe_
   return curve;
 }
 
-namespace {
-
-// The end-to-end divergence of the windows the policy is written with, where one was measured: the
-// completion's, unless a fit (vLLM's reservation, the shard constraint) moved windows after it.
-// The keep-rule pass measures the final policy itself (calibration_report below).
-nlohmann::json end_to_end_of_written_windows(const calib::SeqCalibResult& r) {
-  if (r.windows_fitted_after_completion || r.divergence_policy < 0) return nullptr;
-  return r.divergence_policy;
-}
-
-}  // namespace
-
 nlohmann::json calibration_report(const calib::SeqCalibResult& r, const ReportContext& c) {
   nlohmann::json layers = nlohmann::json::array();
   for (const auto& l : r.layers) {
@@ -135,7 +123,6 @@ nlohmann::json calibration_report(const calib::SeqCalibResult& r, const ReportCo
     answer = {{"divergence", divergence == calib::AnswerDivergence::kTv ? "tv" : "kl"},
               {"end_to_end_after_walk", r.divergence_walk},
               {"end_to_end_after_completion", r.divergence_policy},
-              {"end_to_end_policy", end_to_end_of_written_windows(r)},
               {"windows_moved_by_completion", r.windows_moved_by_completion},
               {"rewalks", r.rewalks},
               {"end_to_end_by_pass", r.divergence_by_pass},
@@ -296,6 +283,21 @@ std::string window_heatmap_svg(const arch::ModelSpec& spec,
   return svg;
 }
 
+namespace {
+
+// The end-to-end divergence of the policy as written, where one was measured: the keep-rule pass's
+// (it ran the final windows and rules, after any fit), else the completion's unless a fit (vLLM's
+// reservation, the shard constraint) moved windows after it; null otherwise.
+nlohmann::json written_policy_end_to_end(const calib::CalibrationRecord& r) {
+  if (r.keep_rules && r.keep_rules->divergence_final >= 0) return r.keep_rules->divergence_final;
+  const bool fitted = (r.engine_fit && r.engine_fit->heads_moved > 0) ||
+                      (r.tensor_parallel && r.tensor_parallel->heads_moved > 0);
+  if (fitted || r.result.divergence_policy < 0) return nullptr;
+  return r.result.divergence_policy;
+}
+
+}  // namespace
+
 nlohmann::json calibration_report(const calib::CalibrationOutcome& outcome) {
   const calib::CalibrationRecord& r = outcome.record;
   const policy::Policy& policy = outcome.policy;
@@ -311,10 +313,8 @@ nlohmann::json calibration_report(const calib::CalibrationOutcome& outcome) {
   nlohmann::json report = calibration_report(r.result, context);
   report["world_size"] = r.world_size;
   if (r.keep_rules) report["keep_rules"] = calib::keep_rules_json(*r.keep_rules);
-  // With keep rules the policy's own end-to-end value is the pass's: it ran the final windows and
-  // rules, after any fit.
-  if (r.keep_rules && r.keep_rules->divergence_final >= 0 && report["answer_kl"].is_object())
-    report["answer_kl"]["end_to_end_policy"] = r.keep_rules->divergence_final;
+  if (report["answer_kl"].is_object())
+    report["answer_kl"]["end_to_end_policy"] = written_policy_end_to_end(r);
   if (r.keep_rules && !r.keep_rules->noise.empty()) {
     report["decision_noise"] =
         calib::noise::decision_noise_json(r.result.decision_noise, r.keep_rules->noise);

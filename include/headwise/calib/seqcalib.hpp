@@ -203,9 +203,6 @@ struct SeqCalibResult {
   double divergence_walk = -1.0;
   double divergence_policy = -1.0;
   int64_t windows_moved_by_completion = 0;
-  // A fit after the completion (vLLM's reservation, the shard constraint) moved windows: the
-  // policy written is the fit's, and divergence_policy describes the windows before it.
-  bool windows_fitted_after_completion = false;
   // Fresh conditioning: re-walks kept (the layers above the lowest one the completion moved,
   // re-decided on the completed stream), and the end-to-end answer KL of the first walk's policy
   // and of each re-walk tried (a last one not below its predecessor was discarded).

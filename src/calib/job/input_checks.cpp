@@ -110,12 +110,7 @@ void check_prefill_peak(const CalibrationOptions& o, const std::vector<policy::K
                       "decode, lower {}",
                       *o.prefill_peak, field_ref("budget"), o.budget, field_ref("budget"));
   }
-  if (global_layers > joint::kMaxPeakBoundLayers) {
-    throw_field_error("prefill_peak",
-                      ": the bounded joint solve tries every set of selecting layers, and {} "
-                      "global layers is over {} (without {} the solve has no such limit)",
-                      global_layers, joint::kMaxPeakBoundLayers, field_ref("prefill_peak"));
-  }
+  joint::refuse_peak_bound_beyond_limit(global_layers);
 }
 
 void check_measure_options(const CalibrationOptions& o, bool selecting_rules) {

@@ -14,7 +14,6 @@ namespace {
 void take_fit(SeqCalibResult& result, std::map<int64_t, std::vector<int64_t>> windows,
               std::map<int64_t, std::vector<double>> expected_distortion, int64_t global_bytes,
               double total_distortion) {
-  if (windows != result.windows) result.windows_fitted_after_completion = true;
   result.windows = std::move(windows);
   result.expected_distortion = std::move(expected_distortion);
   result.global_bytes = global_bytes;

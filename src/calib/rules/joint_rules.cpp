@@ -230,12 +230,7 @@ KeepRuleResult choose_keep_rules_jointly(arch::DecoderModel& model,
   for (int64_t i = 0; i < spec.num_layers(); ++i) {
     if (spec.layer(i).is_global()) global.push_back(i);
   }
-  if (o.prefill_peak > 0 && global.size() > joint::kMaxPeakBoundLayers) {
-    throw_field_error("prefill_peak",
-                      ": the bounded joint solve tries every set of selecting layers; {} global "
-                      "layers is over {}",
-                      global.size(), joint::kMaxPeakBoundLayers);
-  }
+  if (o.prefill_peak > 0) joint::refuse_peak_bound_beyond_limit(global.size());
   const auto tokens = static_cast<int64_t>(sequences.front().size());
   arch::ExactAttentionCore exact(context.attention_chunk);
   const joint::PeakBound peak = joint::peak_bound(spec, windows, o);

@@ -97,6 +97,11 @@ using JointMeasure =
 // most this. Without it, one solve over every layer (no limit).
 inline constexpr size_t kMaxPeakBoundLayers = 12;
 
+// --prefill-peak on more global layers than kMaxPeakBoundLayers: a FieldError naming it. The job
+// refuses it before any heavy work (input_checks.cpp); the joint pass checks again for its other
+// callers.
+void refuse_peak_bound_beyond_limit(size_t global_layers);
+
 // An upgrade is spent when its measured value exceeds the head's solved one by at most this
 // fraction of its layer's measure at the walk's windows (spend_leftover).
 inline constexpr double kSpendTolerance = 0.02;

@@ -125,6 +125,14 @@ bool at_walk(const Decision& decision, int64_t layer, const Windows& walk) {
 
 namespace joint {
 
+void refuse_peak_bound_beyond_limit(size_t global_layers) {
+  if (global_layers <= kMaxPeakBoundLayers) return;
+  throw_field_error("prefill_peak",
+                    ": the bounded joint solve tries every set of selecting layers, and {} global "
+                    "layers is over {} (without {} the solve has no such limit)",
+                    global_layers, kMaxPeakBoundLayers, field_ref("prefill_peak"));
+}
+
 std::set<int64_t> selecting_layers(const std::map<int64_t, std::vector<policy::KeepRule>>& rules) {
   std::set<int64_t> out;
   for (const auto& [layer, heads] : rules) {
