@@ -14,8 +14,11 @@ only), in its own process group, and always stopped (SIGTERM, then SIGKILL) with
      greedy tokens are the plain forward's argmax (the policy's differ from them on these prompts,
      so the two runs tell the policy from none).
   3. Bad input. Each of: another model's policy, a layer list or a head count that does not match,
-     malformed and truncated YAML, a missing file, h2o rules, sink tokens; the server exits non-zero
-     with one line `headwise_vllm: <file>: <field> ...` and no trace, before any weights load.
+     malformed and truncated YAML, a missing file, h2o rules, sink tokens, is refused with one line
+     `headwise_vllm: <file>: <field> ...` by the code the server runs (the plugin's entry point, then
+     its architecture check), in this process; and the server itself, started with one bad policy
+     for each of the two (a missing file, another model's policy), exits non-zero with that line and
+     no trace, before any weights load.
 
 Usage: test_vllm_server.py --cli build/bin/headwise-calc [--fixtures tests/fixtures] [--venv .venv-vllm]
 Exit 0 on success, 1 on failure, 4 (skipped) when vLLM or openai cannot be imported, unless
@@ -33,6 +36,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import types
 import urllib.request
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
@@ -47,7 +51,8 @@ REFUSE_TIMEOUT = 180  # seconds for a refused start to exit
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from checklist import Checklist  # noqa: E402
 from venv_reexec import reexec_in_venv  # noqa: E402
-from vllm_common import model_view, reference_logprobs, skip_without_vllm, write_policy  # noqa: E402
+from vllm_common import (keep_ipc_sockets_in, model_view, reference_logprobs, skip_without_vllm,  # noqa: E402
+                         write_policy)
 
 reexec_in_venv()
 try:
@@ -198,12 +203,39 @@ def refused_start(view, policy, log_path):
         return rc, time.time() - t0, server.text()
 
 
+# One bad policy for each place the server refuses: the plugin's entry point, when vLLM loads its
+# plugins (the file cannot be read), and the architecture check, when vLLM resolves the model class
+# (the policy is servable but another model's). Every other bad policy stops at one of the two in
+# the same code, checked in this process: a refused server start costs about 20 s of one core, most
+# of it vLLM's import.
+SERVER_REFUSALS = ("another model's policy", "a missing file")
+
+
+def refused_in_process(view, policy):
+    """The one line the server would print for a bad policy, from the entry point or, where that
+    passes, from the architecture check the server runs next (None if neither refuses)."""
+    from headwise_vllm import plugin
+    from transformers import AutoConfig
+
+    os.environ["HEADWISE_POLICY"] = str(policy)
+    config = AutoConfig.from_pretrained(view)
+    try:
+        plugin.register()
+        plugin.refuse_on_error(plugin.check_model)(str(policy), config.architectures[0],
+                                                   types.SimpleNamespace(model=str(view), hf_config=config))
+    except plugin.PolicyRefused as e:
+        return e.code
+    finally:
+        del os.environ["HEADWISE_POLICY"]
+    return None
+
+
 def check_refusals(fixtures, fixture, view, tmp):
     cases = bad_policies(fixtures, fixture, tmp)
-    # Two at a time: a refused start is mostly vLLM's import, one core each.
-    with concurrent.futures.ThreadPoolExecutor(2) as pool:
-        starts = list(pool.map(lambda c: refused_start(view, c[1], tmp / f"server-bad-{c[1].stem}.log"), cases))
-    for (case, policy, field), (rc, seconds, log) in zip(cases, starts):
+    at_server = [c for c in cases if c[0] in SERVER_REFUSALS]
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:  # one core each
+        starts = list(pool.map(lambda c: refused_start(view, c[1], tmp / f"server-bad-{c[1].stem}.log"), at_server))
+    for (case, policy, field), (rc, seconds, log) in zip(at_server, starts):
         lines = [line for line in log.splitlines() if line.startswith("headwise_vllm: ")]
         # vLLM logs these when its engine starts and when it reads the checkpoint
         started = [line for line in log.splitlines()
@@ -212,6 +244,12 @@ def check_refusals(fixtures, fixture, view, tmp):
            and "Traceback" not in log and not started,
            f"{case}: the server exits ({rc}, {seconds:.0f} s) with one line naming the file and "
            f"{field!r}, no trace, before its engine starts: {lines[0] if lines else log[-1500:]}")
+    for case, policy, field in cases:
+        line = refused_in_process(view, policy)
+        ok(isinstance(line, str) and len(line.splitlines()) == 1 and line.startswith("headwise_vllm: ")
+           and str(policy) in line and field in line,
+           f"{case}: the plugin refuses it in one line naming the file and {field!r} (a SystemExit, exit "
+           f"status 1), as the server's start does: {line}")
 
 
 def main():
@@ -227,6 +265,7 @@ def main():
     vocab = json.loads((fixture / "config.json").read_text())["vocab_size"]
     prompts = [[rng.randrange(vocab) for _ in range(n)] for n in PROMPTS]
     with tempfile.TemporaryDirectory(prefix="headwise-vllm-server-") as d:
+        keep_ipc_sockets_in(d)
         tmp = pathlib.Path(d)
         view = model_view(fixture, tmp)
         policy = write_policy(tmp / "policy.yaml", fixture, WINDOWS, dtype="bfloat16")

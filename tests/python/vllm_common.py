@@ -12,6 +12,14 @@ import sys
 CPU_BLOCK_SIZE = 128
 
 
+def keep_ipc_sockets_in(tmp):
+    """vLLM names its ZeroMQ IPC sockets after a fresh uuid under VLLM_RPC_BASE_PATH (the system's
+    temporary folder by default) and leaves them there: every engine a test starts would add one
+    to /tmp for good. Under the test's own temporary folder they go with it. Call before the first
+    engine starts; servers started as subprocesses inherit it."""
+    os.environ["VLLM_RPC_BASE_PATH"] = str(tmp)
+
+
 def run(cmd, expect_ok=True, env=None, timeout=None):
     r = subprocess.run([str(c) for c in cmd], capture_output=True, text=True, timeout=timeout,
                        env={**os.environ, "OMP_NUM_THREADS": "1", **(env or {})})
