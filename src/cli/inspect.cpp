@@ -76,6 +76,10 @@ void run_inspect(const InspectArgs& args) {
   const std::optional<int64_t> weights =
       checkpoint->has_weights() ? std::optional(checkpoint->weight_bytes()) : std::nullopt;
   if (args.flags.json) {
+    // Assigned, not a conditional expression: GCC 12 warns (falsely) that the optional's value
+    // may be read uninitialised when the json is moved out of one.
+    nlohmann::json weights_bytes(nullptr);
+    if (weights) weights_bytes = *weights;
     nlohmann::json layers = nlohmann::json::array();
     for (const auto& layer : spec.layers)
       layers.push_back(layer_json(layer, estimate.layers[static_cast<size_t>(layer.id)]));
@@ -90,8 +94,7 @@ void run_inspect(const InspectArgs& args) {
                                 {"block_size", o.block_size},
                                 {"kv_dtype", dtype_name(o.kv_dtype)},
                                 {"global_layers", spec.global_layer_ids()},
-                                {"weights_bytes",
-                                 weights ? nlohmann::json(*weights) : nlohmann::json(nullptr)},
+                                {"weights_bytes", weights_bytes},
                                 {"full_kv_total_bytes", estimate.total_bytes},
                                 {"layers", layers}}
                      .dump(2)

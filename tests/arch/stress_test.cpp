@@ -4,6 +4,8 @@
 // load (spinning threads and a GEMM loop with its own OpenMP team), runs every forward family
 // at two intra-op threads, with the layer streaming's prefetch thread and page drops active,
 // and asks for bit-identical logits every time, within parity tolerance of transformers.
+#include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <catch2/catch.hpp>
 
 #include <ATen/Parallel.h>
@@ -90,11 +92,10 @@ constexpr int kRunsPerFamily = 12;
 std::filesystem::path write_reference_tokens(const std::filesystem::path& fixture,
                                              const std::filesystem::path& dir) {
   const at::Tensor ids = read_reference(fixture, "input_ids").flatten();
-  std::string tokens = "[";
-  for (int64_t i = 0; i < ids.size(0); ++i)
-    tokens += (i ? "," : "") + std::to_string(ids[i].item<int64_t>());
+  std::vector<int64_t> tokens;
+  for (int64_t i = 0; i < ids.size(0); ++i) tokens.push_back(ids[i].item<int64_t>());
   const auto path = dir / "ids.json";
-  write_file_atomically(path, tokens + "]");
+  write_file_atomically(path, fmt::format("[{}]", fmt::join(tokens, ",")));
   return path;
 }
 

@@ -6,6 +6,8 @@
 // kernel where a GPU is present. The reference is a brute-force loop over key_visible in double.
 #include <ATen/core/grad_mode.h>
 #include <c10/core/InferenceMode.h>
+#include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <torch/csrc/autograd/autograd.h>
 #include <catch2/catch.hpp>
 
@@ -173,10 +175,10 @@ TEST_CASE("visible keys: the multi-window bands give each level's window", "[arc
     const auto in = inputs(4, 2, 8, seed += 3);
     std::set<int64_t> levels(c.windows.begin(), c.windows.end());
     levels.insert(F);
-    std::string text;
-    for (int64_t w : levels)
-      text += (text.empty() ? "" : ",") + (w == F ? std::string("full") : std::to_string(w));
-    const auto ladder = measure::parse_window_ladder(text, "test");
+    std::vector<std::string> names;
+    for (int64_t w : levels) names.push_back(w == F ? "full" : std::to_string(w));
+    const auto ladder =
+        measure::parse_window_ladder(fmt::format("{}", fmt::join(names, ",")), "test");
     for (int64_t chunk : {3, 64}) {
       const at::Tensor all =
           measure::all_window_outputs(in, ladder, c.sinks, chunk);  // [levels, B, T, H, hd]

@@ -1,5 +1,6 @@
 // `cmake --install` gives a binary that works outside the source tree: it runs the main job
 // from another folder and finds its shipped data (the haystack text) next to itself.
+#include <fmt/format.h>
 #include <catch2/catch.hpp>
 
 #include <sys/wait.h>
@@ -46,9 +47,10 @@ TEST_CASE("an installed headwise-calc runs the main job and finds its data outsi
   const fs::path work = prefix / "work";
   fs::create_directories(work);
   fs::copy(fs::path(HEADWISE_FIXTURES_DIR) / "qwen3_next_tiny", work / "model");
-  const std::string job = "'" + binary.string() +
-                          "' --model model --context 512 --windows 8,32,full --seq-len 96 "
-                          "--samples 2 --budget 200k -q -o policy.yaml";
+  const std::string job = fmt::format(
+      "'{}' --model model --context 512 --windows 8,32,full --seq-len 96 --samples 2 --budget "
+      "200k -q -o policy.yaml",
+      binary.string());
   INFO(last_output());
   REQUIRE(run_in(work, job, log) == 0);
   const auto policy = policy::read_policy(work / "policy.yaml");
@@ -57,10 +59,10 @@ TEST_CASE("an installed headwise-calc runs the main job and finds its data outsi
   // The haystack text comes from <prefix>/share/headwise, not the source tree.
   const std::string tokenizer =
       (fs::path(HEADWISE_FIXTURES_DIR) / "tokenizers" / "sentencepiece_llama2").string();
-  const std::string calib = "'" + binary.string() +
-                            "' make-calib -q --task qa_distractors --length 1k --samples 1 "
-                            "--seed 5 --tokenizer '" +
-                            tokenizer + "' -o calib.jsonl";
+  const std::string calib = fmt::format(
+      "'{}' make-calib -q --task qa_distractors --length 1k --samples 1 --seed 5 --tokenizer '{}' "
+      "-o calib.jsonl",
+      binary.string(), tokenizer);
   INFO(last_output());
   REQUIRE(run_in(work, calib, log) == 0);
   CHECK(fs::file_size(work / "calib.jsonl") > 0);
