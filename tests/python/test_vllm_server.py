@@ -88,20 +88,23 @@ def server_env(policy):
 
 
 class Server:
-    """The server in its own process group; stopped (TERM, then KILL) however the block ends."""
+    """The server in its own process group; stopped (TERM, then KILL) however the block ends.
+    `command(model, port)` and `env(policy)` build its command line and environment
+    (test_vllm_parallel.py's servers add parallelism to both)."""
 
-    def __init__(self, model, policy, log_path):
+    def __init__(self, model, policy, log_path, command=server_command, env=server_env, start_timeout=START_TIMEOUT):
         self.port = free_port()
         self.log_path = log_path
         self.log = open(log_path, "w")
-        self.proc = subprocess.Popen(server_command(model, self.port), stdout=self.log, stderr=subprocess.STDOUT,
-                                     env=server_env(policy), start_new_session=True)
+        self.start_timeout = start_timeout
+        self.proc = subprocess.Popen(command(model, self.port), stdout=self.log, stderr=subprocess.STDOUT,
+                                     env=env(policy), start_new_session=True)
 
     def __enter__(self):
         return self
 
     def wait_ready(self) -> bool:
-        deadline = time.time() + START_TIMEOUT
+        deadline = time.time() + self.start_timeout
         while time.time() < deadline:
             if self.proc.poll() is not None:
                 return False
