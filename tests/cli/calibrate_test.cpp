@@ -204,51 +204,39 @@ TEST_CASE(
 TEST_CASE("calibrate refuses bad input with one line and writes nothing", "[cli]") {
   TempDir dir("calibrate");
   const auto out = (dir / "p.yaml").string();
-  struct Case {
-    std::string args;
-    int status;
-    std::string fragment;
-  };
-  const std::vector<Case> cases{
-      {with({{"--budget", "1k"}, {"-o", out}}), 3, "minimum"},
-      {with({{"--budget", "0"}, {"-o", out}}), 1, "--budget"},
-      {with({{"--context", "0"}, {"-o", out}}), 1, "--context"},
-      {with({{"--windows", "32,8"}, {"-o", out}}), 1, "--windows"},
-      {with({{"--seq-len", "10x"}, {"-o", out}}), 1, "--seq-len"},
-      {with({{"--calib", (dir / "none.jsonl").string()}, {"-o", out}}), 1, "none.jsonl"},
-      {with({{"--model", (dir / "nowhere").string()}, {"-o", out}}), 1, "nowhere"},
-      {with({{"--budget", ""}, {"-o", out}}), 1, "--budget"},
-      {with({{"-o", (dir / "no/such/dir/p.yaml").string()}}), 1, "does not exist"},
+  const std::vector<testing::Refusal> cases{
+      {with({{"--budget", "1k"}, {"-o", out}}), "minimum", 3},
+      {with({{"--budget", "0"}, {"-o", out}}), "--budget"},
+      {with({{"--context", "0"}, {"-o", out}}), "--context"},
+      {with({{"--windows", "32,8"}, {"-o", out}}), "--windows"},
+      {with({{"--seq-len", "10x"}, {"-o", out}}), "--seq-len"},
+      {with({{"--calib", (dir / "none.jsonl").string()}, {"-o", out}}), "none.jsonl"},
+      {with({{"--model", (dir / "nowhere").string()}, {"-o", out}}), "nowhere"},
+      {with({{"--budget", ""}, {"-o", out}}), "--budget"},
+      {with({{"-o", (dir / "no/such/dir/p.yaml").string()}}), "does not exist"},
       // A level the sequences cannot measure, without a rule for it.
-      {with({{"--windows", "8,128,full"}, {"-o", out}}), 1,
+      {with({{"--windows", "8,128,full"}, {"-o", out}}),
        "--windows levels 128 are >= --seq-len 96"},
-      {with({{"--distortion", "mse"}, {"-o", out}}), 1, "--distortion"},
-      {with({{"--extrapolate", "linear"}, {"-o", out}}), 1, "--extrapolate"},
+      {with({{"--distortion", "mse"}, {"-o", out}}), "--distortion"},
+      {with({{"--extrapolate", "linear"}, {"-o", out}}), "--extrapolate"},
       // Checks a measure that predicts the exact one (answer-grad, answer-tv-span), not the exact
       // one.
-      {with({{"--distortion", "answer-tv"}, {"-o", out}}) + " --validate-measure", 1,
+      {with({{"--distortion", "answer-tv"}, {"-o", out}}) + " --validate-measure",
        "--validate-measure"},
-      {with({{"--keep-rules", "h2o"}, {"-o", out}}), 1, "--keep-rules"},
-      {with({{"--keep-rules", "window,h2o"}, {"--distortion", "block-mse"}, {"-o", out}}), 1,
+      {with({{"--keep-rules", "h2o"}, {"-o", out}}), "--keep-rules"},
+      {with({{"--keep-rules", "window,h2o"}, {"--distortion", "block-mse"}, {"-o", out}}),
        "--keep-rules"},
-      {with({{"--prefill-chunk", "0"}, {"-o", out}}), 1, "--prefill-chunk"},
+      {with({{"--prefill-chunk", "0"}, {"-o", out}}), "--prefill-chunk"},
       // Nothing staged to bound without snap; a bound below the budget; a schedule alone.
-      {with({{"--keep-rules", "window,h2o"}, {"--prefill-peak", "1m"}, {"-o", out}}), 1,
+      {with({{"--keep-rules", "window,h2o"}, {"--prefill-peak", "1m"}, {"-o", out}}),
        "--prefill-peak bounds what snap heads stage"},
-      {with({{"--keep-rules", "window,h2o,snap"}, {"--prefill-peak", "299k"}, {"-o", out}}), 1,
+      {with({{"--keep-rules", "window,h2o,snap"}, {"--prefill-peak", "299k"}, {"-o", out}}),
        "--prefill-peak 306176 is below --budget 307200"},
-      {with({{"--prefill-schedule", "layer"}, {"-o", out}}), 1, "--prefill-schedule"},
-      {with({{"--state-dtype", "int8"}, {"-o", out}}), 1, "--state-dtype"},
-      {with({{"--state-dtype", "fp8"}, {"-o", out}}), 1, "--state-dtype"},
+      {with({{"--prefill-schedule", "layer"}, {"-o", out}}), "--prefill-schedule"},
+      {with({{"--state-dtype", "int8"}, {"-o", out}}), "--state-dtype"},
+      {with({{"--state-dtype", "fp8"}, {"-o", out}}), "--state-dtype"},
   };
-  for (const auto& c : cases) {
-    INFO(c.args);
-    const auto run = run_cli(c.args);
-    CHECK(run.status == c.status);
-    CHECK_THAT(run.err, Catch::Contains(c.fragment));
-    CHECK(std::count(run.err.begin(), run.err.end(), '\n') == 1);
-    CHECK(!std::filesystem::exists(out));
-  }
+  testing::check_refusals(cases, out);
 }
 
 TEST_CASE(

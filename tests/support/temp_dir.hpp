@@ -85,19 +85,21 @@ inline CliRun run_cli(const std::string& arguments) {
   return run_cli_with(arguments);
 }
 
-// A command line the CLI must refuse, and a fragment its one-line error holds.
+// A command line the CLI must refuse, a fragment its one-line error holds, and its exit status
+// (1: bad input; 3: a budget below what the model needs).
 struct Refusal {
   std::string args;
   std::string fragment;
+  int status = 1;
 };
 
-// Each refusal exits 1 with one line on stderr holding its fragment, and writes nothing to `out`
-// (the -o its arguments give): bad input gets no half-written output.
+// Each refusal exits with its status and one line on stderr holding its fragment, and writes
+// nothing to `out` (the -o its arguments give): bad input gets no half-written output.
 inline void check_refusals(const std::vector<Refusal>& refusals, const std::filesystem::path& out) {
   for (const auto& r : refusals) {
     INFO(r.args);
     const auto run = run_cli(r.args);
-    CHECK(run.status == 1);
+    CHECK(run.status == r.status);
     CHECK_THAT(run.err, Catch::Contains(r.fragment));
     CHECK(std::count(run.err.begin(), run.err.end(), '\n') == 1);
     CHECK(!std::filesystem::exists(out));
