@@ -43,8 +43,8 @@ NEW_TOKENS = 8
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from checklist import Checklist  # noqa: E402
 from venv_reexec import reexec_in_venv  # noqa: E402
-from vllm_common import (CPU_BLOCK_SIZE, is_hybrid, keep_ipc_sockets_in, model_view, reference_logprobs, run,  # noqa: E402
-                         skip_without_vllm)
+from vllm_common import (CPU_BLOCK_SIZE, is_hybrid, keep_vllm_files_in, model_view,  # noqa: E402
+                         reference_logprobs, run, skip_without_vllm)
 
 reexec_in_venv()
 os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")
@@ -210,7 +210,7 @@ def main():
     rng = random.Random(54)
     t0 = time.time()
     with tempfile.TemporaryDirectory(prefix="headwise-vllm-calib-") as d:
-        keep_ipc_sockets_in(d)
+        keep_vllm_files_in(d)
         tmp = pathlib.Path(d)
         check_bad_input(args.cli, fixtures / "gemma3_vllm", tmp)
         for name in ("gemma3_vllm", "qwen3_next_vllm"):

@@ -67,7 +67,7 @@ BIND = "0|1"  # one core per worker process
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from checklist import Checklist  # noqa: E402
 from venv_reexec import reexec_in_venv  # noqa: E402
-from vllm_common import (CPU_BLOCK_SIZE, keep_ipc_sockets_in, model_view, reference_logprobs, run,  # noqa: E402
+from vllm_common import (CPU_BLOCK_SIZE, keep_vllm_files_in, model_view, reference_logprobs, run,  # noqa: E402
                          skip_without_vllm, write_policy)
 
 reexec_in_venv()
@@ -337,7 +337,7 @@ def main():
     fixtures = pathlib.Path(args.fixtures)
     t_all = time.time()
     with tempfile.TemporaryDirectory(prefix="headwise-vllm-parallel-") as d:
-        keep_ipc_sockets_in(d)
+        keep_vllm_files_in(d)
         tmp = pathlib.Path(d)
         check_plan_unit(fixtures, tmp)
         check_check_refusal(fixtures, tmp)

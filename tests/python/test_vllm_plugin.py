@@ -66,7 +66,7 @@ NEW_TOKENS = 8
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from checklist import Checklist  # noqa: E402
 from venv_reexec import reexec_in_venv  # noqa: E402
-from vllm_common import (CPU_BLOCK_SIZE, is_hybrid, keep_ipc_sockets_in, model_view, reference_logprobs,  # noqa: E402
+from vllm_common import (CPU_BLOCK_SIZE, is_hybrid, keep_vllm_files_in, model_view, reference_logprobs,  # noqa: E402
                          run, skip_without_vllm, write_policy)
 
 reexec_in_venv()
@@ -321,7 +321,7 @@ def main():
     t_all = time.time()
     rng = random.Random(40)
     with tempfile.TemporaryDirectory(prefix="headwise-vllm-") as d:
-        keep_ipc_sockets_in(d)
+        keep_vllm_files_in(d)
         tmp = pathlib.Path(d)
         check_plan_unit()
         check_refusals(fixtures, tmp)

@@ -51,7 +51,7 @@ REFUSE_TIMEOUT = 180  # seconds for a refused start to exit
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from checklist import Checklist  # noqa: E402
 from venv_reexec import reexec_in_venv  # noqa: E402
-from vllm_common import (keep_ipc_sockets_in, model_view, reference_logprobs, skip_without_vllm,  # noqa: E402
+from vllm_common import (keep_vllm_files_in, model_view, reference_logprobs, skip_without_vllm,  # noqa: E402
                          write_policy)
 
 reexec_in_venv()
@@ -268,7 +268,7 @@ def main():
     vocab = json.loads((fixture / "config.json").read_text())["vocab_size"]
     prompts = [[rng.randrange(vocab) for _ in range(n)] for n in PROMPTS]
     with tempfile.TemporaryDirectory(prefix="headwise-vllm-server-") as d:
-        keep_ipc_sockets_in(d)
+        keep_vllm_files_in(d)
         tmp = pathlib.Path(d)
         view = model_view(fixture, tmp)
         policy = write_policy(tmp / "policy.yaml", fixture, WINDOWS, dtype="bfloat16")

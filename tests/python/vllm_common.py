@@ -12,12 +12,15 @@ import sys
 CPU_BLOCK_SIZE = 128
 
 
-def keep_ipc_sockets_in(tmp):
-    """vLLM names its ZeroMQ IPC sockets after a fresh uuid under VLLM_RPC_BASE_PATH (the system's
-    temporary folder by default) and leaves them there: every engine a test starts would add one
-    to /tmp for good. Under the test's own temporary folder they go with it. Call before the first
-    engine starts; servers started as subprocesses inherit it."""
+def keep_vllm_files_in(tmp):
+    """What vLLM would leave behind for good, kept to the test's own temporary folder or not
+    written. Its ZeroMQ IPC sockets, named after a fresh uuid under VLLM_RPC_BASE_PATH (the
+    system's temporary folder by default): every engine a test starts would add one to /tmp. And a
+    compiled engine's AOT artefacts under ~/.cache/vllm/torch_compile_cache (about 4 MB each): the
+    key hashes the model's path, a fresh temporary folder in every run, so they were never read
+    again. Call before the first engine starts; servers started as subprocesses inherit both."""
     os.environ["VLLM_RPC_BASE_PATH"] = str(tmp)
+    os.environ["VLLM_DISABLE_COMPILE_CACHE"] = "1"
 
 
 def run(cmd, expect_ok=True, env=None, timeout=None):
