@@ -257,21 +257,30 @@ def close_engine(llm) -> None:
     cleanup_dist_env_and_memory()
 
 
-def run(args, close: bool = True) -> dict:
-    ids = read_tokens(args.tokens, args.max_model_len, args.new_tokens)
+def run(args) -> dict:
+    return run_prompts(args, [args.tokens], [args.logprobs_out] if args.logprobs_out else None)[0]
+
+
+def run_prompts(args, tokens_paths: list[str], logprobs_paths: list[str] | None = None) -> list[dict]:
+    """The report for each prompt file, from one engine (args.model under args.policy) that serves
+    them one after another, as a server serves requests; every file is read before the engine
+    starts. logprobs_paths: one file per prompt for its full-vocabulary log-probabilities, or None."""
+    prompts = [read_tokens(path, args.max_model_len, args.new_tokens) for path in tokens_paths]
     vllm_internals.require_tested()  # the report reads vLLM internals, with or without a policy
+    engine_args = argparse.Namespace(**vars(args))
+    engine_args.logprobs_out = logprobs_paths[0] if logprobs_paths else None  # the engine keeps them
     t0 = time.perf_counter()
-    llm = start_engine(args)
+    llm = start_engine(engine_args)
     startup = time.perf_counter() - t0
     try:
-        report = {"model": args.model, "policy": args.policy, "max_model_len": args.max_model_len,
-                  "prompt_tokens": len(ids), **kv_cache_report(llm)}
-        report.update(generate(llm, ids, args.new_tokens, args.logprobs_out))
-        report["startup_seconds"] = startup
+        kv_cache = kv_cache_report(llm)
+        return [{"model": args.model, "policy": args.policy, "max_model_len": args.max_model_len,
+                 "prompt_tokens": len(ids), **kv_cache,
+                 **generate(llm, ids, args.new_tokens, logprobs_paths[i] if logprobs_paths else None),
+                 "startup_seconds": startup}
+                for i, ids in enumerate(prompts)]
     finally:
-        if close:
-            close_engine(llm)
-    return report
+        close_engine(llm)
 
 
 def print_table(r: dict) -> None:

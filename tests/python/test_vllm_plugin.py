@@ -2,9 +2,9 @@
 """python/headwise_vllm in vLLM itself, against headwise's runtime decoder and mem-estimate.
 
 Run with .venv-vllm/bin/python (tools/setup.sh --vllm). Every engine runs in this one process
-(headwise_vllm.check's engine, engines one after another): vLLM's import costs more than an
-engine. A fixture's prompts run one after another on one engine per policy (or none), as a server
-serves requests, and each gets check's report.
+(headwise_vllm.check, engines one after another): vLLM's import costs more than an engine. A
+fixture's prompts run one after another on one engine per policy (or none), as a server serves
+requests (check.run_prompts), and each gets check's report.
 
   1. Parity. For the gemma3, qwen3 (sliding layers from layer_types), llama and gpt-oss fixtures,
      each under a policy whose global layers mix windows (64/256/1024/full), vLLM's
@@ -225,22 +225,6 @@ def engine_args(view, policy, tokens_path, dtype, logprobs_out=None):
                             + (["--logprobs-out", str(logprobs_out)] if logprobs_out else []))
 
 
-def run_prompts(view, policy, dtype, ids_paths, logprobs_paths):
-    """headwise_vllm.check's report for each prompt, from one engine (`policy` or `none`) that serves
-    them one after another, as a server does: an engine start per prompt cost more than the prompts."""
-    args = engine_args(view, policy, ids_paths[0], dtype, logprobs_paths[0])
-    llm = check.start_engine(args)
-    try:
-        engine = {"max_model_len": args.max_model_len, **check.kv_cache_report(llm)}
-        reports = []
-        for ids_path, lp in zip(ids_paths, logprobs_paths):
-            ids = check.read_tokens(str(ids_path), args.max_model_len, args.new_tokens)
-            reports.append({**engine, "prompt_tokens": len(ids), **check.generate(llm, ids, args.new_tokens, str(lp))})
-        return reports
-    finally:
-        check.close_engine(llm)
-
-
 def logprob_diffs(cli, fixture, prompt, report, lp_path, tmp, policy=None):
     """vLLM's log-probabilities (prompt positions, generated tokens) against forward [--policy]'s:
     (max |diff| prompt, max |diff| generated, the decoder's greedy tokens, its log-probabilities)."""
@@ -357,13 +341,13 @@ def main():
             if hybrid:
                 # What bf16 costs without a policy, on the same prompts: the stock engine.
                 lps = [tmp / f"{name}_{len(prompt)}.none.logprobs.safetensors" for prompt in prompts]
-                stock = run_prompts(view, "none", dtype, ids, lps)
+                stock = check.run_prompts(engine_args(view, "none", ids[0], dtype), ids, [str(lp) for lp in lps])
                 floors = [max(logprob_diffs(args.cli, fixture, prompt, report, lp, tmp)[:2])
                           for prompt, report, lp in zip(prompts, stock, lps)]
                 check_bytes(args.cli, f"{name} without a policy", stock[0],
                             mem_estimate(args.cli, stock[0], "--full-kv", "--model", fixture))
             lps = [tmp / f"{name}_{len(prompt)}.logprobs.safetensors" for prompt in prompts]
-            reports = run_prompts(view, policy, dtype, ids, lps)
+            reports = check.run_prompts(engine_args(view, policy, ids[0], dtype), ids, [str(lp) for lp in lps])
             for prompt, report, lp, floor in zip(prompts, reports, lps, floors):
                 check_parity(args.cli, fixture, policy, prompt, report, lp, tmp, floor)
             estimate = mem_estimate(args.cli, reports[0], "--config", policy, "--model", fixture)
