@@ -214,14 +214,13 @@ def refused_start(view, policy, log_path):
 SERVER_REFUSALS = ("another model's policy", "a missing file")
 
 
-def refused_in_process(view, policy):
+def refused_in_process(view, config, policy):
     """The one line the server would print for a bad policy, from the entry point or, where that
-    passes, from the architecture check the server runs next (None if neither refuses)."""
+    passes, from the architecture check the server runs next (None if neither refuses); config:
+    the model's, as vLLM reads it."""
     from headwise_vllm import plugin
-    from transformers import AutoConfig
 
     os.environ["HEADWISE_POLICY"] = str(policy)
-    config = AutoConfig.from_pretrained(view)
     try:
         plugin.register()
         plugin.refuse_on_error(plugin.check_model)(str(policy), config.architectures[0],
@@ -247,8 +246,11 @@ def check_refusals(fixtures, fixture, view, tmp):
            and "Traceback" not in log and not started,
            f"{case}: the server exits ({rc}, {seconds:.0f} s) with one line naming the file and "
            f"{field!r}, no trace, before its engine starts: {lines[0] if lines else log[-1500:]}")
+    from transformers import AutoConfig
+
+    config = AutoConfig.from_pretrained(view)
     for case, policy, field in cases:
-        line = refused_in_process(view, policy)
+        line = refused_in_process(view, config, policy)
         ok(isinstance(line, str) and len(line.splitlines()) == 1 and line.startswith("headwise_vllm: ")
            and str(policy) in line and field in line,
            f"{case}: the plugin refuses it in one line naming the file and {field!r} (a SystemExit, exit "
